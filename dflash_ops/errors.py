@@ -1,0 +1,77 @@
+"""The exceptions that are part of dflash-ops' interface.
+
+Every expected failure is an `OpsError` whose message names the host, the path, what was
+expected, what was found and what to do next. Fabric tasks print it and exit non-zero without a
+traceback; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class OpsError(Exception):
+    """An expected failure, explained for the user."""
+
+
+class InventoryError(OpsError):
+    """The inventory file is missing, unreadable or does not match the schema."""
+
+
+class HostError(OpsError):
+    """A host could not be reached, authenticated or used."""
+
+    def __init__(self, host: str, message: str) -> None:
+        super().__init__(f"{host}: {message}")
+        self.host = host
+
+
+class UnreachableError(HostError):
+    """No TCP connection to the host's SSH port."""
+
+
+class HostKeyError(HostError):
+    """The host's key is unknown or does not match known_hosts: we refuse to talk to it."""
+
+
+class AuthenticationError(HostError):
+    """The host refused our key."""
+
+
+class RemoteCommandError(HostError):
+    """A command on the host exited non-zero where success was required."""
+
+    def __init__(self, host: str, command: str, exit_code: int, stderr: str) -> None:
+        detail = stderr.strip().splitlines()[-1] if stderr.strip() else "(no error output)"
+        super().__init__(host, f"`{command}` exited {exit_code}: {detail}")
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class DiskSpaceError(HostError):
+    """Not enough free space where we are about to write."""
+
+    def __init__(self, host: str, path: str, needed: int, free: int, what: str = "") -> None:
+        from dflash_ops.units import format_bytes
+
+        purpose = f" for {what}" if what else ""
+        super().__init__(
+            host,
+            f"not enough free space at {path}{purpose}: need {format_bytes(needed)}, "
+            f"free {format_bytes(free)}. Free {format_bytes(needed - free)} there "
+            f"(or point the inventory at a larger filesystem) and retry.",
+        )
+        self.path = path
+        self.needed = needed
+        self.free = free
+
+
+class TransferError(OpsError):
+    """A byte transfer failed or its result did not verify."""
+
+
+class CheckpointError(OpsError):
+    """A checkpoint is missing, incomplete or not what was asked for."""
+
+
+class LabError(OpsError):
+    """The local lab could not be built, checked or removed."""

@@ -1,0 +1,289 @@
+"""The inventory: which hosts exist, how to reach them, and where things live on each.
+
+Loaded from `--inventory`, else `$DFLASH_INVENTORY`, else `./inventory.yaml`. Validation is
+strict: an unknown key is an error (a typo must never be silently ignored), and every error
+names the file, the key path, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dflash_ops.errors import InventoryError
+
+DEFAULT_INVENTORY = "inventory.yaml"
+ENV_VAR = "DFLASH_INVENTORY"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# --- container access on the training host -----------------------------------------------
+
+
+class PctContainer(_Strict):
+    """A Proxmox LXC container: commands run with `pct exec ID --`, files copy with `pct pull`."""
+
+    kind: Literal["pct"]
+    id: int
+    rootfs: str | None = None  # host-side path of its filesystem, if reading it directly is wanted
+
+
+class RootfsContainer(_Strict):
+    """A container read through the host-side path of its root filesystem."""
+
+    kind: Literal["rootfs"]
+    path: str
+
+
+class DockerContainer(_Strict):
+    kind: Literal["docker"]
+    name: str
+
+
+Container = Annotated[PctContainer | RootfsContainer | DockerContainer, Field(discriminator="kind")]
+
+
+# --- hosts --------------------------------------------------------------------------------
+
+
+class _SshHost(_Strict):
+    address: str  # a name from ssh config / DNS (the example) or an address (the lab)
+    user: str | None = None
+    port: int = Field(default=22, ge=1, le=65535)
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout: int = Field(default=10, ge=1)
+
+
+class TrainerHost(_SshHost):
+    role: Literal["trainer"]
+    container: Container | None = None
+    checkpoints: str  # directory inside the training environment
+    layout: str = "step_{step}/checkpoint.pt"  # relative to `checkpoints`
+    complete_marker: str | None = None  # relative to `checkpoints`, e.g. "step_{step}/DONE"
+    tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
+
+
+class VenvSpec(_Strict):
+    path: str
+    python: str = "3.12"
+    torch: Literal["cpu", "cuda"] = "cpu"
+
+
+class EvalHost(_SshHost):
+    role: Literal["eval"]
+    workdir: str
+    venv: VenvSpec
+    checkpoints: str | None = None  # where staged checkpoints go; default {workdir}/checkpoints
+    target_model: str
+    reference_drafter: str | None = None
+    sglang_url: str | None = None
+
+    @property
+    def staging_dir(self) -> str:
+        return self.checkpoints or f"{self.workdir.rstrip('/')}/checkpoints"
+
+
+HostEntry = TrainerHost | EvalHost
+_HOST_MODELS: dict[str, type[_SshHost]] = {"trainer": TrainerHost, "eval": EvalHost}
+
+
+class LocalSettings(_Strict):
+    staging: Path | None = None  # keep a verified local copy (two-hop mode) when set
+    results: Path = Path("results")
+
+
+class Inventory(_Strict):
+    """The whole file, with relative local paths resolved against the file's directory."""
+
+    path: Path  # where it was read from (not a key in the file)
+    hosts: dict[str, HostEntry]
+    local: LocalSettings = LocalSettings()
+    ssh_config: str | None = None  # OpenSSH client config; default ~/.ssh/config
+    lab: Path | None = None  # set by the lab: its state file, checked before any connection
+
+    @property
+    def trainer_name(self) -> str:
+        return next(name for name, host in self.hosts.items() if host.role == "trainer")
+
+    @property
+    def trainer(self) -> TrainerHost:
+        return self.hosts[self.trainer_name]  # type: ignore[return-value]
+
+    @property
+    def eval_hosts(self) -> dict[str, EvalHost]:
+        return {name: host for name, host in self.hosts.items() if isinstance(host, EvalHost)}
+
+    def eval_host(self, name: str | None) -> tuple[str, EvalHost]:
+        """The named eval host, or the only one when `name` is None."""
+        hosts = self.eval_hosts
+        if name is None:
+            if len(hosts) > 1:
+                raise InventoryError(
+                    f"{self.path}: several eval hosts ({', '.join(hosts)}); pick one with --host"
+                )
+            name = next(iter(hosts))
+        if name not in hosts:
+            raise InventoryError(
+                f"{self.path}: no eval host named {name!r}; eval hosts: {', '.join(hosts)}"
+            )
+        return name, hosts[name]
+
+
+def resolve_path(explicit: str | os.PathLike | None = None) -> Path:
+    """`--inventory`, else $DFLASH_INVENTORY, else ./inventory.yaml."""
+    return Path(explicit or os.environ.get(ENV_VAR) or DEFAULT_INVENTORY)
+
+
+def load(explicit: str | os.PathLike | None = None) -> Inventory:
+    path = resolve_path(explicit)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InventoryError(
+            f"{path}: inventory not found. Pass --inventory PATH, set ${ENV_VAR}, or copy "
+            "the example inventory.yaml and edit it."
+        ) from None
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InventoryError(f"{path}:{line}: not valid YAML: {problem}") from None
+    return parse(raw, path)
+
+
+def parse(raw: Any, path: Path) -> Inventory:
+    """Validate an already-parsed YAML document."""
+    if not isinstance(raw, dict):
+        raise InventoryError(f"{path}: expected a mapping with 'hosts', found {_describe(raw)}")
+    raw_hosts = raw.get("hosts")
+    if not isinstance(raw_hosts, dict) or not raw_hosts:
+        raise InventoryError(
+            f"{path}: hosts: expected a mapping of host names to host entries, "
+            f"found {_describe(raw_hosts)}"
+        )
+    hosts = {name: _parse_host(name, entry, path) for name, entry in raw_hosts.items()}
+    roles = [host.role for host in hosts.values()]
+    if roles.count("trainer") != 1:
+        raise InventoryError(
+            f"{path}: hosts: expected exactly one host with role: trainer, "
+            f"found {roles.count('trainer')}"
+        )
+    if "eval" not in roles:
+        raise InventoryError(f"{path}: hosts: expected at least one host with role: eval")
+    if "path" in raw:
+        raise InventoryError(f"{path}: path: unknown key at the top level")
+    document = {**raw, "hosts": hosts, "path": path}
+    try:
+        inventory = Inventory.model_validate(document, strict=False)
+    except ValidationError as exc:
+        raise _inventory_error(path, exc, (), Inventory) from None
+    base = path.parent
+    local = inventory.local.model_copy(
+        update={
+            "staging": base / inventory.local.staging if inventory.local.staging else None,
+            "results": base / inventory.local.results,
+        }
+    )
+    return inventory.model_copy(update={"local": local})
+
+
+def _parse_host(name: str, entry: Any, path: Path) -> HostEntry:
+    where = ("hosts", name)
+    if not isinstance(entry, dict):
+        raise InventoryError(f"{path}: hosts.{name}: expected a mapping, found {_describe(entry)}")
+    role = entry.get("role")
+    model = _HOST_MODELS.get(role)  # type: ignore[arg-type]
+    if model is None:
+        raise InventoryError(
+            f"{path}: hosts.{name}.role: expected one of {', '.join(_HOST_MODELS)}, "
+            f"found {_describe(role)}"
+        )
+    try:
+        return model.model_validate(entry)  # type: ignore[return-value]
+    except ValidationError as exc:
+        raise _inventory_error(path, exc, where, model) from None
+
+
+def _inventory_error(
+    path: Path, exc: ValidationError, prefix: tuple, model: type[BaseModel]
+) -> InventoryError:
+    lines = [_explain(error, prefix, model) for error in exc.errors()]
+    return InventoryError(f"{path}: " + f"\n{path}: ".join(lines))
+
+
+def _explain(error: dict, prefix: tuple, model: type[BaseModel]) -> str:
+    names, inner = _resolve(model, error["loc"])
+    key = ".".join(str(part) for part in (*prefix, *names))
+    kind, found = error["type"], error.get("input")
+    if kind == "missing":
+        return f"{key}: required key is missing"
+    if kind == "extra_forbidden":
+        allowed = _keys_of(inner) if inner else []
+        close = difflib.get_close_matches(str(names[-1]), allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{key}: unknown key{hint}; allowed here: {', '.join(sorted(allowed))}"
+    if kind == "union_tag_invalid":
+        expected = error["ctx"]["expected_tags"].replace("'", "")
+        return f"{key}.kind: expected one of {expected}, found {_describe(error['ctx']['tag'])}"
+    if kind == "string_type" and isinstance(found, int | float):
+        return f'{key}: expected a string, found {_describe(found)}; quote it: "{found}"'
+    expected = error["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
+    return f"{key}: expected {expected}, found {_describe(found)}"
+
+
+def _keys_of(model: type[BaseModel]) -> list[str]:
+    # Inventory.path is where the file was read from, not a key of it.
+    return [name for name in model.model_fields if not (model is Inventory and name == "path")]
+
+
+def _resolve(model: type[BaseModel], loc: tuple) -> tuple[list, type[BaseModel] | None]:
+    """Walk an error location through the models: the key names without the tags that a
+    discriminated union inserts ('pct', 'docker' …), and the model holding the last key."""
+    names: list = []
+    parts = list(loc)
+    current: type[BaseModel] | None = model
+    while parts:
+        part = parts.pop(0)
+        names.append(part)
+        field = current.model_fields.get(str(part)) if current else None
+        nested = _models_in(field.annotation) if field else []
+        if len(nested) > 1 and parts:  # a tagged union: the next loc entry is the tag
+            tag = parts.pop(0)
+            nested = [m for m in nested if get_args(m.model_fields["kind"].annotation) == (tag,)]
+        if parts:
+            current = nested[0] if nested else None
+    return names, current
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    kind = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
+    shown = repr(value) if not isinstance(value, dict | list) else ""
+    return f"{shown} ({kind})" if shown else kind

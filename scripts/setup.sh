@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# make setup: system tools the lab needs, then .venv with the project, its extras and CPU torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_tools=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client ip:iproute2)
+missing=()
+for pair in "${need_tools[@]}"; do
+  tool=${pair%%:*} pkg=${pair##*:}
+  command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${missing[*]} with apt-get"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "setup: missing system packages: ${missing[*]}" >&2
+    echo "       install them, e.g.: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip=(.venv/bin/python -m pip install -q)
+
+# CPU torch first, so that the project's plain `torch` requirement is already met and pip never
+# picks the multi-GB CUDA build. A torch wheel in pip's find-links (a local mirror) wins;
+# otherwise the PyTorch CPU index is added as an *extra* index (PyPI stays the main one).
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  local_wheel=$(for d in ${PIP_FIND_LINKS:-}; do ls "$d"/torch-*.whl 2>/dev/null; done | sort -V | tail -n 1)
+  if [ -n "$local_wheel" ]; then
+    version=$(basename "$local_wheel" | cut -d- -f2 | cut -d+ -f1)
+    echo "setup: torch==$version from $local_wheel"
+    "${pip[@]}" "torch==$version"
+  else
+    echo "setup: CPU torch from the PyTorch CPU index"
+    "${pip[@]}" torch --extra-index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+"${pip[@]}" -e '.[eval,dev]'
+echo "setup: ready ($(.venv/bin/python -c 'import torch, fabric; print("torch", torch.__version__, "fabric", fabric.__version__)'))"
