@@ -1,0 +1,238 @@
+"""`fab check-hosts`: is every host of the inventory usable, and if not, why.
+
+Each check yields a row (host, check, status, detail). A failed *required* check makes the
+task exit non-zero; 'warn' and 'info' rows never do.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+from dflash_ops import probes
+from dflash_ops.errors import HostError, HostKeyError, UnreachableError
+from dflash_ops.hosts import Host, TrainingEnvironment, host_error_row
+from dflash_ops.inventory import EvalHost, Inventory, TrainerHost
+from dflash_ops.units import format_bytes
+
+
+class Status(Enum):
+    OK = "ok"
+    FAIL = "fail"
+    WARN = "warn"
+    INFO = "info"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Row:
+    host: str
+    check: str
+    status: Status
+    detail: str
+
+
+def check_inventory(inventory: Inventory) -> list[Row]:
+    rows: list[Row] = list(check_workstation(inventory))
+    for name in inventory.hosts:
+        host = Host(inventory, name)
+        try:
+            rows.extend(check_host(host))
+        finally:
+            host.close()
+    rows.extend(check_routes(inventory))
+    return rows
+
+
+def failed(rows: list[Row]) -> list[Row]:
+    return [row for row in rows if row.status is Status.FAIL]
+
+
+def check_workstation(inventory: Inventory) -> Iterator[Row]:
+    ssh = shutil.which("ssh")
+    yield Row(
+        "workstation",
+        "tool ssh",
+        Status.OK if ssh else Status.FAIL,
+        ssh or "OpenSSH client not found: install openssh-client",
+    )
+    local = inventory.local
+    for label, path in (("staging dir", local.staging), ("results dir", local.results)):
+        if path is None:
+            yield Row("workstation", label, Status.INFO, "not set (checkpoints stream through)")
+            continue
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+        state = "exists" if path.is_dir() else "will be created"
+        yield Row("workstation", label, Status.OK, f"{path} {state} ({format_bytes(free)} free)")
+
+
+def check_host(host: Host) -> Iterator[Row]:
+    name, entry = host.name, host.entry
+    if not host.port_open():
+        yield Row(
+            name,
+            "reachable",
+            Status.FAIL,
+            f"no SSH answer at {entry.address}:{entry.port} within "
+            f"{entry.connect_timeout}s: is the host up and sshd running?",
+        )
+        yield Row(name, "remaining checks", Status.SKIPPED, "host unreachable")
+        return
+    yield Row(name, "reachable", Status.OK, f"{entry.address}:{entry.port}")
+    try:
+        host.open()
+    except HostKeyError as exc:
+        yield Row(name, "host key", Status.FAIL, host_error_row(exc))
+        yield Row(name, "remaining checks", Status.SKIPPED, "host key not verified")
+        return
+    except HostError as exc:
+        verified = not isinstance(exc, UnreachableError)
+        if verified:
+            yield Row(name, "host key", Status.OK, f"matches {host.known_hosts}")
+        yield Row(name, "authenticated", Status.FAIL, host_error_row(exc))
+        return
+    yield Row(name, "host key", Status.OK, f"matches {host.known_hosts}")
+    yield Row(name, "authenticated", Status.OK, f"as {host.connection.user}")
+    try:
+        if isinstance(entry, TrainerHost):
+            yield from _check_trainer(host, entry)
+        else:
+            yield from _check_eval(host, entry)
+        yield from _check_machine(host)
+    except HostError as exc:
+        yield Row(name, "remaining checks", Status.FAIL, host_error_row(exc))
+
+
+def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
+    env = TrainingEnvironment(entry)
+    status_command = env.status_command()
+    if status_command:
+        answer = host.run(status_command, check=False)
+        running = answer.ok and probes.parse_container_running(answer.stdout)
+        found = (answer.stdout or answer.stderr).strip() or f"exit {answer.exit_code}"
+        yield Row(
+            host.name,
+            "container",
+            Status.OK if running else Status.FAIL,
+            f"{env.description}: {found}" + ("" if running else "; start it first"),
+        )
+        if not running:
+            return
+    elif entry.container is not None:
+        yield from _directory_row(host, "container rootfs", entry.container.path, required=True)
+    listing = host.run(
+        env.run_command("test -d {} && echo yes || echo no", entry.checkpoints), check=False
+    )
+    exists = listing.stdout.strip() == "yes"
+    yield Row(
+        host.name,
+        "checkpoints dir",
+        Status.OK if exists else Status.FAIL,
+        f"{entry.checkpoints} in {env.description}"
+        + ("" if exists else ": missing; fix `checkpoints` in the inventory"),
+    )
+    required = ["sha256sum", "tail"] + (
+        ["pct"] if status_command and "pct" in status_command else []
+    )
+    yield from _tool_rows(host, required, optional=["python3"])
+
+
+def _check_eval(host: Host, entry: EvalHost) -> Iterator[Row]:
+    yield from _directory_row(host, "target model", entry.target_model, required=True)
+    if entry.reference_drafter:
+        yield from _directory_row(
+            host, "reference drafter", entry.reference_drafter, required=False
+        )
+    for label, path in (
+        ("workdir", entry.workdir),
+        ("venv", entry.venv.path),
+        ("staging dir", entry.staging_dir),
+    ):
+        yield from _directory_row(
+            host, label, path, required=False, missing_hint="created by `fab setup-eval-host`"
+        )
+    yield from _tool_rows(
+        host,
+        ["sha256sum"],
+        optional=["python3", "uv", "systemd-run"],
+        extra_dirs=["$HOME/.local/bin", "$HOME/.cargo/bin"],
+    )
+
+
+def _directory_row(
+    host: Host,
+    label: str,
+    path: str,
+    *,
+    required: bool,
+    missing_hint: str = "fix the inventory or create it",
+) -> Iterator[Row]:
+    stat = host.probe(probes.file_stat(path))
+    free = host.probe(probes.free_bytes(path))
+    if stat is not None and stat.kind == "directory":
+        yield Row(host.name, label, Status.OK, f"{path} ({format_bytes(free)} free)")
+    else:
+        found = "missing" if stat is None else f"a {stat.kind}, not a directory"
+        status = Status.FAIL if required else Status.WARN
+        yield Row(
+            host.name,
+            label,
+            status,
+            f"{path}: {found}; {missing_hint} ({format_bytes(free)} free there)",
+        )
+
+
+def _tool_rows(
+    host: Host, required: list[str], optional: list[str], extra_dirs: list[str] = ()
+) -> Iterator[Row]:
+    found = host.probe(probes.tools([*required, *optional], extra_dirs))
+    for name in required:
+        tool = found[name]
+        yield Row(
+            host.name,
+            f"tool {name}",
+            Status.OK if tool.present else Status.FAIL,
+            f"{tool.path}: {tool.version}" if tool.present else "not found on PATH",
+        )
+    present = [f"{t.name} ({t.version})" for t in (found[n] for n in optional) if t.present]
+    absent = [name for name in optional if not found[name].present]
+    detail = ", ".join(present) or "none"
+    if absent:
+        detail += f"; not found: {', '.join(absent)}"
+    yield Row(host.name, "other tools", Status.INFO, detail)
+
+
+def _check_machine(host: Host) -> Iterator[Row]:
+    machine = host.probe(probes.machine())
+    yield Row(
+        host.name,
+        "machine",
+        Status.INFO,
+        f"{machine.cpus} CPUs, {format_bytes(machine.memory_available)} of "
+        f"{format_bytes(machine.memory_total)} memory available",
+    )
+
+
+def check_routes(inventory: Inventory) -> Iterator[Row]:
+    """Informational: can the trainer reach each eval host directly? (Usually not: that is
+    why bytes relay through the workstation.)"""
+    trainer = Host(inventory, inventory.trainer_name)
+    try:
+        trainer.open()
+        for name, entry in inventory.eval_hosts.items():
+            reachable = trainer.probe(probes.tcp_reachable(entry.address, entry.port))
+            yield Row(
+                trainer.name,
+                f"reaches {name}",
+                Status.INFO,
+                f"direct TCP to {shlex.quote(entry.address)}:{entry.port}: "
+                + ("yes" if reachable else "no (transfers relay via the workstation)"),
+            )
+    except HostError:
+        return  # already reported in the trainer's own rows
+    finally:
+        trainer.close()

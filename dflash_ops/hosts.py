@@ -1,0 +1,293 @@
+"""How to talk to one inventory host: Fabric for small commands, OpenSSH argv for bulk bytes.
+
+Both are built from the same inventory entry (user, port, key, known_hosts, timeout), so a
+transfer goes exactly where the control commands went. Host keys are always verified: an
+unknown or changed key is refused, never added.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import paramiko
+from fabric import Config, Connection
+
+from dflash_ops.errors import (
+    AuthenticationError,
+    HostError,
+    HostKeyError,
+    RemoteCommandError,
+    UnreachableError,
+)
+from dflash_ops.inventory import (
+    DockerContainer,
+    HostEntry,
+    Inventory,
+    PctContainer,
+    RootfsContainer,
+    TrainerHost,
+)
+
+if TYPE_CHECKING:
+    from dflash_ops.probes import Probe
+
+T = TypeVar("T")
+
+# AES-GCM is the fastest cipher with AES-NI; chacha20 is the fallback. '^' puts them first
+# while keeping the server's other choices acceptable.
+FAST_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
+
+
+@dataclass(frozen=True)
+class Result:
+    stdout: str
+    stderr: str
+    exit_code: int
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Host:
+    """One inventory host. `name` is its inventory key (used in every message)."""
+
+    def __init__(self, inventory: Inventory, name: str) -> None:
+        self.inventory = inventory
+        self.name = name
+        self.entry: HostEntry = inventory.hosts[name]
+
+    def __repr__(self) -> str:
+        return f"Host({self.name!r}, {self.target})"
+
+    @property
+    def target(self) -> str:
+        user = f"{self.entry.user}@" if self.entry.user else ""
+        return f"{user}{self.entry.address}:{self.entry.port}"
+
+    @property
+    def known_hosts(self) -> Path:
+        return Path(self.entry.known_hosts).expanduser()
+
+    # --- control plane (Fabric) -----------------------------------------------------------
+
+    @cached_property
+    def connection(self) -> Connection:
+        """A Fabric Connection that refuses unknown or changed host keys."""
+        _check_lab_routes(self.inventory)
+        overrides: dict = {"load_ssh_configs": self.inventory.ssh_config != "none"}
+        if self.inventory.ssh_config not in (None, "none"):
+            overrides["ssh_config_path"] = str(Path(self.inventory.ssh_config).expanduser())
+        connect_kwargs: dict = {"look_for_keys": self.entry.identity_file is None}
+        if self.entry.identity_file:
+            connect_kwargs["key_filename"] = str(Path(self.entry.identity_file).expanduser())
+        connection = Connection(
+            self.entry.address,
+            user=self.entry.user,
+            port=self.entry.port,
+            connect_timeout=self.entry.connect_timeout,
+            connect_kwargs=connect_kwargs,
+            config=Config(overrides=overrides),
+        )
+        # Fabric defaults to AutoAddPolicy, which would trust any key: replace it.
+        connection.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        if self.known_hosts.exists():
+            connection.client.load_host_keys(str(self.known_hosts))
+        return connection
+
+    def port_open(self) -> bool:
+        """Whether the SSH port accepts a TCP connection within the connect timeout."""
+        _check_lab_routes(self.inventory)
+        try:
+            with socket.create_connection(
+                (self.entry.address, self.entry.port), timeout=self.entry.connect_timeout
+            ):
+                return True
+        except OSError:
+            return False
+
+    def open(self) -> None:
+        """Connect and authenticate, translating failures into clear HostErrors."""
+        try:
+            self.connection.open()
+        except paramiko.BadHostKeyException as exc:
+            self._forget_connection()
+            raise HostKeyError(
+                self.name,
+                f"host key of {self.entry.address}:{self.entry.port} does NOT match "
+                f"{self.known_hosts} (expected {exc.expected_key.get_name()} "
+                f"{exc.expected_key.get_fingerprint().hex()}, got {exc.key.get_name()} "
+                f"{exc.key.get_fingerprint().hex()}). Refusing to connect. If the host was "
+                f"really reinstalled, remove the old entry with `ssh-keygen -R "
+                f"{self._known_hosts_name} -f {self.known_hosts}` and add the new one.",
+            ) from None
+        except paramiko.SSHException as exc:
+            self._forget_connection()
+            if "not found in known_hosts" in str(exc):
+                raise HostKeyError(
+                    self.name,
+                    f"host key of {self.entry.address}:{self.entry.port} is not in "
+                    f"{self.known_hosts}; refusing an unverified host. Check the key out of "
+                    f"band, then add it: `ssh-keyscan -p {self.entry.port} "
+                    f"{self.entry.address} >> {self.known_hosts}`.",
+                ) from None
+            if isinstance(exc, paramiko.AuthenticationException):
+                raise AuthenticationError(
+                    self.name,
+                    f"{self.target} refused authentication ({exc}). Check `user` and "
+                    f"`identity_file` in the inventory, or your ssh agent.",
+                ) from None
+            raise UnreachableError(self.name, f"SSH to {self.target} failed: {exc}") from None
+        except (OSError, EOFError) as exc:
+            self._forget_connection()
+            reason = "timed out" if isinstance(exc, socket.timeout) else _os_reason(exc)
+            raise UnreachableError(
+                self.name,
+                f"cannot connect to {self.target}: {reason}. Is the host up and its sshd "
+                f"running? Check `address`/`port` in the inventory.",
+            ) from None
+
+    def close(self) -> None:
+        if "connection" in self.__dict__:
+            self.connection.close()
+
+    def _forget_connection(self) -> None:
+        self.__dict__.pop("connection", None)
+
+    @property
+    def _known_hosts_name(self) -> str:
+        if self.entry.port == 22:
+            return self.entry.address
+        return f"[{self.entry.address}]:{self.entry.port}"
+
+    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
+        """Run a shell command; output is captured, never echoed."""
+        self.open()
+        try:
+            raw = self.connection.run(
+                command, hide=True, warn=True, in_stream=False, timeout=timeout
+            )
+        except paramiko.SSHException as exc:
+            raise UnreachableError(
+                self.name, f"lost the SSH session to {self.target}: {exc}"
+            ) from None
+        result = Result(raw.stdout, raw.stderr, raw.exited)
+        if check and not result.ok:
+            raise RemoteCommandError(self.name, command, result.exit_code, result.stderr)
+        return result
+
+    def probe(self, probe: Probe[T]) -> T:
+        return probe.parse(self.run(probe.command).stdout)
+
+    # --- data plane (OpenSSH) -------------------------------------------------------------
+
+    def ssh_argv(self, command: str) -> list[str]:
+        """`ssh … -- command` for bulk transfers: same identity as the Fabric connection,
+        batch mode (never prompt), strict host keys, fast ciphers, no compression."""
+        _check_lab_routes(self.inventory)
+        argv = ["ssh"]
+        if self.inventory.ssh_config:
+            config = self.inventory.ssh_config
+            argv += ["-F", "/dev/null" if config == "none" else str(Path(config).expanduser())]
+        options = {
+            "BatchMode": "yes",
+            "StrictHostKeyChecking": "yes",
+            "UserKnownHostsFile": str(self.known_hosts),
+            "ConnectTimeout": str(self.entry.connect_timeout),
+            "Compression": "no",
+            "Ciphers": FAST_CIPHERS,
+            "ServerAliveInterval": "15",
+            "ServerAliveCountMax": "4",
+            "LogLevel": "ERROR",
+        }
+        if self.entry.identity_file:
+            options["IdentityFile"] = str(Path(self.entry.identity_file).expanduser())
+            options["IdentitiesOnly"] = "yes"
+        for key, value in options.items():
+            argv += ["-o", f"{key}={value}"]
+        argv += ["-p", str(self.entry.port)]
+        if self.entry.user:
+            argv += ["-l", self.entry.user]
+        return [*argv, self.entry.address, "--", command]
+
+
+class TrainingEnvironment:
+    """Where the trainer's files live: the host itself or a container on it.
+
+    `path(p)` is how the command that runs there must spell an in-environment path `p`, and
+    `wrap(cmd)` turns a command into one that runs there from the host's shell.
+    """
+
+    def __init__(self, trainer: TrainerHost) -> None:
+        self.container = trainer.container
+
+    @property
+    def description(self) -> str:
+        match self.container:
+            case PctContainer(id=ct_id):
+                return f"pct container {ct_id}"
+            case RootfsContainer(path=rootfs):
+                return f"container rootfs {rootfs}"
+            case DockerContainer(name=name):
+                return f"docker container {name}"
+        return "the host itself"
+
+    def path(self, path: str) -> str:
+        if isinstance(self.container, RootfsContainer):
+            return f"{self.container.path.rstrip('/')}/{path.lstrip('/')}"
+        return path
+
+    def wrap(self, command: str) -> str:
+        match self.container:
+            case PctContainer(id=ct_id):
+                return f"pct exec {ct_id} -- sh -c {shlex.quote(command)}"
+            case DockerContainer(name=name):
+                return f"docker exec {shlex.quote(name)} sh -c {shlex.quote(command)}"
+        return command
+
+    def run_command(self, command_for: str, *paths: str) -> str:
+        """`command_for` with `{}` placeholders filled by the quoted, mapped `paths`."""
+        quoted = [shlex.quote(self.path(p)) for p in paths]
+        return self.wrap(command_for.format(*quoted))
+
+    def stream_command(self, path: str, offset: int = 0) -> str:
+        """Write the file's bytes from `offset` on to stdout."""
+        if offset:
+            return self.run_command(f"tail -c +{offset + 1} -- {{}}", path)
+        return self.run_command("cat -- {}", path)
+
+    def status_command(self) -> str | None:
+        """A command whose output tells whether the container runs (None: nothing to ask)."""
+        match self.container:
+            case PctContainer(id=ct_id):
+                return f"pct status {ct_id}"
+            case DockerContainer(name=name):
+                return f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(name)}"
+        return None
+
+
+def _os_reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError
+    if errors:
+        text = "; ".join(sorted({getattr(e, "strerror", None) or str(e) for e in errors.values()}))
+    return text.lower()
+
+
+def _check_lab_routes(inventory: Inventory) -> None:
+    """A lab inventory names addresses that must only be used while the lab's own
+    network namespaces exist: verify the routes once before the first connection."""
+    if inventory.lab is not None:
+        from dflash_ops.lab import verify_routes_once
+
+        verify_routes_once(inventory.lab)
+
+
+def host_error_row(exc: HostError) -> str:
+    """The part of a HostError message after the host name (for tables keyed by host)."""
+    return str(exc).removeprefix(f"{exc.host}: ")

@@ -1,0 +1,41 @@
+"""The decorator that makes a Fabric task out of a library call.
+
+Expected failures (`OpsError`) become one clear message on stderr and exit status 1, without a
+traceback; Ctrl-C exits 130 quietly; anything else keeps its traceback (it is a bug).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+
+from fabric import task
+from invoke.exceptions import Exit
+
+from dflash_ops.errors import OpsError
+
+INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
+
+
+def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
+    """`@task` with OpsError handling; an `inventory` parameter gets its standard help."""
+
+    def decorate(body: Callable) -> Callable:
+        @functools.wraps(body)
+        def run(*args, **kwargs):
+            try:
+                return body(*args, **kwargs)
+            except OpsError as exc:
+                from dflash_ops.console import errors
+
+                errors.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+                raise Exit(code=1) from None
+            except KeyboardInterrupt:
+                raise Exit("interrupted", code=130) from None
+
+        takes_inventory = "inventory" in inspect.signature(body).parameters
+        helps = {**({"inventory": INVENTORY_HELP} if takes_inventory else {}), **(help or {})}
+        return task(help=helps, **task_options)(run)
+
+    return decorate

@@ -1,0 +1,93 @@
+"""dflash-ops: stage DFlash drafter checkpoints from the trainer to eval hosts and evaluate them.
+
+Tasks are thin: they parse arguments and call into the `dflash_ops` library. `fab --list` shows
+them; `fab --help TASK` documents every flag.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke.exceptions import Exit
+
+from dflash_ops import checks, lab
+from dflash_ops.console import check_table, console
+from dflash_ops.inventory import load as load_inventory
+from dflash_ops.task import ops_task
+
+
+@ops_task()
+def check_hosts(c, inventory=None):
+    """Check every inventory host: SSH, host key, container, directories, disk, tools."""
+    inv = load_inventory(inventory)
+    rows = checks.check_inventory(inv)
+    console.print(check_table(rows, f"check-hosts ({inv.path})"))
+    bad = checks.failed(rows)
+    if bad:
+        raise Exit(
+            f"{len(bad)} required check(s) failed: "
+            + "; ".join(f"{r.host} {r.check}" for r in bad),
+            code=1,
+        )
+    console.print("[green]all required checks passed[/]")
+
+
+LAB_DIR_HELP = f"lab directory (default: $DFLASH_LAB_DIR, else {lab.DEFAULT_ROOT})"
+
+
+@ops_task(
+    help={
+        "dir": LAB_DIR_HELP,
+        "eval_hosts": "how many eval hosts (eval, eval2, …)",
+        "content": "'random' (checkpoint files of random bytes) or 'models' (tiny target + "
+        "trained drafter checkpoints)",
+        "checkpoint_size": "size of each random checkpoint, e.g. 4m or 1.2g",
+        "trainer_disk": "size of the trainer's disk (tmpfs)",
+        "eval_disk": "size of each eval host's disk (tmpfs)",
+        "workstation_disk": "size of the workstation's staging disk (tmpfs)",
+    }
+)
+def lab_up(
+    c,
+    dir=None,
+    eval_hosts=1,
+    content="random",
+    checkpoint_size="4m",
+    trainer_disk="256m",
+    eval_disk="512m",
+    workstation_disk="256m",
+):
+    """Build the local lab: sshd hosts in network namespaces, disks, keys, inventory."""
+    config = lab.LabConfig(
+        root=Path(dir) if dir else lab.DEFAULT_ROOT,
+        eval_hosts=eval_hosts,
+        content=content,
+        checkpoint_size=checkpoint_size,
+        trainer_disk=trainer_disk,
+        eval_disk=eval_disk,
+        workstation_disk=workstation_disk,
+    )
+    built = lab.up(config, lab.content_generator(content))
+    console.print(
+        f"lab up at {built.root} ({built.state.mode} mode): {', '.join(built.state.hosts)}"
+    )
+    console.print(f"export DFLASH_INVENTORY={built.inventory_path}")
+
+
+@ops_task(help={"dir": LAB_DIR_HELP})
+def lab_down(c, dir=None):
+    """Remove the lab: processes, mounts, namespaces, links and files."""
+    problems = lab.load(Path(dir) if dir else lab.DEFAULT_ROOT).down()
+    if problems:
+        raise Exit("lab-down left things behind:\n  " + "\n  ".join(problems), code=1)
+    console.print("lab removed")
+
+
+@ops_task(help={"dir": LAB_DIR_HELP})
+def lab_status(c, dir=None):
+    """Show the lab's hosts, addresses, sshd state and inventory path."""
+    current = lab.load(Path(dir) if dir else lab.DEFAULT_ROOT)
+    for name, record in current.state.hosts.items():
+        state = "sshd running" if current.sshd_running(name) else "sshd STOPPED"
+        console.print(f"{name:10} {record.address}:{record.port}  {state}  {record.data_dir}")
+    console.print(f"inventory: {current.inventory_path}")
