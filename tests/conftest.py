@@ -1,0 +1,76 @@
+"""Fixtures shared by the whole suite: real labs (sshd hosts in network namespaces as root,
+loopback sshd otherwise) and a runner for the real `fab` command against a lab inventory.
+
+Tests talk only to lab hosts: every lab inventory carries its state file, and the library
+checks the lab's routes before the first connection (see dflash_ops.lab.verify_routes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dflash_ops import lab as labs
+from dflash_ops.inventory import Inventory
+from dflash_ops.inventory import load as load_inventory
+
+REPO = Path(__file__).resolve().parent.parent
+FAB = Path(sys.executable).parent / "fab"
+
+
+@pytest.fixture(autouse=True)
+def _never_the_example_inventory(monkeypatch):
+    """The committed inventory.yaml names a user's real servers: no test may fall back to it."""
+    monkeypatch.setenv("DFLASH_INVENTORY", "/nonexistent/tests-must-pass-a-lab-inventory.yaml")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> Iterator[labs.Lab]:
+    """One lab for the session's read-only tests (random-byte checkpoints). A test that
+    changes it must put it back as it was, or use `make_lab` instead."""
+    built = labs.up(labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab"))
+    yield built
+    problems = built.down()
+    assert not problems, problems
+
+
+@pytest.fixture
+def make_lab(tmp_path_factory) -> Iterator[Callable[..., labs.Lab]]:
+    """Build a fresh lab for one test (`make_lab(eval_hosts=2, trainer_disk='64m', …)`);
+    removed after the test, even when it fails."""
+    built: list[labs.Lab] = []
+
+    def make(content: labs.ContentGenerator | None = None, **config) -> labs.Lab:
+        root = tmp_path_factory.mktemp("lab") / "lab"
+        built.append(labs.up(labs.LabConfig(root=root, **config), content))
+        return built[-1]
+
+    yield make
+    for each in built:
+        problems = each.down()
+        assert not problems, problems
+
+
+@pytest.fixture
+def inventory(lab) -> Inventory:
+    return load_inventory(lab.inventory_path)
+
+
+def run_fab(inventory_path: Path | None, *args: str, timeout: float = 300,
+            **popen) -> subprocess.CompletedProcess:
+    """Run the real `fab` from the repo root against an inventory; output captured."""
+    env = {**os.environ, "COLUMNS": "200"}
+    if inventory_path is not None:
+        env["DFLASH_INVENTORY"] = str(inventory_path)
+    return subprocess.run([str(FAB), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, **popen)
+
+
+@pytest.fixture
+def fab() -> Callable[..., subprocess.CompletedProcess]:
+    return run_fab
