@@ -10,7 +10,7 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from dflash_ops import checks, lab
+from dflash_ops import checks, lab, provision
 from dflash_ops.console import check_table, console
 from dflash_ops.inventory import load as load_inventory
 from dflash_ops.task import ops_task
@@ -54,7 +54,7 @@ def lab_up(
     content="random",
     checkpoint_size="4m",
     trainer_disk="256m",
-    eval_disk="512m",
+    eval_disk="3g",
     workstation_disk="256m",
 ):
     """Build the local lab: sshd hosts in network namespaces, disks, keys, inventory."""
@@ -91,3 +91,24 @@ def lab_status(c, dir=None):
         state = "sshd running" if current.sshd_running(name) else "sshd STOPPED"
         console.print(f"{name:10} {record.address}:{record.port}  {state}  {record.data_dir}")
     console.print(f"inventory: {current.inventory_path}")
+
+
+@ops_task(
+    help={
+        "host": "eval host to set up (default: every eval host)",
+        "force": "delete and recreate the venv even if it is as recorded",
+    }
+)
+def setup_eval_host(c, host=None, force=False, inventory=None):
+    """Provision eval hosts: uv, the venv (CPU torch, transformers…), the harness. Idempotent."""
+    inv = load_inventory(inventory)
+    for outcome in provision.setup_eval_hosts(inv, host, force, say=console.print):
+        console.print(provision.summary(outcome))
+
+
+@ops_task(help={"host": "eval host to deploy to (default: every eval host)"})
+def deploy_harness(c, host=None, inventory=None):
+    """Upload remote/dflash_eval under its content hash (if new) and make it `current`."""
+    inv = load_inventory(inventory)
+    for deployed in provision.deploy_harness_to(inv, host, say=console.print):
+        console.print(f"{deployed.path} (sha256 {deployed.digest})")

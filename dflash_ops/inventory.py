@@ -73,9 +73,24 @@ class TrainerHost(_SshHost):
 
 
 class VenvSpec(_Strict):
+    """The eval venv and what goes into it (see dflash_ops.provision)."""
+
     path: str
-    python: str = "3.12"
+    python: str = "3.12"  # a version uv can find (or download), or an interpreter path
     torch: Literal["cpu", "cuda"] = "cpu"
+    # Versions of torch / transformers / safetensors / requests or of `packages`:
+    # "5.1.0" pins (==), a specifier like ">=5,<6" is used as written.
+    versions: dict[str, str] = {}
+    packages: list[str] = []  # more requirements, e.g. ["numpy<3"]
+    # Package sources; None = the workstation pip's local find-links / file:// indexes that
+    # also exist on the host (pip's settings are invisible to uv otherwise).
+    find_links: list[str] | None = None
+    extra_index_url: list[str] | None = None
+    offline: bool = False  # uv --offline: only the cache, local files and file:// indexes
+    wheelhouse: bool = False  # air-gapped: download on the workstation, push, install no-index
+    uv_dir: str | None = None  # where uv is installed if missing; default {workdir}/bin
+    cache_dir: str | None = None  # uv cache on the host; default {workdir}/uv-cache
+    min_free: str = "2g"  # free space required before creating the venv and cache
 
 
 class EvalHost(_SshHost):

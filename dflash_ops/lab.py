@@ -51,7 +51,7 @@ class LabConfig:
     root: Path = DEFAULT_ROOT
     eval_hosts: int = 1
     trainer_disk: str = "256m"
-    eval_disk: str = "512m"
+    eval_disk: str = "3g"  # a CPU torch venv + uv cache (~0.9 GiB); tmpfs uses RAM as written
     workstation_disk: str = "256m"
     steps: tuple[int, ...] = (2000, 4000, 6000)
     checkpoint_size: str = "4m"  # for the random-bytes content
@@ -529,7 +529,7 @@ def _write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict]
             "role": "eval",
             **ssh(name),
             "workdir": str(disk / "eval"),
-            "venv": {"path": str(disk / "venv"), "python": _python_version()},
+            "venv": _venv_settings(disk),
             **eval_settings[name],
         }
     document = {
@@ -714,6 +714,19 @@ def _current_user() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _venv_settings(disk: Path) -> dict:
+    """The eval venv as the lab's hosts can build it: they have no network, but see this
+    machine's files, so torch is pinned to the workstation's own (CPU) build, which the
+    workstation pip's find-links hold, and uv runs offline on pip's local indexes."""
+    from contextlib import suppress
+    from importlib.metadata import PackageNotFoundError, version
+
+    settings: dict = {"path": str(disk / "venv"), "python": _python_version(), "offline": True}
+    with suppress(PackageNotFoundError):
+        settings["versions"] = {"torch": version("torch")}
+    return settings
 
 
 def _python_version() -> str:
