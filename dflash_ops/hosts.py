@@ -281,11 +281,11 @@ def _os_reason(exc: BaseException) -> str:
 
 def _check_lab_routes(inventory: Inventory) -> None:
     """A lab inventory names addresses that must only be used while the lab's own
-    network namespaces exist: verify the routes once before the first connection."""
+    network namespaces exist: verify the routes before every connection (a few ms)."""
     if inventory.lab is not None:
-        from dflash_ops.lab import verify_routes_once
+        from dflash_ops.lab import verify_routes
 
-        verify_routes_once(inventory.lab)
+        verify_routes(inventory.lab)
 
 
 def host_error_row(exc: HostError) -> str:

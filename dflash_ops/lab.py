@@ -218,7 +218,6 @@ class Lab:
             shutil.rmtree(self.root, ignore_errors=True)
             if self.root.exists():
                 problems.append(f"could not remove {self.root}")
-        _verified_routes.discard(str(self.root / STATE_FILE))
         return problems
 
     def leftovers(self) -> list[str]:
@@ -547,9 +546,6 @@ def _write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict]
 
 # --- network safety ------------------------------------------------------------------------
 
-_verified_routes: set[str] = set()
-
-
 def verify_routes(state_file: Path) -> None:
     """Refuse unless every lab address is reached through the lab's own veth right now.
 
@@ -575,13 +571,6 @@ def verify_routes(state_file: Path) -> None:
                 f"lab host {name}'s address {record.address} routes via {device}, "
                 f"not the lab's veth {record.veth}; refusing to connect."
             )
-
-
-def verify_routes_once(state_file: Path) -> None:
-    key = str(state_file)
-    if key not in _verified_routes:
-        verify_routes(state_file)
-        _verified_routes.add(key)
 
 
 def _free_slot() -> int:

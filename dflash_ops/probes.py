@@ -74,18 +74,35 @@ def parse_file_stat(output: str) -> FileStat | None:
     return FileStat(int(size), int(mtime), kind)
 
 
+@dataclass(frozen=True)
+class PathInfo:
+    stat: FileStat | None  # None: does not exist
+    free: int  # free bytes where it is (or would be created)
+
+
+def paths_info(paths: Sequence[str]) -> Probe[dict[str, PathInfo]]:
+    """stat and free space of several paths in one round trip."""
+    parts = [f"{file_stat(path).command}; {free_bytes(path).command}" for path in paths]
+    separator = "echo '--dflash-ops--'"
+    return Probe(f" ; {separator}; ".join(parts),
+                 lambda output: parse_paths_info(paths, output, separator))
+
+
+def parse_paths_info(paths: Sequence[str], output: str, separator: str) -> dict[str, PathInfo]:
+    marker = separator.split("'")[1]
+    chunks = [chunk.strip().splitlines() for chunk in output.split(marker)]
+    if len(chunks) != len(paths):
+        raise ProbeParseError(f"expected {len(paths)} answers, got {len(chunks)}: {output!r}")
+    return {
+        path: PathInfo(parse_file_stat(lines[0]), parse_df_avail("\n".join(lines[1:])))
+        for path, lines in zip(paths, chunks, strict=True)
+    }
+
+
 # --- tools --------------------------------------------------------------------------------
 
-# How to ask each tool its version; the first output line is kept.
-VERSION_FLAGS = {
-    "python3": "--version",
-    "uv": "--version",
-    "sha256sum": "--version",
-    "pct": "help",
-    "systemd-run": "--version",
-    "docker": "--version",
-    "tail": "--version",
-}
+# How to ask a tool its version (the first output line is kept); "" = don't ask.
+VERSION_FLAGS = {"pct": ""}
 
 
 @dataclass(frozen=True)
@@ -107,9 +124,10 @@ def tools(names: Sequence[str], extra_dirs: Sequence[str] = ()) -> Probe[dict[st
     for name in names:
         flag = VERSION_FLAGS.get(name, "--version")
         quoted = shlex.quote(name)
+        version = f'"$("$p" {flag} 2>&1 </dev/null | head -n 1)"' if flag else '""'
         lines.append(
             f"p=$(command -v {quoted}) && "
-            f'printf "%s\\t%s\\t%s\\n" {quoted} "$p" "$("$p" {flag} 2>&1 </dev/null | head -n 1)" '
+            f'printf "%s\\t%s\\t%s\\n" {quoted} "$p" {version} '
             f'|| printf "%s\\t\\t\\n" {quoted}'
         )
     return Probe("; ".join(lines), parse_tools)

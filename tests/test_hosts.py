@@ -1,0 +1,143 @@
+"""Real SSH into lab hosts: Fabric control plane, OpenSSH argv, host-key refusal, containers."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import subprocess
+import time
+
+import pytest
+
+from dflash_ops.errors import HostKeyError, LabError, RemoteCommandError, UnreachableError
+from dflash_ops.hosts import Host, TrainingEnvironment
+from dflash_ops.inventory import Inventory, RootfsContainer
+
+
+def with_host(inventory: Inventory, name: str, **changes) -> Inventory:
+    entry = inventory.hosts[name].model_copy(update=changes)
+    return inventory.model_copy(update={"hosts": {**inventory.hosts, name: entry}})
+
+
+def test_fabric_runs_commands_on_each_host(inventory):
+    for name in ("trainer", "eval"):
+        host = Host(inventory, name)
+        try:
+            assert host.run("echo $DFLASH_LAB_HOST").stdout.strip() == name
+            failing = host.run("echo oops >&2; exit 3", check=False)
+            assert (failing.exit_code, failing.stderr.strip()) == (3, "oops")
+            with pytest.raises(RemoteCommandError, match=rf"{name}: `exit 4` exited 4"):
+                host.run("exit 4")
+        finally:
+            host.close()
+
+
+def test_ssh_argv_reaches_the_same_host_with_strict_options(inventory):
+    host = Host(inventory, "eval")
+    argv = host.ssh_argv("echo $DFLASH_LAB_HOST")
+    for option in ("BatchMode=yes", "StrictHostKeyChecking=yes", "Compression=no"):
+        assert option in argv
+    assert any(arg.startswith("Ciphers=^aes128-gcm") for arg in argv)
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout.strip()) == (0, "eval")
+
+
+def test_unknown_host_key_is_refused(inventory, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = with_host(inventory, "eval", known_hosts=str(empty))
+    host = Host(inv, "eval")
+    with pytest.raises(HostKeyError, match=r"eval: host key of .* is not in .*ssh-keyscan -p 22"):
+        host.run("true")
+    result = subprocess.run(host.ssh_argv("true"), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 255 and "Host key verification failed" in result.stderr
+    assert empty.read_text() == ""  # nothing was added behind our back
+
+
+def test_changed_host_key_is_refused(lab, inventory, tmp_path):
+    # The trainer's key filed under the eval host's address: what a MITM would look like.
+    trainer_key = (lab.root / "hosts/trainer/ssh_host_ed25519_key.pub").read_text().split()
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"{inventory.hosts['eval'].address} {trainer_key[0]} {trainer_key[1]}\n")
+    host = Host(with_host(inventory, "eval", known_hosts=str(wrong)), "eval")
+    with pytest.raises(HostKeyError, match=r"does NOT match .*Refusing to connect.*ssh-keygen -R"):
+        host.run("true")
+
+
+def test_unreachable_host_fails_fast(inventory):
+    host = Host(with_host(inventory, "eval", port=2), "eval")  # nothing listens on port 2
+    started = time.monotonic()
+    with pytest.raises(UnreachableError, match=r"eval: cannot connect to .*:2: connection refused"):
+        host.run("true")
+    assert time.monotonic() - started < 5
+
+
+PAYLOAD = bytes(range(256)) * 64
+
+
+@pytest.fixture
+def odd_file(lab):
+    """A file with spaces and quotes in its name, inside the trainer's container."""
+    in_container = "/workspace/it's a \"weird\" name.bin"
+    lab.container_path(in_container).write_bytes(PAYLOAD)
+    yield in_container
+    lab.container_path(in_container).unlink()
+
+
+@pytest.mark.parametrize("offset", [0, 1000])
+def test_pct_stream_from_offset(inventory, odd_file, offset):
+    env = TrainingEnvironment(inventory.trainer)
+    host = Host(inventory, "trainer")
+    argv = host.ssh_argv(env.stream_command(odd_file, offset))
+    streamed = subprocess.run(argv, capture_output=True, timeout=30)
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout == PAYLOAD[offset:]
+
+
+def test_pct_exec_sees_only_the_container(inventory, odd_file):
+    env = TrainingEnvironment(inventory.trainer)
+    host = Host(inventory, "trainer")
+    try:
+        digest = host.run(env.run_command("sha256sum < {}", odd_file)).stdout.split()[0]
+        assert digest == hashlib.sha256(PAYLOAD).hexdigest()
+        # The container's / is its rootfs: the host's lab directory is not visible inside.
+        inside = host.run(env.wrap(f"test -e {shlex.quote(str(inventory.path))} && echo host "
+                                   "|| echo isolated")).stdout.strip()
+        assert inside == "isolated"
+    finally:
+        host.close()
+
+
+def test_rootfs_access_reads_through_the_host_path(lab, inventory, odd_file):
+    trainer = inventory.trainer.model_copy(
+        update={"container": RootfsContainer(kind="rootfs", path=str(lab.container_rootfs))})
+    env = TrainingEnvironment(trainer)
+    argv = Host(inventory, "trainer").ssh_argv(env.stream_command(odd_file, 10))
+    assert subprocess.run(argv, capture_output=True, timeout=30).stdout == PAYLOAD[10:]
+
+
+def test_stopped_container_is_reported(lab, inventory):
+    host = Host(inventory, "trainer")
+    lab.set_container_running(False)
+    try:
+        answer = host.run(TrainingEnvironment(inventory.trainer).wrap("true"), check=False)
+        assert answer.exit_code != 0 and "CT 200 not running" in answer.stderr
+    finally:
+        lab.set_container_running(True)
+        host.close()
+
+
+def test_connections_refused_once_the_lab_network_is_gone(make_lab):
+    """Network safety: a lab address is used only while its namespace and veth exist."""
+    from dflash_ops.inventory import load
+
+    built = make_lab()
+    inv = load(built.inventory_path)
+    Host(inv, "eval").run("true")
+    if built.state.mode != "netns":
+        pytest.skip("loopback lab: no namespaces to lose")
+    subprocess.run(["ip", "netns", "del", built.state.hosts["eval"].netns], check=True)
+    with pytest.raises(LabError, match=r"lab namespace .*-eval of eval is gone; refusing"):
+        Host(inv, "eval").run("true")
+    with pytest.raises(LabError, match="is gone"):
+        Host(inv, "eval").ssh_argv("true")

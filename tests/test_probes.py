@@ -1,0 +1,82 @@
+"""Probe parsers on captured output, then each probe's command once against a real lab host."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_ops import probes
+from dflash_ops.hosts import Host
+from dflash_ops.lab import LabConfig
+from dflash_ops.probes import FileStat, ProbeParseError
+from dflash_ops.units import parse_size
+
+
+def test_parse_df_avail():
+    assert probes.parse_df_avail("    Avail\n268435456\n") == 268435456
+    with pytest.raises(ProbeParseError, match="unexpected df output"):
+        probes.parse_df_avail("df: /nope: No such file or directory\n")
+
+
+def test_parse_file_stat():
+    assert probes.parse_file_stat("4194304 1764428000 regular file\n") == FileStat(
+        4194304, 1764428000, "regular file")
+    assert probes.parse_file_stat("missing\n") is None
+    with pytest.raises(ProbeParseError):
+        probes.parse_file_stat("stat: cannot stat\n")
+
+
+def test_parse_tools():
+    captured = ("uv\t/root/.local/bin/uv\tuv 0.13.9\n"
+                "sha256sum\t/usr/bin/sha256sum\tsha256sum (GNU coreutils) 9.1\n"
+                "pct\t\t\n")
+    found = probes.parse_tools(captured)
+    assert found["uv"].version == "uv 0.13.9" and found["uv"].present
+    assert not found["pct"].present and found["pct"].version is None
+
+
+def test_parse_paths_info():
+    probe = probes.paths_info(["/a", "/b c"])
+    captured = "4096 1764428000 directory\n    Avail\n1000\n--dflash-ops--\nmissing\nAvail\n2000\n"
+    info = probe.parse(captured)
+    assert info["/a"] == probes.PathInfo(FileStat(4096, 1764428000, "directory"), 1000)
+    assert info["/b c"] == probes.PathInfo(None, 2000)
+    assert "'/b c'" in probe.command
+    with pytest.raises(ProbeParseError, match="expected 2 answers"):
+        probe.parse("missing\nAvail\n1\n")
+
+
+def test_parse_machine():
+    captured = "16\nMemTotal:       131072000 kB\nMemAvailable:   120000000 kB\n"
+    assert probes.parse_machine(captured) == probes.Machine(16, 131072000 * 1024,
+                                                            120000000 * 1024)
+    with pytest.raises(ProbeParseError):
+        probes.parse_machine("nproc: not found\n")
+
+
+def test_parse_container_running():
+    assert probes.parse_container_running("status: running\n")
+    assert probes.parse_container_running("running\n")  # docker inspect
+    assert not probes.parse_container_running("status: stopped\n")
+
+
+def test_probes_on_a_real_host(lab, inventory):
+    host = Host(inventory, "eval")
+    data = str(lab.data_dir("eval"))
+    weird = lab.data_dir("eval") / "it's a \"file\" with spaces"
+    try:
+        free = host.probe(probes.free_bytes(data))
+        assert 0 < free <= parse_size(LabConfig().eval_disk)  # the eval host's tmpfs
+        # A path that does not exist yet is measured where it will be created.
+        assert abs(host.probe(probes.free_bytes(f"{data}/not/yet/there")) - free) < 1 << 20
+        weird.write_bytes(b"12345")
+        stat = host.probe(probes.file_stat(str(weird)))
+        assert (stat.size, stat.kind) == (5, "regular file")
+        assert host.probe(probes.file_stat(f"{data}/absent")) is None
+        tools = host.probe(probes.tools(["sha256sum", "no-such-tool-xyz"]))
+        assert tools["sha256sum"].present and "coreutils" in tools["sha256sum"].version
+        assert not tools["no-such-tool-xyz"].present
+        machine = host.probe(probes.machine())
+        assert machine.cpus >= 1 and 0 < machine.memory_available <= machine.memory_total
+    finally:
+        weird.unlink(missing_ok=True)
+        host.close()
