@@ -1,0 +1,268 @@
+"""Lab content: a tiny target model and tiny drafter checkpoints, built offline in seconds.
+
+The target is a real Qwen3 model (transformers config, saved with save_pretrained) over a
+character-level tokenizer built with the `tokenizers` library. A randomly initialised
+target's greedy output is noise that no drafter can learn, so the target is given a
+learnable habit: its embedding rows are large and its LM head maps each character's
+embedding to the next character of one fixed random cycle through the alphabet. The
+random transformer layers still run (they only perturb the residual stream a little), so
+greedy decoding walks that cycle, which a drafter can learn.
+
+The drafter checkpoints come from a short, real training run of the harness's drafter
+(remote/dflash_eval/model.py) on the target's own greedy outputs with block cross-entropy
+(DFLASH.md §2): predict g[s+1..s+B-1] from the anchor g[s], the mask tokens and the target
+features of positions < s. Checkpoints are written in the training format (prefixed
+model_state_dict, optimizer state, step, config), labelled 2000/4000/6000 but taken after
+a few dozen to a few hundred real optimisation steps, so τ rises from one to the next.
+
+torch/transformers are imported inside functions: dflash_ops must not import torch at
+module level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+# Bump when the generated content changes, so cached lab models are rebuilt.
+LAB_MODELS_VERSION = 1
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<unk>")
+MASK_TOKEN = "<|mask|>"
+BLOCK_SIZE = 8
+PROMPT_LENGTH = 12
+TRAIN_SEQUENCES = 48
+TRAIN_NEW_TOKENS = 40
+# Real optimisation steps per 1000 "labelled" steps: 2000 → 30, 4000 → 60, 6000 → 90.
+REAL_STEPS_PER_1000 = 15
+LAB_PROMPTS = (
+    "the quick brown fox jumps over the lazy dog",
+    "def add(a, b): return a + b",
+    "SELECT name FROM users WHERE id = 7;",
+    "x = [i * i for i in range(10)]",
+    "2 + 2 = 4, and 3 * 3 = 9!",
+    "Why is the sky blue?",
+    "print('hello, world')",
+    "for (int i = 0; i < n; i++) {",
+)
+
+
+@dataclass(frozen=True)
+class LabModels:
+    target_dir: Path  # HF dir: config.json + model.safetensors + tokenizer files
+    checkpoints: dict[int, Path]  # step -> training-format checkpoint.pt
+    prompts: Path | None  # JSONL of prompts suited to the tiny model (None: built-ins)
+
+
+def build_lab_models(
+    cache_dir: Path, steps: Sequence[int] = (2000, 4000, 6000), seed: int = 0
+) -> LabModels:
+    """Build (or return the cached) tiny target, prompts and drafter checkpoints."""
+    steps = tuple(sorted(set(int(s) for s in steps)))
+    root = Path(cache_dir) / f"lab-models-{_cache_key(steps, seed)}"
+    models = LabModels(
+        target_dir=root / "target",
+        checkpoints={s: root / "checkpoints" / f"step_{s}" / "checkpoint.pt" for s in steps},
+        prompts=root / "prompts.jsonl",
+    )
+    if (root / "complete.json").is_file():
+        return models
+    partial = root.with_name(root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    _build(partial, steps, seed)
+    (partial / "complete.json").write_text(json.dumps({"steps": steps, "seed": seed}) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    partial.rename(root)
+    return models
+
+
+def _cache_key(steps: tuple[int, ...], seed: int) -> str:
+    versions = {name: metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
+    key = {"version": LAB_MODELS_VERSION, "steps": steps, "seed": seed, "libraries": versions}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _build(root: Path, steps: tuple[int, ...], seed: int) -> None:
+    import torch
+
+    # Tiny tensors: one thread avoids OpenMP overhead and contention on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(seed)
+        tokenizer = _build_tokenizer(root / "target")
+        target = _build_target(root / "target", tokenizer, generator)
+        lines = [json.dumps({"id": f"lab-{i}", "prompt": p}) for i, p in enumerate(LAB_PROMPTS)]
+        (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+        _train_drafter(root / "checkpoints", target, tokenizer, steps, generator)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build_tokenizer(directory: Path) -> Any:
+    """Character-level tokenizer (printable ASCII + specials) saved for AutoTokenizer."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    characters = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *characters])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+    )
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
+
+
+def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
+    """Tiny Qwen3 whose greedy continuation follows a random cycle through the characters."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    vocab_size = len(tokenizer)
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+    model = Qwen3ForCausalLM(config).eval()
+    embed = torch.randn(vocab_size, config.hidden_size, generator=generator)
+    first_normal = len(SPECIAL_TOKENS)
+    cycle = (first_normal + torch.randperm(vocab_size - first_normal, generator=generator)).tolist()
+    head = torch.zeros(vocab_size, config.hidden_size)
+    for here, successor in zip(cycle, cycle[1:] + cycle[:1], strict=True):
+        # logit of `successor` peaks when the current token is `here`
+        head[successor] = embed[here] / embed[here].norm() * 4.0
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(embed)
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(str(directory))
+    return model
+
+
+def _train_drafter(
+    directory: Path, target: Any, tokenizer: Any, steps: tuple[int, ...], generator: Any
+) -> None:
+    import torch
+    import torch.nn.functional as F
+    from dflash_eval.config import DrafterConfig, default_target_layer_ids
+    from dflash_eval.model import DFlashDrafter
+
+    sequences = _greedy_sequences(target, tokenizer, generator)  # [S, T]
+    num_layers = target.config.num_hidden_layers
+    layer_ids = default_target_layer_ids(num_layers, 2)
+    with torch.no_grad():
+        hidden = target(sequences, output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)  # [S, T, K·H]
+    config = DrafterConfig(
+        hidden_size=target.config.hidden_size,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        target_layer_ids=tuple(layer_ids),
+        block_size=BLOCK_SIZE,
+        mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
+        rms_norm_eps=target.config.rms_norm_eps,
+        rope_theta=10_000.0,
+        num_target_layers=num_layers,
+        vocab_size=target.config.vocab_size,
+    )
+    drafter = DFlashDrafter(config)
+    for parameter in drafter.parameters():
+        if parameter.ndim == 2:
+            torch.nn.init.normal_(parameter, std=0.02, generator=generator)
+    embed = target.model.embed_tokens.weight.detach()
+    head = target.lm_head.weight.detach()
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3, weight_decay=0.0)
+    save_at = {label * REAL_STEPS_PER_1000 // 1000: label for label in steps}
+    first_anchor = PROMPT_LENGTH
+    last_anchor = sequences.shape[1] - BLOCK_SIZE  # every slot of a training block has a label
+    offsets = torch.arange(1, BLOCK_SIZE)
+    for real_step in range(1, max(save_at) + 1):
+        batch = torch.randint(0, sequences.shape[0], (8,), generator=generator)
+        loss = torch.zeros(())
+        for index in batch.tolist():
+            tokens = sequences[index]
+            anchors = torch.randint(first_anchor, last_anchor + 1, (8,), generator=generator)
+            block = torch.full((len(anchors), BLOCK_SIZE), config.mask_token_id)
+            block[:, 0] = tokens[anchors]
+            cache = drafter.context_cache(drafter.fuse_context(features[index, :last_anchor]))
+            out = drafter.forward_blocks(embed[block], anchors, cache)  # [N, B, H]
+            logits = out[:, 1:] @ head.T  # [N, B-1, V]
+            labels = tokens[anchors[:, None] + offsets]  # slot k predicts g[s+k]
+            loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        optimizer.zero_grad()
+        (loss / len(batch)).backward()
+        optimizer.step()
+        if real_step in save_at:
+            label = save_at[real_step]
+            _save_checkpoint(
+                directory / f"step_{label}" / "checkpoint.pt",
+                drafter,
+                optimizer,
+                config,
+                label,
+                real_step,
+            )
+
+
+def _greedy_sequences(target: Any, tokenizer: Any, generator: Any) -> Any:
+    """Random character prompts continued by the target's own greedy decoding."""
+    import torch
+
+    first_normal = len(SPECIAL_TOKENS)
+    prompts = torch.randint(
+        first_normal, len(tokenizer), (TRAIN_SEQUENCES, PROMPT_LENGTH), generator=generator
+    )
+    with torch.no_grad():
+        return target.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=False,
+            max_new_tokens=TRAIN_NEW_TOKENS,
+            min_new_tokens=TRAIN_NEW_TOKENS,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+
+def _save_checkpoint(
+    path: Path, drafter: Any, optimizer: Any, config: Any, label: int, real_step: int
+) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {f"module.{name}": t.detach().clone() for name, t in drafter.state_dict().items()}
+    torch.save(
+        {
+            "model_state_dict": state,
+            "optimizer_state_dict": optimizer.state_dict(),
+            "step": label,
+            "config": config.to_hf_dict(),
+            "args": {"block_size": config.block_size, "real_optimizer_steps": real_step},
+        },
+        path,
+    )

@@ -1,0 +1,96 @@
+"""On-disk cache of completions and target hidden states.
+
+An entry is addressed by the sha256 of its key: every input that determines the value
+(target config/weights/tokenizer identity, prompt or sequence tokens, layer ids, dtype,
+library versions, device...). The full key is also stored in the entry and compared on
+read, so a changed input is always a miss and never a stale hit. Writes are atomic
+(temp file + rename), so an interrupted run leaves no half-written entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+CACHE_FORMAT = 1
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(key).encode()).hexdigest()
+
+
+def _canonical(key: dict[str, Any]) -> str:
+    return json.dumps({"cache_format": CACHE_FORMAT, **key}, sort_keys=True)
+
+
+def tokens_digest(tokens: list[int]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+
+
+class DiskCache:
+    """`root=None` disables caching (every lookup misses, nothing is written)."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = Path(root) if root is not None else None
+
+    def _path(self, kind: str, key: dict[str, Any], suffix: str) -> Path | None:
+        if self.root is None:
+            return None
+        return self.root / kind / f"{key_digest(key)}{suffix}"
+
+    def get_completion(self, key: dict[str, Any]) -> list[int] | None:
+        path = self._path("completions", key, ".json")
+        if path is None or not path.is_file():
+            return None
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if entry.get("key") != json.loads(_canonical(key)):
+            return None
+        return entry["output_ids"]
+
+    def put_completion(self, key: dict[str, Any], output_ids: list[int]) -> None:
+        path = self._path("completions", key, ".json")
+        if path is not None:
+            entry = {"key": json.loads(_canonical(key)), "output_ids": output_ids}
+            _atomic_write(path, json.dumps(entry).encode())
+
+    def get_hidden(self, key: dict[str, Any]) -> dict[int, torch.Tensor] | None:
+        path = self._path("hidden", key, ".safetensors")
+        if path is None or not path.is_file():
+            return None
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                if (handle.metadata() or {}).get("key") != _canonical(key):
+                    return None
+                return {int(name): handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        except Exception:  # a corrupt entry is a miss, and gets rewritten
+            return None
+
+    def put_hidden(self, key: dict[str, Any], hidden: dict[int, torch.Tensor]) -> None:
+        path = self._path("hidden", key, ".safetensors")
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+        os.close(handle)
+        tensors = {str(layer): t.contiguous() for layer, t in hidden.items()}
+        save_file(tensors, temp, metadata={"key": _canonical(key)})
+        os.replace(temp, path)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+    with os.fdopen(handle, "wb") as out:
+        out.write(data)
+    os.replace(temp, path)

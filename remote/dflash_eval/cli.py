@@ -1,0 +1,211 @@
+"""Command line: `python -m dflash_eval eval …` and `python -m dflash_eval extract …`.
+
+Exit status: 0 success; 2 an expected failure (HarnessError: the message says what to do,
+no traceback); 130 interrupted. stdout carries JSON-line events only; people read stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dflash_eval.errors import HarnessError
+from dflash_eval.progress import Progress
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        message = f"expected comma-separated integers, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dflash_eval",
+        description="Evaluate DFlash drafter checkpoints on CPU (acceptance length τ).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("eval", help="evaluate a drafter checkpoint against a target")
+    run.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="training checkpoint.pt, Hugging Face DFlash dir, or extracted dir",
+    )
+    run.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
+    run.add_argument("--out", type=Path, required=True, help="results JSON to write")
+    run.add_argument(
+        "--drafter-config",
+        type=Path,
+        help="drafter config.json, used when the checkpoint carries none",
+    )
+    run.add_argument(
+        "--block-size",
+        type=int,
+        help="block size B (default: the one the drafter was trained with)",
+    )
+    run.add_argument("--mask-token-id", type=int, help="mask token id, if the config lacks it")
+    run.add_argument(
+        "--target-layer-ids",
+        type=_int_list,
+        help="comma-separated target layer ids, if the config lacks them",
+    )
+    run.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
+    run.add_argument("--num-prompts", type=int, help="use only the first N prompts")
+    run.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="reference completion length cap (default 256)",
+    )
+    run.add_argument(
+        "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
+    )
+    run.add_argument(
+        "--ddtree",
+        type=_int_list,
+        default=[4, 8, 16, 32],
+        help="DDTree budgets, comma-separated (default 4,8,16,32; '' for none)",
+    )
+    run.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    run.add_argument(
+        "--reference-drafter",
+        type=Path,
+        help="also evaluate this drafter on the same hidden states",
+    )
+    run.add_argument(
+        "--sglang-url", help="get completions from SGLang's /generate (default: local greedy)"
+    )
+    run.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "dflash-eval",
+        help="completion/hidden-state cache (default ~/.cache/dflash-eval)",
+    )
+    run.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    run.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="drafter dtype (default float32)",
+    )
+    run.add_argument(
+        "--target-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="target dtype (default: as saved)",
+    )
+    run.add_argument(
+        "--allow-unsafe-pickle",
+        action="store_true",
+        help="unpickle checkpoints that need more than weights_only (runs code!)",
+    )
+    run.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
+    run.add_argument(
+        "--per-block",
+        action="store_true",
+        help="one drafter forward per block (slow; for cross-checking)",
+    )
+    run.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
+    run.add_argument("--progress-file", type=Path, help="also append the JSON events here")
+    run.add_argument("--quiet", action="store_true", help="no events or messages, just the file")
+
+    strip = commands.add_parser(
+        "extract", help="training checkpoint → safetensors + config (no optimizer)"
+    )
+    strip.add_argument("--checkpoint", type=Path, required=True, help="training checkpoint.pt")
+    strip.add_argument("--out", type=Path, required=True, help="output directory")
+    strip.add_argument(
+        "--drafter-config", type=Path, help="config.json to write when the checkpoint carries none"
+    )
+    strip.add_argument(
+        "--allow-unsafe-pickle",
+        action="store_true",
+        help="unpickle checkpoints that need more than weights_only (runs code!)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    progress = Progress(
+        progress_file=getattr(args, "progress_file", None), quiet=getattr(args, "quiet", False)
+    )
+    try:
+        if args.command == "eval":
+            return _eval(args, progress)
+        return _extract(args, progress)
+    except HarnessError as error:
+        progress.event("error", message=str(error))
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        progress.event("error", message="interrupted")
+        return 130
+    finally:
+        progress.close()
+
+
+def _eval(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.evaluate import EvalOptions, human_summary, run_eval
+
+    options = EvalOptions(
+        checkpoint=args.checkpoint,
+        target=args.target,
+        out=args.out,
+        drafter_config=args.drafter_config,
+        block_size=args.block_size,
+        mask_token_id=args.mask_token_id,
+        target_layer_ids=args.target_layer_ids,
+        prompts=args.prompts,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        max_blocks=args.max_blocks,
+        ddtree=args.ddtree,
+        threads=args.threads,
+        reference_drafter=args.reference_drafter,
+        sglang_url=args.sglang_url,
+        cache_dir=None if args.no_cache else args.cache_dir,
+        dtype=args.dtype,
+        target_dtype=args.target_dtype,
+        allow_unsafe_pickle=args.allow_unsafe_pickle,
+        chunk=args.chunk_anchors,
+        per_block=args.per_block,
+        step=args.step,
+    )
+    results = run_eval(options, progress)
+    metrics = results["metrics"]
+    summary = {
+        "step": results["checkpoint"]["step"],
+        "tau_macro": metrics["tau_macro"],
+        "tau_pooled": metrics["tau_pooled"],
+        "rounds": metrics["rounds"],
+        "ddtree": {b: t["tau_macro"] for b, t in metrics["ddtree"].items()},
+        "reference_tau_macro": results["reference"]["metrics"]["tau_macro"]
+        if results["reference"]
+        else None,
+        "seconds": results["timings_s"]["total"],
+    }
+    progress.say(human_summary(results))
+    progress.event("done", out=str(args.out), summary=summary)
+    return 0
+
+
+def _extract(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.extract import extract
+
+    progress.event("start", command="extract", checkpoint=str(args.checkpoint), out=str(args.out))
+    summary = extract(args.checkpoint, args.out, args.allow_unsafe_pickle, args.drafter_config)
+    before, after = summary["size_before_bytes"], summary["size_after_bytes"]
+    progress.say(
+        f"Extracted {args.checkpoint} → {args.out}: {before / 1e6:.1f} MB → {after / 1e6:.1f} MB "
+        f"({after / before:.0%}); dropped {summary['dropped_entries']}"
+    )
+    if not summary["config_written"]:
+        progress.warn(f"{args.checkpoint} carries no config; none written (pass --drafter-config)")
+    progress.event("done", out=str(args.out), summary=summary)
+    return 0

@@ -1,0 +1,270 @@
+"""The target model (DFLASH.md §6): load with transformers, find its parts by structure,
+extract context features, generate greedily.
+
+Supported: Qwen3 (`model.layers`), Qwen3.5/3.6 text models (mixed linear/full attention),
+and the vision-language wrappers whose decoder sits under `model.language_model`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dflash_eval.config import TargetShape
+from dflash_eval.errors import HarnessError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def read_target_config(path: Path) -> dict[str, Any]:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise HarnessError(
+            f"Target {path} has no config.json. Expected a Hugging Face model directory "
+            "(config.json, *.safetensors, tokenizer files) on the eval host."
+        )
+    return json.loads(config_file.read_text())
+
+
+def text_config_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a (possibly vision-language) config."""
+    return config.get("text_config") or config
+
+
+def resolve_dtype(name: str, config: dict[str, Any]) -> torch.dtype:
+    """'auto' = the dtype the weights were saved in (bf16 for released Qwen models)."""
+    if name == "auto":
+        saved = config.get("dtype") or config.get("torch_dtype")
+        saved = saved or text_config_of(config).get("dtype") or "float32"
+        return DTYPES.get(saved, torch.float32)
+    return DTYPES[name]
+
+
+def target_identity(path: Path) -> dict[str, Any]:
+    """What identifies the target's behaviour, cheaply.
+
+    config and tokenizer files are hashed in full; weight files are fingerprinted by name,
+    size, mtime and a hash of their safetensors header (tensor names, dtypes, offsets),
+    because hashing tens of GB per run is too slow. A re-written weight file changes its
+    mtime and so the fingerprint.
+    """
+    path = Path(path)
+    files: dict[str, Any] = {}
+    for name in ("config.json", *TOKENIZER_FILES):
+        file = path / name
+        if file.is_file():
+            files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
+    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        stat = file.stat()
+        files[file.name] = {
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "header_sha256": _header_hash(file),
+        }
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return {"path": str(path), "name": path.name, "files": files, "fingerprint": digest}
+
+
+def _header_hash(file: Path) -> str:
+    with file.open("rb") as handle:
+        head = handle.read(8)
+        if file.suffix == ".safetensors" and len(head) == 8:
+            size = int.from_bytes(head, "little")
+            return hashlib.sha256(head + handle.read(min(size, 100_000_000))).hexdigest()
+        return hashlib.sha256(head + handle.read(1 << 20)).hexdigest()
+
+
+def sha256_file(file: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(file).open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Target:
+    path: Path
+    family: str
+    model: nn.Module  # the top-level transformers model (None after release_body())
+    decoder: nn.Module  # the text decoder: owns embed_tokens and layers
+    embed_weight: torch.Tensor  # [V, H]
+    head_weight: torch.Tensor  # [V, H] (lm_head; bias-free in the supported families)
+    num_layers: int
+    dtype: torch.dtype
+    rms_norm_eps: float
+    rope_theta: float
+
+    @property
+    def shape(self) -> TargetShape:
+        return TargetShape(
+            num_layers=self.num_layers,
+            hidden_size=self.embed_weight.shape[1],
+            vocab_size=self.embed_weight.shape[0],
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+        )
+
+    @torch.inference_mode()
+    def hidden_features(
+        self, token_ids: list[int], layer_ids: list[int]
+    ) -> dict[int, torch.Tensor]:
+        """One causal forward over the tokens → {layer id: hidden_states[id + 1] [T, H]}.
+
+        hidden_states[0] is the embedding output, so layer id i is the output of decoder
+        layer i (for the last layer, transformers returns it after the final norm).
+        """
+        ids = torch.tensor([token_ids])
+        output = self.model(
+            input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
+        )
+        hidden = output.hidden_states
+        if len(hidden) != self.num_layers + 1:
+            raise HarnessError(
+                f"Target {self.path} returned {len(hidden)} hidden states for "
+                f"{self.num_layers} decoder layers (expected {self.num_layers + 1}: embeddings "
+                "plus one per layer). This transformers version lays hidden states out "
+                "differently; the layer mapping would be wrong, so the run stops."
+            )
+        return {i: hidden[i + 1][0].clone() for i in layer_ids}
+
+    @torch.inference_mode()
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+        """The target's own greedy continuation (stops after a stop token)."""
+        ids = torch.tensor([prompt_ids])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            output = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=stop_ids or None,
+                pad_token_id=stop_ids[0] if stop_ids else 0,
+            )
+        completion = output[0, len(prompt_ids) :].tolist()
+        for index, token in enumerate(completion):
+            if token in stop_ids:
+                return completion[: index + 1]
+        return completion
+
+    def release_body(self) -> None:
+        """Free the decoder once features are extracted; keep embedding and head."""
+        self.embed_weight = self.embed_weight.detach().clone()
+        self.head_weight = self.head_weight.detach().clone()
+        self.model = None  # type: ignore[assignment]
+        self.decoder = None  # type: ignore[assignment]
+
+
+def load_target(path: Path, dtype_name: str = "auto") -> Target:
+    path = Path(path)
+    config = read_target_config(path)
+    dtype = resolve_dtype(dtype_name, config)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # stderr is for our messages
+    vision_language = "text_config" in config and "vision_config" in config
+    loader = (
+        transformers.AutoModelForImageTextToText
+        if vision_language
+        else transformers.AutoModelForCausalLM
+    )
+    try:
+        model = loader.from_pretrained(str(path), dtype=dtype)
+    except (OSError, ValueError, KeyError) as error:
+        raise HarnessError(
+            f"transformers {transformers.__version__} cannot load the target {path} "
+            f"(model_type {config.get('model_type')!r}): {error}. Check the directory is "
+            "complete and that this transformers version supports the model family."
+        ) from None
+    model.eval()
+    decoder = find_decoder(model, path)
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None:
+        raise HarnessError(
+            f"Target {path}: no bias-free LM head found (get_output_embeddings() returned "
+            f"{type(head).__name__}). The drafter needs the target's lm_head."
+        )
+    text = text_config_of(config)
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    family = config.get("model_type", "?")
+    if vision_language:
+        family += " (vision-language wrapper)"
+    return Target(
+        path=path,
+        family=family,
+        model=model,
+        decoder=decoder,
+        embed_weight=decoder.embed_tokens.weight,
+        head_weight=head.weight,
+        num_layers=len(decoder.layers),
+        dtype=dtype,
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(text.get("rope_theta", rope.get("rope_theta", 1_000_000.0))),
+    )
+
+
+def find_decoder(model: nn.Module, path: Path) -> nn.Module:
+    """The module that owns the input embedding and the decoder layer list.
+
+    Found by structure (whichever submodule holds both the model's input embedding as
+    `embed_tokens` and an nn.ModuleList `layers`), so Qwen3 (`model`), Qwen3.5 text and
+    the vision-language wrapper (`model.language_model`) are all found the same way.
+    """
+    embedding = model.get_input_embeddings()
+    candidates = [
+        (name, module)
+        for name, module in model.named_modules()
+        if getattr(module, "embed_tokens", None) is embedding
+        and isinstance(getattr(module, "layers", None), nn.ModuleList)
+    ]
+    if len(candidates) != 1:
+        raise HarnessError(
+            f"Target {path}: expected exactly one text decoder (a module with the input "
+            f"embedding as embed_tokens and a `layers` list), found "
+            f"{[name or '<root>' for name, _ in candidates]}. Unsupported model layout."
+        )
+    return candidates[0][1]
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as error:
+        raise HarnessError(
+            f"Cannot load the tokenizer of the target {path}: {error}. The target directory "
+            "needs its tokenizer files (tokenizer.json, tokenizer_config.json)."
+        ) from None
+
+
+def stop_token_ids(path: Path, tokenizer: Any) -> list[int]:
+    """EOS ids from generation_config.json (may be a list) plus the tokenizer's EOS."""
+    ids: list[int] = []
+    generation = Path(path) / "generation_config.json"
+    if generation.is_file():
+        eos = json.loads(generation.read_text()).get("eos_token_id")
+        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
