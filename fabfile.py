@@ -112,3 +112,60 @@ def deploy_harness(c, host=None, inventory=None):
     inv = load_inventory(inventory)
     for deployed in provision.deploy_harness_to(inv, host, say=console.print):
         console.print(f"{deployed.path} (sha256 {deployed.digest})")
+
+
+@ops_task()
+def list_checkpoints(c, inventory=None):
+    """List the trainer's checkpoints: size, mtime, completeness, staged on each eval host."""
+    from dflash_ops.staging_view import checkpoints_table
+
+    console.print(checkpoints_table(load_inventory(inventory)))
+
+
+@ops_task(
+    help={
+        "step": "training step to stage",
+        "latest": "stage the latest complete checkpoint",
+        "to": "eval host(s), comma-separated (default: every eval host)",
+        "dry_run": "print the plan (route, bytes, free space per hop, resume offset); "
+        "write nothing",
+        "pull": "pct only: `pct pull` to the trainer's tmp_dir first, then send from there",
+        "via": "how to read the trainer's file: 'stream' (pct/docker exec, default) or "
+        "'rootfs' (the container's host-side rootfs path)",
+        "two_hop": "keep a verified copy in local.staging and send from it (fan-out reads "
+        "the trainer once)",
+        "no_resume": "ignore an existing .partial and start over",
+        "verify": "recompute sha256 on both ends even when already staged",
+        "margin": "free space to keep beyond the bytes written, e.g. 2g (default: the "
+        "inventory's transfer.margin / margin_fraction)",
+    }
+)
+def stage_checkpoint(
+    c,
+    step=0,
+    latest=False,
+    to=None,
+    dry_run=False,
+    pull=False,
+    via="stream",
+    two_hop=False,
+    no_resume=False,
+    verify=False,
+    margin=None,
+    inventory=None,
+):
+    """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
+    from dflash_ops.staging_view import run_stage
+
+    run_stage(
+        load_inventory(inventory),
+        step=step or None,
+        latest=latest,
+        to=[name.strip() for name in to.split(",")] if to else None,
+        dry_run=dry_run,
+        via="pull" if pull else via,
+        two_hop=two_hop,
+        resume=not no_resume,
+        verify=verify,
+        margin=margin,
+    )

@@ -116,12 +116,20 @@ class LocalSettings(_Strict):
     results: Path = Path("results")
 
 
+class TransferSettings(_Strict):
+    """Free space kept beyond what a transfer writes: max(margin, margin_fraction × bytes)."""
+
+    margin: str | int = "1g"
+    margin_fraction: float = Field(default=0.02, ge=0, le=1)
+
+
 class Inventory(_Strict):
     """The whole file, with relative local paths resolved against the file's directory."""
 
     path: Path  # where it was read from (not a key in the file)
     hosts: dict[str, HostEntry]
     local: LocalSettings = LocalSettings()
+    transfer: TransferSettings = TransferSettings()
     ssh_config: str | None = None  # OpenSSH client config; default ~/.ssh/config
     lab: Path | None = None  # set by the lab: its state file, checked before any connection
 

@@ -1,0 +1,95 @@
+"""What `fab list-checkpoints` and `fab stage-checkpoint` show: a table, a plan, progress bars."""
+
+from __future__ import annotations
+
+import time
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from dflash_ops import checkpoints
+from dflash_ops.console import console
+from dflash_ops.errors import HostError, InventoryError
+from dflash_ops.inventory import Inventory
+from dflash_ops.relay import RelayState
+from dflash_ops.units import format_bytes
+
+VIAS = ("stream", "rootfs", "pull")
+
+
+def checkpoints_table(inventory: Inventory) -> Table:
+    infos = checkpoints.list_checkpoints(inventory)
+    table = Table(title=f"checkpoints on {inventory.trainer_name}:{inventory.trainer.checkpoints}",
+                  title_justify="left")
+    for column in ("step", "size", "modified", "complete"):
+        table.add_column(column, justify="right" if column in ("step", "size") else "left")
+    staged: dict[str, dict[int, str]] = {}
+    for name in inventory.eval_hosts:
+        table.add_column(f"on {name}")
+        try:
+            staged[name] = checkpoints.staged_status(inventory, name, infos)
+        except HostError as exc:
+            staged[name] = {info.step: f"[red]? {exc}[/]" for info in infos}
+    for info in infos:
+        table.add_row(
+            str(info.step),
+            format_bytes(info.size),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.mtime)),
+            "[green]yes[/]" if info.complete else "[yellow]no (being written?)[/]",
+            *(_styled(staged[name][info.step]) for name in inventory.eval_hosts),
+        )
+    if not infos:
+        table.caption = "no checkpoints match the inventory's layout " + inventory.trainer.layout
+    return table
+
+
+def _styled(status: str) -> str:
+    if status == "staged":
+        return "[green]✓ staged[/]"
+    if status == "stale":
+        return "[yellow]stale copy[/]"
+    return status or "-"
+
+
+def run_stage(inventory: Inventory, *, step: int | None, latest: bool, to: list[str] | None,
+              dry_run: bool, via: str, two_hop: bool, resume: bool, verify: bool,
+              margin: str | None) -> list[checkpoints.StagedCheckpoint]:
+    if via not in VIAS:
+        raise InventoryError(f"--via: expected one of {', '.join(VIAS)}, found {via!r}")
+    if step is None and not latest:
+        raise InventoryError("pass --step N or --latest")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+
+        def factory(label: str, total: int):
+            task = progress.add_task(label, total=total)
+
+            def advance(state: RelayState) -> None:
+                progress.update(task, completed=state.done)
+
+            return advance
+
+        options = checkpoints.StageOptions(
+            via=via, two_hop=two_hop, resume=resume, verify=verify, dry_run=dry_run,
+            margin=margin, report=progress.console.print, progress_factory=factory,
+        )
+        results = checkpoints.stage(inventory, step, to, latest=latest, options=options)
+    if dry_run:
+        console.print("[bold]plan (dry run, nothing written):[/]")
+        for hop in options.plan:
+            console.print(f"  {hop.describe()}")
+    return results
