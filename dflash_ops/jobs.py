@@ -1,0 +1,312 @@
+"""Detached runs on an eval host: launch, list, follow, cancel, fetch.
+
+A run lives in `{workdir}/runs/<run-id>/` on the eval host: `params.json` (what was asked),
+`run.sh` (the wrapper), `events.jsonl` (the harness's stdout: JSON-line events), `log` (its
+stderr), `pid`, `exit_code` and `results.json`. The wrapper is started with `systemd-run` where
+systemd manages the host, else `setsid nohup`, so the run survives the workstation going away.
+It holds `{workdir}/runs/.lock` with flock for its whole life: one run per host at a time, and a
+crashed run releases the lock by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dflash_ops.errors import OpsError, RemoteCommandError
+from dflash_ops.hosts import Host
+from dflash_ops.inventory import EvalHost
+from dflash_ops.probes import Probe
+
+RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
+BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
+
+
+class JobError(OpsError):
+    """A run could not be launched, found or followed."""
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    host: str
+    state: str  # starting | running | succeeded | failed | cancelled | lost
+    exit_code: int | None
+    params: dict
+    finished: float | None  # epoch seconds when exit_code was written
+
+    @property
+    def step(self) -> int | None:
+        return self.params.get("step")
+
+    @property
+    def started(self) -> float | None:
+        return self.params.get("started")
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed", "cancelled", "lost")
+
+
+def new_run_id(step: int, host: str, tag: str | None = None) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    suffix = f"-{_safe(tag)}" if tag else ""
+    return f"{stamp}-step{step}-{_safe(host)}{suffix}-{secrets.token_hex(2)}"
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
+def runs_dir(entry: EvalHost) -> str:
+    return f"{entry.workdir.rstrip('/')}/runs"
+
+
+def run_dir(entry: EvalHost, run_id: str) -> str:
+    return f"{runs_dir(entry)}/{run_id}"
+
+
+# --- launching -----------------------------------------------------------------------------
+
+
+def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
+    """The shell wrapper that runs `command` in the run directory and records its exit code."""
+    lock = shlex.quote(f"{runs_dir(entry)}/.lock")
+    return "\n".join([
+        "#!/bin/sh",
+        "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
+        "# record its pid and exit code next to its output.",
+        f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
+        f"exec 9>>{lock}",
+        f"flock -n 9 || {{ echo busy > refused; exit {BUSY_EXIT}; }}",
+        f"{command} > events.jsonl 2> log &",
+        "echo $! > pid.tmp && mv pid.tmp pid",
+        "wait $!",
+        "echo $? > exit_code.tmp && mv exit_code.tmp exit_code",
+        "",
+    ])
+
+
+def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict) -> str:
+    """Start `command` detached in a new run directory; return how it was started. Refuses
+    clearly when another run holds the host."""
+    busy = [run for run in list_runs(host, entry) if not run.done]
+    if busy:
+        raise JobError(_busy_message(host.name, busy[0]))
+    directory = run_dir(entry, run_id)
+    params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
+    script = wrapper_script(entry, run_id, command)
+    quoted = shlex.quote(directory)
+    host.run(
+        f"mkdir -p {quoted} && cd {quoted} && "
+        f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
+        f"printf '%s' {shlex.quote(script)} > run.sh"
+    )
+    unit = f"dflash-eval-{run_id}"
+    start = (
+        "if [ -d /run/systemd/system ] && [ \"$(id -u)\" = 0 ] && command -v systemd-run "
+        ">/dev/null; then "
+        f"systemd-run --quiet --collect --unit={shlex.quote(unit)} /bin/sh {quoted}/run.sh "
+        "&& echo systemd-run; "
+        f"else setsid nohup /bin/sh {quoted}/run.sh </dev/null >/dev/null 2>&1 & "
+        "echo setsid; fi"
+    )
+    launcher = host.run(start).stdout.strip()
+    _wait_started(host, entry, run_id)
+    return launcher
+
+
+def _wait_started(host: Host, entry: EvalHost, run_id: str, timeout: float = 20) -> None:
+    quoted = shlex.quote(run_dir(entry, run_id))
+    probe = (f"cd {quoted} && if [ -f refused ]; then echo refused; elif [ -f pid ] || "
+             "[ -f exit_code ]; then echo started; else echo waiting; fi")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        answer = host.run(probe).stdout.strip()
+        if answer == "started":
+            return
+        if answer == "refused":
+            holder = [run for run in list_runs(host, entry) if not run.done
+                      and run.run_id != run_id]
+            host.run(f"rm -rf -- {quoted}")
+            raise JobError(_busy_message(host.name, holder[0]) if holder else
+                           f"{host.name}: another run took the host's eval lock first; retry")
+        time.sleep(0.2)
+    raise JobError(f"{host.name}: run {run_id} did not start within {timeout:.0f} s; see "
+                   f"{run_dir(entry, run_id)}/log on the host")
+
+
+def _busy_message(host: str, run: Run) -> str:
+    return (f"{host} is busy with run {run.run_id} (step {run.step}, {run.state} since "
+            f"{_when(run.started)}): one run per eval host at a time. Wait for it "
+            f"(`fab eval-logs --run {run.run_id} --follow`), cancel it (`fab eval-cancel --run "
+            f"{run.run_id}`), or use another eval host (--host).")
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "?"
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# --- listing -------------------------------------------------------------------------------
+
+
+def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
+    command = (
+        f"cd {shlex.quote(runs_dir(entry))} 2>/dev/null || exit 0; "
+        "for d in */; do d=${d%/}; [ -f \"$d/params.json\" ] || continue; "
+        "code=$(cat \"$d/exit_code\" 2>/dev/null || echo -); "
+        "pid=$(cat \"$d/pid\" 2>/dev/null || echo -); "
+        "alive=no; [ \"$pid\" != - ] && kill -0 \"$pid\" 2>/dev/null && alive=yes; "
+        "results=no; [ -f \"$d/results.json\" ] && results=yes; "
+        "[ -f \"$d/cancelled\" ] && results=cancelled; "
+        "finished=$(stat -c %Y \"$d/exit_code\" 2>/dev/null || echo -); "
+        "printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$code\" \"$pid\" \"$alive\" "
+        "\"$results\" \"$finished\" \"$(tr -d '\\n' < \"$d/params.json\")\"; done"
+    )
+    return Probe(command, lambda output: parse_runs(host_name, output))
+
+
+def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Run]:
+    now = time.time() if now is None else now
+    runs = []
+    for line in output.splitlines():
+        if not line.strip():
+            continue
+        run_id, code, pid, alive, results, finished, params = line.split("\t", 6)
+        params_data = json.loads(params) if params else {}
+        exit_code = int(code) if code.lstrip("-").isdigit() else None
+        if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
+            state = "cancelled" if exit_code is not None or alive != "yes" else "running"
+        elif exit_code is not None:
+            state = "succeeded" if exit_code == 0 and results == "yes" else "failed"
+        elif alive == "yes":
+            state = "running"
+        elif pid == "-" and now - params_data.get("started", 0) < 30:
+            state = "starting"
+        else:
+            state = "lost"  # the wrapper died without recording an exit code
+        runs.append(Run(run_id, host_name, state, exit_code, params_data,
+                        float(finished) if finished != "-" else None))
+    return sorted(runs, key=lambda run: run.started or 0)
+
+
+def list_runs(host: Host, entry: EvalHost) -> list[Run]:
+    return host.probe(runs_probe(host.name, entry))
+
+
+def find_run(hosts: dict[str, tuple[Host, EvalHost]], run_id: str) -> tuple[Host, EvalHost, Run]:
+    """The run with this id (or unique id prefix) on any of the hosts."""
+    matches = [(host, entry, run) for host, entry in hosts.values()
+               for run in list_runs(host, entry) if run.run_id.startswith(run_id)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise JobError(f"no run {run_id!r} on {', '.join(hosts)}; `fab eval-status` lists runs")
+    names = ", ".join(run.run_id for _, _, run in matches)
+    raise JobError(f"{run_id!r} matches several runs ({names}); give more of the id")
+
+
+# --- following -----------------------------------------------------------------------------
+
+
+def follow(host: Host, entry: EvalHost, run_id: str, file: str,
+           on_line: Callable[[str], None]) -> Run:
+    """Stream `file` of the run (from its start) until the run ends; return its final state.
+
+    Reading stops when the harness process exits; the caller's Ctrl-C stops only this
+    reader, never the remote run."""
+    directory = shlex.quote(run_dir(entry, run_id))
+    command = (f"cd {directory} && while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
+               f"done; touch {shlex.quote(file)}; "
+               f"exec tail -n +1 -F --pid=\"$(cat pid 2>/dev/null || echo 1)\" "
+               f"{shlex.quote(file)} 2>/dev/null")
+    reader = subprocess.Popen(host.ssh_argv(command), stdout=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, text=True, bufsize=1)
+    try:
+        assert reader.stdout is not None
+        for line in reader.stdout:
+            on_line(line.rstrip("\n"))
+    finally:
+        if reader.poll() is None:
+            reader.terminate()
+        reader.wait()
+    return wait_finished(host, entry, run_id)
+
+
+def wait_finished(host: Host, entry: EvalHost, run_id: str, timeout: float = 15) -> Run:
+    """The run's state once its wrapper has recorded the exit code (it does so right after
+    the harness exits)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = _one_run(host, entry, run_id)
+        if run.done or time.monotonic() > deadline:
+            return run
+        time.sleep(0.3)
+
+
+def _one_run(host: Host, entry: EvalHost, run_id: str) -> Run:
+    for run in list_runs(host, entry):
+        if run.run_id == run_id:
+            return run
+    raise JobError(f"{host.name}: run {run_id} not found under {runs_dir(entry)}")
+
+
+def parse_events(lines: Iterator[str] | list[str]) -> Iterator[dict]:
+    """The JSON events among `lines` (anything else is skipped)."""
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                yield event
+
+
+def log_tail(host: Host, entry: EvalHost, run_id: str, lines: int = 30) -> str:
+    path = shlex.quote(f"{run_dir(entry, run_id)}/log")
+    return host.run(f"tail -n {int(lines)} {path} 2>/dev/null || true").stdout
+
+
+# --- cancelling and fetching ---------------------------------------------------------------
+
+
+def cancel(host: Host, entry: EvalHost, run: Run) -> None:
+    if run.done:
+        raise JobError(f"run {run.run_id} on {host.name} already {run.state}; nothing to cancel")
+    directory = shlex.quote(run_dir(entry, run.run_id))
+    host.run(f"cd {directory} && touch cancelled && kill -TERM \"$(cat pid)\"")
+
+
+def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | None:
+    """Copy a finished run's files into `results_root/<run-id>/` (atomically); None when it
+    was already there, so fetching twice changes nothing."""
+    destination = results_root / run.run_id
+    if (destination / "run.json").exists():
+        return None
+    partial = results_root / f".{run.run_id}.partial"
+    partial.mkdir(parents=True, exist_ok=True)
+    remote = run_dir(entry, run.run_id)
+    for name in RUN_FILES:
+        try:
+            host.connection.get(f"{remote}/{name}", str(partial / name))
+        except FileNotFoundError:
+            continue  # a failed run has no results.json, maybe no events
+        except OSError as exc:
+            raise RemoteCommandError(host.name, f"get {remote}/{name}", 1, str(exc)) from None
+    summary = {"run_id": run.run_id, "host": host.name, "state": run.state,
+               "tag": run.params.get("tag"),
+               "exit_code": run.exit_code, "step": run.step, "started": run.started,
+               "finished": run.finished, "remote_dir": remote}
+    (partial / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(destination)
+    return destination

@@ -1,0 +1,209 @@
+"""Pulled results on the workstation: load, compare across steps and runs, plot.
+
+Each run lives in `<results>/<run-id>/` (see dflash_ops.jobs.fetch): `run.json` (where and how
+it ran, its final state) and, for a successful run, the harness's `results.json`. Runs are
+comparable only when everything that shapes the numbers matches: prompts, target, block size,
+completion length, completion source and harness version. Comparing across that line is
+refused unless asked for, and then every differing row is flagged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_ops.errors import OpsError
+
+# What must match for two runs' numbers to be comparable, and how to read it from results.
+COMPARABILITY = {
+    "prompts": lambda r: r["prompts"]["sha256"],
+    "target": lambda r: r["target"]["fingerprint"],
+    "block size": lambda r: r["metrics"]["block_size"],
+    "max new tokens": lambda r: r["prompts"]["max_new_tokens"],
+    "completions": lambda r: r["completions"]["source"],
+    "harness": lambda r: r["harness"]["content_sha256"],
+}
+POSITIONS_SHOWN = (1, 2, 4, 8)
+
+
+class ResultsError(OpsError):
+    """Results are missing, unreadable or not comparable."""
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    directory: Path
+    run: dict
+    results: dict | None  # None for a failed or cancelled run
+
+    @property
+    def step(self) -> int | None:
+        if self.results:
+            return self.results["checkpoint"]["step"]
+        return self.run.get("step")
+
+    @property
+    def tag(self) -> str | None:
+        return self.run.get("tag")
+
+    @property
+    def metrics(self) -> dict:
+        assert self.results is not None
+        return self.results["metrics"]
+
+    def key(self) -> dict[str, Any]:
+        assert self.results is not None
+        return {name: read(self.results) for name, read in COMPARABILITY.items()}
+
+
+def load_runs(results_root: Path) -> list[RunResult]:
+    """Every fetched run under `results_root`, successful ones with their results."""
+    runs = []
+    for run_file in sorted(results_root.glob("*/run.json")):
+        directory = run_file.parent
+        try:
+            run = json.loads(run_file.read_text())
+            results_file = directory / "results.json"
+            results = json.loads(results_file.read_text()) if results_file.exists() else None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ResultsError(f"{directory}: unreadable run files ({exc}); delete the "
+                               "directory and run `fab fetch-results` again") from None
+        runs.append(RunResult(directory.name, directory, run, results))
+    return sorted(runs, key=lambda r: (r.step or 0, r.run.get("started") or 0))
+
+
+@dataclass
+class Comparison:
+    rows: list[RunResult]
+    budgets: list[str]
+    differences: dict[str, list[str]] = field(default_factory=dict)  # run_id -> what differs
+
+    @property
+    def mixed(self) -> bool:
+        return bool(self.differences)
+
+
+def compare(runs: list[RunResult], steps: list[int] | None = None,
+            tag: str | None = None) -> Comparison:
+    """The successful runs (optionally of some steps / one tag) against the latest run's
+    comparability key; runs that differ are listed with what differs."""
+    rows = [r for r in runs if r.results is not None
+            and (not steps or r.step in steps) and (tag is None or r.tag == tag)]
+    if not rows:
+        raise ResultsError("no successful runs to compare (fetch them with "
+                           "`fab fetch-results`, or check the --steps/--tag filters)")
+    baseline = rows[-1].key()
+    differences = {}
+    for row in rows:
+        differing = [name for name, value in row.key().items() if value != baseline[name]]
+        if differing:
+            differences[row.run_id] = differing
+    budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
+    return Comparison(rows, budgets, differences)
+
+
+def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the comparison table."""
+    header = ["run", "step", "host", "τ macro", "τ pooled"]
+    header += [f"DDTree-{b}" for b in comparison.budgets]
+    header += [f"acc@{k}" for k in POSITIONS_SHOWN]
+    header += ["reference τ", "vs ref", "comparable"]
+    cells = []
+    for row in comparison.rows:
+        metrics = row.metrics
+        per_position = {p["position"]: p["conditional"] for p in metrics["per_position"]}
+        reference = (row.results or {}).get("reference")
+        ratio = ((row.results or {}).get("comparison") or {}).get("tau_macro")
+        differing = comparison.differences.get(row.run_id)
+        cells.append([
+            row.run_id, str(row.step), row.run.get("host", "?"),
+            _number(metrics["tau_macro"]), _number(metrics["tau_pooled"]),
+            *(_number(metrics["ddtree"].get(b, {}).get("tau_macro")) for b in comparison.budgets),
+            *(_number(per_position.get(k)) for k in POSITIONS_SHOWN),
+            _number(reference["metrics"]["tau_macro"]) if reference else "-",
+            f"{ratio:.2f}×" if ratio else "-",
+            "≠ " + ", ".join(differing) if differing else "yes",
+        ])
+    return header, cells
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
+    """τ vs step (a line per metric) and per-position acceptance per step, as PNG files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_step: dict[int, list[RunResult]] = {}
+    for row in comparison.rows:
+        if row.run_id not in comparison.differences:
+            by_step.setdefault(row.step or 0, []).append(row)
+    steps = sorted(by_step)
+
+    def mean(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return sum(present) / len(present) if present else None
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    series = {"τ vanilla (macro)": lambda m: m["tau_macro"],
+              "τ vanilla (pooled)": lambda m: m["tau_pooled"]}
+    for budget in comparison.budgets:
+        series[f"τ DDTree-{budget}"] = lambda m, b=budget: m["ddtree"].get(b, {}).get("tau_macro")
+    for label, read in series.items():
+        axes.plot(steps, [mean([read(r.metrics) for r in by_step[s]]) for s in steps],
+                  marker="o", label=label)
+    references = [r.results["reference"]["metrics"]["tau_macro"] for r in comparison.rows
+                  if r.results and r.results.get("reference")]
+    if references:
+        axes.axhline(mean(references), linestyle="--", color="gray", label="reference drafter")
+    axes.set(xlabel="training step", ylabel="acceptance length τ", title="τ vs step")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    tau_path = out_dir / "tau_vs_step.png"
+    figure.tight_layout()
+    figure.savefig(tau_path, dpi=120)
+    plt.close(figure)
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for step in steps:
+        latest = by_step[step][-1].metrics["per_position"]
+        axes.plot([p["position"] for p in latest], [p["conditional"] for p in latest],
+                  marker=".", label=f"step {step}")
+    axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)",
+             title="per-position acceptance", ylim=(0, 1.02))
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    acceptance_path = out_dir / "acceptance_per_position.png"
+    figure.tight_layout()
+    figure.savefig(acceptance_path, dpi=120)
+    plt.close(figure)
+    return [tau_path, acceptance_path]
+
+
+def summary_lines(results: dict) -> list[str]:
+    """A short human summary of one results.json."""
+    metrics = results["metrics"]
+    checkpoint = results["checkpoint"]
+    lines = [
+        f"step {checkpoint['step']}  τ macro {_number(metrics['tau_macro'])}  "
+        f"τ pooled {_number(metrics['tau_pooled'])}  ({metrics['rounds']} rounds, "
+        f"{metrics['committed_tokens']} tokens, block size {metrics['block_size']})",
+        "DDTree τ: " + ", ".join(f"b={b}: {_number(t['tau_macro'])}"
+                                 for b, t in metrics["ddtree"].items()),
+    ]
+    if results.get("reference"):
+        ratio = (results.get("comparison") or {}).get("tau_macro")
+        lines.append(f"reference drafter τ macro "
+                     f"{_number(results['reference']['metrics']['tau_macro'])}"
+                     + (f" (this run: {ratio:.2f}× of it)" if ratio else ""))
+    for warning in results.get("warnings") or []:
+        lines.append(f"WARNING: {warning}")
+    return lines

@@ -1,0 +1,143 @@
+"""Detached runs on a real lab eval host: launch, busy refusal, follow, cancel, kill, fetch.
+
+The command run here is a small Python script that behaves like the harness (JSON events on
+stdout, text on stderr, a results file); run-eval's own tests run the real harness.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+
+from dflash_ops import jobs
+from dflash_ops.hosts import Host
+from dflash_ops.inventory import load
+
+FAKE_HARNESS = """
+import json, sys, time
+steps = int(sys.argv[1])
+for i in range(steps):
+    print(json.dumps({"event": "progress", "phase": "drafter", "done": i + 1, "total": steps}),
+          flush=True)
+    print(f"working {i}", file=sys.stderr, flush=True)
+    time.sleep(0.2)
+if sys.argv[2] == "fail":
+    print("boom: the drafter exploded", file=sys.stderr)
+    sys.exit(3)
+open("results.json", "w").write(json.dumps({"ok": True}))
+"""
+
+
+def fake(steps: int, outcome: str = "ok") -> str:
+    return f"python3 -c {shlex.quote(FAKE_HARNESS)} {steps} {outcome}"
+
+
+@pytest.fixture
+def eval_host(lab):
+    inv = load(lab.inventory_path)
+    host, entry = Host(inv, "eval"), inv.eval_hosts["eval"]
+    yield host, entry
+    host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))}")
+    host.close()
+
+
+def test_run_is_followed_fetched_once(eval_host, tmp_path):
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval", tag="t1")
+    jobs.launch(host, entry, run_id, fake(4), {"step": 2000, "tag": "t1"})
+    lines: list[str] = []
+    run = jobs.follow(host, entry, run_id, "events.jsonl", lines.append)
+    assert run.state == "succeeded" and run.exit_code == 0
+    assert [e["done"] for e in jobs.parse_events(lines)] == [1, 2, 3, 4]
+    fetched = jobs.fetch(host, entry, run, tmp_path)
+    assert fetched == tmp_path / run_id
+    assert json.loads((fetched / "results.json").read_text()) == {"ok": True}
+    assert "working 3" in (fetched / "log").read_text()
+    summary = json.loads((fetched / "run.json").read_text())
+    assert (summary["state"], summary["step"], summary["tag"]) == ("succeeded", 2000, "t1")
+    before = {p.name: p.stat().st_mtime_ns for p in fetched.iterdir()}
+    assert jobs.fetch(host, entry, run, tmp_path) is None  # twice changes nothing
+    assert {p.name: p.stat().st_mtime_ns for p in fetched.iterdir()} == before
+
+
+def test_busy_host_refuses_a_second_run(eval_host):
+    host, entry = eval_host
+    first = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, first, fake(15), {"step": 2000})
+    with pytest.raises(jobs.JobError, match=rf"eval is busy with run {first} \(step 2000"):
+        jobs.launch(host, entry, jobs.new_run_id(4000, "eval"), fake(1), {"step": 4000})
+    run = next(r for r in jobs.list_runs(host, entry) if r.run_id == first)
+    jobs.cancel(host, entry, run)
+    assert jobs.wait_finished(host, entry, first).state == "cancelled"
+    with pytest.raises(jobs.JobError, match="already cancelled"):
+        jobs.cancel(host, entry, jobs.wait_finished(host, entry, first))
+
+
+def test_lock_is_the_last_word_even_when_the_listing_misses_a_run(eval_host, monkeypatch):
+    """Two launches racing past the listing: the flock in the wrapper refuses the second."""
+    host, entry = eval_host
+    holder = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, holder, fake(15), {"step": 2000})
+    loser = jobs.new_run_id(4000, "eval")
+    with monkeypatch.context() as patch:
+        patch.setattr(jobs, "list_runs", lambda h, e: [])  # the first run not visible yet
+        with pytest.raises(jobs.JobError, match="took the host's eval lock first"):
+            jobs.launch(host, entry, loser, fake(1), {"step": 4000})
+    assert loser not in [r.run_id for r in jobs.list_runs(host, entry)]  # its dir was removed
+    jobs.cancel(host, entry, next(r for r in jobs.list_runs(host, entry) if r.run_id == holder))
+
+
+def test_failed_and_killed_runs_report_exit_code_and_log(eval_host):
+    host, entry = eval_host
+    failing = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, failing, fake(2, "fail"), {"step": 2000})
+    run = jobs.follow(host, entry, failing, "events.jsonl", lambda line: None)
+    assert (run.state, run.exit_code) == ("failed", 3)
+    assert "boom: the drafter exploded" in jobs.log_tail(host, entry, failing)
+
+    killed = jobs.new_run_id(4000, "eval")
+    jobs.launch(host, entry, killed, fake(50), {"step": 4000})
+    pid = host.run(f"cat {shlex.quote(jobs.run_dir(entry, killed))}/pid").stdout.strip()
+    host.run(f"kill -KILL {pid}")
+    run = jobs.wait_finished(host, entry, killed)
+    assert (run.state, run.exit_code) == ("failed", 137)
+
+
+def test_run_survives_the_workstation_reader(eval_host, tmp_path):
+    """Stopping the local reader (Ctrl-C, closed laptop) leaves the remote run going."""
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, run_id, fake(8), {"step": 2000})
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        jobs.follow(host, entry, run_id, "events.jsonl", interrupt)
+    assert next(r for r in jobs.list_runs(host, entry) if r.run_id == run_id).state == "running"
+    deadline = time.monotonic() + 30
+    while (run := jobs.wait_finished(host, entry, run_id)).state == "running":
+        assert time.monotonic() < deadline
+    assert run.state == "succeeded"
+    assert jobs.fetch(host, entry, run, tmp_path) is not None
+
+
+def test_parse_runs_states():
+    line = "r1\t{code}\t{pid}\t{alive}\t{results}\t{finished}\t{params}"
+    params = json.dumps({"step": 2000, "started": 1000.0})
+
+    def state(**fields) -> str:
+        values = {"code": "-", "pid": "42", "alive": "no", "results": "no", "finished": "-",
+                  "params": params, **fields}
+        return jobs.parse_runs("eval", line.format(**values), now=1010.0)[0].state
+
+    assert state(alive="yes") == "running"
+    assert state(code="0", results="yes", finished="1005") == "succeeded"
+    assert state(code="0") == "failed"  # exit 0 without results is not a success
+    assert state(code="137") == "failed"
+    assert state(pid="-") == "starting"
+    assert state() == "lost"
+    assert state(code="143", results="cancelled") == "cancelled"
