@@ -1,0 +1,29 @@
+"""Fixtures for the harness tests: the lab's tiny models, built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_ops.labmodels import LabModels, build_lab_models
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> LabModels:
+    return build_lab_models(tmp_path_factory.mktemp("lab-models"))
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    # Tiny tensors: one thread is fastest and keeps results independent of machine load.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"

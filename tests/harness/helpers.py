@@ -1,0 +1,118 @@
+"""Builders shared by the harness tests: tiny drafters, checkpoints and targets."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from dflash_eval.config import DrafterConfig
+from dflash_eval.model import DFlashDrafter
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def small_config(**overrides: Any) -> DrafterConfig:
+    values: dict[str, Any] = {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "target_layer_ids": (1, 3),
+        "block_size": 6,
+        "mask_token_id": 3,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10_000.0,
+    }
+    values.update(overrides)
+    return DrafterConfig(**values)
+
+
+def random_drafter(config: DrafterConfig, seed: int = 0, std: float = 0.2) -> DFlashDrafter:
+    """A drafter with weights large enough that every term of the forward matters."""
+    generator = torch.Generator().manual_seed(seed)
+    model = DFlashDrafter(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.ndim == 1:
+                parameter.copy_(1.0 + 0.1 * torch.randn(parameter.shape, generator=generator))
+            else:
+                parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
+            del name
+    return model.eval()
+
+
+def save_training_checkpoint(
+    path: Path,
+    model: DFlashDrafter,
+    *,
+    prefix: str = "module.",
+    with_config: bool = True,
+    step: int = 1000,
+    extra: dict[str, Any] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = state_dict if state_dict is not None else model.state_dict()
+    checkpoint: dict[str, Any] = {
+        "model_state_dict": {prefix + name: t.clone() for name, t in state.items()},
+        "optimizer_state_dict": {"state": {0: {"exp_avg": torch.zeros(4)}}, "param_groups": []},
+        "step": step,
+    }
+    if with_config:
+        checkpoint["config"] = model.config.to_hf_dict()
+    checkpoint.update(extra or {})
+    torch.save(checkpoint, path)
+    return path
+
+
+def copy_tokenizer(source_dir: Path, target_dir: Path) -> None:
+    for name in TOKENIZER_FILES:
+        shutil.copy(source_dir / name, target_dir / name)
+
+
+def save_tiny_qwen3_5(directory: Path, tokenizer_dir: Path, vocab_size: int, wrapper: bool) -> Path:
+    """A tiny Qwen3.5 text model (linear + full attention), or its vision-language wrapper."""
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForCausalLM,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5TextConfig,
+    )
+
+    torch.manual_seed(0)
+    text = Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    if wrapper:
+        vision = {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+            "num_position_embeddings": 16,
+        }
+        model = Qwen3_5ForConditionalGeneration(
+            Qwen3_5Config(text_config=text.to_dict(), vision_config=vision)
+        )
+    else:
+        model = Qwen3_5ForCausalLM(text)
+    model.save_pretrained(str(directory))
+    copy_tokenizer(tokenizer_dir, directory)
+    return directory

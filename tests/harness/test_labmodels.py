@@ -1,0 +1,50 @@
+"""Lab content: the tiny target + drafter checkpoints, and τ rising with the step."""
+
+from __future__ import annotations
+
+import time
+
+from dflash_eval.evaluate import EvalOptions, run_eval
+from dflash_eval.progress import Progress
+
+from dflash_ops.labmodels import build_lab_models
+
+
+def _quiet() -> Progress:
+    return Progress(quiet=True)
+
+
+def test_second_build_is_cached_and_fast(lab):
+    cache_dir = lab.target_dir.parent.parent
+    started = time.perf_counter()
+    again = build_lab_models(cache_dir)
+    assert time.perf_counter() - started < 0.5
+    assert again == lab
+    assert (lab.target_dir / "config.json").is_file()
+    assert (lab.target_dir / "tokenizer.json").is_file()
+    assert sorted(lab.checkpoints) == [2000, 4000, 6000]
+
+
+def test_tau_rises_with_step_and_cache_hits_on_later_runs(lab, tmp_path):
+    taus = {}
+    results = {}
+    for step, checkpoint in sorted(lab.checkpoints.items()):
+        options = EvalOptions(
+            checkpoint=checkpoint,
+            target=lab.target_dir,
+            out=tmp_path / f"step_{step}.json",
+            prompts=lab.prompts,
+            max_new_tokens=96,
+            cache_dir=tmp_path / "cache",
+        )
+        results[step] = run_eval(options, _quiet())
+        taus[step] = results[step]["metrics"]["tau_macro"]
+    assert taus[2000] < taus[4000] < taus[6000], taus
+    assert taus[6000] > 1.3, taus
+    first, later = results[2000]["per_prompt"], results[6000]["per_prompt"]
+    assert not any(row["cache"]["completion"] or row["cache"]["hidden_states"] for row in first)
+    assert all(row["cache"]["completion"] and row["cache"]["hidden_states"] for row in later)
+    ddtree = results[6000]["metrics"]["ddtree"]
+    tree_taus = [ddtree[b]["tau_macro"] for b in ("4", "8", "16", "32")]
+    assert tree_taus == sorted(tree_taus)
+    assert tree_taus[0] >= taus[6000] - 0.05

@@ -1,0 +1,159 @@
+"""The drafter forward against an independent, plainly written reference (DFLASH.md §2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from dflash_eval.metrics import walk_prompt
+from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
+
+from .helpers import random_drafter, small_config
+
+VOCAB = 50
+
+
+def reference_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def reference_rope(x: torch.Tensor, positions: list[int], theta: float) -> torch.Tensor:
+    """Rotate (x[i], x[i + D/2]) pairs by position · theta^(-2i/D), as complex numbers."""
+    half = x.shape[-1] // 2
+    out = torch.empty_like(x)
+    for row, position in enumerate(positions):
+        for i in range(half):
+            angle = position * theta ** (-2 * i / x.shape[-1])
+            z = complex(float(x[row, i]), float(x[row, i + half])) * complex(
+                math.cos(angle), math.sin(angle)
+            )
+            out[row, i], out[row, i + half] = z.real, z.imag
+    return out
+
+
+def reference_block_logits(model, features, tokens, anchor, block_size, embed, head):
+    """Logits [B-1, V] of the block anchored at `anchor`, written out step by step."""
+    config = model.config
+    state = {name: p.detach() for name, p in model.named_parameters()}
+    eps = config.rms_norm_eps
+    ctx = reference_rms(features[:anchor] @ state["fc.weight"].T, state["hidden_norm.weight"], eps)
+    x = embed[[tokens[anchor]] + [config.mask_token_id] * (block_size - 1)]
+    heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    for index in range(config.num_hidden_layers):
+        p = lambda name, i=index: state[f"layers.{i}.{name}"]  # noqa: E731
+        normed = reference_rms(x, p("input_layernorm.weight"), eps)
+        both = torch.cat([ctx, normed])  # keys/values: context first, then the block
+        key_positions = list(range(anchor + block_size))
+        query_positions = key_positions[anchor:]
+        q = (normed @ p("self_attn.q_proj.weight").T).view(block_size, heads, d)
+        k = (both @ p("self_attn.k_proj.weight").T).view(len(both), kv_heads, d)
+        v = (both @ p("self_attn.v_proj.weight").T).view(len(both), kv_heads, d)
+        window = config.layer_window(index)
+        outputs = []
+        for h in range(heads):
+            g = h // (heads // kv_heads)  # GQA: consecutive query heads share a KV head
+            qh = reference_rope(
+                reference_rms(q[:, h], p("self_attn.q_norm.weight"), eps),
+                query_positions,
+                config.rope_theta,
+            )
+            kh = reference_rope(
+                reference_rms(k[:, g], p("self_attn.k_norm.weight"), eps),
+                key_positions,
+                config.rope_theta,
+            )
+            scores = qh @ kh.T / math.sqrt(d)
+            if window is not None:
+                for qi, qp in enumerate(query_positions):
+                    for ki, kp in enumerate(key_positions):
+                        if qp - kp >= window:
+                            scores[qi, ki] = float("-inf")
+            outputs.append(torch.softmax(scores, dim=-1) @ v[:, g])
+        x = x + torch.cat(outputs, dim=-1) @ p("self_attn.o_proj.weight").T
+        normed = reference_rms(x, p("post_attention_layernorm.weight"), eps)
+        gate = normed @ p("mlp.gate_proj.weight").T
+        up = normed @ p("mlp.up_proj.weight").T
+        x = x + (gate * torch.sigmoid(gate) * up) @ p("mlp.down_proj.weight").T
+    return reference_rms(x, state["norm.weight"], eps)[1:] @ head.T
+
+
+def _setup(layer_types=None, sliding_window=None, seed=0):
+    config = small_config(layer_types=layer_types, sliding_window=sliding_window)
+    model = random_drafter(config, seed=seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    length = 30
+    tokens = torch.randint(4, VOCAB, (length,), generator=generator).tolist()
+    features = torch.randn(length, 2 * config.hidden_size, generator=generator)
+    embed = torch.randn(VOCAB, config.hidden_size, generator=generator)
+    head = torch.randn(VOCAB, config.hidden_size, generator=generator)
+    return config, model, tokens, features, embed, head
+
+
+def _batched_logits(model, config, tokens, features, embed, head, anchors):
+    cache = model.context_cache(model.fuse_context(features))
+    anchor_tensor = torch.tensor(anchors)
+    block = torch.full((len(anchors), config.block_size), config.mask_token_id)
+    block[:, 0] = torch.tensor(tokens)[anchor_tensor]
+    with torch.no_grad():
+        hidden = model.forward_blocks(embed[block], anchor_tensor, cache)
+    return hidden[:, 1:] @ head.T
+
+
+def test_batched_forward_matches_plain_reference_with_gqa_and_sliding_window():
+    config, model, tokens, features, embed, head = _setup(
+        layer_types=("full_attention", "sliding_attention"), sliding_window=7
+    )
+    anchors = [3, 10, 17, 24]
+    logits = _batched_logits(model, config, tokens, features, embed, head, anchors)
+    for row, anchor in enumerate(anchors):
+        expected = reference_block_logits(
+            model, features, tokens, anchor, config.block_size, embed, head
+        )
+        torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=2e-5)
+
+
+def test_single_block_forward_matches_plain_reference():
+    config, model, tokens, features, embed, head = _setup(seed=3)
+    logits = _batched_logits(model, config, tokens, features, embed, head, [11])
+    expected = reference_block_logits(model, features, tokens, 11, config.block_size, embed, head)
+    torch.testing.assert_close(logits[0], expected, atol=2e-5, rtol=2e-5)
+
+
+def test_cached_context_equals_uncached_computation():
+    for layer_types, window in ((None, None), (("sliding_attention", "full_attention"), 5)):
+        config, model, tokens, features, embed, head = _setup(layer_types, window, seed=5)
+        anchors = [2, 9, 15, 22, 28]
+        cached = _batched_logits(model, config, tokens, features, embed, head, anchors)
+        for row, anchor in enumerate(anchors):
+            block = embed[[tokens[anchor]] + [config.mask_token_id] * (config.block_size - 1)]
+            with torch.no_grad():
+                ctx = model.fuse_context(features[:anchor])
+                uncached = model.forward_uncached(ctx, block)[1:] @ head.T
+            torch.testing.assert_close(cached[row], uncached, atol=5e-5, rtol=1e-5)
+
+
+def test_batched_and_per_block_predictions_give_identical_metrics():
+    config, model, tokens, features, embed, head = _setup(seed=7)
+    borrowed = BorrowedHead(embed, head, config.mask_token_id)
+    # Make acceptance non-trivial: the "completion" is the drafter's own first guesses.
+    first = 5
+    predictor = Predictor(model, borrowed, tokens, features, first, config.block_size, 4, chunk=8)
+    for anchor in range(first, len(tokens) - 1, 3):
+        guesses = [slot[0] for slot in predictor.ids(anchor)]
+        tokens[anchor + 1 : anchor + 3] = guesses[: len(tokens[anchor + 1 : anchor + 3])]
+    batched = Predictor(model, borrowed, tokens, features, first, config.block_size, 4, chunk=8)
+    per_block = PerBlockPredictor(
+        model, borrowed, tokens, features, first, config.block_size, 4, chunk=1
+    )
+    walk_batched = walk_prompt(batched, tokens, first, config.block_size, [2, 4])
+    walk_single = walk_prompt(per_block, tokens, first, config.block_size, [2, 4])
+    assert walk_batched == walk_single
+    assert max(walk_batched.lengths) > 1
+    for anchor in range(first, len(tokens) - 1):
+        assert batched.ids(anchor) == per_block.ids(anchor)
+        torch.testing.assert_close(
+            torch.tensor(batched.logprobs(anchor)),
+            torch.tensor(per_block.logprobs(anchor)),
+            atol=1e-5,
+            rtol=1e-5,
+        )
