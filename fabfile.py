@@ -169,3 +169,84 @@ def stage_checkpoint(
         verify=verify,
         margin=margin,
     )
+
+
+@ops_task(
+    help={
+        "step": "training step to evaluate",
+        "steps": "several steps, comma-separated: spread over all eval hosts in parallel",
+        "all_new": "every complete checkpoint without a successful result yet (a sweep)",
+        "host": "eval host (default: the only one)",
+        "num_prompts": "evaluate only the first N prompts",
+        "max_new_tokens": "reference completion length",
+        "max_blocks": "stop each prompt's walk after this many rounds",
+        "block_size": "block size B (default: the checkpoint's own)",
+        "ddtree": "DDTree budgets, comma-separated, e.g. 4,8,16,32",
+        "threads": "torch CPU threads on the eval host",
+        "reference": "also evaluate the inventory's reference_drafter on the same states",
+        "prompts": "local JSONL prompts file (uploaded with the run)",
+        "sglang": "reference completions from the inventory's sglang_url",
+        "strip_optimizer": "evaluate a copy without optimizer state (harness extract)",
+        "tag": "a label stored with the run (for compare --tag)",
+        "detach": "start the run and return; follow later with eval-logs --follow",
+    }
+)
+def run_eval(c, step=0, steps=None, all_new=False, host=None, num_prompts=0,
+             max_new_tokens=0, max_blocks=0, block_size=0, ddtree=None, threads=0,
+             reference=False, prompts=None, sglang=False, strip_optimizer=False, tag=None,
+             detach=False, inventory=None):
+    """Stage, run the harness detached on the eval host, stream progress, pull results."""
+    from dflash_ops.eval_view import run_eval_command
+
+    run_eval_command(
+        load_inventory(inventory), step=step, steps=steps, all_new=all_new, host=host,
+        harness_flags={"--num-prompts": num_prompts, "--max-new-tokens": max_new_tokens,
+                       "--max-blocks": max_blocks, "--block-size": block_size,
+                       "--ddtree": ddtree, "--threads": threads},
+        reference=reference, prompts=prompts, sglang=sglang, strip_optimizer=strip_optimizer,
+        tag=tag, detach=detach)
+
+
+@ops_task()
+def eval_status(c, inventory=None):
+    """All runs on all eval hosts: state, step, host, start time, duration."""
+    from dflash_ops.eval_view import show_status
+
+    show_status(load_inventory(inventory))
+
+
+@ops_task(help={"run": "run id (or a unique prefix of it)",
+                "follow": "keep printing until the run ends"})
+def eval_logs(c, run, follow=False, inventory=None):
+    """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
+    from dflash_ops.eval_view import show_logs
+
+    show_logs(load_inventory(inventory), run, follow)
+
+
+@ops_task(help={"run": "run id (or a unique prefix of it)"})
+def eval_cancel(c, run, inventory=None):
+    """Stop a running evaluation (SIGTERM to the harness); its files stay on the host."""
+    from dflash_ops.eval_view import cancel_run
+
+    cancel_run(load_inventory(inventory), run)
+
+
+@ops_task()
+def fetch_results(c, inventory=None):
+    """Pull every finished run not pulled yet into local.results/<run-id>/."""
+    from dflash_ops.eval_view import fetch_all
+
+    fetch_all(load_inventory(inventory))
+
+
+@ops_task(help={"steps": "only these steps, comma-separated", "tag": "only runs with this tag",
+                "allow_mixed": "show incomparable runs (flagged) instead of refusing",
+                "plots": "directory for the PNG plots (default: <results>/plots)"})
+def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, inventory=None):
+    """Table of τ, DDTree τ and acceptance across steps and runs, and PNG plots."""
+    from dflash_ops.cli import parse_steps
+    from dflash_ops.eval_view import show_comparison
+
+    show_comparison(load_inventory(inventory).local.results, parse_steps(steps), tag,
+                    allow_mixed, Path(plots) if plots else None)

@@ -1,0 +1,71 @@
+"""`dflash-ops results …`: look at pulled results without Fabric or an inventory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from dflash_ops.errors import OpsError
+
+RESULTS = click.option("--results", "results_root", type=click.Path(path_type=Path),
+                       default=Path("results"), show_default=True,
+                       help="directory holding one sub-directory per pulled run")
+
+
+@click.group()
+def main() -> None:
+    """dflash-ops command line (the Fabric tasks are the main interface: `fab --list`)."""
+
+
+@main.group()
+def results() -> None:
+    """Pulled evaluation results."""
+
+
+@results.command("compare")
+@RESULTS
+@click.option("--steps", help="only these steps, comma-separated")
+@click.option("--tag", help="only runs with this tag")
+@click.option("--allow-mixed", is_flag=True, help="show incomparable runs (flagged)")
+@click.option("--plots", type=click.Path(path_type=Path), help="where to write the PNG plots "
+              "(default: RESULTS/plots)")
+def compare_command(results_root: Path, steps: str | None, tag: str | None, allow_mixed: bool,
+                    plots: Path | None) -> None:
+    """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
+    from dflash_ops.eval_view import show_comparison
+
+    _guarded(lambda: show_comparison(results_root, parse_steps(steps), tag, allow_mixed, plots))
+
+
+@results.command("list")
+@RESULTS
+def list_command(results_root: Path) -> None:
+    """Every pulled run with its state."""
+    from dflash_ops.results import load_runs
+
+    def show() -> None:
+        for run in load_runs(results_root):
+            tau = run.metrics["tau_macro"] if run.results else None
+            click.echo(f"{run.run_id}  step {run.step}  {run.run.get('state')}"
+                       + (f"  τ {tau:.3f}" if tau is not None else ""))
+
+    _guarded(show)
+
+
+def parse_steps(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise OpsError(f"--steps: expected comma-separated integers, found {text!r}") from None
+
+
+def _guarded(action) -> None:
+    try:
+        action()
+    except OpsError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)

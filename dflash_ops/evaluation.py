@@ -1,0 +1,235 @@
+"""`fab run-eval`: stage a checkpoint, make sure the host can evaluate it, run the harness
+detached, follow it, and bring the results home.
+
+Orchestration only: bytes move in dflash_ops.checkpoints, hosts are provisioned by
+dflash_ops.provision, runs are managed by dflash_ops.jobs; what the user sees is passed in
+as a `Viewer` (dflash_ops.eval_view draws it with rich).
+"""
+
+from __future__ import annotations
+
+import queue
+import shlex
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+from dflash_ops import jobs, probes, provision
+from dflash_ops.checkpoints import list_checkpoints
+from dflash_ops.errors import HostError, OpsError
+from dflash_ops.hosts import Host
+from dflash_ops.inventory import EvalHost, Inventory
+from dflash_ops.results import load_runs
+from dflash_ops.units import format_bytes
+
+# Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
+MEMORY_PER_WEIGHT_BYTE = 1.2
+
+
+class EvalFailed(OpsError):
+    """The remote run ended without results (its exit code and log tail are in the message)."""
+
+    def __init__(self, run: jobs.Run, log_tail: str) -> None:
+        super().__init__(
+            f"run {run.run_id} on {run.host} {run.state} (exit code {run.exit_code}); last "
+            f"lines of its log:\n{log_tail.rstrip() or '(empty log)'}"
+        )
+        self.run = run
+
+
+class Detached(Exception):
+    """The user stopped following (Ctrl-C); the remote run goes on."""
+
+    def __init__(self, run_id: str, host: str) -> None:
+        super().__init__(run_id, host)
+        self.run_id, self.host = run_id, host
+
+
+@dataclass
+class EvalRequest:
+    step: int
+    host: str | None = None
+    harness_args: list[str] = field(default_factory=list)  # passed through to the harness
+    prompts: Path | None = None  # a local JSONL file, uploaded into the run directory
+    reference: bool = False  # also evaluate the inventory's reference_drafter
+    sglang: bool = False  # reference completions from the inventory's sglang_url
+    strip_optimizer: bool = False
+    tag: str | None = None
+    detach: bool = False
+
+
+class Viewer(Protocol):
+    def say(self, message: str) -> None: ...
+    def stage(self, inventory: Inventory, step: int, host: str) -> str: ...
+    def follow(self, run_id: str) -> Callable[[dict], None]: ...
+    def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None: ...
+
+
+def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.Run:
+    """One evaluation on one eval host, start to finish (or until detached)."""
+    name, entry = inventory.eval_host(request.host)
+    host = Host(inventory, name)
+    try:
+        harness = ensure_ready(host, entry, view.say)
+        warn_if_short_of_memory(host, entry, view.say)
+        checkpoint = view.stage(inventory, request.step, name)
+        if request.strip_optimizer:
+            checkpoint = extract(host, entry, harness, checkpoint, view.say)
+        run_id = jobs.new_run_id(request.step, name, request.tag)
+        command = harness_command(host, entry, harness, checkpoint, run_id, request)
+        params = {"step": request.step, "tag": request.tag, "checkpoint": checkpoint,
+                  "harness": harness, "command": command}
+        launcher = jobs.launch(host, entry, run_id, command, params)
+        view.say(f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}")
+        if request.detach:
+            view.say(f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
+                     "fab fetch-results")
+            return jobs.wait_finished(host, entry, run_id, timeout=0)
+        try:
+            on_event = view.follow(run_id)
+            run = jobs.follow(host, entry, run_id, "events.jsonl",
+                              lambda line: [on_event(e) for e in jobs.parse_events([line])])
+        except KeyboardInterrupt:
+            raise Detached(run_id, name) from None
+        return conclude(inventory, host, entry, run, view)
+    finally:
+        host.close()
+
+
+def conclude(inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run,
+             view: Viewer) -> jobs.Run:
+    """Fetch a finished run, show its summary; raise EvalFailed when it has no results."""
+    local = jobs.fetch(host, entry, run, inventory.local.results)
+    directory = inventory.local.results / run.run_id
+    summary = []
+    if run.state == "succeeded":
+        import json
+
+        from dflash_ops.results import summary_lines
+
+        summary = summary_lines(json.loads((directory / "results.json").read_text()))
+    view.finished(run, summary, local)
+    if run.state != "succeeded":
+        raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
+    return run
+
+
+def ensure_ready(host: Host, entry: EvalHost, say: Callable[[str], None]) -> str:
+    """The deployed harness directory (to put on PYTHONPATH), after checking the venv is
+    provisioned; a host that is not gets a clear pointer to setup-eval-host."""
+    state = provision.parse_state(host.run(provision.state_command(
+        entry, provision.short_hash(provision.harness_hash()))).stdout)
+    problem = provision.venv_problem(state, entry.venv)
+    if problem:
+        raise HostError(host.name, f"the eval venv at {entry.venv.path} is not ready "
+                                   f"({problem}); run `fab setup-eval-host --host {host.name}`")
+    deployed = provision.deploy_harness(host, entry, say=say)
+    return str(Path(deployed.path).parent)
+
+
+def warn_if_short_of_memory(host: Host, entry: EvalHost, say: Callable[[str], None]) -> None:
+    weights = host.run(f"du -sb -- {shlex.quote(entry.target_model)} 2>/dev/null | cut -f1",
+                       check=False).stdout.strip()
+    if not weights.isdigit():
+        raise HostError(host.name, f"target model {entry.target_model} not found; fix "
+                                   "`target_model` in the inventory")
+    machine = host.probe(probes.machine())
+    needed = int(int(weights) * MEMORY_PER_WEIGHT_BYTE)
+    if machine.memory_available < needed:
+        say(f"[yellow]warning:[/] {host.name} has {format_bytes(machine.memory_available)} "
+            f"of memory available; the target at {entry.target_model} "
+            f"({format_bytes(int(weights))} on disk) needs about {format_bytes(needed)}. "
+            "The run may be killed by the OOM killer.")
+
+
+def extract(host: Host, entry: EvalHost, harness: str, checkpoint: str,
+            say: Callable[[str], None]) -> str:
+    """Strip optimizer state on the eval host (once per staged checkpoint) with the harness's
+    `extract`; returns the extracted directory to evaluate."""
+    out = f"{Path(checkpoint).parent}/extracted"
+    quoted = shlex.quote(out)
+    done = host.run(f"test -f {quoted}/model.safetensors && echo yes || echo no").stdout
+    if done.strip() == "yes":
+        return out
+    python = shlex.quote(f"{entry.venv.path.rstrip('/')}/bin/python")
+    result = host.run(
+        f"cd {shlex.quote(harness)} && {python} -m dflash_eval extract --checkpoint "
+        f"{shlex.quote(checkpoint)} --out {quoted}.tmp && rm -rf {quoted} && "
+        f"mv {quoted}.tmp {quoted}", check=False)
+    if not result.ok:
+        raise HostError(host.name, f"extracting {checkpoint} failed: "
+                                   f"{result.stderr.strip().splitlines()[-1:] or 'no output'}")
+    say(f"{host.name}: optimizer state stripped → {out}")
+    return out
+
+
+def harness_command(host: Host, entry: EvalHost, harness: str, checkpoint: str, run_id: str,
+                    request: EvalRequest) -> str:
+    """The harness invocation for the run's wrapper (it runs in the run directory)."""
+    python = f"{entry.venv.path.rstrip('/')}/bin/python"
+    directory = jobs.run_dir(entry, run_id)
+    argv = [python, "-m", "dflash_eval", "eval", "--checkpoint", checkpoint,
+            "--target", entry.target_model, "--out", f"{directory}/results.json",
+            "--step", str(request.step),
+            "--cache-dir", f"{entry.workdir.rstrip('/')}/cache"]
+    if request.reference:
+        if not entry.reference_drafter:
+            raise HostError(host.name, "--reference needs `reference_drafter` for this host in "
+                                       "the inventory")
+        argv += ["--reference-drafter", entry.reference_drafter]
+    if request.sglang:
+        if not entry.sglang_url:
+            raise HostError(host.name, "--sglang needs `sglang_url` for this host in the "
+                                       "inventory")
+        argv += ["--sglang-url", entry.sglang_url]
+    if request.prompts is not None:
+        remote = f"{jobs.runs_dir(entry)}/.prompts-{run_id}.jsonl"
+        host.run(f"mkdir -p {shlex.quote(jobs.runs_dir(entry))}")
+        host.connection.put(str(request.prompts), remote)
+        argv += ["--prompts", remote]
+    argv += request.harness_args
+    return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
+
+
+# --- sweeps --------------------------------------------------------------------------------
+
+
+def new_steps(inventory: Inventory) -> list[int]:
+    """Complete checkpoints on the trainer without a successful local result yet."""
+    evaluated = {run.step for run in load_runs(inventory.local.results) if run.results}
+    return [info.step for info in list_checkpoints(inventory)
+            if info.complete and info.step not in evaluated]
+
+
+def run_sweep(inventory: Inventory, steps: list[int], template: EvalRequest,
+              views: Callable[[str], Viewer]) -> dict[int, jobs.Run | Exception]:
+    """Evaluate `steps` across every eval host in parallel, one run per host at a time; each
+    host stages what it evaluates. Returns each step's final run (or the error it met)."""
+    pending: queue.Queue[int] = queue.Queue()
+    for step in steps:
+        pending.put(step)
+    outcomes: dict[int, jobs.Run | Exception] = {}
+
+    def worker(name: str) -> None:
+        view = views(name)
+        while True:
+            try:
+                step = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcomes[step] = run_eval(inventory, replace(template, step=step, host=name),
+                                          view)
+            except OpsError as exc:
+                view.say(f"[red]step {step} failed:[/] {exc}")
+                outcomes[step] = exc
+
+    threads = [threading.Thread(target=worker, args=(name,), name=f"eval-{name}")
+               for name in inventory.eval_hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
