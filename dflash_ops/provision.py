@@ -530,10 +530,6 @@ def _provision(
     say: Say,
 ) -> None:
     spec = entry.venv
-    uv, method = ensure_uv(host, entry, state, say)
-    outcome.uv_method = method
-    if method != "present":
-        outcome.actions.append(f"uv installed ({method})")
     recorded_python = (state.record or {}).get("requested", {}).get("python")
     rebuild = (
         force
@@ -543,14 +539,25 @@ def _provision(
     )
     if rebuild:
         check_disk(host, entry)
+    uv, method = ensure_uv(host, entry, state, say)
+    outcome.uv_method = method
+    if method != "present":
+        outcome.actions.append(f"uv installed ({method})")
+    if rebuild:
         create_venv(host, entry, uv)
         outcome.actions.append(f"venv created at {spec.path} (python {spec.python})")
         say(f"{host.name}: venv created at {spec.path}")
     sources = push_wheelhouse(host, entry) if spec.wheelhouse else resolve_sources(host, spec)
     say(f"{host.name}: installing {' '.join(requirements(spec))} from {sources.describe()}")
-    previous_torch = (state.record or {}).get("requested", {}).get("torch")
-    summary = install(host, entry, uv, sources, reinstall_torch=not rebuild and (
-        previous_torch not in (None, spec.torch)))
+    previous = state.record or {}
+    changed = [] if rebuild else sorted(
+        {_requirement_name(r) for r in requirements(spec)}
+        ^ {_requirement_name(r) for r in previous.get("requirements", [])}
+        | {_requirement_name(r) for r in set(requirements(spec))
+           ^ set(previous.get("requirements", []))}
+    )
+    reinstall_torch = not rebuild and previous.get("requested", {}).get("torch") != spec.torch
+    summary = install(host, entry, uv, sources, upgrade=changed, reinstall_torch=reinstall_torch)
     outcome.actions.append(f"packages installed ({summary})")
     report = verify(host, spec)
     outcome.versions = {name: report["versions"][name] for name in BASE_PACKAGES}
@@ -625,9 +632,13 @@ def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
 
 
 def install(host: Host, entry: EvalHost, uv: str, sources: Sources,
-            reinstall_torch: bool = False) -> str:
+            upgrade: list[str] = (), reinstall_torch: bool = False) -> str:
+    """`uv pip install` the spec. `upgrade`: packages whose requirement changed (so that
+    dropping a pin moves to the newest version instead of keeping the pinned one)."""
     spec = entry.venv
     argv = [uv, "pip", "install", "--python", _venv_python(spec), *sources.uv_args(spec)]
+    for name in upgrade:
+        argv += ["--upgrade-package", name]
     if reinstall_torch:
         argv += ["--reinstall-package", "torch"]
     argv += requirements(spec)
@@ -707,7 +718,7 @@ def workstation_uv() -> Path:
 def ensure_uv(host: Host, entry: EvalHost, state: HostState, say: Say) -> tuple[str, str]:
     """A working uv on the host: (absolute path, how it was obtained)."""
     if state.uv:
-        say(f"{host.name}: uv {state.uv_version or ''} at {state.uv}")
+        say(f"{host.name}: using {state.uv_version or 'uv'} at {state.uv}")
         return state.uv, "present"
     directory = uv_dir(entry)
     target = f"{directory}/uv"
@@ -800,7 +811,8 @@ def push_wheelhouse(host: Host, entry: EvalHost) -> Sources:
     argv = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-input", "--dest", str(local),
         "--only-binary=:all:", "--implementation", "cp", "--python-version", info["version"],
-        "--abi", f"cp{info['version']}", "--platform", f"manylinux_{glibc}_{info['machine']}",
+        "--abi", f"cp{info['version']}", "--abi", "abi3", "--abi", "none",
+        *[arg for tag in _platform_tags(glibc, info["machine"]) for arg in ("--platform", tag)],
     ]
     for link in spec.find_links or []:
         argv += ["--find-links", link]
@@ -824,6 +836,15 @@ def push_wheelhouse(host: Host, entry: EvalHost) -> Sources:
         _send_files(host, local, missing, remote)
     return Sources(find_links=(remote,), no_index=True, offline=True,
                    origin=f"wheelhouse {local} → {remote}, {len(missing)} wheel(s) pushed")
+
+
+def _platform_tags(glibc: str, machine: str) -> list[str]:
+    """Every manylinux tag the host's glibc accepts: pip does not widen `--platform`."""
+    major, _, minor = glibc.partition("_")
+    newest = int(minor) if major == "2" and minor.isdigit() else 17
+    return [f"manylinux_2_{m}_{machine}" for m in range(newest, 16, -1)] + [
+        f"manylinux2014_{machine}", f"linux_{machine}"
+    ]
 
 
 def _send_files(host: Host, directory: Path, names: list[str], remote: str) -> None:

@@ -1,0 +1,324 @@
+"""setup-eval-host and deploy-harness against a real lab eval host (sshd in its own network
+namespace with a tmpfs disk; no network there, as on an air-gapped eval server).
+
+Installing CPU torch takes tens of seconds, so ONE module lab is provisioned once (with the
+real `fab` command) and the other tests change it and check that the next run does the right
+thing, each leaving it provisioned as the inventory says. Disk-full uses its own tiny lab.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_ops import lab as labs
+from dflash_ops import provision
+from dflash_ops.hosts import Host
+from dflash_ops.inventory import EvalHost, VenvSpec
+from dflash_ops.inventory import load as load_inventory
+from tests.conftest import run_fab
+
+# --- without a host ------------------------------------------------------------------------
+
+
+def test_requirements_pin_versions_and_keep_specifiers():
+    spec = VenvSpec(
+        path="/v",
+        versions={"torch": "2.13.0+cpu", "transformers": ">=5,<6", "numpy": "2.1.0"},
+        packages=["numpy", "rich[jupyter]"],
+    )
+    assert provision.requirements(spec) == [
+        "torch==2.13.0+cpu",
+        "transformers>=5,<6",
+        "safetensors",
+        "requests",
+        "numpy==2.1.0",
+        "rich[jupyter]",
+    ]
+
+
+def test_cpu_torch_never_replaces_pypi():
+    """The seed engineer's mistake: --index-url hid PyPI. CPU torch comes from uv's torch
+    backend (online) or find-links; indexes are only ever *extra*."""
+    spec = VenvSpec(path="/v", torch="cpu")
+    online = provision.Sources(extra_index_url=("https://mirror/simple",)).uv_args(spec)
+    assert "--index-url" not in online and "--default-index" not in online
+    assert online[-2:] == ["--torch-backend", "cpu"]
+    offline = provision.Sources(find_links=("/w",), offline=True).uv_args(spec)
+    assert offline == ["--find-links", "/w", "--offline"]
+    wheelhouse = provision.Sources(find_links=("/h",), no_index=True).uv_args(spec)
+    assert wheelhouse == ["--find-links", "/h", "--no-index", "--offline"]
+
+
+def test_harness_hash_rule(tmp_path):
+    """sha256 over sorted relative paths of *.py files: path NUL contents NUL."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "b.py").write_text("b = 1\n")
+    (tmp_path / "sub" / "a.py").write_text("a = 2\n")
+    (tmp_path / "notes.txt").write_text("not hashed")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "x.py").write_text("ignored")
+    expected = hashlib.sha256(b"b.py\0b = 1\n\0sub/a.py\0a = 2\n\0").hexdigest()
+    assert provision.harness_files(tmp_path) == ["b.py", "sub/a.py"]
+    assert provision.harness_hash(tmp_path) == expected
+    (tmp_path / "sub" / "a.py").write_text("a = 3\n")
+    assert provision.harness_hash(tmp_path) != expected
+
+
+CAPTURED_STATE = """@@record
+{"format": 1, "requested": {}, "resolved": {"torch": "2.13.0+cpu", "hf-xet": "1.6.0"}}
+
+@@python
+3.11.2
+@@dists
+hf_xet-1.6.0.dist-info
+torch-2.13.0+cpu.dist-info
+@@uv
+/srv/eval/bin/uv
+uv 0.13.9 (x86_64-unknown-linux-gnu)
+@@harness
+0123456789abcdef
+complete
+@@end
+"""
+
+
+def test_parse_state_on_captured_output():
+    state = provision.parse_state(CAPTURED_STATE)
+    assert state.python_version == "3.11.2"
+    assert state.dists == {"hf-xet": "1.6.0", "torch": "2.13.0+cpu"}
+    assert state.uv == "/srv/eval/bin/uv"
+    assert state.uv_version == "uv 0.13.9 (x86_64-unknown-linux-gnu)"
+    assert (state.harness_current, state.harness_complete) == ("0123456789abcdef", True)
+    spec = VenvSpec(path="/v")
+    assert "spec changed" in provision.venv_problem(state, spec)
+    state.record["requested"] = provision.requested(spec)
+    assert provision.venv_problem(state, spec) is None
+    state.dists.pop("torch")
+    assert "differ from the record (torch 2.13.0+cpu" in provision.venv_problem(state, spec)
+    state.python_version = None
+    assert "does not run" in provision.venv_problem(state, spec)
+
+
+# --- one provisioned lab for the module --------------------------------------------------
+
+
+@dataclass
+class Provisioned:
+    lab: labs.Lab
+    inventory_path: Path
+    fresh_seconds: float
+    fresh_output: str
+
+    @property
+    def entry(self) -> EvalHost:
+        return load_inventory(self.inventory_path).eval_hosts["eval"]
+
+    def host(self, inventory_path: Path | None = None) -> Host:
+        return Host(load_inventory(inventory_path or self.inventory_path), "eval")
+
+    def remote(self, command: str) -> str:
+        host = self.host()
+        try:
+            return host.run(command).stdout
+        finally:
+            host.close()
+
+    def record(self) -> dict:
+        return json.loads(self.remote(f"cat {shlex.quote(provision.record_path(self.entry.venv))}"))
+
+    def variant(self, name: str, **venv_changes) -> Path:
+        """A copy of the lab inventory with the eval venv spec changed."""
+        document = yaml.safe_load(self.inventory_path.read_text())
+        document["hosts"]["eval"]["venv"].update(venv_changes)
+        path = self.lab.root / f"inventory-{name}.yaml"
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        return path
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory) -> Iterator[Provisioned]:
+    built = labs.up(labs.LabConfig(root=tmp_path_factory.mktemp("provision") / "lab",
+                                   eval_disk="3g"))
+    try:
+        started = time.monotonic()
+        result = run_fab(built.inventory_path, "setup-eval-host", timeout=600)
+        seconds = time.monotonic() - started
+        assert result.returncode == 0, result.stdout + result.stderr
+        print(f"\nfresh setup-eval-host: {seconds:.1f}s")
+        yield Provisioned(built, built.inventory_path, seconds, result.stdout)
+    finally:
+        problems = built.down()
+        assert not problems, problems
+
+
+def test_fresh_host_gets_uv_venv_cpu_torch_and_harness(provisioned):
+    out = provisioned.fresh_output
+    assert "no venv yet" in out
+    assert "uv pushed from the workstation" in out  # no installer or index in the lab
+    assert "torch 2.13.0+cpu" in out and "CPU build" in out
+    # The remote venv imports torch over SSH and it is the CPU build.
+    venv_python = shlex.quote(f"{provisioned.entry.venv.path}/bin/python")
+    answer = provisioned.remote(
+        f"{venv_python} -c 'import torch, transformers; "
+        "print(torch.__version__, torch.version.cuda, (torch.ones(2) * 3).sum().item())'"
+    ).split()
+    assert answer == ["2.13.0+cpu", "None", "6.0"]
+    record = provisioned.record()
+    assert record["requested"] == provision.requested(provisioned.entry.venv)
+    assert record["uv"]["method"] == "pushed"
+    assert record["resolved"]["torch"] == "2.13.0+cpu"
+    assert record["sources"]["find_links"] == ["/opt/wheels"]  # from $PIP_FIND_LINKS
+    short = re.search(r"harness ([0-9a-f]{16}) uploaded", out).group(1)
+    harness = provision.harness_dir(provisioned.entry)
+    assert provisioned.remote(f"readlink {harness}/current").strip() == short
+    # Byte-compiled by the venv's python.
+    assert "cpython-3" in provisioned.remote(f"ls {harness}/{short}/dflash_eval/__pycache__")
+
+
+def test_rerun_does_nothing_fast(provisioned):
+    venv = provisioned.entry.venv.path
+    fingerprint = f"stat -c '%i %Y' {venv}/dflash-provision.json {venv}/bin/python"
+    before = provisioned.remote(fingerprint)
+    started = time.monotonic()
+    result = run_fab(provisioned.inventory_path, "setup-eval-host")
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    print(f"\nno-op setup-eval-host: {seconds:.2f}s")
+    assert "eval: nothing to do" in result.stdout
+    assert "installing" not in result.stdout and "uploaded" not in result.stdout
+    assert provisioned.remote(fingerprint) == before
+    assert seconds < 3
+
+
+def test_changed_transformers_version_is_upgraded(provisioned):
+    installed = provisioned.record()["resolved"]["transformers"]
+    other = "5.17.0" if installed != "5.17.0" else "5.18.0"  # both on this machine's mirrors
+    changed = provisioned.variant("transformers", versions={
+        **provisioned.entry.venv.versions, "transformers": other})
+    result = run_fab(changed, "setup-eval-host", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "spec changed (versions)" in result.stdout
+    assert f"transformers {other}" in result.stdout
+    assert "venv created" not in result.stdout  # upgraded in place
+    host = provisioned.host(changed)
+    try:
+        python = shlex.quote(f"{provisioned.entry.venv.path}/bin/python")
+        version = host.run(f"{python} -c 'import transformers; print(transformers.__version__)'")
+        assert version.stdout.strip() == other
+    finally:
+        host.close()
+    # Back to the lab inventory's spec: the next tests start from it.
+    restored = run_fab(provisioned.inventory_path, "setup-eval-host", timeout=300)
+    assert restored.returncode == 0 and f"transformers {installed}" in restored.stdout
+
+
+def test_deleted_venv_python_is_rebuilt(provisioned):
+    venv = provisioned.entry.venv.path
+    provisioned.remote(f"rm -f {venv}/bin/python {venv}/bin/python3 {venv}/bin/python3.*")
+    started = time.monotonic()
+    result = run_fab(provisioned.inventory_path, "setup-eval-host", timeout=300)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "does not run" in result.stdout and "venv created" in result.stdout
+    assert "uv pushed" not in result.stdout  # uv is still there
+    print(f"\nrebuild from the uv cache: {seconds:.1f}s")
+    answer = provisioned.remote(f"{venv}/bin/python -c 'import torch; print(torch.__version__)'")
+    assert answer.strip() == "2.13.0+cpu"
+
+
+def test_missing_uv_is_installed_and_force_recreates(provisioned):
+    uv = f"{provision.uv_dir(provisioned.entry)}/uv"
+    venv = provisioned.entry.venv.path
+    provisioned.remote(f"rm -f {uv}")
+    before = provisioned.remote(f"stat -c %i {venv}/pyvenv.cfg")
+    result = run_fab(provisioned.inventory_path, "setup-eval-host", "--force", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--force" in result.stdout and "venv created" in result.stdout
+    assert "uv pushed from the workstation" in result.stdout
+    assert "Could not resolve host" in result.stdout  # the installer was tried first, and said why
+    assert provisioned.remote(f"{uv} --version").startswith("uv ")
+    assert provisioned.remote(f"stat -c %i {venv}/pyvenv.cfg") != before
+
+
+def test_deploy_harness_twice_uploads_nothing(provisioned):
+    harness = provision.harness_dir(provisioned.entry)
+    first = run_fab(provisioned.inventory_path, "deploy-harness")
+    assert first.returncode == 0, first.stderr
+    short = provisioned.remote(f"readlink {harness}/current").strip()
+    before = provisioned.remote(f"stat -c '%i %Y' {harness}/{short}")
+    second = run_fab(provisioned.inventory_path, "deploy-harness")
+    assert second.returncode == 0, second.stderr
+    assert f"harness {short} already deployed and current; nothing uploaded" in second.stdout
+    assert provisioned.remote(f"stat -c '%i %Y' {harness}/{short}") == before
+
+
+def test_changed_harness_gets_new_hash_and_current_switches(provisioned, tmp_path):
+    source = tmp_path / "dflash_eval"
+    shutil.copytree(provision.HARNESS_SOURCE, source,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with (source / "__init__.py").open("a") as init:
+        init.write("\nCHANGED_IN_TEST = True\n")
+    original = provision.harness_hash()
+    host = provisioned.host()
+    entry = provisioned.entry
+    messages: list[str] = []
+    try:
+        deployed = provision.deploy_harness(host, entry, source, say=messages.append)
+        assert deployed.uploaded and deployed.switched and deployed.digest != original
+        new = provision.short_hash(deployed.digest)
+        harness = provision.harness_dir(entry)
+        assert host.run(f"readlink {harness}/current").stdout.strip() == new
+        python = f"{entry.venv.path}/bin/python"
+        imported = host.run(
+            f"cd {harness}/current && {python} -c 'import dflash_eval; "
+            "print(dflash_eval.CHANGED_IN_TEST)'"
+        )
+        assert imported.stdout.strip() == "True"
+        # Back to the repository's harness: already on the host, so only `current` moves.
+        back = provision.deploy_harness(host, entry, say=messages.append)
+        assert not back.uploaded and back.switched
+        assert host.run(f"readlink {harness}/current").stdout.strip() == (
+            provision.short_hash(original))
+    finally:
+        host.close()
+
+
+def test_wheelhouse_mode_pushes_wheels_and_installs_without_index(provisioned, monkeypatch):
+    monkeypatch.setenv("DFLASH_WHEELHOUSE", str(provisioned.lab.root / "wheelhouse-cache"))
+    airgapped = provisioned.variant("wheelhouse", wheelhouse=True, extra_index_url=[])
+    result = run_fab(airgapped, "setup-eval-host", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no index" in result.stdout and "wheel(s) pushed" in result.stdout
+    wheels = provisioned.remote(f"ls {provisioned.entry.workdir}/wheelhouse")
+    assert "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl" in wheels
+    record = json.loads(provisioned.host(airgapped).run(
+        f"cat {provision.record_path(provisioned.entry.venv)}").stdout)
+    assert record["sources"]["no_index"] is True
+    restored = run_fab(provisioned.inventory_path, "setup-eval-host", timeout=300)
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+
+
+# --- a disk that is too small --------------------------------------------------------------
+
+
+def test_too_small_disk_is_refused_with_numbers(make_lab):
+    tiny = make_lab(eval_disk="64m")
+    result = run_fab(tiny.inventory_path, "setup-eval-host", "--host", "eval")
+    assert result.returncode == 1
+    message = " ".join(result.stderr.split())
+    venv = load_inventory(tiny.inventory_path).eval_hosts["eval"].venv.path
+    assert f"eval: not enough free space at {venv}" in message
+    assert "need 2.0 GiB" in message and "free 6" in message  # ~64 MiB free
+    assert "Traceback" not in result.stderr
+    assert not (tiny.data_dir("eval") / "venv").exists()
