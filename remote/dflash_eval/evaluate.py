@@ -97,6 +97,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     if options.threads:
         torch.set_num_threads(options.threads)
     threads = torch.get_num_threads()
+    _check_paths(options)
     if any(b < 1 for b in options.ddtree):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
     progress.event(
@@ -208,6 +209,20 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     }
     write_results(options.out, results)
     return results
+
+
+def _check_paths(options: EvalOptions) -> None:
+    """Fail in a second, not after loading a large target, when an input is missing."""
+    inputs = [("--checkpoint", options.checkpoint), ("--target", options.target)]
+    inputs += [("--reference-drafter", options.reference_drafter)] * bool(options.reference_drafter)
+    inputs += [("--prompts", options.prompts)] * bool(options.prompts)
+    inputs += [("--drafter-config", options.drafter_config)] * bool(options.drafter_config)
+    for flag, path in inputs:
+        if not Path(path).exists():
+            raise HarnessError(
+                f"{flag} {path} does not exist on this host. Check the path; checkpoints "
+                "must be staged to the eval host before they can be evaluated."
+            )
 
 
 def _load(

@@ -148,7 +148,8 @@ def load_pickle(path: Path, allow_unsafe_pickle: bool) -> Any:
 def _unpickling_reason(message: str) -> str:
     for line in message.splitlines():
         if "Unsupported global" in line or "Unsupported operand" in line:
-            return line.strip().removeprefix("WeightsUnpickler error: ")
+            reason = line.strip().removeprefix("WeightsUnpickler error: ")
+            return reason.split(". Please use")[0]
     return message.splitlines()[0] if message else "unknown unpickling error"
 
 

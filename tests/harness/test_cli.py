@@ -1,0 +1,75 @@
+"""The command line as the workstation runs it: JSON-line events, summary, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_eval", *args],
+        cwd=REMOTE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
+    out = tmp_path / "results.json"
+    result = _run(
+        "eval",
+        "--checkpoint",
+        str(lab.checkpoints[6000]),
+        "--target",
+        str(lab.target_dir),
+        "--out",
+        str(out),
+        "--prompts",
+        str(lab.prompts),
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "48",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--threads",
+        "1",
+    )
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    kinds = [event["event"] for event in events]
+    assert kinds[0] == "start" and kinds[-1] == "done"
+    phases = {event["phase"] for event in events if event["event"] == "progress"}
+    assert phases == {"completions", "hidden_states", "drafter"}
+    assert events[-1]["summary"]["step"] == 6000
+    assert "τ: macro" in result.stderr
+    results = json.loads(out.read_text())
+    assert results["schema_version"] == 1
+    assert results["metrics"]["tau_macro"] == events[-1]["summary"]["tau_macro"]
+    assert len(results["harness"]["content_sha256"]) == 64
+
+
+def test_expected_failure_exits_2_with_a_message_and_no_traceback(lab, tmp_path):
+    missing = tmp_path / "step_9999" / "checkpoint.pt"
+    result = _run(
+        "eval",
+        "--checkpoint",
+        str(missing),
+        "--target",
+        str(lab.target_dir),
+        "--out",
+        str(tmp_path / "r.json"),
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert str(missing) in result.stderr and "does not exist" in result.stderr
+    last = json.loads(result.stdout.splitlines()[-1])
+    assert last["event"] == "error" and str(missing) in last["message"]
+    assert not (tmp_path / "r.json").exists()

@@ -1,0 +1,190 @@
+"""Checkpoint loading: formats, prefixes, config sources, strictness, refusals."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import replace
+
+import pytest
+import torch
+from dflash_eval.cli import main
+from dflash_eval.config import TargetShape
+from dflash_eval.errors import HarnessError
+from dflash_eval.loaders import load_drafter
+from safetensors.torch import save_file
+
+from .helpers import random_drafter, save_training_checkpoint, small_config
+
+TARGET = TargetShape(
+    num_layers=6, hidden_size=64, vocab_size=101, rms_norm_eps=1e-6, rope_theta=10_000.0
+)
+
+
+@pytest.fixture
+def drafter():
+    return random_drafter(small_config(num_target_layers=6))
+
+
+def _same_weights(a, b) -> bool:
+    theirs = b.state_dict()
+    return a.state_dict().keys() == theirs.keys() and all(
+        torch.equal(t, theirs[name]) for name, t in a.state_dict().items()
+    )
+
+
+@pytest.mark.parametrize("prefix", ["module.", "draft_model.", "module.draft_model.", ""])
+def test_training_checkpoint_loads_with_prefix_removed(tmp_path, drafter, prefix):
+    path = save_training_checkpoint(tmp_path / "step_500" / "checkpoint.pt", drafter, prefix=prefix)
+    loaded = load_drafter(path, TARGET)
+    assert loaded.source.stripped_prefix == prefix
+    assert loaded.source.step == 1000 and loaded.config_source == "checkpoint"
+    assert "optimizer_state_dict" in loaded.source.dropped_entries
+    assert _same_weights(loaded.model, drafter)
+
+
+def _error(path, **kwargs) -> str:
+    with pytest.raises(HarnessError) as caught:
+        load_drafter(path, TARGET, **kwargs)
+    return str(caught.value)
+
+
+def test_missing_unexpected_and_misshaped_parameters_are_listed(tmp_path, drafter):
+    state = dict(drafter.state_dict())
+    del state["layers.1.mlp.up_proj.weight"]
+    state["layers.0.self_attn.extra.weight"] = torch.zeros(2)
+    state["layers.0.self_attn.q_proj.weight"] = torch.zeros(32, 64)
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state)
+    message = _error(path)
+    assert "missing (1): layers.1.mlp.up_proj.weight" in message
+    assert "unexpected (1): layers.0.self_attn.extra.weight" in message
+    assert "layers.0.self_attn.q_proj.weight (expected [64, 64], found [32, 64])" in message
+    assert str(path) in message
+
+
+def test_fc_input_size_mismatch_is_named(tmp_path, drafter):
+    three_layers = replace(drafter.config, target_layer_ids=(1, 2, 3))
+    path = save_training_checkpoint(
+        tmp_path / "c.pt", drafter, with_config=False, extra={"config": three_layers.to_hf_dict()}
+    )
+    message = _error(path)
+    assert "fc.weight" in message and "takes 128 input features" in message
+    assert "= 192" in message
+
+
+def test_mask_token_outside_target_vocab_stops(tmp_path):
+    model = random_drafter(small_config(mask_token_id=500))
+    message = _error(save_training_checkpoint(tmp_path / "c.pt", model))
+    assert "mask_token_id 500 outside the target vocab" in message
+
+
+def test_hidden_size_and_layer_ids_must_fit_target(tmp_path):
+    model = random_drafter(small_config(target_layer_ids=(1, 9)))
+    message = _error(save_training_checkpoint(tmp_path / "c.pt", model))
+    assert "target_layer_ids [9] outside the target's 0..5" in message
+
+
+def test_block_size_override_is_a_loud_warning(tmp_path, drafter):
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter)
+    loaded = load_drafter(path, TARGET, block_size=4)
+    assert loaded.config.block_size == 4 and loaded.trained_block_size == 6
+    assert any(
+        "differs from the block size the drafter was trained with (6)" in w for w in loaded.warnings
+    )
+
+
+def test_config_inferred_from_shapes_needs_block_size_and_mask(tmp_path, drafter):
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter, with_config=False)
+    assert "--mask-token-id" in _error(path, block_size=6)
+    assert "--block-size" in _error(path, mask_token_id=3)
+    loaded = load_drafter(path, TARGET, block_size=6, mask_token_id=3)
+    assert loaded.config_source.startswith("inferred")
+    assert loaded.config.target_layer_ids == (1, 3)  # default rule for K=2 of 6 layers
+    assert _same_weights(loaded.model, drafter)
+
+
+def test_config_from_explicit_file_and_from_training_args(tmp_path, drafter):
+    path = save_training_checkpoint(
+        tmp_path / "c.pt",
+        drafter,
+        with_config=False,
+        extra={"args": {"block_size": 6, "mask_token_id": 3}},
+    )
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(drafter.config.to_hf_dict()))
+    assert load_drafter(path, TARGET, config_file=config_file).config == drafter.config
+    from_args = load_drafter(path, TARGET)
+    assert from_args.config.block_size == 6 and from_args.config.mask_token_id == 3
+
+
+def test_borrowed_target_copies_are_set_aside_not_loaded(tmp_path, drafter):
+    state = {**drafter.state_dict(), "embed_tokens.weight": torch.zeros(101, 64)}
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state)
+    assert load_drafter(path, TARGET).ignored_parameters == ["embed_tokens.weight"]
+
+
+class CreatesFile:
+    """Unpickling this calls Path.touch: what a malicious checkpoint could do."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.marker,))
+
+
+def test_malicious_pickle_is_refused_without_running_it(tmp_path, drafter):
+    marker = tmp_path / "pwned"
+    path = save_training_checkpoint(
+        tmp_path / "c.pt", drafter, extra={"payload": CreatesFile(marker)}
+    )
+    message = _error(path)
+    assert "Refusing to load" in message and "--allow-unsafe-pickle" in message
+    assert "Unsupported global" in message  # the refusal says what the file wanted
+    assert not marker.exists()
+    # With the explicit flag the pickle is trusted (and, here, runs).
+    load_drafter(path, TARGET, allow_unsafe_pickle=True)
+    assert marker.exists()
+
+
+def test_truncated_checkpoint_is_reported(tmp_path, drafter):
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter)
+    path.write_bytes(path.read_bytes()[:2000])
+    assert "truncated" in _error(path)
+
+
+def test_hf_directory_loads(tmp_path, drafter):
+    directory = tmp_path / "hf"
+    directory.mkdir()
+    save_file(
+        {k: v.contiguous() for k, v in drafter.state_dict().items()},
+        str(directory / "model.safetensors"),
+    )
+    (directory / "config.json").write_text(json.dumps(drafter.config.to_hf_dict()))
+    loaded = load_drafter(directory, TARGET)
+    assert loaded.source.kind == "hf-directory" and loaded.config == drafter.config
+    assert _same_weights(loaded.model, drafter)
+
+
+def test_extract_strips_optimizer_and_round_trips(tmp_path, drafter, capsys):
+    checkpoint = save_training_checkpoint(
+        tmp_path / "step_700" / "checkpoint.pt",
+        drafter,
+        step=700,
+        extra={"optimizer_state_dict": {"state": {0: {"exp_avg": torch.zeros(200_000)}}}},
+    )
+    out = tmp_path / "extracted"
+    assert main(["extract", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    done = json.loads(captured.out.strip().splitlines()[-1])
+    assert done["event"] == "done"
+    assert done["summary"]["size_after_bytes"] < done["summary"]["size_before_bytes"]
+    assert "MB →" in captured.err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "dflash_extract.json",
+        "model.safetensors",
+    ]
+    loaded = load_drafter(out, TARGET)
+    assert loaded.source.kind == "extracted" and loaded.source.step == 700
+    assert _same_weights(loaded.model, drafter)
