@@ -590,9 +590,19 @@ def _uv_env(entry: EvalHost) -> str:
     return f"UV_CACHE_DIR={shlex.quote(cache_dir(entry))} UV_NO_PROGRESS=1"
 
 
+MIN_FREE_FLOOR = 256 << 20  # even a rebuild from a full cache writes metadata and scripts
+
+
 def check_disk(host: Host, entry: EvalHost) -> None:
-    """Refuse before writing when the venv's or the cache's filesystem is short."""
-    needed = parse_size(entry.venv.min_free)
+    """Refuse before writing when the venv's or the cache's filesystem is short.
+
+    What the uv cache already holds is not downloaded or unpacked again (the venv hard-links
+    it), so it counts against `venv.min_free`."""
+    cached = host.run(
+        f"du -sb {shlex.quote(cache_dir(entry))} 2>/dev/null | cut -f1", check=False
+    ).stdout.strip()
+    full = parse_size(entry.venv.min_free)
+    needed = max(full - int(cached or 0), min(full, MIN_FREE_FLOOR))
     for path, what in ((entry.venv.path, "the venv"), (cache_dir(entry), "the uv cache")):
         free = host.probe(probes.free_bytes(path))
         if free < needed:
