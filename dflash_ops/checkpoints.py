@@ -536,7 +536,7 @@ def _transfer(source: Source, origin: Source | None, identity: Identity, dest: D
             f"{format_bytes(offset + moved.count)} of {format_bytes(identity.size)}: {reason}. "
             + ("Free space there, then rerun to resume." if "No space" in reason else kept)
         )
-    if moved.source_rc != 0 or moved.count != remaining:
+    if moved.source_rc != 0 or moved.count < remaining:
         raise TransferError(
             f"{source.side.name}: the stream of {source.description} ended after "
             f"{format_bytes(moved.count)} of {format_bytes(remaining)} "
@@ -550,6 +550,12 @@ def _transfer(source: Source, origin: Source | None, identity: Identity, dest: D
             f"{identity.size}/{identity.mtime} → {now.size if now else 'gone'}/"
             f"{now.mtime if now else '-'}); not promoted, partial removed. Wait until the "
             f"trainer has finished writing it, then rerun."
+        )
+    if moved.count != remaining:
+        dest.remove_partial()
+        raise TransferError(
+            f"{source.description} sent {moved.count} bytes, expected {remaining}; not "
+            f"promoted, partial removed. Rerun to stage again."
         )
     if fresh:
         source_sha, dest_sha = moved.source_digest, moved.dest_digest
