@@ -27,9 +27,11 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
             try:
                 return body(*args, **kwargs)
             except OpsError as exc:
+                from rich.markup import escape
+
                 from dflash_ops.console import errors
 
-                errors.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+                errors.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
                 raise Exit(code=1) from None
             except KeyboardInterrupt:
                 raise Exit("interrupted", code=130) from None

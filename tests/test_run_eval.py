@@ -1,0 +1,176 @@
+"""`fab run-eval` and the job tasks end to end on a lab with a tiny target, trained drafter
+checkpoints and provisioned eval hosts: the real harness, over real SSH."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_ops import jobs, provision
+from dflash_ops import lab as labs
+from dflash_ops.hosts import Host
+from dflash_ops.inventory import load
+from tests.conftest import FAB, REPO, run_fab
+
+QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
+
+
+@pytest.fixture(scope="module")
+def models_lab(tmp_path_factory):
+    built = labs.up(labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", eval_hosts=2,
+                                   eval_disk="3g", steps=(2000, 4000, 6000)),
+                    labs.trained_models)
+    try:
+        inventory = load(built.inventory_path)
+        provision.setup_eval_hosts(inventory, None, False, say=lambda message: None)
+        yield built
+    finally:
+        assert not built.down()
+
+
+@pytest.fixture
+def inventory_path(models_lab):
+    """The lab's inventory; runs and pulled results are cleared after each test."""
+    yield models_lab.inventory_path
+    inventory = load(models_lab.inventory_path)
+    for name, entry in inventory.eval_hosts.items():
+        host = Host(inventory, name)
+        for run in jobs.list_runs(host, entry):  # nothing may stay running into the next test
+            if not run.done:
+                jobs.cancel(host, entry, run)
+                jobs.wait_finished(host, entry, run.run_id)
+        host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))}")
+        host.close()
+    subprocess.run(["rm", "-rf", str(inventory.local.results)], check=True)
+
+
+def fab_eval(inventory_path: Path, *args: str, timeout: float = 300):
+    return run_fab(inventory_path, *args, timeout=timeout)
+
+
+def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "DFLASH_INVENTORY": str(inventory_path), "COLUMNS": "200"}
+    return subprocess.Popen([str(FAB), *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for_run(inventory_path: Path, host_name: str = "eval", state: str = "running",
+                 timeout: float = 120) -> jobs.Run:
+    inventory = load(inventory_path)
+    host, entry = Host(inventory, host_name), inventory.eval_hosts[host_name]
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            runs = [run for run in jobs.list_runs(host, entry) if run.state == state]
+            if runs:
+                return runs[-1]
+            time.sleep(0.5)
+    finally:
+        host.close()
+    raise AssertionError(f"no {state} run on {host_name} within {timeout} s")
+
+
+def pulled(inventory_path: Path) -> list[Path]:
+    return sorted(load(inventory_path).local.results.glob("*/run.json"))
+
+
+def test_run_eval_end_to_end(inventory_path):
+    result = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "succeeded (exit code 0)" in result.stdout
+    assert "step 2000  τ macro" in result.stdout
+    [run_file] = pulled(inventory_path)
+    results = json.loads((run_file.parent / "results.json").read_text())
+    assert results["checkpoint"]["step"] == 2000
+    assert results["prompts"]["count"] == 2
+    staged = load(inventory_path).eval_hosts["eval"].staging_dir + "/step_2000/checkpoint.pt"
+    assert results["checkpoint"]["path"] == staged
+    deployed = json.loads((run_file.parent / "params.json").read_text())["harness"]
+    assert Path(deployed).name == results["harness"]["content_sha256"][:16]
+    assert (run_file.parent / "log").exists() and (run_file.parent / "events.jsonl").exists()
+    again = fab_eval(inventory_path, "fetch-results")
+    assert "nothing new to pull" in again.stdout  # pulling twice changes nothing
+
+
+def test_harness_killed_mid_run_fails_loudly(inventory_path):
+    running = start_fab(inventory_path, "run-eval", "--step", "4000", "--host", "eval",
+                        "--max-new-tokens", "400")
+    run = wait_for_run(inventory_path)
+    inventory = load(inventory_path)
+    host = Host(inventory, "eval")
+    pid_file = f"{jobs.run_dir(inventory.eval_hosts['eval'], run.run_id)}/pid"
+    host.run(f"kill -KILL $(cat {shlex.quote(pid_file)})")
+    host.close()
+    _, stderr = running.communicate(timeout=120)
+    assert running.returncode == 1
+    assert f"run {run.run_id} on eval failed (exit code 137)" in stderr
+    assert "last lines of its log" in stderr
+    status = fab_eval(inventory_path, "eval-status")
+    assert run.run_id in status.stdout and "failed" in status.stdout
+
+
+def test_workstation_killed_mid_run_then_fetch(inventory_path):
+    running = start_fab(inventory_path, "run-eval", "--step", "6000", "--host", "eval", *QUICK)
+    run = wait_for_run(inventory_path)
+    running.send_signal(signal.SIGKILL)
+    running.wait(timeout=30)
+    finished = wait_for_run(inventory_path, state="succeeded")
+    assert finished.run_id == run.run_id
+    fetched = fab_eval(inventory_path, "fetch-results")
+    assert f"pulled {run.run_id} (succeeded)" in fetched.stdout
+    assert [path.parent.name for path in pulled(inventory_path)] == [run.run_id]
+
+
+def test_detach_reattach_cancel_and_busy(inventory_path):
+    detached = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
+                        "--detach", *QUICK)
+    assert detached.returncode == 0, detached.stderr
+    run = wait_for_run(inventory_path, state="running")
+    busy = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval", *QUICK)
+    assert busy.returncode == 1 and f"eval is busy with run {run.run_id}" in busy.stderr
+    follow = fab_eval(inventory_path, "eval-logs", "--run", run.run_id[:20], "--follow")
+    assert follow.returncode == 0, follow.stderr
+    assert f"run {run.run_id} succeeded" in follow.stdout
+    assert "Checkpoint" in follow.stdout  # the harness's human summary, from its log
+
+    long = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--detach",
+                    "--max-new-tokens", "400")
+    assert long.returncode == 0
+    victim = wait_for_run(inventory_path, state="running")
+    cancelled = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
+    assert f"run {victim.run_id} on eval: cancelled" in cancelled.stdout
+    nothing = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
+    assert nothing.returncode == 1 and "already cancelled" in nothing.stderr
+
+
+def test_sweep_over_two_hosts_and_compare(inventory_path):
+    sweep = fab_eval(inventory_path, "run-eval", "--steps", "2000,4000,6000", *QUICK,
+                     timeout=600)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    for host in ("eval", "eval2"):
+        assert f"{host:>8} │ " in sweep.stdout  # lines prefixed by their host
+    steps = sorted(json.loads(p.read_text())["step"] for p in pulled(inventory_path))
+    assert steps == [2000, 4000, 6000]
+    compared = fab_eval(inventory_path, "compare")
+    assert compared.returncode == 0, compared.stderr
+    assert "tau_vs_step.png" in compared.stdout
+    plots = load(inventory_path).local.results / "plots"
+    assert (plots / "tau_vs_step.png").stat().st_size > 1000
+    assert (plots / "acceptance_per_position.png").stat().st_size > 1000
+
+    # A run with other completion lengths is not comparable: refused, or flagged on request.
+    other = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
+                     "--num-prompts", "2", "--max-new-tokens", "16", "--ddtree", "4,8")
+    assert other.returncode == 0, other.stderr
+    refused = fab_eval(inventory_path, "compare")
+    assert refused.returncode == 1
+    assert "differ from the latest run in max new tokens" in refused.stderr
+    mixed = fab_eval(inventory_path, "compare", "--allow-mixed")
+    assert mixed.returncode == 0 and "≠ max new tokens" in mixed.stdout
