@@ -32,16 +32,19 @@ class BorrowedHead:
         return cls(embed.detach().to(dtype), head.detach().to(dtype), mask_token_id)
 
 
-def default_chunk(block_size: int, vocab_size: int, context_length: int) -> int:
-    """Anchors per batched pass: bound the logits (~256 MiB fp32) and the mask/score
-    matrices ([N·B, S+N·B]) so memory stays flat whatever the completion length."""
-    by_logits = (256 << 20) // max(1, (block_size - 1) * vocab_size * 4)
-    by_scores = 1
-    while by_scores < 128 and (2 * by_scores * block_size) * (
-        context_length + 2 * by_scores * block_size
-    ) <= (16 << 20):
-        by_scores *= 2
-    return max(1, min(64, by_logits, by_scores))
+def default_chunk(block_size: int, vocab_size: int, context_length: int, heads: int) -> int:
+    """Anchors per batched pass (a power of two ≤ 64) that bounds memory whatever the
+    completion length: logits N·(B-1)·V ≤ 256 MiB fp32, attention scores
+    heads·N·B·(S+N·B) ≤ 128 MiB, and N·B ≤ max(128, S/4) so that the keys of the other
+    blocks in the pass (masked out) add at most a quarter to the attention work."""
+    chunk = 64
+    while chunk > 1 and (
+        chunk * (block_size - 1) * vocab_size * 4 > 256 << 20
+        or heads * chunk * block_size * (context_length + chunk * block_size) * 4 > 128 << 20
+        or chunk * block_size > max(128, context_length // 4)
+    ):
+        chunk //= 2
+    return chunk
 
 
 class Predictor:
@@ -66,7 +69,12 @@ class Predictor:
         self.tokens = torch.tensor(tokens)
         self.first_anchor, self.last_anchor = first_anchor, len(tokens) - 2
         self.block_size, self.top_k = block_size, top_k
-        self.chunk = chunk or default_chunk(block_size, head.head_weight.shape[0], len(tokens))
+        self.chunk = chunk or default_chunk(
+            block_size,
+            head.head_weight.shape[0],
+            len(tokens),
+            drafter.config.num_attention_heads,
+        )
         self._features = features
         self._cache: ContextCache | None = None
         self._ids: dict[int, list[list[int]]] = {}
@@ -120,9 +128,9 @@ class Predictor:
     def _top_k(self, hidden: torch.Tensor) -> tuple[list, list]:
         """Final hidden [N, B, H] → per slot 1..B-1 the top-k ids and log-probs (lists)."""
         logits = (hidden[:, 1:] @ self.head.head_weight.T).float()  # [N, B-1, V]
-        logprobs = torch.log_softmax(logits, dim=-1)
-        values, ids = torch.topk(logprobs, self.top_k, dim=-1)  # [N, B-1, k]
-        return ids.tolist(), values.tolist()
+        values, ids = torch.topk(logits, self.top_k, dim=-1)  # [N, B-1, k]
+        logprobs = values - torch.logsumexp(logits, dim=-1, keepdim=True)
+        return ids.tolist(), logprobs.tolist()
 
 
 class PerBlockPredictor(Predictor):
