@@ -28,6 +28,7 @@ from dflash_ops.errors import CheckpointError, InventoryError, TransferError
 from dflash_ops.hosts import Host, TrainingEnvironment
 from dflash_ops.inventory import Inventory, PctContainer, RootfsContainer
 from dflash_ops.relay import (
+    HASHER_PROBE,
     DestinationLock,
     LocalSide,
     ProgressCallback,
@@ -177,6 +178,7 @@ class DestinationState:
     manifest: dict | None
     final_size: int | None
     partial_size: int | None
+    free: int  # bytes free where the file goes
 
     def matches(self, identity: Identity) -> bool:
         m = self.manifest or {}
@@ -205,11 +207,15 @@ class Destination:
     def state(self) -> DestinationState:
         q = shlex.quote
         stat = probes.file_stat_command
+        # One round trip: manifest, both files, free space, and the side's hash tool.
         command = (
             f"cat -- {q(self.manifest)} 2>/dev/null; echo; echo @@; "
-            f"{stat(q(self.path))}; {stat(q(self.partial))}"
+            f"{stat(q(self.path))}; {stat(q(self.partial))}; echo @@; "
+            f"{probes.free_bytes(self.directory).command}; echo @@; {HASHER_PROBE}"
         )
         head, _, tail = self.side.run(command).stdout.partition("\n@@\n")
+        tail, df_output, hasher = tail.split("@@\n")
+        self.side.set_hasher(hasher)
         try:
             manifest = json.loads(head) if head.strip() else None
         except json.JSONDecodeError:
@@ -219,6 +225,7 @@ class Destination:
             manifest if isinstance(manifest, dict) else None,
             final.size if final else None,
             partial.size if partial else None,
+            probes.parse_df_avail(df_output),
         )
 
     def promote(self, manifest: dict) -> None:
@@ -246,9 +253,17 @@ class Source:
     read: Callable[[int], str]  # offset → command writing the file's bytes from there on
     stat_command: str
     label: str = ""
+    file: str | None = None  # the path, when it is a plain file this side's shell can open
+    now: int = 0  # the side's clock at the last stat
 
     def stat(self) -> probes.FileStat | None:
-        return probes.parse_file_stat(self.side.run(self.stat_command).stdout)
+        """Size/mtime (and, in the same round trip, the side's clock and hash tool)."""
+        output = self.side.run(f"{HASHER_PROBE}; echo @@; date +%s; {self.stat_command}")
+        hasher, _, rest = output.stdout.partition("@@\n")
+        self.side.set_hasher(hasher)
+        now, _, stat = rest.partition("\n")
+        self.now = int(now)
+        return probes.parse_file_stat(stat)
 
 
 def _plain_source(side: Side, path: str, label: str) -> Source:
@@ -259,6 +274,7 @@ def _plain_source(side: Side, path: str, label: str) -> Source:
         lambda offset: f"tail -c +{offset + 1} -- {q}" if offset else f"cat -- {q}",
         probes.file_stat_command(q),
         label,
+        path,
     )
 
 
@@ -417,7 +433,7 @@ def _deliver(
                                 0, True)
     offset = _resume_offset(state, identity, options)
     space = space_check(
-        dest.side.name, dest.directory, dest.side.free_bytes(dest.directory),
+        dest.side.name, dest.directory, state.free,
         identity.size - offset, margin, f"step {identity.step}",
     )
     plan = HopPlan(source.description, dest, identity.size, False, offset, space)
@@ -437,7 +453,8 @@ def _deliver(
     if pull_space:
         pull_space.require()
     space.require()
-    _require_complete(inventory, identity)
+    if inventory.trainer.complete_marker or source.now - identity.mtime < STABLE_AFTER_S:
+        _require_complete(inventory, identity)
     with DestinationLock(dest.side, dest.lock, holder_description()):
         state = dest.state()  # another run may have finished or grown the partial meanwhile
         if state.matches(identity):
@@ -519,7 +536,7 @@ def _transfer(source: Source, origin: Source | None, identity: Identity, dest: D
     bytes moved. The partial is kept when the stream breaks."""
     fresh = offset == 0
     if fresh:
-        source_command = source.side.stream_hashed(source.read(0))
+        source_command = source.side.stream_hashed(source.read(0), source.file)
     else:
         source_command = f"set -o pipefail; {source.read(offset)}"
     sink = dest.side.sink(dest.partial, append=not fresh, hashed=fresh)

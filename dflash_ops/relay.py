@@ -41,7 +41,15 @@ DIGEST = re.compile(r"\b([0-9a-f]{64})\b")
 SOURCE_MARK = "dflash-sha256"
 
 # Copy stdin to stdout, hashing on the way; the digest goes to stderr (the side channel).
-PY_SOURCE = """\
+PY_PIPE = """\
+import fcntl
+try:
+    fcntl.fcntl(0, 1031, 1 << 20)  # F_SETPIPE_SZ: fewer, larger reads (fails on a file: fine)
+except OSError:
+    pass
+"""
+
+PY_SOURCE = PY_PIPE + """\
 import hashlib, os, sys
 h = hashlib.sha256()
 try:
@@ -60,7 +68,7 @@ sys.stderr.write("dflash-sha256 %s\\n" % h.hexdigest())
 """
 
 # Write stdin to argv[1] (truncate or append), fsync, print the digest of what was written.
-PY_SINK = """\
+PY_SINK = PY_PIPE + """\
 import hashlib, os, sys
 path, append, hashed = sys.argv[1], sys.argv[2] == "append", sys.argv[3] == "hash"
 h = hashlib.sha256()
@@ -83,7 +91,7 @@ except OSError as e:
 print(h.hexdigest() if hashed else "unhashed")
 """
 
-PY_HASH = """\
+PY_HASH = PY_PIPE + """\
 import hashlib, os
 h = hashlib.sha256()
 while True:
@@ -93,6 +101,11 @@ while True:
     h.update(b)
 print(h.hexdigest())
 """
+
+
+HASHER_PROBE = (
+    "for t in python3 openssl sha256sum; do command -v $t >/dev/null && { echo $t; break; }; done"
+)
 
 
 def _py(script: str, *args: str) -> str:
@@ -119,14 +132,16 @@ class Side:
     @cached_property
     def hasher(self) -> str:
         """The SHA-256 tool this side has: python3, openssl or sha256sum."""
-        found = self.run(
-            "for t in python3 openssl sha256sum; do command -v $t >/dev/null && "
-            "{ echo $t; break; }; done"
-        ).stdout.split()
+        return self.set_hasher(self.run(HASHER_PROBE).stdout)
+
+    def set_hasher(self, probe_output: str) -> str:
+        """Record HASHER_PROBE's answer (it can ride along with another command)."""
+        found = probe_output.split()
         if not found:
             raise TransferError(
                 f"{self.name}: none of python3, openssl, sha256sum found; install coreutils"
             )
+        self.__dict__["hasher"] = found[0]
         return found[0]
 
     def hash_stdin(self) -> str:
@@ -137,9 +152,12 @@ class Side:
             "sha256sum": "sha256sum",
         }[self.hasher]
 
-    def stream_hashed(self, read_command: str) -> str:
-        """`read_command`'s bytes to stdout, their digest on stderr after SOURCE_MARK."""
+    def stream_hashed(self, read_command: str, path: str | None = None) -> str:
+        """`read_command`'s bytes to stdout, their digest on stderr after SOURCE_MARK.
+        With `path` (a plain file on this side) python reads the file itself: one pipe less."""
         if self.hasher == "python3":
+            if path is not None:
+                return f"{_py(PY_SOURCE)} < {shlex.quote(path)}"
             return f"set -o pipefail; {read_command} | {_py(PY_SOURCE)}"
         return (
             f"set -o pipefail; {{ {read_command} | tee /dev/fd/3 | {self.hash_stdin()} | "

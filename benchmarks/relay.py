@@ -1,0 +1,140 @@
+"""Benchmark: stage-checkpoint (hashing and verification on) against a raw OpenSSH pipe.
+
+Builds its own lab (as root: network-namespace hosts with tmpfs disks), with one checkpoint
+of `--size` (default 1 GiB), and alternates runs of
+
+    raw:    ssh trainer cat FILE | ssh eval 'cat > FILE'      (the same ssh argv)
+    stage:  checkpoints.stage(step, via=rootfs, no resume)    (in-stream sha256 both ends)
+
+printing each run, both median throughputs and their ratio; then a resume after killing the
+source at ~50 %, with the bytes the resume moved. The lab is removed at the end, even on
+failure. Run: `.venv/bin/python benchmarks/relay.py [--runs 3] [--size 1g]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dflash_ops import checkpoints, lab
+from dflash_ops.checkpoints import StageOptions, stage
+from dflash_ops.hosts import Host
+from dflash_ops.inventory import load as load_inventory
+from dflash_ops.units import format_bytes, parse_size
+
+STEP = 4000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--size", default="1g")
+    parser.add_argument("--via", default="rootfs", choices=["rootfs", "stream"])
+    args = parser.parse_args()
+    size = parse_size(args.size)
+    root = Path(tempfile.mkdtemp(prefix="dflash-bench-")) / "lab"
+    config = lab.LabConfig(
+        root=root,
+        steps=(STEP,),
+        checkpoint_size=args.size,
+        trainer_disk=str(size + (200 << 20)),
+        eval_disk=str(2 * size + (400 << 20)),
+        workstation_disk="16m",
+    )
+    print(f"building the lab at {root} with a {format_bytes(size)} checkpoint …", flush=True)
+    built = lab.up(config)
+    try:
+        run(built, size, args.runs, args.via)
+    finally:
+        problems = built.down()
+        print("lab removed" if not problems else f"lab-down problems: {problems}")
+
+
+def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
+    inventory = load_inventory(built.inventory_path)
+    trainer, evalhost = Host(inventory, "trainer"), Host(inventory, "eval")
+    source = built.checkpoint_path(STEP)
+    raw_target = built.data_dir("eval") / "raw.bin"
+    staged = Path(checkpoints.staged_path(inventory, "eval", STEP))
+    moving: list[float] = []
+    real_move = checkpoints.move
+
+    def timed_move(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return real_move(*args, **kwargs)
+        finally:
+            moving.append(time.monotonic() - started)
+
+    checkpoints.move = timed_move
+    quiet = {"report": lambda message: None, "margin": "64m", "via": via, "resume": False}
+
+    def clear() -> None:
+        for path in (raw_target, staged, staged.with_name(staged.name + ".manifest.json")):
+            path.unlink(missing_ok=True)
+
+    raw_times, stage_times = [], []
+    for index in range(runs):
+        clear()
+        started = time.monotonic()
+        reader = subprocess.Popen(trainer.ssh_argv(f"cat {source}"), stdout=subprocess.PIPE)
+        writer = subprocess.Popen(evalhost.ssh_argv(f"cat > {raw_target}"), stdin=reader.stdout)
+        reader.stdout.close()
+        if writer.wait() or reader.wait() or raw_target.stat().st_size != size:
+            raise SystemExit("the raw pipe failed")
+        raw_times.append(time.monotonic() - started)
+        clear()
+        started = time.monotonic()
+        (result,) = stage(inventory, STEP, options=StageOptions(**quiet))
+        stage_times.append(time.monotonic() - started)
+        assert result.moved == size and not result.already
+        print(
+            f"run {index + 1}: raw {rate(size, raw_times[-1])}  "
+            f"stage {rate(size, stage_times[-1])} (bytes moving {rate(size, moving[-1])}, "
+            f"control {stage_times[-1] - moving[-1]:.1f} s)",
+            flush=True,
+        )
+    raw, whole, relay = (statistics.median(t) for t in (raw_times, stage_times, moving))
+    print(f"\nraw ssh|ssh pipe     : {rate(size, raw)}")
+    print(f"stage-checkpoint     : {rate(size, whole)}   ratio {raw / whole:.2f}")
+    print(f"  its relay phase    : {rate(size, relay)}   ratio {raw / relay:.2f} "
+          f"(without the control round trips)")
+
+    clear()
+    killed_at: list[int] = []
+
+    def kill_half(state) -> None:
+        if not killed_at and state.done >= state.total // 2:
+            killed_at.append(state.done)
+            os.killpg(state.source.pid, signal.SIGKILL)
+
+    try:
+        stage(inventory, STEP, options=StageOptions(**{**quiet, "resume": True},
+                                                    on_progress=kill_half))
+    except Exception as exc:  # the expected TransferError
+        print(f"\nkilled at {format_bytes(killed_at[0])}: {type(exc).__name__}")
+    kept = staged.with_name(staged.name + ".partial").stat().st_size
+    (result,) = stage(inventory, STEP, options=StageOptions(**{**quiet, "resume": True}))
+    remaining = size - killed_at[0]
+    print(
+        f"resume moved {format_bytes(result.moved)} ({result.moved} B); remaining after the "
+        f"kill {remaining} B; partial kept {kept} B; "
+        f"{'OK' if result.moved <= remaining + size // 100 else 'OVER'} (target ≤ remaining + 1 %)"
+    )
+
+
+def rate(size: int, seconds: float) -> str:
+    return f"{size / seconds / 1e6:7.1f} MB/s ({seconds:5.2f} s)"
+
+
+if __name__ == "__main__":
+    main()
