@@ -144,14 +144,13 @@ def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where
         problems.append(f"rope_type={rope.get('rope_type', rope.get('type'))!r}")
     if float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         problems.append("partial_rotary_factor != 1")
-    for name, neutral in (
-        ("input_embedding_scale", 1.0),
-        ("output_multiplier", 1.0),
-        ("final_logit_softcapping", None),
-    ):
-        value = dflash.get(name, raw.get(name, neutral))
-        if value is not None and value != neutral and not (neutral is None and not value):
+    for name in ("input_embedding_scale", "output_multiplier"):
+        value = dflash.get(name, raw.get(name))
+        if value not in (None, 1, 1.0):
             problems.append(f"{name}={value!r}")
+    softcap = dflash.get("final_logit_softcapping", raw.get("final_logit_softcapping"))
+    if softcap:
+        problems.append(f"final_logit_softcapping={softcap!r}")
     for name in ("conv_kernel_size", "selector_rank"):
         if name in dflash or name in raw:
             problems.append(f"{name} (a DFlash-2 drafter)")

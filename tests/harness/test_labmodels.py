@@ -40,11 +40,10 @@ def test_tau_rises_with_step_and_cache_hits_on_later_runs(lab, tmp_path):
         results[step] = run_eval(options, _quiet())
         taus[step] = results[step]["metrics"]["tau_macro"]
     assert taus[2000] < taus[4000] < taus[6000], taus
-    assert taus[6000] > 1.3, taus
+    assert taus[6000] > 1.8, taus
     first, later = results[2000]["per_prompt"], results[6000]["per_prompt"]
     assert not any(row["cache"]["completion"] or row["cache"]["hidden_states"] for row in first)
     assert all(row["cache"]["completion"] and row["cache"]["hidden_states"] for row in later)
     ddtree = results[6000]["metrics"]["ddtree"]
     tree_taus = [ddtree[b]["tau_macro"] for b in ("4", "8", "16", "32")]
     assert tree_taus == sorted(tree_taus)
-    assert tree_taus[0] >= taus[6000] - 0.05

@@ -1,0 +1,114 @@
+"""Eval options: reference drafter, per-block predictor, bf16, max blocks, prompts, configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dflash_eval.completions import Prompt, encode_prompt, read_prompts_jsonl
+from dflash_eval.config import from_hf_dict
+from dflash_eval.errors import HarnessError
+from dflash_eval.evaluate import EvalOptions, run_eval
+from dflash_eval.progress import Progress
+from dflash_eval.target import load_tokenizer
+
+
+def _run(lab, tmp_path, **overrides):
+    options = EvalOptions(
+        checkpoint=lab.checkpoints[6000],
+        target=lab.target_dir,
+        out=tmp_path / "r.json",
+        prompts=lab.prompts,
+        num_prompts=3,
+        max_new_tokens=48,
+        cache_dir=tmp_path / "cache",
+        ddtree=[4, 8],
+    )
+    for name, value in overrides.items():
+        setattr(options, name, value)
+    return run_eval(options, Progress(quiet=True))
+
+
+def test_reference_drafter_is_evaluated_on_the_same_hidden_states(lab, tmp_path):
+    results = _run(lab, tmp_path, reference_drafter=lab.checkpoints[2000])
+    ours, theirs = results["metrics"], results["reference"]["metrics"]
+    assert results["reference"]["checkpoint"]["step"] == 2000
+    assert theirs["committed_tokens"] == ours["committed_tokens"]
+    assert results["comparison"]["tau_macro"] == ours["tau_macro"] / theirs["tau_macro"] > 1
+    assert "reference_drafter" in results["timings_s"]
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["comparison"] == results["comparison"]
+
+
+def test_per_block_predictor_gives_the_same_metrics(lab, tmp_path):
+    batched = _run(lab, tmp_path)
+    per_block = _run(lab, tmp_path, per_block=True)
+    assert per_block["harness"]["predictor"] == "per-block"
+    assert per_block["metrics"] == batched["metrics"]
+
+
+def test_bfloat16_drafter_runs_and_stays_close(lab, tmp_path):
+    fp32 = _run(lab, tmp_path)["metrics"]["tau_macro"]
+    bf16 = _run(lab, tmp_path, dtype="bfloat16")["metrics"]["tau_macro"]
+    assert abs(bf16 - fp32) < 0.25 * fp32
+
+
+def test_max_blocks_caps_rounds_per_prompt(lab, tmp_path):
+    results = _run(lab, tmp_path, max_blocks=5)
+    assert [row["rounds"] for row in results["per_prompt"]] == [5, 5, 5]
+    assert results["metrics"]["rounds"] == 15
+
+
+def test_bad_options_are_explained(lab, tmp_path):
+    with pytest.raises(HarnessError, match="--num-prompts"):
+        _run(lab, tmp_path, num_prompts=0)
+    with pytest.raises(HarnessError, match="--ddtree"):
+        _run(lab, tmp_path, ddtree=[0])
+    with pytest.raises(HarnessError, match="--prompts"):
+        _run(lab, tmp_path, prompts=tmp_path / "nope.jsonl")
+
+
+def test_prompts_jsonl_formats_and_errors(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        '{"prompt": "a"}\n\n{"id": "m", "messages": [{"role": "user", "content": "b"}]}\n'
+    )
+    prompts = read_prompts_jsonl(path)
+    assert [p.id for p in prompts] == ["line-1", "m"]
+    assert prompts[1].messages == (("user", "b"),)
+    path.write_text('{"prompt": 3}\n')
+    with pytest.raises(HarnessError, match=r"p\.jsonl:1"):
+        read_prompts_jsonl(path)
+
+
+def test_chat_template_is_applied_with_thinking_disabled(lab):
+    tokenizer = load_tokenizer(lab.target_dir)
+    prompt = Prompt("t", (("user", "hi"),))
+    plain, used = encode_prompt(tokenizer, prompt)
+    assert not used and tokenizer.decode(plain) == "hi"
+    tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<a>{% endif %}"
+        "{% if enable_thinking is defined and not enable_thinking %}(nothink){% endif %}"
+    )
+    ids, used = encode_prompt(tokenizer, prompt)
+    assert used and tokenizer.decode(ids) == "<user>hi<a>(nothink)"
+
+
+def test_unsupported_drafter_features_are_refused():
+    base = {
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    }
+    assert from_hf_dict(base, "x").head_dim == 4
+    for extra in (
+        {"attention_bias": True},
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {"dflash_config": {"output_multiplier": 2.0}},
+        {"final_logit_softcapping": 30.0},
+    ):
+        with pytest.raises(HarnessError, match="does not implement"):
+            from_hf_dict({**base, **extra}, "x")
