@@ -142,10 +142,11 @@ def runs_table(runs: list[jobs.Run]) -> Table:
 
 def comparison_table(comparison: Comparison) -> Table:
     header, cells = table_rows(comparison)
-    table = Table(title="comparison", title_justify="left")
+    table = Table(title="comparison (tree-b: DDTree τ at budget b; acc@k: P(slot k | slots < k))",
+                  title_justify="left")
     for column in header:
         table.add_column(column, justify="left" if column in ("run", "host", "comparable")
-                         else "right")
+                         else "right", no_wrap=column == "run")
     for row in cells:
         styled = [*row[:-1], row[-1] if row[-1] == "yes" else f"[bold red]{row[-1]}[/]"]
         table.add_row(*styled)

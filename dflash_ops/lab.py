@@ -34,6 +34,7 @@ from dflash_ops.errors import LabError
 from dflash_ops.units import parse_size
 
 STATE_FILE = "lab.json"
+LAB_PROMPTS = "prompts.jsonl"  # written by the "models" content, for run-eval --prompts
 DEFAULT_ROOT = Path(os.environ.get("DFLASH_LAB_DIR", "/tmp/dflash-lab"))
 CONTAINER_ID = 200
 CONTAINER_CHECKPOINTS = "/workspace/checkpoints"
@@ -485,6 +486,8 @@ def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
         target = lab.data_dir(name) / "models" / "tiny-target"
         shutil.copytree(models.target_dir, target)
         settings[name] = {"target_model": str(target)}
+    if models.prompts is not None:  # prompts the tiny target answers sensibly
+        shutil.copyfile(models.prompts, lab.root / LAB_PROMPTS)
     return settings
 
 

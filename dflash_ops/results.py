@@ -25,7 +25,7 @@ COMPARABILITY = {
     "completions": lambda r: r["completions"]["source"],
     "harness": lambda r: r["harness"]["content_sha256"],
 }
-POSITIONS_SHOWN = (1, 2, 4, 8)
+POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
 
 
 class ResultsError(OpsError):
@@ -107,10 +107,14 @@ def compare(runs: list[RunResult], steps: list[int] | None = None,
 
 def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the comparison table."""
+    block = max(row.metrics["block_size"] for row in comparison.rows)
+    positions = [k for k in POSITIONS_SHOWN if k < block]
+    with_reference = any((row.results or {}).get("reference") for row in comparison.rows)
     header = ["run", "step", "host", "τ macro", "τ pooled"]
-    header += [f"DDTree-{b}" for b in comparison.budgets]
-    header += [f"acc@{k}" for k in POSITIONS_SHOWN]
-    header += ["reference τ", "vs ref", "comparable"]
+    header += [f"tree-{b}" for b in comparison.budgets]  # DDTree τ at budget b
+    header += [f"acc@{k}" for k in positions]
+    header += ["reference τ", "vs ref"] if with_reference else []
+    header += ["comparable"]
     cells = []
     for row in comparison.rows:
         metrics = row.metrics
@@ -122,9 +126,9 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
             row.run_id, str(row.step), row.run.get("host", "?"),
             _number(metrics["tau_macro"]), _number(metrics["tau_pooled"]),
             *(_number(metrics["ddtree"].get(b, {}).get("tau_macro")) for b in comparison.budgets),
-            *(_number(per_position.get(k)) for k in POSITIONS_SHOWN),
-            _number(reference["metrics"]["tau_macro"]) if reference else "-",
-            f"{ratio:.2f}×" if ratio else "-",
+            *(_number(per_position.get(k)) for k in positions),
+            *([_number(reference["metrics"]["tau_macro"]) if reference else "-",
+               f"{ratio:.2f}×" if ratio else "-"] if with_reference else []),
             "≠ " + ", ".join(differing) if differing else "yes",
         ])
     return header, cells
