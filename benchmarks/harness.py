@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 2, 4, 2, 64
-VOCAB, BLOCK_SIZE, PROMPT_TOKENS = 8192, 16, 64
+BLOCK_SIZE, PROMPT_TOKENS = 16, 64
 BUDGETS = [4, 8, 16, 32]
 # per-block: one forward per block reusing the cached context K/V (same maths as batched);
 # uncached: one full forward per block, context included (what a naive harness does).
@@ -51,7 +51,9 @@ def _current_rss_mib() -> float:
         return int(statm.read().split()[1]) * resource.getpagesize() / (1 << 20)
 
 
-def _run_variant(variant: str, tokens_per_prompt: int, prompts: int, threads: int, queue) -> None:
+def _run_variant(
+    variant: str, tokens_per_prompt: int, prompts: int, threads: int, vocab: int, queue
+) -> None:
     import torch
     from dflash_eval.config import DrafterConfig
     from dflash_eval.metrics import summarize, walk_prompt
@@ -85,19 +87,19 @@ def _run_variant(variant: str, tokens_per_prompt: int, prompts: int, threads: in
         head_dim=HEAD_DIM,
         target_layer_ids=(1, 5),
         block_size=BLOCK_SIZE,
-        mask_token_id=VOCAB - 1,
+        mask_token_id=vocab - 1,
     )
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).eval()
     head = BorrowedHead(
-        torch.randn(VOCAB, HIDDEN, generator=generator),
-        torch.randn(VOCAB, HIDDEN, generator=generator) * 0.05,
+        torch.randn(vocab, HIDDEN, generator=generator),
+        torch.randn(vocab, HIDDEN, generator=generator) * 0.05,
         config.mask_token_id,
     )
     length = PROMPT_TOKENS + tokens_per_prompt
     sequences = [
         (
-            torch.randint(0, VOCAB - 1, (length,), generator=generator).tolist(),
+            torch.randint(0, vocab - 1, (length,), generator=generator).tolist(),
             torch.randn(length, 2 * HIDDEN, generator=generator),
         )
         for _ in range(prompts)
@@ -139,7 +141,8 @@ def _in_child(variant: str, args: argparse.Namespace) -> dict:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(
-        target=_run_variant, args=(variant, args.tokens, args.prompts, args.threads, queue)
+        target=_run_variant,
+        args=(variant, args.tokens, args.prompts, args.threads, args.vocab, queue),
     )
     child.start()
     result = queue.get()
@@ -152,6 +155,13 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--tokens", type=int, default=1024, help="completion tokens per prompt")
     parser.add_argument("--prompts", type=int, default=1)
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=4096,
+        help="LM head rows (default 4096: the head is then ~1/3 of a block's FLOPs, as in "
+        "Qwen3-8B-DFlash; the whole vocabulary is computed for every slot in every variant)",
+    )
     args = parser.parse_args()
     for threads in [int(t) for t in args.threads.split(",")]:
         args.threads = threads
@@ -161,8 +171,8 @@ def main() -> None:
 def _compare(args: argparse.Namespace) -> None:
     print(
         f"model: hidden {HIDDEN}, {LAYERS} drafter layers, {HEADS}/{KV_HEADS} heads × {HEAD_DIM}, "
-        f"vocab {VOCAB}, block {BLOCK_SIZE}; {args.prompts} prompt(s) × {args.tokens} completion "
-        f"tokens; DDTree budgets {BUDGETS}; {args.threads} thread(s)"
+        f"vocab {args.vocab}, block {BLOCK_SIZE}; {args.prompts} prompt(s) × {args.tokens} "
+        f"completion tokens; DDTree budgets {BUDGETS}; {args.threads} thread(s)"
     )
     results = {variant: _in_child(variant, args) for variant in VARIANTS}
     for variant, result in results.items():

@@ -9,6 +9,7 @@ Phases (each timed, each reporting progress events):
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -223,6 +224,17 @@ def _check_paths(options: EvalOptions) -> None:
                 f"{flag} {path} does not exist on this host. Check the path; checkpoints "
                 "must be staged to the eval host before they can be evaluated."
             )
+    outputs = [("--out", Path(options.out).parent)]
+    outputs += [("--cache-dir", options.cache_dir)] * bool(options.cache_dir)
+    for flag, directory in outputs:
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=directory).close()
+        except OSError as error:
+            raise HarnessError(
+                f"{flag}: cannot write in {directory} ({error.strerror}). Choose a writable "
+                "directory (and check free space) before a long run, not after it."
+            ) from None
 
 
 def _load(

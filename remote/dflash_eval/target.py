@@ -190,7 +190,7 @@ def load_target(path: Path, dtype_name: str = "auto") -> Target:
     )
     try:
         model = loader.from_pretrained(str(path), dtype=dtype)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise HarnessError(
             f"transformers {transformers.__version__} cannot load the target {path} "
             f"(model_type {config.get('model_type')!r}): {error}. Check the directory is "

@@ -112,3 +112,15 @@ def test_unsupported_drafter_features_are_refused():
     ):
         with pytest.raises(HarnessError, match="does not implement"):
             from_hf_dict({**base, **extra}, "x")
+
+
+def test_unwritable_output_is_reported_before_the_run(lab, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(HarnessError, match="--out: cannot write"):
+        _run(lab, tmp_path, out=blocker / "sub" / "r.json")
+
+
+def test_target_without_config_is_explained(lab, tmp_path):
+    with pytest.raises(HarnessError, match=r"has no config\.json"):
+        _run(lab, tmp_path, target=tmp_path)
