@@ -213,7 +213,8 @@ class Lab:
                     f"delete netns {netns}",
                     lambda n=netns: _run(["ip", "netns", "del", n]),
                 )
-        if state.created_run_sshd:
+        # sshd's privilege-separation directory: ours to remove only when no lab is left.
+        if state.created_run_sshd and not any(n.startswith("dflab") for n in _namespaces()):
             shutil.rmtree("/run/sshd", ignore_errors=True)
         if not problems:
             shutil.rmtree(self.root, ignore_errors=True)
