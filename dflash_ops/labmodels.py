@@ -13,7 +13,7 @@ The drafter checkpoints come from a short, real training run of the harness's dr
 (DFLASH.md §2): predict g[s+1..s+B-1] from the anchor g[s], the mask tokens and the target
 features of positions < s. Checkpoints are written in the training format (prefixed
 model_state_dict, optimizer state, step, config), labelled 2000/4000/6000 but taken after
-a few dozen to a few hundred real optimisation steps, so τ rises from one to the next.
+25 real optimisation steps per 1000 labelled (50, 100, 150), so τ rises from one to the next.
 
 torch/transformers are imported inside functions: dflash_ops must not import torch at
 module level.
@@ -25,6 +25,7 @@ import hashlib
 import json
 import shutil
 import string
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -73,18 +74,28 @@ def build_lab_models(
     )
     if (root / "complete.json").is_file():
         return models
-    partial = root.with_name(root.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    _build(partial, steps, seed)
-    (partial / "complete.json").write_text(json.dumps({"steps": steps, "seed": seed}) + "\n")
-    shutil.rmtree(root, ignore_errors=True)
-    partial.rename(root)
+    if not steps or min(steps) < 1:
+        raise ValueError(f"steps must be positive integers, got {steps}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    # A private build directory, renamed into place when complete: a concurrent build
+    # (another process) cannot interfere, and an interrupted one leaves no complete-looking
+    # directory.
+    partial = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=root.parent))
+    try:
+        _build(partial, steps, seed)
+        (partial / "complete.json").write_text(json.dumps({"steps": steps, "seed": seed}) + "\n")
+        partial.rename(root)
+    except OSError:
+        if not (root / "complete.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return models
 
 
 def _cache_key(steps: tuple[int, ...], seed: int) -> str:
-    versions = {name: metadata.version(name) for name in ("torch", "transformers", "tokenizers")}
+    libraries = ("torch", "transformers", "tokenizers", "safetensors")
+    versions = {name: metadata.version(name) for name in libraries}
     key = {"version": LAB_MODELS_VERSION, "steps": steps, "seed": seed, "libraries": versions}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -200,7 +211,9 @@ def _train_drafter(
     embed = target.model.embed_tokens.weight.detach()
     head = target.lm_head.weight.detach()
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3, weight_decay=0.0)
-    save_at = {label * REAL_STEPS_PER_1000 // 1000: label for label in steps}
+    save_at: dict[int, list[int]] = {}  # real optimisation step → labels saved there
+    for label in steps:
+        save_at.setdefault(max(1, label * REAL_STEPS_PER_1000 // 1000), []).append(label)
     first_anchor = PROMPT_LENGTH
     last_anchor = sequences.shape[1] - BLOCK_SIZE  # every slot of a training block has a label
     offsets = torch.arange(1, BLOCK_SIZE)
@@ -220,16 +233,9 @@ def _train_drafter(
         optimizer.zero_grad()
         (loss / len(batch)).backward()
         optimizer.step()
-        if real_step in save_at:
-            label = save_at[real_step]
-            _save_checkpoint(
-                directory / f"step_{label}" / "checkpoint.pt",
-                drafter,
-                optimizer,
-                config,
-                label,
-                real_step,
-            )
+        for label in save_at.get(real_step, []):
+            path = directory / f"step_{label}" / "checkpoint.pt"
+            _save_checkpoint(path, drafter, optimizer, config, label, real_step)
 
 
 def _greedy_sequences(target: Any, tokenizer: Any, generator: Any) -> Any:
