@@ -169,12 +169,7 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
     if references:
         axes.axhline(mean(references), linestyle="--", color="gray", label="reference drafter")
     axes.set(xlabel="training step", ylabel="acceptance length τ", title="τ vs step")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    tau_path = out_dir / "tau_vs_step.png"
-    figure.tight_layout()
-    figure.savefig(tau_path, dpi=120)
-    plt.close(figure)
+    tau_path = _save(figure, axes, out_dir / "tau_vs_step.png")
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for step in steps:
@@ -183,13 +178,18 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
                   marker=".", label=f"step {step}")
     axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)",
              title="per-position acceptance", ylim=(0, 1.02))
+    return [tau_path, _save(figure, axes, out_dir / "acceptance_per_position.png")]
+
+
+def _save(figure: Any, axes: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    acceptance_path = out_dir / "acceptance_per_position.png"
     figure.tight_layout()
-    figure.savefig(acceptance_path, dpi=120)
+    figure.savefig(path, dpi=120)
     plt.close(figure)
-    return [tau_path, acceptance_path]
+    return path
 
 
 def summary_lines(results: dict) -> list[str]:
