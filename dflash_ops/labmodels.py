@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the generated content changes, so cached lab models are rebuilt.
-LAB_MODELS_VERSION = 1
+LAB_MODELS_VERSION = 2
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<unk>")
 MASK_TOKEN = "<|mask|>"
 BLOCK_SIZE = 8
-PROMPT_LENGTH = 12
+PROMPT_LENGTH = 16
 TRAIN_SEQUENCES = 48
-TRAIN_NEW_TOKENS = 40
+# Long enough that the drafter sees the positions of a default eval (prompt + 256 tokens).
+TRAIN_NEW_TOKENS = 400
 # Real optimisation steps per 1000 "labelled" steps: 2000 → 50, 4000 → 100, 6000 → 150.
 REAL_STEPS_PER_1000 = 25
 LAB_PROMPTS = (
