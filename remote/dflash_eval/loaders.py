@@ -43,6 +43,8 @@ PREFIXES = ("module.", "_orig_mod.", "draft_model.", "drafter.", "model.")
 # target's own, so these are set aside (and reported), not loaded.
 BORROWED = ("embed_tokens.weight", "lm_head.weight")
 STATE_DICT_KEYS = ("model_state_dict", "state_dict", "model")
+# Checkpoint entries read for identity/config; everything else (optimizer...) is dropped.
+METADATA_KEYS = ("config", "model_config", "draft_config", "args", "step", "global_step")
 
 
 @dataclass
@@ -170,7 +172,7 @@ def _read_training_checkpoint(path: Path, allow_unsafe_pickle: bool) -> DrafterS
         )
     else:
         raw_state = obj[state_key]
-        dropped = sorted(str(key) for key in obj if key != state_key)
+        dropped = sorted(str(key) for key in obj if key not in {state_key, *METADATA_KEYS})
     not_tensors = [k for k, v in raw_state.items() if not isinstance(v, torch.Tensor)]
     if not_tensors:
         raise HarnessError(
@@ -297,6 +299,21 @@ def load_drafter(
         warnings.append(
             f"--block-size {block_size} differs from the block size the drafter was trained "
             f"with ({trained_block_size}); τ will not be comparable with other runs"
+        )
+    if (
+        mask_token_id is not None
+        and config.mask_token_id >= 0
+        and mask_token_id != config.mask_token_id
+    ):
+        warnings.append(
+            f"--mask-token-id {mask_token_id} overrides the checkpoint config's "
+            f"{config.mask_token_id}; the drafter was trained with the latter"
+        )
+    overridden_ids = tuple(target_layer_ids or ())
+    if overridden_ids and config.target_layer_ids and overridden_ids != config.target_layer_ids:
+        warnings.append(
+            f"--target-layer-ids {list(overridden_ids)} overrides the checkpoint config's "
+            f"{list(config.target_layer_ids)}; the drafter was trained with the latter"
         )
     fc = source.state_dict.get("fc.weight")
     hint = fc.shape[1] // fc.shape[0] if fc is not None and fc.ndim == 2 else None

@@ -188,3 +188,10 @@ def test_extract_strips_optimizer_and_round_trips(tmp_path, drafter, capsys):
     loaded = load_drafter(out, TARGET)
     assert loaded.source.kind == "extracted" and loaded.source.step == 700
     assert _same_weights(loaded.model, drafter)
+
+
+def test_flags_that_contradict_the_checkpoint_config_warn(tmp_path, drafter):
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter)
+    loaded = load_drafter(path, TARGET, mask_token_id=4)
+    assert loaded.config.mask_token_id == 4
+    assert any("overrides the checkpoint config's 3" in w for w in loaded.warnings)
