@@ -111,8 +111,9 @@ class DFlashAttention(nn.Module):
     ) -> torch.Tensor:
         """Blocks x [N, B, H] (already input-normed) at positions [N, B] → [N, B, H].
 
-        ctx_k/ctx_v [kv, S, D] are the cached context K/V. mask [N·B, S+N·B] (True = may
-        attend) is required when N > 1; with N = 1 and no mask every key is visible.
+        ctx_k/ctx_v [kv, S, D] are the cached context K/V. mask [N·B, S+N·B] (additive:
+        0 = may attend, -inf = hidden) is required when N > 1; with N = 1 and no mask every
+        key is visible.
         """
         blocks, block_size, _ = x.shape
         q = self._queries(x, positions)  # [N, heads, B, D]
@@ -235,7 +236,7 @@ class DFlashDrafter(nn.Module):
         block_size = block_embeds.shape[1]
         context_length = int(anchors.max())  # later context positions are never visible
         positions = anchors[:, None] + torch.arange(block_size)  # [N, B]
-        masks = self._block_masks(anchors, positions, context_length)
+        masks = self._block_masks(anchors, positions, context_length, block_embeds.dtype)
         x = block_embeds
         for index, layer in enumerate(self.layers):
             x = layer(
@@ -248,7 +249,11 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
     def _block_masks(
-        self, anchors: torch.Tensor, positions: torch.Tensor, context_length: int
+        self,
+        anchors: torch.Tensor,
+        positions: torch.Tensor,
+        context_length: int,
+        dtype: torch.dtype,
     ) -> dict[int | None, torch.Tensor | None]:
         """One mask [N·B, S+N·B] per distinct window among the layers (None = full)."""
         blocks, block_size = positions.shape
@@ -265,7 +270,12 @@ class DFlashDrafter(nn.Module):
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in windows:
             limit = window_mask(query_positions, key_positions, window)
-            masks[window] = structure if limit is None else structure & limit
+            visible = structure if limit is None else structure & limit
+            # Additive form, built once and shared by every layer (SDPA would otherwise
+            # convert a boolean mask in each layer).
+            masks[window] = torch.zeros(visible.shape, dtype=dtype).masked_fill_(
+                ~visible, float("-inf")
+            )
         return masks
 
     def forward_uncached(self, ctx: torch.Tensor, block_embed: torch.Tensor) -> torch.Tensor:
