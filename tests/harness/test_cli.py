@@ -41,6 +41,8 @@ def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
         str(tmp_path / "cache"),
         "--threads",
         "1",
+        "--progress-file",
+        str(tmp_path / "progress.jsonl"),
     )
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
@@ -54,6 +56,7 @@ def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
     assert results["schema_version"] == 1
     assert results["metrics"]["tau_macro"] == events[-1]["summary"]["tau_macro"]
     assert len(results["harness"]["content_sha256"]) == 64
+    assert (tmp_path / "progress.jsonl").read_text() == result.stdout
 
 
 def test_expected_failure_exits_2_with_a_message_and_no_traceback(lab, tmp_path):
