@@ -101,6 +101,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     _check_paths(options)
     if any(b < 1 for b in options.ddtree):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
+    prompts = _prompts(options)
     progress.event(
         "start",
         checkpoint=str(options.checkpoint),
@@ -127,7 +128,6 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         reference_identity = _checkpoint_identity(reference, None) if reference else None
         identity = target_identity(options.target)
 
-    prompts = _prompts(options)
     sequences = [Sequence(p, encode_prompt(tokenizer, p)[0]) for p in prompts]
     used_chat_template = bool(getattr(tokenizer, "chat_template", None))
     cache = DiskCache(options.cache_dir)
@@ -149,14 +149,14 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
 
     with timer.phase("drafter"):
         walks, blocks, seconds = _walk_all(drafter, "drafter", sequences, target, options, progress)
-    metrics = summarize(walks, _block_size(drafter), options.ddtree)
+    metrics = summarize(walks, drafter.config.block_size, options.ddtree)
     reference_block = None
     if reference is not None:
         with timer.phase("reference_drafter"):
             ref_walks, ref_blocks, ref_seconds = _walk_all(
                 reference, "reference_drafter", sequences, target, options, progress
             )
-        reference_metrics = summarize(ref_walks, _block_size(reference), options.ddtree)
+        reference_metrics = summarize(ref_walks, reference.config.block_size, options.ddtree)
         reference_block = {
             "checkpoint": reference_identity,
             "drafter": _drafter_block(reference, options),
@@ -271,10 +271,6 @@ def _load(
         warnings.append(f"{role}: {warning}")
         progress.warn(warnings[-1])
     return loaded
-
-
-def _block_size(loaded: LoadedDrafter) -> int:
-    return loaded.config.block_size
 
 
 def _checkpoint_identity(loaded: LoadedDrafter, step: int | None) -> dict[str, Any]:
