@@ -337,6 +337,7 @@ def _add_host(lab: Lab, name: str, index: int, disk: str) -> None:
     _mount_disk(state, data_dir, disk)
     bin_dir = host_dir / "bin"
     bin_dir.mkdir()
+    (data_dir / "home").mkdir()
     (host_dir / "sshd_config").write_text(_sshd_config(lab, name, record, bin_dir))
 
 
@@ -360,8 +361,10 @@ def _sshd_config(lab: Lab, name: str, record: HostRecord, bin_dir: Path) -> str:
             "MaxStartups 64:30:128",
             "MaxSessions 64",
             "Subsystem sftp internal-sftp",
-            # The host's own tools (the pct stand-in on the trainer) come first on PATH.
-            f"SetEnv PATH={path} DFLASH_LAB_HOST={name}",
+            # Each host has its own HOME on its own disk, as separate machines do (and this
+            # machine's ~/.bashrc, which bash reads for every ssh command, stays out of it);
+            # its own tools (the pct stand-in on the trainer) come first on PATH.
+            f"SetEnv HOME={record.data_dir}/home PATH={path} DFLASH_LAB_HOST={name}",
             "",
         ]
     )

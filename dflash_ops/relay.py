@@ -129,6 +129,10 @@ class Side:
     def free_bytes(self, path: str) -> int:
         return probes.parse_df_avail(self.run(probes.free_bytes(path).command).stdout)
 
+    def hold(self, command: str) -> HeldCommand:
+        """Start a long-lived command whose stdin stays open until `close()`."""
+        return ProcessCommand(self.argv(command))
+
     @cached_property
     def hasher(self) -> str:
         """The SHA-256 tool this side has: python3, openssl or sha256sum."""
@@ -185,6 +189,12 @@ class RemoteSide(Side):
     def run(self, command: str, *, check: bool = True) -> Result:
         return self.host.run(f"bash -c {shlex.quote(command)}", check=check)
 
+    def hold(self, command: str) -> HeldCommand:
+        # A channel on the already-open control connection: no second SSH handshake. If the
+        # workstation dies, the connection and the command's stdin go with it.
+        self.host.open()
+        return ChannelCommand(self.host.connection.transport, f"bash -c {shlex.quote(command)}")
+
 
 class LocalSide(Side):
     """The workstation (two-hop staging)."""
@@ -202,6 +212,54 @@ class LocalSide(Side):
 
             raise RemoteCommandError(self.name, command, done.returncode, done.stderr)
         return result
+
+
+# --- long-lived commands (locks) -----------------------------------------------------------
+
+
+class HeldCommand:
+    def readline(self) -> str:
+        raise NotImplementedError
+
+    def errors(self) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class ProcessCommand(HeldCommand):
+    def __init__(self, argv: list[str]) -> None:
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, process_group=0)
+
+    def readline(self) -> str:
+        return self.process.stdout.readline()
+
+    def errors(self) -> str:
+        return self.process.stderr.read()
+
+    def close(self) -> None:
+        _close_quietly(self.process)
+        _wait(self.process, 10)
+
+
+class ChannelCommand(HeldCommand):
+    def __init__(self, transport, command: str) -> None:
+        self.channel = transport.open_session()
+        self.channel.exec_command(command)
+        self.stdout = self.channel.makefile("r")
+
+    def readline(self) -> str:
+        return self.stdout.readline()
+
+    def errors(self) -> str:
+        return self.channel.makefile_stderr("r").read().decode(errors="replace")
+
+    def close(self) -> None:
+        self.channel.shutdown_write()  # EOF on the command's stdin: it exits, the lock goes
+        self.channel.recv_exit_status()
+        self.channel.close()
 
 
 # --- moving bytes -------------------------------------------------------------------------
@@ -342,7 +400,7 @@ class DestinationLock:
 
     def __init__(self, side: Side, path: str, holder: str) -> None:
         self.side, self.path, self.holder = side, path, holder
-        self.process: subprocess.Popen | None = None
+        self.session: HeldCommand | None = None
 
     def acquire(self) -> None:
         quoted = shlex.quote(self.path)
@@ -352,18 +410,11 @@ class DestinationLock:
             f"echo LOCKED; exec cat >/dev/null; "
             f"else echo \"BUSY $(cat -- {quoted})\"; fi"
         )
-        self.process = subprocess.Popen(
-            self.side.argv(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            process_group=0,
-        )
-        answer = self.process.stdout.readline().strip()
+        self.session = self.side.hold(command)
+        answer = self.session.readline().strip()
         if answer == "LOCKED":
             return
-        errors = self.process.stderr.read() if not answer else ""
+        errors = self.session.errors() if not answer else ""
         self.release()
         if answer.startswith("BUSY"):
             holder = answer.removeprefix("BUSY").strip() or "unknown"
@@ -378,11 +429,9 @@ class DestinationLock:
         )
 
     def release(self) -> None:
-        if self.process is None:
-            return
-        _close_quietly(self.process)
-        _wait(self.process, 10)
-        self.process = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
     def __enter__(self) -> DestinationLock:
         self.acquire()
