@@ -734,30 +734,14 @@ def ensure_uv(host: Host, entry: EvalHost, state: HostState, say: Say) -> tuple[
     target = f"{directory}/uv"
     q = shlex.quote
     host.run(f"mkdir -p {q(directory)}")
-    failures = []
-    installer = host.run(
-        f"command -v curl >/dev/null || {{ echo 'no curl' >&2; exit 2; }}; "
-        f"curl -fsSL --connect-timeout 5 --max-time 60 {INSTALLER_URL} -o {q(target + '.sh')}"
-        f" && env UV_UNMANAGED_INSTALL={q(directory)} UV_NO_MODIFY_PATH=1 "
-        f"timeout 300 sh {q(target + '.sh')} -q; rc=$?; rm -f {q(target + '.sh')}; exit $rc",
-        check=False, timeout=400,
-    )
-    if installer.ok and _uv_works(host, target):
-        say(f"{host.name}: uv installed with the official installer at {target}")
-        return target, "installer"
-    failures.append(f"installer: {_last_line(installer.stderr) or 'failed'}")
-    scratch = f"{directory}/.pip-uv"
-    pip = host.run(
-        f"rm -rf {q(scratch)}; PYTHONUSERBASE={q(scratch)} PIP_BREAK_SYSTEM_PACKAGES=1 "
-        "timeout 300 python3 -m pip install --user --quiet --disable-pip-version-check "
-        f"--no-warn-script-location --retries 1 --timeout 15 uv && "
-        f"mv -f {q(scratch + '/bin/uv')} {q(target)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
-        check=False, timeout=400,
-    )
-    if pip.ok and _uv_works(host, target):
-        say(f"{host.name}: uv installed with pip (python3 -m pip install --user uv) at {target}")
-        return target, "pip"
-    failures.append(f"pip: {_last_line(pip.stderr) or 'failed'}")
+    if entry.venv.offline or entry.venv.wheelhouse:
+        # An offline host must not try the network: go straight to pushing our own uv.
+        failures = ["offline host: installer and pip not tried"]
+    else:
+        downloaded, failures = _download_uv(host, directory, target)
+        if downloaded:
+            say(f"{host.name}: uv installed with {downloaded} at {target}")
+            return target, downloaded.split()[0]
     push_uv(host, target)
     if not _uv_works(host, target):
         raise HostError(
@@ -770,6 +754,33 @@ def ensure_uv(host: Host, entry: EvalHost, state: HostState, say: Say) -> tuple[
         f"(no installer or index there: {'; '.join(failures)})"
     )
     return target, "pushed"
+
+
+def _download_uv(host: Host, directory: str, target: str) -> tuple[str | None, list[str]]:
+    """Install uv at `target` from the network: the official installer, else pip. Returns
+    how it was installed (None: neither worked) and why each way failed."""
+    q = shlex.quote
+    installer = host.run(
+        f"command -v curl >/dev/null || {{ echo 'no curl' >&2; exit 2; }}; "
+        f"curl -fsSL --connect-timeout 5 --max-time 60 {INSTALLER_URL} -o {q(target + '.sh')}"
+        f" && env UV_UNMANAGED_INSTALL={q(directory)} UV_NO_MODIFY_PATH=1 "
+        f"timeout 300 sh {q(target + '.sh')} -q; rc=$?; rm -f {q(target + '.sh')}; exit $rc",
+        check=False, timeout=400,
+    )
+    if installer.ok and _uv_works(host, target):
+        return "installer (the official one)", []
+    failures = [f"installer: {_last_line(installer.stderr) or 'failed'}"]
+    scratch = f"{directory}/.pip-uv"
+    pip = host.run(
+        f"rm -rf {q(scratch)}; PYTHONUSERBASE={q(scratch)} PIP_BREAK_SYSTEM_PACKAGES=1 "
+        "timeout 300 python3 -m pip install --user --quiet --disable-pip-version-check "
+        f"--no-warn-script-location --retries 1 --timeout 15 uv && "
+        f"mv -f {q(scratch + '/bin/uv')} {q(target)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
+        check=False, timeout=400,
+    )
+    if pip.ok and _uv_works(host, target):
+        return "pip (python3 -m pip install --user uv)", []
+    return None, [*failures, f"pip: {_last_line(pip.stderr) or 'failed'}"]
 
 
 def push_uv(host: Host, target: str) -> None:
