@@ -20,7 +20,7 @@ from dflash_ops.staging_view import run_stage
 from dflash_ops.units import format_bytes
 
 PHASES = {"completions": "reference completions", "hidden_states": "target hidden states",
-          "drafter": "drafter", "reference": "reference drafter"}
+          "drafter": "drafter", "reference_drafter": "reference drafter"}
 
 
 class LiveView:
