@@ -84,6 +84,7 @@ def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
         "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
         "# record its pid and exit code next to its output.",
         f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
+        "echo $$ > wrapper.pid",
         f"exec 9>>{lock}",
         f"flock -n 9 || {{ echo busy > refused; exit {BUSY_EXIT}; }}",
         f"{command} > events.jsonl 2> log &",
@@ -165,7 +166,8 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
         "for d in */; do d=${d%/}; [ -f \"$d/params.json\" ] || continue; "
         "code=$(cat \"$d/exit_code\" 2>/dev/null || echo -); "
         "pid=$(cat \"$d/pid\" 2>/dev/null || echo -); "
-        "alive=no; [ \"$pid\" != - ] && kill -0 \"$pid\" 2>/dev/null && alive=yes; "
+        "alive=no; for p in \"$pid\" \"$(cat \"$d/wrapper.pid\" 2>/dev/null)\"; do "
+        "[ -n \"$p\" ] && [ \"$p\" != - ] && kill -0 \"$p\" 2>/dev/null && alive=yes; done; "
         "results=no; [ -f \"$d/results.json\" ] && results=yes; "
         "[ -f \"$d/cancelled\" ] && results=cancelled; "
         "finished=$(stat -c %Y \"$d/exit_code\" 2>/dev/null || echo -); "

@@ -174,3 +174,14 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert "differ from the latest run in max new tokens" in refused.stderr
     mixed = fab_eval(inventory_path, "compare", "--allow-mixed")
     assert mixed.returncode == 0 and "≠ max new tokens" in mixed.stdout
+
+
+def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
+    running = start_fab(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
+    run = wait_for_run(inventory_path)
+    running.send_signal(signal.SIGINT)
+    stdout, _ = running.communicate(timeout=60)
+    assert running.returncode == 130
+    assert f"detached: run {run.run_id} goes on on eval" in " ".join(stdout.split())
+    assert f"fab eval-logs --run {run.run_id} --follow" in stdout.replace("\n", "")
+    assert wait_for_run(inventory_path, state="succeeded").run_id == run.run_id
