@@ -203,7 +203,12 @@ def run_eval_command(inventory: Inventory, *, step: int, steps: str | None, all_
             return
         console.print(f"sweep: steps {', '.join(map(str, sweep))} over "
                       f"{', '.join(inventory.eval_hosts)}")
-        outcomes = run_sweep(inventory, sweep, request, PrefixedView)
+        try:
+            outcomes = run_sweep(inventory, sweep, request, PrefixedView)
+        except KeyboardInterrupt:
+            console.print("\n[yellow]sweep interrupted[/]: runs already started go on on their "
+                          "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them")
+            raise SystemExit(130) from None
         failed = [s for s, outcome in sorted(outcomes.items()) if isinstance(outcome, Exception)]
         if failed:
             raise OpsError(f"sweep: step(s) {', '.join(map(str, failed))} failed (see above)")

@@ -8,6 +8,7 @@ as a `Viewer` (dflash_ops.eval_view draws it with rich).
 
 from __future__ import annotations
 
+import json
 import queue
 import shlex
 import threading
@@ -21,7 +22,7 @@ from dflash_ops.checkpoints import list_checkpoints
 from dflash_ops.errors import HostError, OpsError
 from dflash_ops.hosts import Host
 from dflash_ops.inventory import EvalHost, Inventory
-from dflash_ops.results import load_runs
+from dflash_ops.results import load_runs, summary_lines
 from dflash_ops.units import format_bytes
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
@@ -105,10 +106,6 @@ def conclude(inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run,
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        import json
-
-        from dflash_ops.results import summary_lines
-
         summary = summary_lines(json.loads((directory / "results.json").read_text()))
     view.finished(run, summary, local)
     if run.state != "succeeded":
@@ -226,7 +223,8 @@ def run_sweep(inventory: Inventory, steps: list[int], template: EvalRequest,
                 view.say(f"[red]step {step} failed:[/] {exc}")
                 outcomes[step] = exc
 
-    threads = [threading.Thread(target=worker, args=(name,), name=f"eval-{name}")
+    # Daemon threads: Ctrl-C ends the sweep here; runs already started go on on their hosts.
+    threads = [threading.Thread(target=worker, args=(name,), name=f"eval-{name}", daemon=True)
                for name in inventory.eval_hosts]
     for thread in threads:
         thread.start()

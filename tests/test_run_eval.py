@@ -158,6 +158,8 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
         assert f"{host:>8} │ " in sweep.stdout  # lines prefixed by their host
     steps = sorted(json.loads(p.read_text())["step"] for p in pulled(inventory_path))
     assert steps == [2000, 4000, 6000]
+    nothing_new = fab_eval(inventory_path, "run-eval", "--all-new", *QUICK)
+    assert "nothing to evaluate: every complete checkpoint has a result" in nothing_new.stdout
     compared = fab_eval(inventory_path, "compare")
     assert compared.returncode == 0, compared.stderr
     assert "tau_vs_step.png" in compared.stdout
@@ -185,3 +187,31 @@ def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
     assert f"detached: run {run.run_id} goes on on eval" in " ".join(stdout.split())
     assert f"fab eval-logs --run {run.run_id} --follow" in stdout.replace("\n", "")
     assert wait_for_run(inventory_path, state="succeeded").run_id == run.run_id
+
+
+def test_memory_warning_and_missing_target(models_lab, monkeypatch):
+    from dflash_ops import evaluation
+
+    inventory = load(models_lab.inventory_path)
+    host, entry = Host(inventory, "eval"), inventory.eval_hosts["eval"]
+    said: list[str] = []
+    try:
+        evaluation.warn_if_short_of_memory(host, entry, said.append)
+        assert said == []  # a tiny target fits
+        monkeypatch.setattr(evaluation, "MEMORY_PER_WEIGHT_BYTE", 1e9)
+        evaluation.warn_if_short_of_memory(host, entry, said.append)
+        assert "of memory available; the target at" in said[0] and "OOM" in said[0]
+        missing = entry.model_copy(update={"target_model": entry.target_model + "-gone"})
+        with pytest.raises(evaluation.HostError, match=r"target model .*-gone not found"):
+            evaluation.warn_if_short_of_memory(host, missing, said.append)
+    finally:
+        host.close()
+
+
+def test_unprovisioned_host_gets_a_clear_hint(make_lab, fab):
+    built = make_lab()
+    result = fab(built.inventory_path, "run-eval", "--step", "2000")
+    assert result.returncode == 1
+    assert "eval: the eval venv at" in result.stderr
+    assert "is not ready (no venv yet); run `fab setup-eval-host --host eval`" in result.stderr
+    assert "Traceback" not in result.stderr
