@@ -504,6 +504,15 @@ def _write_known_hosts(lab: Lab) -> None:
     lab.known_hosts.write_text("\n".join(lines) + "\n")
 
 
+def _container_access(lab: Lab) -> dict:
+    """pct (the stand-in chroots, which needs root); without root the trainer reads the
+    container through its rootfs instead."""
+    rootfs = str(lab.container_rootfs)
+    if lab.state.mode == "netns":
+        return {"kind": "pct", "id": CONTAINER_ID, "rootfs": rootfs}
+    return {"kind": "rootfs", "path": rootfs}
+
+
 def _write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict]) -> None:
     user = _current_user()
 
@@ -522,7 +531,7 @@ def _write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict]
         TRAINER: {
             "role": "trainer",
             **ssh(TRAINER),
-            "container": {"kind": "pct", "id": CONTAINER_ID, "rootfs": str(lab.container_rootfs)},
+            "container": _container_access(lab),
             "checkpoints": CONTAINER_CHECKPOINTS,
             "layout": CHECKPOINT_LAYOUT,
             "tmp_dir": str(lab.data_dir(TRAINER) / "tmp"),
