@@ -215,3 +215,17 @@ def test_unprovisioned_host_gets_a_clear_hint(make_lab, fab):
     assert "eval: the eval venv at" in result.stderr
     assert "is not ready (no venv yet); run `fab setup-eval-host --host eval`" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_strip_optimizer_evaluates_the_extracted_copy(inventory_path):
+    result = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval",
+                      "--strip-optimizer", *QUICK)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "optimizer state stripped" in result.stdout
+    [run_file] = pulled(inventory_path)
+    checkpoint = json.loads((run_file.parent / "results.json").read_text())["checkpoint"]
+    assert checkpoint["path"].endswith("/step_4000/extracted")
+    assert checkpoint["step"] == 4000
+    again = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval",
+                     "--strip-optimizer", *QUICK)
+    assert again.returncode == 0 and "optimizer state stripped" not in again.stdout  # reused
