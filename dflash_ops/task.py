@@ -38,6 +38,8 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
 
         takes_inventory = "inventory" in inspect.signature(body).parameters
         helps = {**({"inventory": INVENTORY_HELP} if takes_inventory else {}), **(help or {})}
-        return task(help=helps, **task_options)(run)
+        # Long flags only: invoke's automatic one-letter flags (-h for --host…) confuse more
+        # than they save.
+        return task(help=helps, auto_shortflags=False, **task_options)(run)
 
     return decorate
