@@ -18,7 +18,6 @@ deployed one and is switched with an atomic rename.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -33,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
+
+from dflash_eval.version import harness_files, harness_hash
 
 from dflash_ops import probes
 from dflash_ops.errors import DiskSpaceError, HostError, RemoteCommandError
@@ -69,25 +70,6 @@ Say = Callable[[str], None]
 
 
 # --- the harness -------------------------------------------------------------------------
-
-
-def harness_files(source: Path = HARNESS_SOURCE) -> list[str]:
-    """The harness's *.py files as sorted POSIX paths relative to the package directory."""
-    return sorted(
-        path.relative_to(source).as_posix()
-        for path in source.rglob("*.py")
-        if "__pycache__" not in path.parts and path.is_file()
-    )
-
-
-def harness_hash(source: Path = HARNESS_SOURCE) -> str:
-    """sha256 over each *.py file, in sorted relative-path order, of
-    `relpath + NUL + contents + NUL`. The harness computes the same for the results."""
-    digest = hashlib.sha256()
-    for relative in harness_files(source):
-        digest.update(relative.encode() + b"\0")
-        digest.update((source / relative).read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def short_hash(digest: str) -> str:

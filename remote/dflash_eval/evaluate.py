@@ -34,7 +34,6 @@ from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import (
     SCHEMA_VERSION,
     file_identity,
-    harness_hash,
     host_info,
     library_versions,
     utc_now,
@@ -48,6 +47,7 @@ from dflash_eval.target import (
     stop_token_ids,
     target_identity,
 )
+from dflash_eval.version import harness_hash
 
 
 @dataclass

@@ -21,17 +21,6 @@ from typing import Any
 from dflash_eval.target import sha256_file
 
 SCHEMA_VERSION = 1
-PACKAGE_DIR = Path(__file__).resolve().parent
-
-
-def harness_hash(package_dir: Path = PACKAGE_DIR) -> str:
-    """sha256 over the relative path and content of every *.py file of the harness, in
-    sorted order: two hosts running the same harness code report the same hash."""
-    digest = hashlib.sha256()
-    for file in sorted(package_dir.rglob("*.py")):
-        relative = file.relative_to(package_dir).as_posix()
-        digest.update(relative.encode() + b"\0" + file.read_bytes() + b"\0")
-    return digest.hexdigest()
 
 
 def library_versions() -> dict[str, str | None]:
