@@ -186,6 +186,8 @@ def harness_command(host: Host, entry: EvalHost, harness: str, checkpoint: str, 
         host.run(f"mkdir -p {shlex.quote(jobs.runs_dir(entry))}")
         host.connection.put(str(request.prompts), remote)
         argv += ["--prompts", remote]
+    if entry.threads and "--threads" not in request.harness_args:
+        argv += ["--threads", str(entry.threads)]
     argv += request.harness_args
     return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
 

@@ -101,6 +101,7 @@ class EvalHost(_SshHost):
     target_model: str
     reference_drafter: str | None = None
     sglang_url: str | None = None
+    threads: int | None = Field(default=None, ge=1)  # torch threads per run (leave SGLang room)
 
     @property
     def staging_dir(self) -> str:

@@ -545,6 +545,9 @@ def _write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict]
             **ssh(name),
             "workdir": str(disk / "eval"),
             "venv": _venv_settings(disk),
+            # The lab's eval hosts share this machine's cores: oversubscribed torch threads
+            # make concurrent runs many times slower.
+            "threads": max(1, (os.cpu_count() or 1) // config.eval_hosts),
             **eval_settings[name],
         }
     document = {

@@ -90,6 +90,8 @@ def test_run_eval_end_to_end(inventory_path):
     results = json.loads((run_file.parent / "results.json").read_text())
     assert results["checkpoint"]["step"] == 2000
     assert results["prompts"]["count"] == 2
+    # The inventory's per-host thread budget reaches the harness (the lab splits the cores).
+    assert results["host"]["torch_threads"] == load(inventory_path).eval_hosts["eval"].threads
     staged = load(inventory_path).eval_hosts["eval"].staging_dir + "/step_2000/checkpoint.pt"
     assert results["checkpoint"]["path"] == staged
     deployed = json.loads((run_file.parent / "params.json").read_text())["harness"]
