@@ -41,7 +41,8 @@ def main() -> int:
         ["list-checkpoints"],
         ["stage-checkpoint", "--step", "4000", "--to", "eval"],
         ["stage-checkpoint", "--step", "4000", "--to", "eval"],  # again: "already staged"
-        ["run-eval", "--steps", "2000,4000,6000", "--prompts", prompts, *HARNESS],
+        ["run-eval", "--steps", "2000,4000,6000", "--prompts", prompts, "--reference",
+         *HARNESS],
         ["eval-status"],
         ["compare"],
     ]

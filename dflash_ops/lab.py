@@ -485,14 +485,29 @@ def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
         path = lab.checkpoint_path(step)
         path.parent.mkdir(parents=True)
         shutil.copyfile(models.checkpoints[step], path)
+    reference = _reference_drafter(models.checkpoints[max(config.steps)])
     settings = {}
     for name in config.eval_names:
         target = lab.data_dir(name) / "models" / "tiny-target"
         shutil.copytree(models.target_dir, target)
-        settings[name] = {"target_model": str(target)}
+        shutil.copytree(reference, target.with_name("reference-drafter"))
+        settings[name] = {"target_model": str(target),
+                          "reference_drafter": str(target.with_name("reference-drafter"))}
     if models.prompts is not None:  # prompts the tiny target answers sensibly
         shutil.copyfile(models.prompts, lab.root / LAB_PROMPTS)
     return settings
+
+
+def _reference_drafter(checkpoint: Path) -> Path:
+    """A 'published' drafter to compare against: the last checkpoint without its optimizer
+    state (the harness's extracted form), made once next to the cached checkpoint."""
+    from dflash_eval.extract import extract
+
+    out = checkpoint.parent / "reference-drafter"
+    if not (out / "model.safetensors").exists():
+        extract(checkpoint, out.with_suffix(".tmp"))
+        out.with_suffix(".tmp").rename(out)
+    return out
 
 
 def _write_known_hosts(lab: Lab) -> None:

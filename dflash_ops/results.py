@@ -113,7 +113,7 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     header = ["run", "step", "host", "τ macro", "τ pooled"]
     header += [f"tree-{b}" for b in comparison.budgets]  # DDTree τ at budget b
     header += [f"acc@{k}" for k in positions]
-    header += ["reference τ", "vs ref"] if with_reference else []
+    header += ["ref τ", "vs ref"] if with_reference else []
     header += ["comparable"]
     cells = []
     for row in comparison.rows:

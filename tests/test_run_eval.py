@@ -82,13 +82,18 @@ def pulled(inventory_path: Path) -> list[Path]:
 
 
 def test_run_eval_end_to_end(inventory_path):
-    result = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
+    result = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
+                      "--reference", *QUICK)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "succeeded (exit code 0)" in result.stdout
     assert "step 2000  τ macro" in result.stdout
+    assert "reference drafter τ macro" in result.stdout  # the inventory's reference_drafter
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
     assert results["checkpoint"]["step"] == 2000
+    reference = load(inventory_path).eval_hosts["eval"].reference_drafter
+    assert results["reference"]["checkpoint"]["path"] == reference
+    assert results["comparison"]["tau_macro"] > 0
     assert results["prompts"]["count"] == 2
     # The inventory's per-host thread budget reaches the harness (the lab splits the cores).
     assert results["host"]["torch_threads"] == load(inventory_path).eval_hosts["eval"].threads
