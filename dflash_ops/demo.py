@@ -32,7 +32,7 @@ def main() -> int:
     started = time.monotonic()
     env = {**os.environ, "DFLASH_INVENTORY": str(ROOT / "inventory.yaml")}
     if not sys.stdout.isatty():  # a log file or a pipe: room for the wide tables
-        env.setdefault("COLUMNS", "160")
+        env.setdefault("COLUMNS", "200")
     prompts = str(ROOT / lab.LAB_PROMPTS)
     steps = [
         ["lab-up", "--dir", str(ROOT), "--content", "models", "--eval-hosts", "2"],
