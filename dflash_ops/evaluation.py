@@ -9,7 +9,6 @@ as a `Viewer` (dflash_ops.eval_view draws it with rich).
 from __future__ import annotations
 
 import json
-import queue
 import shlex
 import threading
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dflash_ops import jobs, probes, provision
-from dflash_ops.checkpoints import list_checkpoints
+from dflash_ops.checkpoints import list_checkpoints, staged_status
 from dflash_ops.errors import HostError, OpsError
 from dflash_ops.hosts import Host
 from dflash_ops.inventory import EvalHost, Inventory
@@ -204,20 +203,26 @@ def new_steps(inventory: Inventory) -> list[int]:
 
 def run_sweep(inventory: Inventory, steps: list[int], template: EvalRequest,
               views: Callable[[str], Viewer]) -> dict[int, jobs.Run | Exception]:
-    """Evaluate `steps` across every eval host in parallel, one run per host at a time; each
-    host stages what it evaluates. Returns each step's final run (or the error it met)."""
-    pending: queue.Queue[int] = queue.Queue()
-    for step in steps:
-        pending.put(step)
+    """Evaluate `steps` across every eval host in parallel, one run per host at a time. A
+    host takes a step it already has staged first, else the next step (and stages it)."""
+    infos = [info for info in list_checkpoints(inventory) if info.step in steps]
+    staged = {name: {step for step, state in staged_status(inventory, name, infos).items()
+                     if state == "staged"} for name in inventory.eval_hosts}
+    pending = list(steps)
+    taking = threading.Lock()
     outcomes: dict[int, jobs.Run | Exception] = {}
+
+    def next_step(name: str) -> int | None:
+        with taking:
+            if not pending:
+                return None
+            step = next((s for s in pending if s in staged[name]), pending[0])
+            pending.remove(step)
+            return step
 
     def worker(name: str) -> None:
         view = views(name)
-        while True:
-            try:
-                step = pending.get_nowait()
-            except queue.Empty:
-                return
+        while (step := next_step(name)) is not None:
             try:
                 outcomes[step] = run_eval(inventory, replace(template, step=step, host=name),
                                           view)

@@ -158,13 +158,23 @@ def test_detach_reattach_cancel_and_busy(inventory_path):
 
 
 def test_sweep_over_two_hosts_and_compare(inventory_path):
+    # Step 6000 is staged on eval2 only: the sweep must run it there instead of copying it.
+    inventory = load(inventory_path)
+    eval_host = Host(inventory, "eval")
+    eval_host.run(f"rm -rf {shlex.quote(inventory.eval_hosts['eval'].staging_dir)}/step_6000")
+    eval_host.close()
+    staged = fab_eval(inventory_path, "stage-checkpoint", "--step", "6000", "--to", "eval2")
+    assert staged.returncode == 0, staged.stderr
     sweep = fab_eval(inventory_path, "run-eval", "--steps", "2000,4000,6000", *QUICK,
                      timeout=600)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     for host in ("eval", "eval2"):
         assert f"{host:>8} │ " in sweep.stdout  # lines prefixed by their host
-    steps = sorted(json.loads(p.read_text())["step"] for p in pulled(inventory_path))
-    assert steps == [2000, 4000, 6000]
+    hosts = {json.loads(p.read_text())["step"]: json.loads(p.read_text())["host"]
+             for p in pulled(inventory_path)}
+    assert sorted(hosts) == [2000, 4000, 6000]
+    assert hosts[6000] == "eval2"
+    assert "step_6000/checkpoint.pt: already staged" in sweep.stdout
     nothing_new = fab_eval(inventory_path, "run-eval", "--all-new", *QUICK)
     assert "nothing to evaluate: every complete checkpoint has a result" in nothing_new.stdout
     compared = fab_eval(inventory_path, "compare")
