@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from dflash_ops import probes
+from dflash_ops.disk import local_free_bytes
 from dflash_ops.errors import HostError, HostKeyError, UnreachableError
 from dflash_ops.hosts import Host, TrainingEnvironment, host_error_row
 from dflash_ops.inventory import EvalHost, Inventory, TrainerHost
@@ -64,8 +65,7 @@ def check_workstation(inventory: Inventory) -> Iterator[Row]:
         if path is None:
             yield Row("workstation", label, Status.INFO, "not set (checkpoints stream through)")
             continue
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        free = shutil.disk_usage(existing).free
+        free = local_free_bytes(path)
         state = "exists" if path.is_dir() else "will be created"
         yield Row("workstation", label, Status.OK, f"{path} {state} ({format_bytes(free)} free)")
 

@@ -180,7 +180,16 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     compared = fab_eval(inventory_path, "compare")
     assert compared.returncode == 0, compared.stderr
     assert "tau_vs_step.png" in compared.stdout
-    plots = load(inventory_path).local.results / "plots"
+    results = load(inventory_path).local.results
+    cli = subprocess.run([str(FAB.parent / "dflash-ops"), "results", "compare", "--results",
+                          str(results), "--plots", str(results / "cli-plots")],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert cli.returncode == 0, cli.stderr
+    assert "tree-8" in cli.stdout and (results / "cli-plots" / "tau_vs_step.png").exists()
+    listing = subprocess.run([str(FAB.parent / "dflash-ops"), "results", "list", "--results",
+                              str(results)], capture_output=True, text=True)
+    assert listing.stdout.count("succeeded") == 3
+    plots = results / "plots"
     assert (plots / "tau_vs_step.png").stat().st_size > 1000
     assert (plots / "acceptance_per_position.png").stat().st_size > 1000
 
