@@ -132,8 +132,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     used_chat_template = bool(getattr(tokenizer, "chat_template", None))
     cache = DiskCache(options.cache_dir)
     libraries = library_versions()
+    # What every cached completion and hidden-state entry depends on.
+    shared_key = {"target": identity["fingerprint"], "target_dtype": str(target.dtype),
+                  "libraries": libraries, "device": "cpu"}
     with timer.phase("completions"):
-        _completions(sequences, options, target, stops, identity, libraries, cache, progress)
+        _completions(sequences, options, target, stops, shared_key, cache, progress)
     for seq in sequences:
         if len(seq.completion) < 2:
             count = len(seq.completion)
@@ -144,7 +147,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         | (set(reference.config.target_layer_ids) if reference else set())
     )
     with timer.phase("hidden_states"):
-        _hidden_states(sequences, layer_ids, target, identity, libraries, cache, progress)
+        _hidden_states(sequences, layer_ids, target, shared_key, cache, progress)
     target.release_body()
 
     with timer.phase("drafter"):
@@ -313,8 +316,7 @@ def _completions(
     options: EvalOptions,
     target: Target,
     stops: list[int],
-    identity: dict[str, Any],
-    libraries: dict[str, Any],
+    shared_key: dict[str, Any],
     cache: DiskCache,
     progress: Progress,
 ) -> None:
@@ -323,15 +325,12 @@ def _completions(
     progress.progress("completions", 0, total)
     for done, seq in enumerate(sequences, start=1):
         key = {
+            **shared_key,
             "kind": "completion",
-            "target": identity["fingerprint"],
             "source": f"sglang {options.sglang_url}" if client else "local-greedy",
             "prompt_tokens": tokens_digest(seq.prompt_ids),
             "max_new_tokens": options.max_new_tokens,
             "stop_token_ids": stops,
-            "target_dtype": str(target.dtype),
-            "libraries": libraries,
-            "device": "cpu",
         }
         cached = cache.get_completion(key)
         seq.completion_hit = cached is not None
@@ -357,8 +356,7 @@ def _hidden_states(
     sequences: list[Sequence],
     layer_ids: list[int],
     target: Target,
-    identity: dict[str, Any],
-    libraries: dict[str, Any],
+    shared_key: dict[str, Any],
     cache: DiskCache,
     progress: Progress,
 ) -> None:
@@ -366,14 +364,11 @@ def _hidden_states(
     progress.progress("hidden_states", 0, total)
     for done, seq in enumerate(sequences, start=1):
         key = {
+            **shared_key,
             "kind": "hidden_states",
-            "target": identity["fingerprint"],
             "tokens": tokens_digest(seq.tokens),
             "num_tokens": len(seq.tokens),
             "layer_ids": layer_ids,
-            "target_dtype": str(target.dtype),
-            "libraries": libraries,
-            "device": "cpu",
         }
         hidden = cache.get_hidden(key)
         seq.hidden_hit = hidden is not None
