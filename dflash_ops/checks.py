@@ -16,7 +16,7 @@ from dflash_ops import probes
 from dflash_ops.disk import local_free_bytes
 from dflash_ops.errors import HostError, HostKeyError, UnreachableError
 from dflash_ops.hosts import Host, TrainingEnvironment, host_error_row
-from dflash_ops.inventory import EvalHost, Inventory, TrainerHost
+from dflash_ops.inventory import DockerContainer, EvalHost, Inventory, PctContainer, TrainerHost
 from dflash_ops.units import format_bytes
 
 
@@ -138,9 +138,9 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
         f"{entry.checkpoints} in {env.description}"
         + ("" if exists else ": missing; fix `checkpoints` in the inventory"),
     )
-    required = ["sha256sum", "tail"] + (
-        ["pct"] if status_command and "pct" in status_command else []
-    )
+    required = ["sha256sum", "tail"]
+    if isinstance(entry.container, PctContainer | DockerContainer):
+        required.append(entry.container.kind)  # the tool is named like the kind
     yield from _tool_rows(host, required, optional=["python3"])
 
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from dflash_ops import checkpoints, jobs
 from dflash_ops.console import console
+from dflash_ops.hosts import Host, each_eval_host
 from dflash_ops.inventory import Inventory
 from dflash_ops.relay import RelayState
 from dflash_ops.results import Comparison, table_rows
@@ -225,15 +226,14 @@ def run_eval_command(inventory: Inventory, *, step: int, steps: str | None, all_
 
 
 def _eval_hosts(inventory: Inventory) -> dict:
-    from dflash_ops.hosts import Host
-
+    """Every eval host, kept open (the one holding the run is used afterwards)."""
     return {name: (Host(inventory, name), entry) for name, entry in
             inventory.eval_hosts.items()}
 
 
 def show_status(inventory: Inventory) -> None:
-    hosts = _eval_hosts(inventory)
-    runs = [run for host, entry in hosts.values() for run in jobs.list_runs(host, entry)]
+    runs = [run for host, entry in each_eval_host(inventory)
+            for run in jobs.list_runs(host, entry)]
     console.print(runs_table(sorted(runs, key=lambda run: run.started or 0)))
 
 
@@ -259,7 +259,7 @@ def cancel_run(inventory: Inventory, run_id: str) -> None:
 
 def fetch_all(inventory: Inventory) -> None:
     pulled = 0
-    for host, entry in _eval_hosts(inventory).values():
+    for host, entry in each_eval_host(inventory):
         for run in jobs.list_runs(host, entry):
             if run.done and jobs.fetch(host, entry, run, inventory.local.results):
                 console.print(f"{host.name}: pulled {run.run_id} ({run.state})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +27,7 @@ from dflash_ops.errors import (
 )
 from dflash_ops.inventory import (
     DockerContainer,
+    EvalHost,
     HostEntry,
     Inventory,
     PctContainer,
@@ -269,6 +271,18 @@ class TrainingEnvironment:
             case DockerContainer(name=name):
                 return f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(name)}"
         return None
+
+
+def each_eval_host(inventory: Inventory, name: str | None = None
+                   ) -> Iterator[tuple[Host, EvalHost]]:
+    """Every eval host (or only `name`), each closed once the caller moves on."""
+    names = [inventory.eval_host(name)[0]] if name else list(inventory.eval_hosts)
+    for host_name in names:
+        host = Host(inventory, host_name)
+        try:
+            yield host, inventory.eval_hosts[host_name]
+        finally:
+            host.close()
 
 
 def _os_reason(exc: BaseException) -> str:

@@ -37,7 +37,7 @@ from dflash_eval.version import harness_files, harness_hash
 
 from dflash_ops import probes
 from dflash_ops.errors import DiskSpaceError, HostError, RemoteCommandError
-from dflash_ops.hosts import Host
+from dflash_ops.hosts import Host, each_eval_host
 from dflash_ops.inventory import EvalHost, Inventory, VenvSpec
 from dflash_ops.units import parse_size
 
@@ -463,15 +463,8 @@ def setup_eval_hosts(
     inventory: Inventory, name: str | None = None, force: bool = False, say: Say = print,
     harness_source: Path = HARNESS_SOURCE,
 ) -> list[Outcome]:
-    names = [inventory.eval_host(name)[0]] if name else list(inventory.eval_hosts)
-    outcomes = []
-    for host_name in names:
-        host = Host(inventory, host_name)
-        try:
-            outcomes.append(setup_eval_host(host, force, say, harness_source))
-        finally:
-            host.close()
-    return outcomes
+    return [setup_eval_host(host, force, say, harness_source)
+            for host, _ in each_eval_host(inventory, name)]
 
 
 def setup_eval_host(
@@ -882,12 +875,5 @@ def deploy_harness_to(
     inventory: Inventory, name: str | None = None, say: Say = print,
     source: Path = HARNESS_SOURCE,
 ) -> list[HarnessDeploy]:
-    names = [inventory.eval_host(name)[0]] if name else list(inventory.eval_hosts)
-    deployed = []
-    for host_name in names:
-        host = Host(inventory, host_name)
-        try:
-            deployed.append(deploy_harness(host, inventory.eval_hosts[host_name], source, say))
-        finally:
-            host.close()
-    return deployed
+    return [deploy_harness(host, entry, source, say)
+            for host, entry in each_eval_host(inventory, name)]
