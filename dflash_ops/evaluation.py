@@ -155,8 +155,9 @@ def extract(host: Host, entry: EvalHost, harness: str, checkpoint: str,
         f"{shlex.quote(checkpoint)} --out {quoted}.tmp && rm -rf {quoted} && "
         f"mv {quoted}.tmp {quoted}", check=False)
     if not result.ok:
+        # The harness explains an expected failure in a paragraph on stderr: pass it on whole.
         raise HostError(host.name, f"extracting {checkpoint} failed: "
-                                   f"{result.stderr.strip().splitlines()[-1:] or 'no output'}")
+                                   f"{result.stderr.strip() or 'no error output'}")
     say(f"{host.name}: optimizer state stripped → {out}")
     return out
 
