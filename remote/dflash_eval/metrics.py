@@ -17,9 +17,12 @@ from typing import Any, Protocol
 
 
 class Predictions(Protocol):
-    def ids(self, anchor: int) -> list[list[int]]: ...
+    """What the walk reads per anchor (predict.Predictor): the greedy draft of slots
+    1..B-1, and the top-k candidates (ids, log-probs) of the slots a tree can reach."""
 
-    def logprobs(self, anchor: int) -> list[list[float]]: ...
+    def draft(self, anchor: int) -> list[int]: ...
+
+    def tree(self, anchor: int) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
 @dataclass
@@ -131,8 +134,7 @@ def walk_prompt(
 
     def vanilla(anchor: int) -> int:
         future = tokens[anchor + 1 : anchor + block_size]
-        draft = [slot[0] for slot in predictions.ids(anchor)]
-        acc, correct = accepted_prefix(draft, future)
+        acc, correct = accepted_prefix(predictions.draft(anchor), future)
         result.slot_correct.append(correct)
         return min(acc + 1, num_tokens - 1 - anchor)
 
@@ -142,8 +144,7 @@ def walk_prompt(
     def tree_length(anchor: int, budget: int) -> int:
         if anchor not in tree_paths:
             tree_paths[anchor] = ddtree_path_indices(
-                predictions.ids(anchor),
-                predictions.logprobs(anchor),
+                *predictions.tree(anchor),
                 tokens[anchor + 1 : anchor + block_size],
                 max(budgets),
             )

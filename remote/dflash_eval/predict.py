@@ -3,7 +3,7 @@
 The acceptance walk (metrics.py) jumps from anchor to anchor by data-dependent amounts, so
 instead of one drafter forward per visited block, the drafter runs over chunks of
 *consecutive* anchors at once (model.forward_blocks with a block-structured mask) and the
-walk reads the precomputed top-k predictions. `PerBlockPredictor` is the straightforward
+walk reads the precomputed predictions. `PerBlockPredictor` is the straightforward
 one-forward-per-anchor loop kept for comparison (benchmarks/harness.py, tests).
 """
 
@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from dflash_eval.model import ContextCache, DFlashDrafter
 
@@ -48,10 +49,11 @@ def default_chunk(block_size: int, vocab_size: int, context_length: int, heads: 
 
 
 class Predictor:
-    """Top-k draft predictions per anchor for one sequence (batched, lazy, chunked).
+    """Draft predictions per anchor for one sequence (batched, lazy, chunked).
 
     tokens: prompt + completion (N tokens); features: [N, K·H] target features (only
     positions < anchor are ever seen by an anchor); anchors run from `first_anchor` to N-2.
+    top_k: the largest DDTree budget (a tree of b nodes uses at most b ranks per slot).
     """
 
     def __init__(
@@ -77,21 +79,24 @@ class Predictor:
         )
         self._features = features
         self._cache: ContextCache | None = None
-        self._ids: dict[int, list[list[int]]] = {}
-        self._logprobs: dict[int, list[list[float]]] = {}
+        self._blocks: dict[int, BlockPrediction] = {}
         self.blocks_computed = 0
         self.seconds = 0.0
 
-    def ids(self, anchor: int) -> list[list[int]]:
-        """[B-1][k] token ids, best first, for slots 1..B-1 of the block at `anchor`."""
-        if anchor not in self._ids:
-            self._compute_around(anchor)
-        return self._ids[anchor]
+    def draft(self, anchor: int) -> list[int]:
+        """The greedy token of each slot 1..B-1 of the block at `anchor`."""
+        return self._block(anchor).draft
 
-    def logprobs(self, anchor: int) -> list[list[float]]:
-        if anchor not in self._logprobs:
+    def tree(self, anchor: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Top-k ids and log-probs, best first, for slots 1..d of the block at `anchor`,
+        where d is the deepest slot a best-first tree of ≤ k nodes can reach."""
+        block = self._block(anchor)
+        return block.tree_ids, block.tree_logprobs
+
+    def _block(self, anchor: int) -> BlockPrediction:
+        if anchor not in self._blocks:
             self._compute_around(anchor)
-        return self._logprobs[anchor]
+        return self._blocks[anchor]
 
     def _compute_around(self, anchor: int) -> None:
         if not self.first_anchor <= anchor <= self.last_anchor:
@@ -99,12 +104,10 @@ class Predictor:
         start = self.first_anchor + (anchor - self.first_anchor) // self.chunk * self.chunk
         anchors = torch.arange(start, min(start + self.chunk, self.last_anchor + 1))
         began = time.perf_counter()
-        ids, logprobs = self._predict(anchors)
+        predictions = self._predict(anchors)
         self.seconds += time.perf_counter() - began
         self.blocks_computed += len(anchors)
-        for index, position in enumerate(anchors.tolist()):
-            self._ids[position] = ids[index]
-            self._logprobs[position] = logprobs[index]
+        self._blocks.update(zip(anchors.tolist(), predictions, strict=True))
 
     @torch.inference_mode()
     def _context(self) -> ContextCache:
@@ -115,9 +118,9 @@ class Predictor:
         return self._cache
 
     @torch.inference_mode()
-    def _predict(self, anchors: torch.Tensor) -> tuple[list, list]:
+    def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
         hidden = self.drafter.forward_blocks(self._block_embeds(anchors), anchors, self._context())
-        return self._top_k(hidden)
+        return block_predictions(hidden, self.head.head_weight, self.top_k)
 
     def _block_embeds(self, anchors: torch.Tensor) -> torch.Tensor:
         """[g[s], MASK, …, MASK] embedded → [N, B, H]."""
@@ -125,26 +128,57 @@ class Predictor:
         block_tokens[:, 0] = self.tokens[anchors]
         return self.head.embed_weight[block_tokens]
 
-    def _top_k(self, hidden: torch.Tensor) -> tuple[list, list]:
-        """Final hidden [N, B, H] → per slot 1..B-1 the top-k ids and log-probs (lists)."""
-        logits = (hidden[:, 1:] @ self.head.head_weight.T).float()  # [N, B-1, V]
-        values, ids = torch.topk(logits, self.top_k, dim=-1)  # [N, B-1, k]
-        logprobs = values - torch.logsumexp(logits, dim=-1, keepdim=True)
-        return ids.tolist(), logprobs.tolist()
+
+@dataclass
+class BlockPrediction:
+    draft: list[int]  # greedy token per slot 1..B-1
+    tree_ids: list[list[int]]  # [d][k] top-k per slot 1..d, best first
+    tree_logprobs: list[list[float]]  # [d][k] their log-softmax values
+
+
+def block_predictions(
+    hidden: torch.Tensor, head_weight: torch.Tensor, top_k: int
+) -> list[BlockPrediction]:
+    """Final hidden [N, B, H] → the greedy draft and the DDTree candidates of each block.
+
+    Every slot needs the full-vocabulary logits (greedy token, log-softmax normaliser), but
+    top-k only matters for the slots a best-first tree of ≤ k nodes can reach. The best
+    path to slot j scores P_j = the sum of the slots' top log-probs up to j; if the k-th
+    candidate of slot 1 alone scores more than P_j, the k slot-1 candidates are all popped
+    before any node at depth j, so none is ever popped (exact, not a heuristic).
+    """
+    blocks, block_size, width = hidden.shape
+    slots = block_size - 1
+    # One flat GEMM over all slots of all blocks (a batched [N, B-1, H] @ Wᵀ is slower).
+    logits = F.linear(hidden[:, 1:].reshape(-1, width), head_weight).float()  # [N·(B-1), V]
+    best, greedy = logits.max(dim=-1)
+    normaliser = torch.logsumexp(logits, dim=-1)
+    best_path = (best - normaliser).view(blocks, slots).cumsum(dim=1)  # P_j, non-increasing
+    first_slot = logits.view(blocks, slots, -1)[:, 0]
+    kth_first = torch.topk(first_slot, top_k, dim=-1).values[:, -1] - normaliser[::slots]
+    reachable = (best_path >= kth_first[:, None]).view(-1)  # slot 1 always qualifies
+    values, ids = torch.topk(logits[reachable], top_k, dim=-1)
+    logprobs = (values - normaliser[reachable, None]).tolist()
+    ids_list, drafts = ids.tolist(), greedy.view(blocks, slots).tolist()
+    predictions, row = [], 0
+    for draft, depth in zip(drafts, reachable.view(blocks, slots).sum(dim=1).tolist(), strict=True):
+        predictions.append(
+            BlockPrediction(draft, ids_list[row : row + depth], logprobs[row : row + depth])
+        )
+        row += depth
+    return predictions
 
 
 class PerBlockPredictor(Predictor):
     """The straightforward loop: one drafter forward per anchor (same cache, same maths)."""
 
     @torch.inference_mode()
-    def _predict(self, anchors: torch.Tensor) -> tuple[list, list]:
-        ids, logprobs = [], []
+    def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
+        predictions = []
         for anchor in anchors:
             single = anchor.reshape(1)
             hidden = self.drafter.forward_blocks(
                 self._block_embeds(single), single, self._context()
             )
-            block_ids, block_logprobs = self._top_k(hidden)
-            ids += block_ids
-            logprobs += block_logprobs
-        return ids, logprobs
+            predictions += block_predictions(hidden, self.head.head_weight, self.top_k)
+        return predictions

@@ -65,11 +65,14 @@ class FixedPredictions:
     def __init__(self, ids, logprobs):
         self._ids, self._logprobs = ids, logprobs
 
-    def ids(self, anchor):
+    def _ids_at(self, anchor):
         return self._ids[anchor] if isinstance(self._ids, dict) else self._ids
 
-    def logprobs(self, anchor):
-        return self._logprobs
+    def draft(self, anchor):
+        return [slot[0] for slot in self._ids_at(anchor)]
+
+    def tree(self, anchor):
+        return self._ids_at(anchor), self._logprobs
 
 
 def test_vanilla_walk_lengths_histogram_and_per_position_rates():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from dflash_eval.metrics import walk_prompt
-from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
+from dflash_eval.metrics import ddtree_pop_order, walk_prompt
+from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor, block_predictions
 
 from .helpers import random_drafter, small_config
 
@@ -139,7 +139,7 @@ def test_batched_and_per_block_predictions_give_identical_metrics():
     first = 5
     predictor = Predictor(model, borrowed, tokens, features, first, config.block_size, 4, chunk=8)
     for anchor in range(first, len(tokens) - 1, 3):
-        guesses = [slot[0] for slot in predictor.ids(anchor)]
+        guesses = predictor.draft(anchor)
         tokens[anchor + 1 : anchor + 3] = guesses[: len(tokens[anchor + 1 : anchor + 3])]
     batched = Predictor(model, borrowed, tokens, features, first, config.block_size, 4, chunk=8)
     per_block = PerBlockPredictor(
@@ -150,10 +150,41 @@ def test_batched_and_per_block_predictions_give_identical_metrics():
     assert walk_batched == walk_single
     assert max(walk_batched.lengths) > 1
     for anchor in range(first, len(tokens) - 1):
-        assert batched.ids(anchor) == per_block.ids(anchor)
-        torch.testing.assert_close(
-            torch.tensor(batched.logprobs(anchor)),
-            torch.tensor(per_block.logprobs(anchor)),
-            atol=1e-5,
-            rtol=1e-5,
+        assert batched.draft(anchor) == per_block.draft(anchor)
+        (batched_ids, batched_logprobs), (single_ids, single_logprobs) = (
+            batched.tree(anchor),
+            per_block.tree(anchor),
         )
+        assert batched_ids == single_ids
+        torch.testing.assert_close(
+            torch.tensor(batched_logprobs), torch.tensor(single_logprobs), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_tree_candidates_leave_out_only_slots_no_tree_can_reach():
+    generator = torch.Generator().manual_seed(3)
+    blocks, slots, width, top_k = 24, 7, 8, 6
+    # Sharper blocks further down: flat ones keep slot 1 only, peaked ones go deep.
+    sharpness = torch.linspace(0.2, 8, blocks)[:, None, None]
+    hidden = torch.randn(blocks, slots + 1, width, generator=generator) * sharpness
+    head = torch.randn(VOCAB, width, generator=generator)
+    predictions = block_predictions(hidden, head, top_k)
+    logits = hidden[:, 1:].reshape(-1, width) @ head.T
+    values, ids = torch.topk(logits, top_k, dim=-1)
+    every_slot = (values - torch.logsumexp(logits, dim=-1, keepdim=True)).view(blocks, slots, -1)
+    ids = ids.view(blocks, slots, -1)
+    depths = []
+    for block, prediction in enumerate(predictions):
+        depth = len(prediction.tree_ids)
+        depths.append(depth)
+        assert prediction.draft == ids[block, :, 0].tolist()
+        assert prediction.tree_ids == ids[block, :depth].tolist()
+        torch.testing.assert_close(
+            torch.tensor(prediction.tree_logprobs), every_slot[block, :depth]
+        )
+        for budget in range(1, top_k + 1):
+            # The same tree (nodes and pop order) as with every slot's candidates.
+            assert ddtree_pop_order(prediction.tree_logprobs, budget) == ddtree_pop_order(
+                every_slot[block].tolist(), budget
+            )
+    assert min(depths) == 1 and max(depths) == slots and len(set(depths)) > 3, depths
