@@ -8,10 +8,11 @@ context features: `batched` (the harness: chunks of consecutive anchors in one p
 block-structured mask), `per-block` (one forward per block, reusing the cached context
 K/V) and `uncached` (one full forward per block, context K/V recomputed: what a naive
 harness does). The script prints blocks/s of each (drafter time, as the harness reports
-it; the walk's time is shown apart), the ratios (target ≥ 5×), whether the metrics are
-identical, and peak memory. Each variant runs in its own child process so that its peak
-RSS (resource.getrusage ru_maxrss) is its own; "above setup" subtracts the child's RSS once
-the model and inputs are built.
+it; the walk's time is shown apart), the ratios (the ≥ 5× target is over the
+straightforward `uncached` loop; over `per-block` the ratio is what batching alone adds),
+whether the metrics are identical, and peak memory. Each variant runs in its own child
+process so that its peak RSS (resource.getrusage ru_maxrss) is its own; "above setup"
+subtracts the child's RSS once the model and inputs are built.
 
 It also prints a compute floor: the multiply-adds every variant must do, divided by the
 rate of a cache-resident GEMM measured in the same run. No variant can beat it, so it
@@ -47,9 +48,12 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 2, 4, 2, 64
 BLOCK_SIZE, PROMPT_TOKENS = 16, 64
 WARM_UP_TOKENS = PROMPT_TOKENS + 256
 BUDGETS = [4, 8, 16, 32]
-# per-block: one forward per block reusing the cached context K/V (same maths as batched);
-# uncached: one full forward per block, context included (what a naive harness does).
 VARIANTS = ("uncached", "per-block", "batched")
+BASELINES = {
+    "uncached": "the straightforward loop, one full drafter forward per block",
+    "per-block": "batching alone: both reuse the cached context K/V",
+}
+TARGET = 5.0
 
 
 def _peak_rss_mib() -> float:
@@ -256,13 +260,15 @@ def _compare(args: argparse.Namespace) -> None:
             f"({result['peak_rss_mib'] - result['setup_rss_mib']:.0f} MiB above setup)"
         )
     fast = results["batched"]
-    for baseline in ("per-block", "uncached"):
+    for baseline, meaning in BASELINES.items():
         slow = results[baseline]
+        ratio = _blocks_per_s(fast) / _blocks_per_s(slow)
+        if baseline == "uncached":
+            meaning += f"; target ≥ {TARGET:.0f}×: {'met' if ratio >= TARGET else 'missed'}"
         print(
-            f"  batched vs {baseline}: blocks/s ratio "
-            f"{_blocks_per_s(fast) / _blocks_per_s(slow):.1f}× (target ≥ 5×), "
-            f"wall-time ratio {slow['seconds'] / fast['seconds']:.1f}×, "
-            f"metrics identical: {slow['metrics'] == fast['metrics']}"
+            f"  batched vs {baseline}: {ratio:.1f}× blocks/s ({meaning}), wall time "
+            f"{slow['seconds'] / fast['seconds']:.1f}×, metrics identical: "
+            f"{slow['metrics'] == fast['metrics']}"
         )
     macs = _required_macs(args.tokens, args.prompts, args.vocab)
     rate = _in_child(_gemm_rate, args.threads)
