@@ -168,8 +168,8 @@ class Lab:
         config = self.root / "hosts" / host / "sshd_config"
         pidfile = self.root / "hosts" / host / "sshd.pid"
         pidfile.unlink(missing_ok=True)
-        prefix = ["ip", "netns", "exec", record.netns] if record.netns else []
-        _run([*prefix, SSHD, "-f", str(config), "-E", str(config.with_name("sshd.log"))])
+        log = config.with_name("sshd.log")
+        _run(self.in_namespace(host, [SSHD, "-f", str(config), "-E", str(log)]))
         record.pid = int(
             _wait_for(
                 lambda: pidfile.exists() and pidfile.read_text().strip(),
@@ -182,11 +182,15 @@ class Lab:
             f"sshd of {host} to listen on {record.address}:{record.port}",
         )
 
-    def exec_in(self, host: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-        """Run a local command inside the host's network namespace (as that host would)."""
+    def in_namespace(self, host: str, argv: list[str]) -> list[str]:
+        """argv to run a local command inside the host's network namespace (as that host
+        would); unchanged in loopback mode."""
         netns = self.state.hosts[host].netns
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        return subprocess.run([*prefix, *argv], capture_output=True, text=True, **kwargs)
+        return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+    def exec_in(self, host: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        argv = self.in_namespace(host, argv)
+        return subprocess.run(argv, capture_output=True, text=True, **kwargs)
 
     # --- teardown -------------------------------------------------------------------------
 

@@ -8,10 +8,12 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dflash_ops import jobs, provision
 from dflash_ops import lab as labs
@@ -241,6 +243,58 @@ def test_unprovisioned_host_gets_a_clear_hint(make_lab, fab):
     assert "eval: the eval venv at" in result.stderr
     assert "is not ready (no venv yet); run `fab setup-eval-host --host eval`" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def sglang_stand_in(models_lab, tmp_path):
+    """The SGLang stand-in (tests/sglang_stand_in.py) inside eval's network namespace,
+    serving the target's greedy continuations on that namespace's loopback. Yields the
+    process, its URL and its request log."""
+    target = load(models_lab.inventory_path).eval_hosts["eval"].target_model
+    log = tmp_path / "requests.jsonl"
+    argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", target, "--log", str(log)]
+    server = subprocess.Popen(models_lab.in_namespace("eval", argv), cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        yield server, f"http://127.0.0.1:{port}", log
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_path):
+    server, url, log = sglang_stand_in
+    document = yaml.safe_load(inventory_path.read_text())
+    document["hosts"]["eval"]["sglang_url"] = url
+    with_sglang = tmp_path / "inventory.yaml"
+    with_sglang.write_text(yaml.safe_dump(document, sort_keys=False))
+    step = ["--step", "6000", "--host", "eval"]
+    served = fab_eval(with_sglang, "run-eval", *step, "--sglang", *QUICK)
+    assert served.returncode == 0, served.stdout + served.stderr
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [request["path"] for request in requests] == ["/generate", "/generate"]
+    assert {request["sampling_params"]["max_new_tokens"] for request in requests} == {24}
+    [run_file] = pulled(inventory_path)
+    results = json.loads((run_file.parent / "results.json").read_text())
+    assert results["completions"] == {"source": "sglang", "sglang_url": url}
+    # The stand-in serves the target's own greedy continuations: same metrics as local.
+    local = fab_eval(inventory_path, "run-eval", *step, *QUICK)
+    assert local.returncode == 0, local.stdout + local.stderr
+    [local_file] = [path for path in pulled(inventory_path) if path != run_file]
+    local_results = json.loads((local_file.parent / "results.json").read_text())
+    assert local_results["completions"]["source"] == "local-greedy"
+    assert local_results["metrics"] == results["metrics"]
+    assert results["metrics"]["tau_macro"] > 1  # the trained step-6000 drafter
+    # The server gone (other lengths, so no cached completion hides it): a clear failure.
+    server.terminate()
+    server.wait(timeout=30)
+    down = fab_eval(with_sglang, "run-eval", *step, "--sglang", "--num-prompts", "2",
+                    "--max-new-tokens", "20", "--ddtree", "4")
+    assert down.returncode == 1
+    output = " ".join((down.stdout + down.stderr).split())
+    assert f"Cannot reach the SGLang server at {url}" in output
+    assert "Start it on the eval host" in output
 
 
 def test_strip_optimizer_evaluates_the_extracted_copy(inventory_path):

@@ -1,11 +1,8 @@
-"""Completions from SGLang's native /generate, against a minimal local server (loopback)."""
+"""Completions from SGLang's native /generate, against a stand-in server on loopback."""
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 from dflash_eval.completions import SGLangClient
@@ -13,51 +10,12 @@ from dflash_eval.errors import HarnessError
 from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.progress import Progress
 
-
-class FakeSGLang(BaseHTTPRequestHandler):
-    """Answers POST /generate like SGLang: text, output_ids and meta_info."""
-
-    requests: ClassVar[list[dict]] = []
-    mode: ClassVar[str] = "ok"
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        FakeSGLang.requests.append({"path": self.path, **body})
-        if self.path != "/generate" or FakeSGLang.mode == "error":
-            self._reply(500, {"error": "boom"})
-            return
-        count = body["sampling_params"]["max_new_tokens"]
-        last = body["input_ids"][-1]
-        output_ids = [5 + (last + i) % 90 for i in range(1, count + 1)]
-        reply = {
-            "text": "x" * count,
-            "meta_info": {
-                "id": "1",
-                "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": count,
-                "finish_reason": {"type": "length", "length": count},
-            },
-        }
-        if FakeSGLang.mode == "ok":
-            reply["output_ids"] = output_ids
-        self._reply(200, reply)
-
-    def _reply(self, status, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 
 
 @pytest.fixture
 def sglang_url():
-    FakeSGLang.requests, FakeSGLang.mode = [], "ok"
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
+    server = serve()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -67,18 +25,18 @@ def sglang_url():
 
 def test_client_sends_greedy_request_and_reads_output_ids(sglang_url):
     output = SGLangClient(sglang_url).complete([7, 8, 9], 4)
-    assert output == [5 + (9 + i) % 90 for i in range(1, 5)]
-    request = FakeSGLang.requests[0]
+    assert output == made_up_tokens([7, 8, 9], 4)
+    request = StandIn.requests[0]
     assert request["path"] == "/generate" and request["input_ids"] == [7, 8, 9]
     assert request["sampling_params"]["temperature"] == 0.0
     assert request["sampling_params"]["max_new_tokens"] == 4
 
 
 def test_server_errors_and_missing_ids_are_explained(sglang_url):
-    FakeSGLang.mode = "error"
+    StandIn.mode = "error"
     with pytest.raises(HarnessError, match="HTTP 500"):
         SGLangClient(sglang_url).complete([1], 2)
-    FakeSGLang.mode = "no-ids"
+    StandIn.mode = "no-ids"
     with pytest.raises(HarnessError, match="did not return output_ids"):
         SGLangClient(sglang_url).complete([1], 2)
 
@@ -110,5 +68,5 @@ def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
         Progress(quiet=True),
     )
     assert results["completions"] == {"source": "sglang", "sglang_url": sglang_url}
-    assert len(FakeSGLang.requests) == 2
+    assert len(StandIn.requests) == 2
     assert [row["completion_tokens"] for row in results["per_prompt"]] == [12, 12]

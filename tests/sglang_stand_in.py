@@ -1,0 +1,104 @@
+"""STAND-IN for an SGLang server (SGLang needs a GPU build; it cannot run here).
+
+It answers SGLang's native `POST /generate` JSON (input_ids + sampling_params →
+output_ids, text, meta_info), and nothing else. In-process it serves the harness's client
+tests with made-up tokens and failure modes; as a script, started inside a lab host's
+network namespace, it answers with the model's own greedy continuation:
+
+    python -m tests.sglang_stand_in --model TARGET_DIR --log requests.jsonl
+
+It prints the port it listens on (127.0.0.1, an ephemeral port) as its first line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+Generate = Callable[[list[int], int], list[int]]
+
+
+def made_up_tokens(input_ids: list[int], count: int) -> list[int]:
+    """Deterministic tokens in 5..94 that depend on the last prompt token."""
+    return [5 + (input_ids[-1] + i) % 90 for i in range(1, count + 1)]
+
+
+class StandIn(BaseHTTPRequestHandler):
+    generate: ClassVar[Generate] = made_up_tokens
+    mode: ClassVar[str] = "ok"  # "error": HTTP 500; "no-ids": a reply without output_ids
+    requests: ClassVar[list[dict]] = []
+    log: ClassVar[Path | None] = None
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        request = {"path": self.path, **body}
+        StandIn.requests.append(request)
+        if StandIn.log:
+            with StandIn.log.open("a") as log:
+                log.write(json.dumps(request) + "\n")
+        if self.path != "/generate" or StandIn.mode == "error":
+            self._reply(500, {"error": "boom"})
+            return
+        count = body["sampling_params"]["max_new_tokens"]
+        output_ids = StandIn.generate(body["input_ids"], count)
+        reply = {
+            "text": "x" * len(output_ids),
+            "meta_info": {
+                "id": "1",
+                "prompt_tokens": len(body["input_ids"]),
+                "completion_tokens": len(output_ids),
+                "finish_reason": {"type": "length", "length": len(output_ids)},
+            },
+        }
+        if StandIn.mode == "ok":
+            reply["output_ids"] = output_ids
+        self._reply(200, reply)
+
+    def _reply(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(generate: Generate = made_up_tokens) -> ThreadingHTTPServer:
+    """A server on 127.0.0.1 (ephemeral port) with fresh state; call serve_forever on it."""
+    StandIn.generate, StandIn.mode, StandIn.requests = generate, "ok", []
+    return ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+
+
+def greedy_with(model_dir: Path) -> Generate:
+    """The target's greedy continuation, as SGLang at temperature 0 would serve it."""
+    import torch
+    from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+
+    torch.set_num_threads(1)
+    target = load_target(model_dir, "float32")
+    stops = stop_token_ids(model_dir, load_tokenizer(model_dir))
+    return lambda input_ids, count: target.greedy(input_ids, count, stops)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--log", type=Path, required=True, help="JSON line per request")
+    args = parser.parse_args()
+    server = serve(greedy_with(args.model))
+    StandIn.log = args.log
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+    main()
