@@ -4,6 +4,7 @@ give one clear error and lose nothing (or promote nothing that is not verified).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -104,9 +105,14 @@ def test_disk_filled_by_another_writer_keeps_the_partial(make_lab):
     filler = lab.data_dir("eval") / "filler"
 
     def fill_disk(state: RelayState) -> None:
-        free = os.statvfs(filler.parent).f_bavail * os.statvfs(filler.parent).f_frsize
-        with filler.open("wb") as out:
-            out.write(b"\0" * max(free - (2 << 20), 0))
+        # Every free byte: the relay's bytes in flight race the filler for the last ones.
+        with filler.open("wb", buffering=0) as out:
+            try:
+                while out.write(bytes(1 << 20)):
+                    pass
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
 
     with pytest.raises(TransferError, match="No space left on device") as raised:
         stage(inventory, 4000, options=options(on_progress=at_fraction(0.3, fill_disk)))
