@@ -81,17 +81,22 @@ def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.R
         command = harness_command(host, entry, harness, checkpoint, run_id, request)
         params = {"step": request.step, "tag": request.tag, "checkpoint": checkpoint,
                   "harness": harness, "command": command}
-        launcher = jobs.launch(host, entry, run_id, command, params)
-        view.say(f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}")
-        if request.detach:
-            view.say(f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
-                     "fab fetch-results")
-            return jobs.wait_finished(host, entry, run_id, timeout=0)
         try:
+            launcher = jobs.launch(host, entry, run_id, command, params)
+            view.say(f"{name}: run {run_id} started ({launcher}) in "
+                     f"{jobs.run_dir(entry, run_id)}")
+            if request.detach:
+                view.say(f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
+                         "fab fetch-results")
+                return jobs.wait_finished(host, entry, run_id, timeout=0)
             on_event = view.follow(run_id)
             run = jobs.follow(host, entry, run_id, "events.jsonl",
                               lambda line: [on_event(e) for e in jobs.parse_events([line])])
         except KeyboardInterrupt:
+            # Ctrl-C may land while the launch is still confirming the start: once the run
+            # holds the host it goes on, and the user needs to hear how to reattach.
+            if jobs.start_state(host, entry, run_id) != "started":
+                raise
             raise Detached(run_id, name) from None
         return conclude(inventory, host, entry, run, view)
     finally:

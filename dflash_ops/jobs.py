@@ -124,13 +124,21 @@ def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict)
     return launcher
 
 
+def start_state(host: Host, entry: EvalHost, run_id: str) -> str:
+    """Where a launched run stands: started (its wrapper holds the host's lock, or it has
+    already finished), refused (another run holds the lock), waiting, or absent."""
+    quoted = shlex.quote(run_dir(entry, run_id))
+    probe = (f"cd {quoted} 2>/dev/null || {{ echo absent; exit; }}; if [ -f refused ]; then "
+             "echo refused; elif [ -f pid ] || [ -f exit_code ]; then echo started; "
+             "else echo waiting; fi")
+    return host.run(probe).stdout.strip()
+
+
 def _wait_started(host: Host, entry: EvalHost, run_id: str, timeout: float = 20) -> None:
     quoted = shlex.quote(run_dir(entry, run_id))
-    probe = (f"cd {quoted} && if [ -f refused ]; then echo refused; elif [ -f pid ] || "
-             "[ -f exit_code ]; then echo started; else echo waiting; fi")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        answer = host.run(probe).stdout.strip()
+        answer = start_state(host, entry, run_id)
         if answer == "started":
             return
         if answer == "refused":

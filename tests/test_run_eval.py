@@ -217,6 +217,23 @@ def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
     assert wait_for_run(inventory_path, state="succeeded").run_id == run.run_id
 
 
+def test_ctrl_c_while_the_launch_confirms_still_detaches(inventory_path, monkeypatch):
+    from dflash_ops.eval_view import LiveView
+    from dflash_ops.evaluation import Detached, EvalRequest, run_eval
+
+    confirm = jobs._wait_started
+
+    def interrupted_once_started(host, entry, run_id, timeout=20):
+        confirm(host, entry, run_id, timeout)
+        raise KeyboardInterrupt  # as if Ctrl-C landed just as the start was confirmed
+
+    monkeypatch.setattr(jobs, "_wait_started", interrupted_once_started)
+    request = EvalRequest(step=2000, host="eval", harness_args=QUICK)
+    with pytest.raises(Detached) as detached:
+        run_eval(load(inventory_path), request, LiveView())
+    assert wait_for_run(inventory_path, state="succeeded").run_id == detached.value.run_id
+
+
 def test_memory_warning_and_missing_target(models_lab, monkeypatch):
     from dflash_ops import evaluation
 
