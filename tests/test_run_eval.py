@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -138,25 +139,26 @@ def test_workstation_killed_mid_run_then_fetch(inventory_path):
 
 
 def test_detach_reattach_cancel_and_busy(inventory_path):
-    detached = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
-                        "--detach", *QUICK)
-    assert detached.returncode == 0, detached.stderr
-    run = wait_for_run(inventory_path, state="running")
-    busy = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval", *QUICK)
-    assert busy.returncode == 1 and f"eval is busy with run {run.run_id}" in busy.stderr
-    follow = fab_eval(inventory_path, "eval-logs", "--run", run.run_id[:20], "--follow")
-    assert follow.returncode == 0, follow.stderr
-    assert f"run {run.run_id} succeeded" in follow.stdout
-    assert "Checkpoint" in follow.stdout  # the harness's human summary, from its log
-
+    # A long run holds the host for the busy check (a quick one could end before it).
     long = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--detach",
                     "--max-new-tokens", "400")
-    assert long.returncode == 0
+    assert long.returncode == 0, long.stderr
     victim = wait_for_run(inventory_path, state="running")
+    busy = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
+    assert busy.returncode == 1 and f"eval is busy with run {victim.run_id}" in busy.stderr
     cancelled = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
     assert f"run {victim.run_id} on eval: cancelled" in cancelled.stdout
     nothing = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
     assert nothing.returncode == 1 and "already cancelled" in nothing.stderr
+
+    detached = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
+                        "--detach", *QUICK)
+    assert detached.returncode == 0, detached.stderr
+    [run_id] = re.findall(r"run (\S+) started", detached.stdout)
+    follow = fab_eval(inventory_path, "eval-logs", "--run", run_id[:20], "--follow")
+    assert follow.returncode == 0, follow.stderr
+    assert f"run {run_id} succeeded" in follow.stdout
+    assert "Checkpoint" in follow.stdout  # the harness's human summary, from its log
 
 
 def test_sweep_over_two_hosts_and_compare(inventory_path):
