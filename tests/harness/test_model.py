@@ -6,7 +6,13 @@ import math
 
 import torch
 from dflash_eval.metrics import ddtree_pop_order, walk_prompt
-from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor, block_predictions
+from dflash_eval.predict import (
+    BorrowedHead,
+    PerBlockPredictor,
+    Predictor,
+    block_predictions,
+    row_max,
+)
 
 from .helpers import random_drafter, small_config
 
@@ -188,3 +194,15 @@ def test_tree_candidates_leave_out_only_slots_no_tree_can_reach():
                 every_slot[block].tolist(), budget
             )
     assert min(depths) == 1 and max(depths) == slots and len(set(depths)) > 3, depths
+
+
+def test_row_max_matches_torch_max_ties_included():
+    generator = torch.Generator().manual_seed(4)
+    for columns in (4096, 50):  # grouped, and the plain fallback
+        values = torch.randint(0, 6, (200, columns), generator=generator).float()  # many ties
+        values[0] = 5.0  # every column ties: the first one wins
+        values[1, 100 % columns :] = 7.0  # the first maximum sits mid-way into a group
+        best, index = row_max(values)
+        expected_best, expected_index = values.max(dim=-1)
+        assert torch.equal(best, expected_best) and torch.equal(index, expected_index)
+        assert index[0] == 0 and index[1] == 100 % columns
