@@ -25,8 +25,9 @@ layers' own FLOPs are most of the batched variant's time, and the per-block loop
 cost is per-operation overhead and small, cache-resident GEMMs (with several threads, also
 OpenMP synchronisation per small op); the ratios depend on the thread count and on how busy
 the machine is, so each thread count is measured separately, after an untimed warm-up, as
-the fastest of --repeats passes. On real sizes (H 4–5k, vocab 150–250k) a per-block loop
-re-reads every weight matrix per block, which batching amortises.
+the fastest of --repeats passes taken in turns with the other variants. On real sizes (H
+4–5k, vocab 150–250k) a per-block loop re-reads every weight matrix per block, which
+batching amortises.
 
 With a random drafter nearly every draft is rejected (τ ≈ 1), so all variants visit the
 same anchors. With a trained drafter the batched path computes every anchor while the walk
@@ -71,9 +72,11 @@ def _run_variant(
     prompts: int,
     threads: int,
     vocab: int,
-    repeats: int,
-    queue,
+    commands,
+    results,
 ) -> None:
+    """One variant in its own process: build, warm up, report ready, then one timed pass
+    per "pass" command until "stop", then the peak memory."""
     import torch
     from dflash_eval.config import DrafterConfig
     from dflash_eval.metrics import summarize, walk_prompt
@@ -166,9 +169,10 @@ def _run_variant(
             "metrics": summarize(walks, BLOCK_SIZE, BUDGETS),
         }
 
-    # The fastest of a few passes: the least disturbed by whatever else the machine runs.
-    fastest = min((timed_pass() for _ in range(repeats)), key=lambda p: p["drafter_seconds"])
-    queue.put({**fastest, "peak_rss_mib": _peak_rss_mib(), "setup_rss_mib": setup_rss})
+    results.put("ready")
+    while commands.get() == "pass":
+        results.put(timed_pass())
+    results.put({"peak_rss_mib": _peak_rss_mib(), "setup_rss_mib": setup_rss})
 
 
 def _gemm_rate(threads: int, queue) -> None:
@@ -205,6 +209,37 @@ def _blocks_per_s(result: dict) -> float:
     return result["blocks"] / result["drafter_seconds"]
 
 
+def _measure(args: argparse.Namespace) -> dict[str, dict]:
+    """Each variant's fastest pass and peak memory. The variants live in their own
+    processes (so each peak RSS is its own) and take turns, one timed pass each per round,
+    so that a slow spell of the machine (this VM's timings vary by ±20 %) hits them alike."""
+    context = multiprocessing.get_context("spawn")
+    children = {}
+    for variant in VARIANTS:
+        commands, results = context.Queue(), context.Queue()
+        process = context.Process(
+            target=_run_variant,
+            args=(variant, args.tokens, args.prompts, args.threads, args.vocab, commands, results),
+        )
+        process.start()
+        children[variant] = (process, commands, results)
+    for _, _, results in children.values():
+        assert results.get() == "ready"  # no pass is timed while another variant warms up
+    passes: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
+    for _ in range(args.repeats):
+        for variant, (_, commands, results) in children.items():
+            commands.put("pass")
+            passes[variant].append(results.get())
+    measured = {}
+    for variant, (process, commands, results) in children.items():
+        commands.put("stop")
+        memory = results.get()
+        process.join()
+        fastest = min(passes[variant], key=lambda result: result["drafter_seconds"])
+        measured[variant] = {**fastest, **memory}
+    return measured
+
+
 def _in_child(target, *args) -> object:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
@@ -220,7 +255,9 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--tokens", type=int, default=1024, help="completion tokens per prompt")
     parser.add_argument("--prompts", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes; the fastest counts")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed passes per variant; the fastest counts"
+    )
     parser.add_argument(
         "--vocab",
         type=int,
@@ -240,18 +277,7 @@ def _compare(args: argparse.Namespace) -> None:
         f"vocab {args.vocab}, block {BLOCK_SIZE}; {args.prompts} prompt(s) × {args.tokens} "
         f"completion tokens; DDTree budgets {BUDGETS}; {args.threads} thread(s)"
     )
-    results = {
-        variant: _in_child(
-            _run_variant,
-            variant,
-            args.tokens,
-            args.prompts,
-            args.threads,
-            args.vocab,
-            args.repeats,
-        )
-        for variant in VARIANTS
-    }
+    results = _measure(args)
     for variant, result in results.items():
         print(
             f"{variant:>11}: {result['blocks']} blocks, drafter {result['drafter_seconds']:.2f} s "
