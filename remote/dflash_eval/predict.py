@@ -3,8 +3,9 @@
 The acceptance walk (metrics.py) jumps from anchor to anchor by data-dependent amounts, so
 instead of one drafter forward per visited block, the drafter runs over chunks of
 *consecutive* anchors at once (model.forward_blocks with a block-structured mask) and the
-walk reads the precomputed predictions. `PerBlockPredictor` is the straightforward
-one-forward-per-anchor loop kept for comparison (benchmarks/harness.py, tests).
+walk reads the precomputed predictions. `PerBlockPredictor` runs one forward per anchor
+on the same context cache, the same maths without the batching, kept for comparison
+(`--per-block`, benchmarks/harness.py, tests).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def row_max(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class PerBlockPredictor(Predictor):
-    """The straightforward loop: one drafter forward per anchor (same cache, same maths)."""
+    """One drafter forward per anchor (same context cache, same maths, no batching)."""
 
     @torch.inference_mode()
     def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
