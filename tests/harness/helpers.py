@@ -1,4 +1,4 @@
-"""Builders shared by the harness tests: tiny drafters, checkpoints and targets."""
+"""Builders shared by the harness tests: tiny drafters, checkpoints, targets, quick runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 from dflash_eval.config import DrafterConfig
+from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.model import DFlashDrafter
+from dflash_eval.progress import Progress
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -116,3 +118,21 @@ def save_tiny_qwen3_5(directory: Path, tokenizer_dir: Path, vocab_size: int, wra
     model.save_pretrained(str(directory))
     copy_tokenizer(tokenizer_dir, directory)
     return directory
+
+
+def quick_eval(lab, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    """A short, quiet evaluation on the lab models with its own cache; `overrides` replace
+    any EvalOptions field."""
+    options = EvalOptions(
+        checkpoint=lab.checkpoints[6000],
+        target=lab.target_dir,
+        out=tmp_path / "r.json",
+        prompts=lab.prompts,
+        num_prompts=3,
+        max_new_tokens=48,
+        cache_dir=tmp_path / "cache",
+        ddtree=[4, 8],
+    )
+    for name, value in overrides.items():
+        setattr(options, name, value)
+    return run_eval(options, Progress(quiet=True))

@@ -8,29 +8,13 @@ import pytest
 from dflash_eval.completions import Prompt, encode_prompt, read_prompts_jsonl
 from dflash_eval.config import from_hf_dict
 from dflash_eval.errors import HarnessError
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.progress import Progress
 from dflash_eval.target import load_tokenizer
 
-
-def _run(lab, tmp_path, **overrides):
-    options = EvalOptions(
-        checkpoint=lab.checkpoints[6000],
-        target=lab.target_dir,
-        out=tmp_path / "r.json",
-        prompts=lab.prompts,
-        num_prompts=3,
-        max_new_tokens=48,
-        cache_dir=tmp_path / "cache",
-        ddtree=[4, 8],
-    )
-    for name, value in overrides.items():
-        setattr(options, name, value)
-    return run_eval(options, Progress(quiet=True))
+from .helpers import quick_eval
 
 
 def test_reference_drafter_is_evaluated_on_the_same_hidden_states(lab, tmp_path):
-    results = _run(lab, tmp_path, reference_drafter=lab.checkpoints[2000])
+    results = quick_eval(lab, tmp_path, reference_drafter=lab.checkpoints[2000])
     ours, theirs = results["metrics"], results["reference"]["metrics"]
     assert results["reference"]["checkpoint"]["step"] == 2000
     assert theirs["committed_tokens"] == ours["committed_tokens"]
@@ -41,31 +25,31 @@ def test_reference_drafter_is_evaluated_on_the_same_hidden_states(lab, tmp_path)
 
 
 def test_per_block_predictor_gives_the_same_metrics(lab, tmp_path):
-    batched = _run(lab, tmp_path)
-    per_block = _run(lab, tmp_path, per_block=True)
+    batched = quick_eval(lab, tmp_path)
+    per_block = quick_eval(lab, tmp_path, per_block=True)
     assert per_block["harness"]["predictor"] == "per-block"
     assert per_block["metrics"] == batched["metrics"]
 
 
 def test_bfloat16_drafter_runs_and_stays_close(lab, tmp_path):
-    fp32 = _run(lab, tmp_path)["metrics"]["tau_macro"]
-    bf16 = _run(lab, tmp_path, dtype="bfloat16")["metrics"]["tau_macro"]
+    fp32 = quick_eval(lab, tmp_path)["metrics"]["tau_macro"]
+    bf16 = quick_eval(lab, tmp_path, dtype="bfloat16")["metrics"]["tau_macro"]
     assert abs(bf16 - fp32) < 0.25 * fp32
 
 
 def test_max_blocks_caps_rounds_per_prompt(lab, tmp_path):
-    results = _run(lab, tmp_path, max_blocks=5)
+    results = quick_eval(lab, tmp_path, max_blocks=5)
     assert [row["rounds"] for row in results["per_prompt"]] == [5, 5, 5]
     assert results["metrics"]["rounds"] == 15
 
 
 def test_bad_options_are_explained(lab, tmp_path):
     with pytest.raises(HarnessError, match="--num-prompts"):
-        _run(lab, tmp_path, num_prompts=0)
+        quick_eval(lab, tmp_path, num_prompts=0)
     with pytest.raises(HarnessError, match="--ddtree"):
-        _run(lab, tmp_path, ddtree=[0])
+        quick_eval(lab, tmp_path, ddtree=[0])
     with pytest.raises(HarnessError, match="--prompts"):
-        _run(lab, tmp_path, prompts=tmp_path / "nope.jsonl")
+        quick_eval(lab, tmp_path, prompts=tmp_path / "nope.jsonl")
 
 
 def test_prompts_jsonl_formats_and_errors(tmp_path):
@@ -114,13 +98,13 @@ def test_unsupported_drafter_features_are_refused():
             from_hf_dict({**base, **extra}, "x")
 
 
-def test_unwritable_output_is_reported_before_the_run(lab, tmp_path):
+def test_unwritable_output_is_reported_before_thequick_eval(lab, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(HarnessError, match="--out: cannot write"):
-        _run(lab, tmp_path, out=blocker / "sub" / "r.json")
+        quick_eval(lab, tmp_path, out=blocker / "sub" / "r.json")
 
 
 def test_target_without_config_is_explained(lab, tmp_path):
     with pytest.raises(HarnessError, match=r"has no config\.json"):
-        _run(lab, tmp_path, target=tmp_path)
+        quick_eval(lab, tmp_path, target=tmp_path)

@@ -7,10 +7,10 @@ import threading
 import pytest
 from dflash_eval.completions import SGLangClient
 from dflash_eval.errors import HarnessError
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.progress import Progress
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
+
+from .helpers import quick_eval
 
 
 @pytest.fixture
@@ -54,18 +54,14 @@ def test_unreachable_server_names_the_url_and_the_fix():
 
 
 def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
-    results = run_eval(
-        EvalOptions(
-            checkpoint=lab.checkpoints[2000],
-            target=lab.target_dir,
-            out=tmp_path / "r.json",
-            prompts=lab.prompts,
-            num_prompts=2,
-            max_new_tokens=12,
-            sglang_url=sglang_url,
-            ddtree=[],
-        ),
-        Progress(quiet=True),
+    results = quick_eval(
+        lab,
+        tmp_path,
+        checkpoint=lab.checkpoints[2000],
+        num_prompts=2,
+        max_new_tokens=12,
+        sglang_url=sglang_url,
+        ddtree=[],
     )
     assert results["completions"] == {"source": "sglang", "sglang_url": sglang_url}
     assert len(StandIn.requests) == 2
