@@ -155,18 +155,26 @@ def block_predictions(
     best, greedy = row_max(logits)
     normaliser = (logits - best[:, None]).exp_().sum(dim=-1).log_().add_(best)  # logsumexp
     best_path = (best - normaliser).view(blocks, slots).cumsum(dim=1)  # P_j, non-increasing
-    first_slot = logits.view(blocks, slots, -1)[:, 0]
-    kth_first = torch.topk(first_slot, top_k, dim=-1).values[:, -1] - normaliser[::slots]
-    reachable = (best_path >= kth_first[:, None]).view(-1)  # slot 1 always qualifies
-    values, ids = torch.topk(logits[reachable], top_k, dim=-1)
-    logprobs = (values - normaliser[reachable, None]).tolist()
+    by_slot, normaliser = logits.view(blocks, slots, -1), normaliser.view(blocks, slots)
+    first_values, first_ids = torch.topk(by_slot[:, 0], top_k, dim=-1)  # slot 1: always
+    first_logprobs = first_values - normaliser[:, :1]
+    deeper = best_path[:, 1:] >= first_logprobs[:, -1:]  # [N, B-2]: slots 2.. a tree reaches
+    values, ids = torch.topk(by_slot[:, 1:][deeper], top_k, dim=-1)
+    logprobs = (values - normaliser[:, 1:][deeper][:, None]).tolist()
     ids_list, drafts = ids.tolist(), greedy.view(blocks, slots).tolist()
+    firsts = zip(first_ids.tolist(), first_logprobs.tolist(), strict=True)
     predictions, row = [], 0
-    for draft, depth in zip(drafts, reachable.view(blocks, slots).sum(dim=1).tolist(), strict=True):
+    for draft, (first_id, first_logprob), extra in zip(
+        drafts, firsts, deeper.sum(dim=1).tolist(), strict=True
+    ):
         predictions.append(
-            BlockPrediction(draft, ids_list[row : row + depth], logprobs[row : row + depth])
+            BlockPrediction(
+                draft,
+                [first_id, *ids_list[row : row + extra]],
+                [first_logprob, *logprobs[row : row + extra]],
+            )
         )
-        row += depth
+        row += extra
     return predictions
 
 
