@@ -10,7 +10,7 @@ $(BIN)/fab: pyproject.toml scripts/setup.sh
 	touch $@
 
 demo: setup
-	$(BIN)/python -m dflash_ops.demo
+	$(BIN)/python -m dflash_lab.demo
 
 test: setup
 	$(BIN)/ruff check .

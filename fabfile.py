@@ -10,10 +10,12 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from dflash_ops import checks, lab, provision
-from dflash_ops.console import check_table, console
-from dflash_ops.inventory import load as load_inventory
-from dflash_ops.task import ops_task
+from dflash_lab import lab
+from dflash_ops import provision
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.remote import checks
+from dflash_ops.ui.console import check_table, console
+from dflash_ops.ui.task import ops_task
 
 
 @ops_task()
@@ -117,7 +119,7 @@ def deploy_harness(c, host=None, inventory=None):
 @ops_task()
 def list_checkpoints(c, inventory=None):
     """List the trainer's checkpoints: size, mtime, completeness, staged on each eval host."""
-    from dflash_ops.staging_view import checkpoints_table
+    from dflash_ops.ui.staging_view import checkpoints_table
 
     console.print(checkpoints_table(load_inventory(inventory)))
 
@@ -155,7 +157,7 @@ def stage_checkpoint(
     inventory=None,
 ):
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
-    from dflash_ops.staging_view import run_stage
+    from dflash_ops.ui.staging_view import run_stage
 
     run_stage(
         load_inventory(inventory),
@@ -196,7 +198,7 @@ def run_eval(c, step=0, steps=None, all_new=False, host=None, num_prompts=0,
              reference=False, prompts=None, sglang=False, strip_optimizer=False, tag=None,
              detach=False, inventory=None):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
-    from dflash_ops.eval_view import run_eval_command
+    from dflash_ops.ui.eval_view import run_eval_command
 
     run_eval_command(
         load_inventory(inventory), step=step, steps=steps, all_new=all_new, host=host,
@@ -210,7 +212,7 @@ def run_eval(c, step=0, steps=None, all_new=False, host=None, num_prompts=0,
 @ops_task()
 def eval_status(c, inventory=None):
     """All runs on all eval hosts: state, step, host, start time, duration."""
-    from dflash_ops.eval_view import show_status
+    from dflash_ops.ui.eval_view import show_status
 
     show_status(load_inventory(inventory))
 
@@ -219,7 +221,7 @@ def eval_status(c, inventory=None):
                 "follow": "keep printing until the run ends"})
 def eval_logs(c, run, follow=False, inventory=None):
     """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
-    from dflash_ops.eval_view import show_logs
+    from dflash_ops.ui.eval_view import show_logs
 
     show_logs(load_inventory(inventory), run, follow)
 
@@ -227,7 +229,7 @@ def eval_logs(c, run, follow=False, inventory=None):
 @ops_task(help={"run": "run id (or a unique prefix of it)"})
 def eval_cancel(c, run, inventory=None):
     """Stop a running evaluation (SIGTERM to the harness); its files stay on the host."""
-    from dflash_ops.eval_view import cancel_run
+    from dflash_ops.ui.eval_view import cancel_run
 
     cancel_run(load_inventory(inventory), run)
 
@@ -235,7 +237,7 @@ def eval_cancel(c, run, inventory=None):
 @ops_task()
 def fetch_results(c, inventory=None):
     """Pull every finished run not pulled yet into local.results/<run-id>/."""
-    from dflash_ops.eval_view import fetch_all
+    from dflash_ops.ui.eval_view import fetch_all
 
     fetch_all(load_inventory(inventory))
 
@@ -245,8 +247,8 @@ def fetch_results(c, inventory=None):
                 "plots": "directory for the PNG plots (default: <results>/plots)"})
 def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, inventory=None):
     """Table of τ, DDTree τ and acceptance across steps and runs, and PNG plots."""
-    from dflash_ops.cli import parse_steps
-    from dflash_ops.eval_view import show_comparison
+    from dflash_ops.ui.cli import parse_steps
+    from dflash_ops.ui.eval_view import show_comparison
 
     show_comparison(load_inventory(inventory).local.results, parse_steps(steps), tag,
                     allow_mixed, Path(plots) if plots else None)

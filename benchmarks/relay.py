@@ -25,11 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dflash_ops import checkpoints, lab
-from dflash_ops.checkpoints import StageOptions, stage
-from dflash_ops.hosts import Host
-from dflash_ops.inventory import load as load_inventory
-from dflash_ops.units import format_bytes, parse_size
+from dflash_lab import lab
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.core.units import format_bytes, parse_size
+from dflash_ops.remote.connection import Host
+from dflash_ops.staging import checkpoints
+from dflash_ops.staging.checkpoints import StageOptions, stage
 
 STEP = 4000
 

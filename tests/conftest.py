@@ -2,7 +2,7 @@
 loopback sshd otherwise) and a runner for the real `fab` command against a lab inventory.
 
 Tests talk only to lab hosts: every lab inventory carries its state file, and the library
-checks the lab's routes before the first connection (see dflash_ops.lab.verify_routes).
+checks the lab's routes before the first connection (see dflash_ops.remote.routes).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops import lab as labs
-from dflash_ops.inventory import Inventory
-from dflash_ops.inventory import load as load_inventory
+from dflash_lab import lab as labs
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.inventory import load as load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 FAB = Path(sys.executable).parent / "fab"

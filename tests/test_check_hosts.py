@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import shutil
 
-from dflash_ops import checks
-from dflash_ops.checks import Status
-from dflash_ops.inventory import load
+from dflash_ops.core.inventory import load
+from dflash_ops.remote import checks
+from dflash_ops.remote.checks import Status
 
 
 def table_row(output: str, check: str) -> str:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_ops import checkpoints
-from dflash_ops.checkpoints import StageOptions, stage
-from dflash_ops.errors import CheckpointError
-from dflash_ops.inventory import load as load_inventory
+from dflash_ops.core.errors import CheckpointError
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging import checkpoints
+from dflash_ops.staging.checkpoints import StageOptions, stage
 
 
 def sha256(path: Path) -> str:
@@ -143,7 +143,7 @@ def test_pct_pull_and_rootfs_modes(make_lab, via):
 def test_pull_checks_the_trainer_temp_disk(make_lab):
     lab = make_lab(steps=(4000,), trainer_disk="24m", checkpoint_size="16m")
     inventory = load_inventory(lab.inventory_path)
-    from dflash_ops.errors import DiskSpaceError
+    from dflash_ops.core.errors import DiskSpaceError
 
     with pytest.raises(DiskSpaceError, match="pct pull") as raised:
         stage(inventory, 4000, options=quiet(via="pull"))

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from dflash_ops.errors import HostKeyError, LabError, RemoteCommandError, UnreachableError
-from dflash_ops.hosts import Host, TrainingEnvironment
-from dflash_ops.inventory import Inventory, RootfsContainer
+from dflash_ops.core.errors import HostKeyError, LabError, RemoteCommandError, UnreachableError
+from dflash_ops.core.inventory import Inventory, RootfsContainer
+from dflash_ops.remote.connection import Host, TrainingEnvironment
 
 
 def with_host(inventory: Inventory, name: str, **changes) -> Inventory:
@@ -129,7 +129,7 @@ def test_stopped_container_is_reported(lab, inventory):
 
 def test_connections_refused_once_the_lab_network_is_gone(make_lab):
     """Network safety: a lab address is used only while its namespace and veth exist."""
-    from dflash_ops.inventory import load
+    from dflash_ops.core.inventory import load
 
     built = make_lab()
     inv = load(built.inventory_path)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_ops import inventory
-from dflash_ops.errors import InventoryError
-from dflash_ops.inventory import DockerContainer, PctContainer, RootfsContainer
+from dflash_ops.core import inventory
+from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.inventory import DockerContainer, PctContainer, RootfsContainer
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory.yaml"
 

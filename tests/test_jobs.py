@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from dflash_ops import jobs
-from dflash_ops.hosts import Host
-from dflash_ops.inventory import load
+from dflash_ops.core.inventory import load
+from dflash_ops.evaluation import jobs
+from dflash_ops.remote.connection import Host
 
 FAKE_HARNESS = """
 import json, sys, time

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
-from dflash_ops import lab as labs
-from dflash_ops.errors import LabError
+from dflash_lab import lab as labs
+from dflash_ops.core.errors import LabError
+from dflash_ops.remote.routes import network_namespaces
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and tmpfs need root")
 
@@ -69,7 +70,7 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
     session.wait(timeout=10)
     assert down.returncode == 0, down.stderr
     assert built.leftovers() == []
-    assert not any(n.startswith(f"dflab{built.state.slot}-") for n in labs._namespaces())
+    assert not any(n.startswith(f"dflab{built.state.slot}-") for n in network_namespaces())
 
 
 def test_failed_up_removes_what_it_made(tmp_path):
@@ -78,7 +79,7 @@ def test_failed_up_removes_what_it_made(tmp_path):
 
     def snapshot() -> tuple:
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        return (sorted(labs._namespaces()), sorted(labs._mount_points()),
+        return (sorted(network_namespaces()), sorted(labs._mount_points()),
                 sorted(line.split(":")[1].strip() for line in links.splitlines()))
 
     before = snapshot()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_ops import probes
-from dflash_ops.hosts import Host
-from dflash_ops.lab import LabConfig
-from dflash_ops.probes import FileStat, ProbeParseError
-from dflash_ops.units import parse_size
+from dflash_lab.lab import LabConfig
+from dflash_ops.core.units import parse_size
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host
+from dflash_ops.remote.probes import FileStat, ProbeParseError
 
 
 def test_parse_df_avail():

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_ops import lab as labs
+from dflash_lab import lab as labs
 from dflash_ops import provision
-from dflash_ops.hosts import Host
-from dflash_ops.inventory import EvalHost, VenvSpec
-from dflash_ops.inventory import load as load_inventory
+from dflash_ops.core.inventory import EvalHost, VenvSpec
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.remote.connection import Host
 from tests.conftest import run_fab
 
 # --- without a host ------------------------------------------------------------------------

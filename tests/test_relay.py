@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.checkpoints import StageOptions, stage
-from dflash_ops.errors import DiskSpaceError, HostKeyError, TransferError
-from dflash_ops.inventory import load as load_inventory
-from dflash_ops.relay import RelayState
+from dflash_ops.core.errors import DiskSpaceError, HostKeyError, TransferError
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging.checkpoints import StageOptions, stage
+from dflash_ops.staging.relay import RelayState
 
 SIZE = 8 << 20
 

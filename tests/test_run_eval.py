@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_ops import jobs, provision
-from dflash_ops import lab as labs
-from dflash_ops.hosts import Host
-from dflash_ops.inventory import load
+from dflash_lab import lab as labs
+from dflash_ops import provision
+from dflash_ops.core.inventory import load
+from dflash_ops.evaluation import jobs
+from dflash_ops.remote.connection import Host
 from tests.conftest import FAB, REPO, run_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
@@ -220,8 +221,8 @@ def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
 
 
 def test_ctrl_c_while_the_launch_confirms_still_detaches(inventory_path, monkeypatch):
-    from dflash_ops.eval_view import LiveView
-    from dflash_ops.evaluation import Detached, EvalRequest, run_eval
+    from dflash_ops.evaluation.run import Detached, EvalRequest, run_eval
+    from dflash_ops.ui.eval_view import LiveView
 
     confirm = jobs._wait_started
 
@@ -237,7 +238,7 @@ def test_ctrl_c_while_the_launch_confirms_still_detaches(inventory_path, monkeyp
 
 
 def test_memory_warning_and_missing_target(models_lab, monkeypatch):
-    from dflash_ops import evaluation
+    from dflash_ops.evaluation import run as evaluation
 
     inventory = load(models_lab.inventory_path)
     host, entry = Host(inventory, "eval"), inventory.eval_hosts["eval"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_ops.labmodels import LabModels, build_lab_models
+from dflash_lab.models import LabModels, build_lab_models
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import time
 from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.progress import Progress
 
-from dflash_ops.labmodels import build_lab_models
+from dflash_lab.models import build_lab_models
 
 
 def _quiet() -> Progress:

@@ -35,16 +35,16 @@ from urllib.parse import urlparse
 
 from dflash_eval.version import harness_files, harness_hash
 
-from dflash_ops import probes
-from dflash_ops.errors import DiskSpaceError, HostError, RemoteCommandError
-from dflash_ops.hosts import Host, each_eval_host
-from dflash_ops.inventory import EvalHost, Inventory, VenvSpec
-from dflash_ops.units import parse_size
+from dflash_ops.core.errors import DiskSpaceError, HostError, RemoteCommandError
+from dflash_ops.core.inventory import EvalHost, Inventory, VenvSpec
+from dflash_ops.core.units import parse_size
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host, each_eval_host
 
 BASE_PACKAGES = ("torch", "transformers", "safetensors", "requests")
 RECORD_NAME = "dflash-provision.json"
 RECORD_FORMAT = 1
-HARNESS_SOURCE = Path(__file__).resolve().parent.parent / "remote" / "dflash_eval"
+HARNESS_SOURCE = Path(__file__).resolve().parents[2] / "remote" / "dflash_eval"
 HARNESS_PACKAGE = "dflash_eval"
 INSTALLER_URL = "https://astral.sh/uv/install.sh"
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from dflash_ops import probes
-from dflash_ops.errors import TransferError
-from dflash_ops.hosts import Host, Result
+from dflash_ops.core.errors import TransferError
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host, Result
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -208,7 +208,7 @@ class LocalSide(Side):
         done = subprocess.run(self.argv(command), capture_output=True, text=True)
         result = Result(done.stdout, done.stderr, done.returncode)
         if check and not result.ok:
-            from dflash_ops.errors import RemoteCommandError
+            from dflash_ops.core.errors import RemoteCommandError
 
             raise RemoteCommandError(self.name, command, done.returncode, done.stderr)
         return result

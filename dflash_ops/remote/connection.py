@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, TypeVar
 import paramiko
 from fabric import Config, Connection
 
-from dflash_ops.errors import (
+from dflash_ops.core.errors import (
     AuthenticationError,
     HostError,
     HostKeyError,
     RemoteCommandError,
     UnreachableError,
 )
-from dflash_ops.inventory import (
+from dflash_ops.core.inventory import (
     DockerContainer,
     EvalHost,
     HostEntry,
@@ -34,9 +34,10 @@ from dflash_ops.inventory import (
     RootfsContainer,
     TrainerHost,
 )
+from dflash_ops.remote.routes import verify_routes
 
 if TYPE_CHECKING:
-    from dflash_ops.probes import Probe
+    from dflash_ops.remote.probes import Probe
 
 T = TypeVar("T")
 
@@ -297,8 +298,6 @@ def _check_lab_routes(inventory: Inventory) -> None:
     """A lab inventory names addresses that must only be used while the lab's own
     network namespaces exist: verify the routes before every connection (a few ms)."""
     if inventory.lab is not None:
-        from dflash_ops.lab import verify_routes
-
         verify_routes(inventory.lab)
 
 

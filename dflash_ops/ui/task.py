@@ -13,7 +13,7 @@ from collections.abc import Callable
 from fabric import task
 from invoke.exceptions import Exit
 
-from dflash_ops.errors import OpsError
+from dflash_ops.core.errors import OpsError
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
 
@@ -29,7 +29,7 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
             except OpsError as exc:
                 from rich.markup import escape
 
-                from dflash_ops.console import errors
+                from dflash_ops.ui.console import errors
 
                 errors.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
                 raise Exit(code=1) from None

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dflash_ops.errors import OpsError, RemoteCommandError
-from dflash_ops.hosts import Host
-from dflash_ops.inventory import EvalHost
-from dflash_ops.probes import Probe
+from dflash_ops.core.errors import OpsError, RemoteCommandError
+from dflash_ops.core.inventory import EvalHost
+from dflash_ops.remote.connection import Host
+from dflash_ops.remote.probes import Probe
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dflash_ops.errors import OpsError
+from dflash_ops.core.errors import OpsError
 
 RESULTS = click.option("--results", "results_root", type=click.Path(path_type=Path),
                        default=Path("results"), show_default=True,
@@ -34,7 +34,7 @@ def results() -> None:
 def compare_command(results_root: Path, steps: str | None, tag: str | None, allow_mixed: bool,
                     plots: Path | None) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
-    from dflash_ops.eval_view import show_comparison
+    from dflash_ops.ui.eval_view import show_comparison
 
     _guarded(lambda: show_comparison(results_root, parse_steps(steps), tag, allow_mixed, plots))
 
@@ -43,7 +43,7 @@ def compare_command(results_root: Path, steps: str | None, tag: str | None, allo
 @RESULTS
 def list_command(results_root: Path) -> None:
     """Every pulled run with its state."""
-    from dflash_ops.results import load_runs
+    from dflash_ops.evaluation.results import load_runs
 
     def show() -> None:
         for run in load_runs(results_root):

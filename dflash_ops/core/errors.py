@@ -51,7 +51,7 @@ class DiskSpaceError(HostError):
     """Not enough free space where we are about to write."""
 
     def __init__(self, host: str, path: str, needed: int, free: int, what: str = "") -> None:
-        from dflash_ops.units import format_bytes
+        from dflash_ops.core.units import format_bytes
 
         purpose = f" for {what}" if what else ""
         super().__init__(

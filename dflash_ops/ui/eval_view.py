@@ -11,14 +11,15 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dflash_ops import checkpoints, jobs
-from dflash_ops.console import console
-from dflash_ops.hosts import Host, each_eval_host
-from dflash_ops.inventory import Inventory
-from dflash_ops.relay import RelayState
-from dflash_ops.results import Comparison, table_rows
-from dflash_ops.staging_view import run_stage
-from dflash_ops.units import format_bytes
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.units import format_bytes
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.results import Comparison, table_rows
+from dflash_ops.remote.connection import Host, each_eval_host
+from dflash_ops.staging import checkpoints
+from dflash_ops.staging.relay import RelayState
+from dflash_ops.ui.console import console
+from dflash_ops.ui.staging_view import run_stage
 
 PHASES = {"completions": "reference completions", "hidden_states": "target hidden states",
           "drafter": "drafter", "reference_drafter": "reference drafter"}
@@ -158,7 +159,7 @@ def show_comparison(results_root: Path, steps: list[int] | None = None, tag: str
                     allow_mixed: bool = False, plots: Path | None = None) -> Comparison:
     """Print the comparison table and write the plots; refuse to mix incomparable runs
     unless `allow_mixed` (and then flag them)."""
-    from dflash_ops.results import ResultsError, compare, load_runs, plot
+    from dflash_ops.evaluation.results import ResultsError, compare, load_runs, plot
 
     comparison = compare(load_runs(results_root), steps, tag)
     console.print(comparison_table(comparison))
@@ -180,15 +181,15 @@ def run_eval_command(inventory: Inventory, *, step: int, steps: str | None, all_
                      prompts: str | None, sglang: bool, strip_optimizer: bool,
                      tag: str | None, detach: bool) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
-    from dflash_ops.cli import parse_steps
-    from dflash_ops.errors import OpsError
-    from dflash_ops.evaluation import (
+    from dflash_ops.core.errors import OpsError
+    from dflash_ops.evaluation.run import (
         Detached,
         EvalRequest,
         new_steps,
         run_eval,
         run_sweep,
     )
+    from dflash_ops.ui.cli import parse_steps
 
     args = [str(part) for flag, value in harness_flags.items() if value
             for part in (flag, value)]

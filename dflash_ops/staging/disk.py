@@ -12,9 +12,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_ops.errors import DiskSpaceError, InventoryError
-from dflash_ops.inventory import Inventory, TransferSettings
-from dflash_ops.units import format_bytes, parse_size
+from dflash_ops.core.errors import DiskSpaceError, InventoryError
+from dflash_ops.core.inventory import Inventory, TransferSettings
+from dflash_ops.core.units import format_bytes, parse_size
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from dflash_ops import probes
-from dflash_ops.disk import Margin, SpaceCheck, margin_of, space_check
-from dflash_ops.errors import CheckpointError, InventoryError, TransferError
-from dflash_ops.hosts import Host, TrainingEnvironment
-from dflash_ops.inventory import Inventory, PctContainer, RootfsContainer
-from dflash_ops.relay import (
+from dflash_ops.core.errors import CheckpointError, InventoryError, TransferError
+from dflash_ops.core.inventory import Inventory, PctContainer, RootfsContainer
+from dflash_ops.core.units import format_bytes
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host, TrainingEnvironment
+from dflash_ops.staging.disk import Margin, SpaceCheck, margin_of, space_check
+from dflash_ops.staging.relay import (
     HASHER_PROBE,
     DestinationLock,
     LocalSide,
@@ -38,7 +39,6 @@ from dflash_ops.relay import (
     move,
     stderr_reason,
 )
-from dflash_ops.units import format_bytes
 
 STAGED_NAME = "checkpoint.pt"  # a stripped variant (issue 6) gets its own name here
 STABLE_AFTER_S = 2  # a file untouched this long is not being written

@@ -1,10 +1,10 @@
 """Pulled results on the workstation: load, compare across steps and runs, plot.
 
-Each run lives in `<results>/<run-id>/` (see dflash_ops.jobs.fetch): `run.json` (where and how
-it ran, its final state) and, for a successful run, the harness's `results.json`. Runs are
-comparable only when everything that shapes the numbers matches: prompts, target, block size,
-completion length, completion source and harness version. Comparing across that line is
-refused unless asked for, and then every differing row is flagged.
+Each run lives in `<results>/<run-id>/` (see dflash_ops.evaluation.jobs.fetch): `run.json`
+(where and how it ran, its final state) and, for a successful run, the harness's `results.json`.
+Runs are comparable only when everything that shapes the numbers matches: prompts, target,
+block size, completion length, completion source and harness version. Comparing across that
+line is refused unless asked for, and then every differing row is flagged.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.errors import OpsError
+from dflash_ops.core.errors import OpsError
 
 # What must match for two runs' numbers to be comparable, and how to read it from results.
 COMPARABILITY = {

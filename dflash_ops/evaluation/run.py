@@ -1,9 +1,9 @@
 """`fab run-eval`: stage a checkpoint, make sure the host can evaluate it, run the harness
 detached, follow it, and bring the results home.
 
-Orchestration only: bytes move in dflash_ops.checkpoints, hosts are provisioned by
-dflash_ops.provision, runs are managed by dflash_ops.jobs; what the user sees is passed in
-as a `Viewer` (dflash_ops.eval_view draws it with rich).
+Orchestration only: bytes move in dflash_ops.staging.checkpoints, hosts are provisioned by
+dflash_ops.provision, runs are managed by dflash_ops.evaluation.jobs; what the user sees is
+passed in as a `Viewer` (dflash_ops.ui.eval_view draws it with rich).
 """
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from dflash_ops import jobs, probes, provision
-from dflash_ops.checkpoints import list_checkpoints, staged_status
-from dflash_ops.errors import HostError, OpsError
-from dflash_ops.hosts import Host
-from dflash_ops.inventory import EvalHost, Inventory
-from dflash_ops.results import load_runs, summary_lines
-from dflash_ops.units import format_bytes
+from dflash_ops import provision
+from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.units import format_bytes
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.results import load_runs, summary_lines
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host
+from dflash_ops.staging.checkpoints import list_checkpoints, staged_status
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from dflash_ops.checks import Row, Status
+from dflash_ops.remote.checks import Row, Status
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)

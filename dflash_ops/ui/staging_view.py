@@ -14,12 +14,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from dflash_ops import checkpoints
-from dflash_ops.console import console
-from dflash_ops.errors import HostError, InventoryError
-from dflash_ops.inventory import Inventory
-from dflash_ops.relay import RelayState
-from dflash_ops.units import format_bytes
+from dflash_ops.core.errors import HostError, InventoryError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.units import format_bytes
+from dflash_ops.staging import checkpoints
+from dflash_ops.staging.relay import RelayState
+from dflash_ops.ui.console import console
 
 VIAS = ("stream", "rootfs", "pull")
 

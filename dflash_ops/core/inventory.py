@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dflash_ops.errors import InventoryError
+from dflash_ops.core.errors import InventoryError
 
 DEFAULT_INVENTORY = "inventory.yaml"
 ENV_VAR = "DFLASH_INVENTORY"

@@ -12,12 +12,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from dflash_ops import probes
-from dflash_ops.disk import local_free_bytes
-from dflash_ops.errors import HostError, HostKeyError, UnreachableError
-from dflash_ops.hosts import Host, TrainingEnvironment, host_error_row
-from dflash_ops.inventory import DockerContainer, EvalHost, Inventory, PctContainer, TrainerHost
-from dflash_ops.units import format_bytes
+from dflash_ops.core.errors import HostError, HostKeyError, UnreachableError
+from dflash_ops.core.inventory import (
+    DockerContainer,
+    EvalHost,
+    Inventory,
+    PctContainer,
+    TrainerHost,
+)
+from dflash_ops.core.units import format_bytes
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host, TrainingEnvironment, host_error_row
+from dflash_ops.staging.disk import local_free_bytes
 
 
 class Status(Enum):

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_ops import lab
+from dflash_lab import lab
 
 ROOT = Path(os.environ.get("DFLASH_DEMO_DIR", "/tmp/dflash-demo"))
 KEEP = Path(os.environ.get("DFLASH_DEMO_RESULTS", "demo-results")).resolve()

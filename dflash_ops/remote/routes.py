@@ -1,0 +1,55 @@
+"""The network-safety guard for lab inventories (DESIGN.md, "Network safety").
+
+A lab inventory names the lab's state file. Its addresses may be used only while the lab's own
+network namespaces exist and each address routes through the lab's own veth: otherwise the
+same address could reach a real machine. This module reads that state file itself (only the
+fields it needs), so the product never imports the lab package.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from dflash_ops.core.errors import LabError
+
+
+def verify_routes(state_file: Path) -> None:
+    """Refuse unless every lab address is reached through the lab's own veth right now."""
+    state_file = Path(state_file)
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        raise LabError(f"no lab at {state_file.parent} ({state_file.name} missing); run "
+                       "`fab lab-up`") from None
+    except (OSError, ValueError) as exc:
+        raise LabError(f"lab state {state_file} is unreadable ({exc}); refusing to connect to "
+                       "its addresses. Run `fab lab-down` and `fab lab-up`.") from None
+    namespaces = network_namespaces() if state.get("mode") == "netns" else []
+    for name, record in state.get("hosts", {}).items():
+        address = record.get("address")
+        if state.get("mode") != "netns":
+            if address != "127.0.0.1":
+                raise LabError(f"lab host {name} has non-loopback address {address}")
+            continue
+        if record.get("netns") not in namespaces:
+            raise LabError(f"lab namespace {record.get('netns')} of {name} is gone; refusing "
+                           f"to connect to {address}. Run `fab lab-up` again.")
+        device = route_device(address)
+        if device != record.get("veth"):
+            raise LabError(f"lab host {name}'s address {address} routes via {device}, not the "
+                           f"lab's veth {record.get('veth')}; refusing to connect.")
+
+
+def network_namespaces() -> list[str]:
+    output = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in output.splitlines() if line.strip()]
+
+
+def route_device(address: str) -> str:
+    """The device `ip route get` picks for `address` ('none' when there is no route)."""
+    route = subprocess.run(
+        ["ip", "-o", "route", "get", address], capture_output=True, text=True
+    ).stdout.split()
+    return route[route.index("dev") + 1] if "dev" in route else "none"
