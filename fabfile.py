@@ -193,20 +193,50 @@ def stage_checkpoint(
         "detach": "start the run and return; follow later with eval-logs --follow",
     }
 )
-def run_eval(c, step=0, steps=None, all_new=False, host=None, num_prompts=0,
-             max_new_tokens=0, max_blocks=0, block_size=0, ddtree=None, threads=0,
-             reference=False, prompts=None, sglang=False, strip_optimizer=False, tag=None,
-             detach=False, inventory=None):
+def run_eval(
+    c,
+    step=0,
+    steps=None,
+    all_new=False,
+    host=None,
+    num_prompts=0,
+    max_new_tokens=0,
+    max_blocks=0,
+    block_size=0,
+    ddtree=None,
+    threads=0,
+    reference=False,
+    prompts=None,
+    sglang=False,
+    strip_optimizer=False,
+    tag=None,
+    detach=False,
+    inventory=None,
+):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
     from dflash_ops.ui.eval_view import run_eval_command
 
     run_eval_command(
-        load_inventory(inventory), step=step, steps=steps, all_new=all_new, host=host,
-        harness_flags={"--num-prompts": num_prompts, "--max-new-tokens": max_new_tokens,
-                       "--max-blocks": max_blocks, "--block-size": block_size,
-                       "--ddtree": ddtree, "--threads": threads},
-        reference=reference, prompts=prompts, sglang=sglang, strip_optimizer=strip_optimizer,
-        tag=tag, detach=detach)
+        load_inventory(inventory),
+        step=step,
+        steps=steps,
+        all_new=all_new,
+        host=host,
+        harness_flags={
+            "--num-prompts": num_prompts,
+            "--max-new-tokens": max_new_tokens,
+            "--max-blocks": max_blocks,
+            "--block-size": block_size,
+            "--ddtree": ddtree,
+            "--threads": threads,
+        },
+        reference=reference,
+        prompts=prompts,
+        sglang=sglang,
+        strip_optimizer=strip_optimizer,
+        tag=tag,
+        detach=detach,
+    )
 
 
 @ops_task()
@@ -217,8 +247,9 @@ def eval_status(c, inventory=None):
     show_status(load_inventory(inventory))
 
 
-@ops_task(help={"run": "run id (or a unique prefix of it)",
-                "follow": "keep printing until the run ends"})
+@ops_task(
+    help={"run": "run id (or a unique prefix of it)", "follow": "keep printing until the run ends"}
+)
 def eval_logs(c, run, follow=False, inventory=None):
     """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
     from dflash_ops.ui.eval_view import show_logs
@@ -242,13 +273,23 @@ def fetch_results(c, inventory=None):
     fetch_all(load_inventory(inventory))
 
 
-@ops_task(help={"steps": "only these steps, comma-separated", "tag": "only runs with this tag",
-                "allow_mixed": "show incomparable runs (flagged) instead of refusing",
-                "plots": "directory for the PNG plots (default: <results>/plots)"})
+@ops_task(
+    help={
+        "steps": "only these steps, comma-separated",
+        "tag": "only runs with this tag",
+        "allow_mixed": "show incomparable runs (flagged) instead of refusing",
+        "plots": "directory for the PNG plots (default: <results>/plots)",
+    }
+)
 def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, inventory=None):
     """Table of τ, DDTree τ and acceptance across steps and runs, and PNG plots."""
     from dflash_ops.ui.cli import parse_steps
     from dflash_ops.ui.eval_view import show_comparison
 
-    show_comparison(load_inventory(inventory).local.results, parse_steps(steps), tag,
-                    allow_mixed, Path(plots) if plots else None)
+    show_comparison(
+        load_inventory(inventory).local.results,
+        parse_steps(steps),
+        tag,
+        allow_mixed,
+        Path(plots) if plots else None,
+    )

@@ -107,8 +107,10 @@ def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
     raw, whole, relay = (statistics.median(t) for t in (raw_times, stage_times, moving))
     print(f"\nraw ssh|ssh pipe     : {rate(size, raw)}")
     print(f"stage-checkpoint     : {rate(size, whole)}   ratio {raw / whole:.2f}")
-    print(f"  its relay phase    : {rate(size, relay)}   ratio {raw / relay:.2f} "
-          f"(without the control round trips)")
+    print(
+        f"  its relay phase    : {rate(size, relay)}   ratio {raw / relay:.2f} "
+        f"(without the control round trips)"
+    )
 
     clear()
     killed_at: list[int] = []
@@ -119,8 +121,11 @@ def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
             os.killpg(state.source.pid, signal.SIGKILL)
 
     try:
-        stage(inventory, STEP, options=StageOptions(**{**quiet, "resume": True},
-                                                    on_progress=kill_half))
+        stage(
+            inventory,
+            STEP,
+            options=StageOptions(**{**quiet, "resume": True}, on_progress=kill_half),
+        )
     except Exception as exc:  # the expected TransferError
         print(f"\nkilled at {format_bytes(killed_at[0])}: {type(exc).__name__}")
     kept = staged.with_name(staged.name + ".partial").stat().st_size

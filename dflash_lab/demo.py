@@ -41,8 +41,7 @@ def main() -> int:
         ["list-checkpoints"],
         ["stage-checkpoint", "--step", "4000", "--to", "eval"],
         ["stage-checkpoint", "--step", "4000", "--to", "eval"],  # again: "already staged"
-        ["run-eval", "--steps", "2000,4000,6000", "--prompts", prompts, "--reference",
-         *HARNESS],
+        ["run-eval", "--steps", "2000,4000,6000", "--prompts", prompts, "--reference", *HARNESS],
         ["eval-status"],
         ["compare"],
     ]
@@ -60,8 +59,10 @@ def main() -> int:
         subprocess.run([FAB, "lab-down", "--dir", str(ROOT)], env=env)
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s")
     print(f"results (one directory per run): {KEEP}")
-    print(f"plots: {KEEP / 'plots' / 'tau_vs_step.png'}, "
-          f"{KEEP / 'plots' / 'acceptance_per_position.png'}")
+    print(
+        f"plots: {KEEP / 'plots' / 'tau_vs_step.png'}, "
+        f"{KEEP / 'plots' / 'acceptance_per_position.png'}"
+    )
     return 0
 
 

@@ -496,8 +496,10 @@ def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
         target = lab.data_dir(name) / "models" / "tiny-target"
         shutil.copytree(models.target_dir, target)
         shutil.copytree(reference, target.with_name("reference-drafter"))
-        settings[name] = {"target_model": str(target),
-                          "reference_drafter": str(target.with_name("reference-drafter"))}
+        settings[name] = {
+            "target_model": str(target),
+            "reference_drafter": str(target.with_name("reference-drafter")),
+        }
     if models.prompts is not None:  # prompts the tiny target answers sensibly
         shutil.copyfile(models.prompts, lab.root / LAB_PROMPTS)
     return settings

@@ -61,14 +61,22 @@ def inventory(lab) -> Inventory:
     return load_inventory(lab.inventory_path)
 
 
-def run_fab(inventory_path: Path | None, *args: str, timeout: float = 300,
-            **popen) -> subprocess.CompletedProcess:
+def run_fab(
+    inventory_path: Path | None, *args: str, timeout: float = 300, **popen
+) -> subprocess.CompletedProcess:
     """Run the real `fab` from the repo root against an inventory; output captured."""
     env = {**os.environ, "COLUMNS": "200"}
     if inventory_path is not None:
         env["DFLASH_INVENTORY"] = str(inventory_path)
-    return subprocess.run([str(FAB), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, **popen)
+    return subprocess.run(
+        [str(FAB), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **popen,
+    )
 
 
 @pytest.fixture

@@ -80,5 +80,6 @@ def test_missing_directories_and_stopped_container_are_red(make_lab, fab):
     shutil.rmtree(built.container_path("/workspace/checkpoints"))
     result = fab(built.inventory_path, "check-hosts")
     assert result.returncode == 1
-    assert "missing; fix `checkpoints` in the inventory" in table_row(result.stdout,
-                                                                       "checkpoints dir")
+    assert "missing; fix `checkpoints` in the inventory" in table_row(
+        result.stdout, "checkpoints dir"
+    )

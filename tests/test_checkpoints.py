@@ -168,7 +168,7 @@ def test_two_hop_fans_out_from_one_verified_local_copy(make_lab):
 
 def test_paths_with_spaces_and_quotes(make_lab):
     lab = make_lab(steps=(4000,), checkpoint_size="1m")
-    odd_dir = "/workspace/it's a \"ckpt\" dir"
+    odd_dir = '/workspace/it\'s a "ckpt" dir'
     original = lab.checkpoint_path(4000)
     moved = lab.container_path(f"{odd_dir}/step 4000/ck pt's.pt")
     moved.parent.mkdir(parents=True)
@@ -176,7 +176,7 @@ def test_paths_with_spaces_and_quotes(make_lab):
     document = yaml.safe_load(lab.inventory_path.read_text())
     document["hosts"]["trainer"]["checkpoints"] = odd_dir
     document["hosts"]["trainer"]["layout"] = "step {step}/ck pt's.pt"
-    staging = lab.data_dir("eval") / "stag'ed \"here\" $HOME"
+    staging = lab.data_dir("eval") / 'stag\'ed "here" $HOME'
     document["hosts"]["eval"]["checkpoints"] = str(staging)
     lab.inventory_path.write_text(yaml.safe_dump(document))
     inventory = load_inventory(lab.inventory_path)

@@ -78,7 +78,7 @@ PAYLOAD = bytes(range(256)) * 64
 @pytest.fixture
 def odd_file(lab):
     """A file with spaces and quotes in its name, inside the trainer's container."""
-    in_container = "/workspace/it's a \"weird\" name.bin"
+    in_container = '/workspace/it\'s a "weird" name.bin'
     lab.container_path(in_container).write_bytes(PAYLOAD)
     yield in_container
     lab.container_path(in_container).unlink()
@@ -101,8 +101,9 @@ def test_pct_exec_sees_only_the_container(inventory, odd_file):
         digest = host.run(env.run_command("sha256sum < {}", odd_file)).stdout.split()[0]
         assert digest == hashlib.sha256(PAYLOAD).hexdigest()
         # The container's / is its rootfs: the host's lab directory is not visible inside.
-        inside = host.run(env.wrap(f"test -e {shlex.quote(str(inventory.path))} && echo host "
-                                   "|| echo isolated")).stdout.strip()
+        inside = host.run(
+            env.wrap(f"test -e {shlex.quote(str(inventory.path))} && echo host || echo isolated")
+        ).stdout.strip()
         assert inside == "isolated"
     finally:
         host.close()
@@ -110,7 +111,8 @@ def test_pct_exec_sees_only_the_container(inventory, odd_file):
 
 def test_rootfs_access_reads_through_the_host_path(lab, inventory, odd_file):
     trainer = inventory.trainer.model_copy(
-        update={"container": RootfsContainer(kind="rootfs", path=str(lab.container_rootfs))})
+        update={"container": RootfsContainer(kind="rootfs", path=str(lab.container_rootfs))}
+    )
     env = TrainingEnvironment(trainer)
     argv = Host(inventory, "trainer").ssh_argv(env.stream_command(odd_file, 10))
     assert subprocess.run(argv, capture_output=True, timeout=30).stdout == PAYLOAD[10:]

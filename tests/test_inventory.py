@@ -30,8 +30,9 @@ def error_for(tmp_path: Path, document: dict | str) -> str:
 def test_example_inventory_loads():
     inv = inventory.load(EXAMPLE)
     assert inv.trainer_name == "trainer"
-    assert inv.trainer.container == PctContainer(kind="pct", id=200,
-                                                 rootfs="/scratch/containers/subvol-200-disk-0")
+    assert inv.trainer.container == PctContainer(
+        kind="pct", id=200, rootfs="/scratch/containers/subvol-200-disk-0"
+    )
     assert inv.trainer.layout.format(step=4000) == "step_4000/checkpoint.pt"
     name, entry = inv.eval_host(None)
     assert (name, entry.venv.python) == ("eval", "3.12")
@@ -60,30 +61,50 @@ def test_malformed_yaml_names_line(tmp_path):
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["hosts"]["trainer"].update(adress="x"),
-         "hosts.trainer.adress: unknown key (did you mean 'address'?)"),
-        (lambda d: d["hosts"]["eval"]["venv"].update(pyhton="3.12"),
-         "hosts.eval.venv.pyhton: unknown key (did you mean 'python'?); allowed here: "),
+        (
+            lambda d: d["hosts"]["trainer"].update(adress="x"),
+            "hosts.trainer.adress: unknown key (did you mean 'address'?)",
+        ),
+        (
+            lambda d: d["hosts"]["eval"]["venv"].update(pyhton="3.12"),
+            "hosts.eval.venv.pyhton: unknown key (did you mean 'python'?); allowed here: ",
+        ),
         (lambda d: d.update(locl={}), "locl: unknown key (did you mean 'local'?)"),
-        (lambda d: d["hosts"]["trainer"].pop("checkpoints"),
-         "hosts.trainer.checkpoints: required key is missing"),
-        (lambda d: d["hosts"]["eval"]["venv"].update(python=3.12),
-         'hosts.eval.venv.python: expected a string, found 3.12 (a number); quote it: "3.12"'),
-        (lambda d: d["hosts"]["trainer"].update(port="ssh"),
-         "hosts.trainer.port: expected a valid integer, found 'ssh' (a string)"),
-        (lambda d: d["hosts"]["trainer"].update(port=70000),
-         "hosts.trainer.port: expected less than or equal to 65535, found 70000"),
-        (lambda d: d["hosts"]["trainer"].update(container={"kind": "lxc", "id": 1}),
-         "hosts.trainer.container.kind: expected one of pct, rootfs, docker, found 'lxc'"),
-        (lambda d: d["hosts"]["trainer"].update(container={"kind": "docker"}),
-         "hosts.trainer.container.name: required key is missing"),
-        (lambda d: d["hosts"]["trainer"].update(container={"kind": "docker", "name": "t",
-                                                           "rootfs": "/x"}),
-         "hosts.trainer.container.rootfs: unknown key; allowed here: kind, name"),
-        (lambda d: d["hosts"]["eval"].update(role="evaluator"),
-         "hosts.eval.role: expected one of trainer, eval, found 'evaluator'"),
-        (lambda d: d["hosts"]["eval"].update(role="trainer"),
-         "hosts.eval.workdir: unknown key"),
+        (
+            lambda d: d["hosts"]["trainer"].pop("checkpoints"),
+            "hosts.trainer.checkpoints: required key is missing",
+        ),
+        (
+            lambda d: d["hosts"]["eval"]["venv"].update(python=3.12),
+            'hosts.eval.venv.python: expected a string, found 3.12 (a number); quote it: "3.12"',
+        ),
+        (
+            lambda d: d["hosts"]["trainer"].update(port="ssh"),
+            "hosts.trainer.port: expected a valid integer, found 'ssh' (a string)",
+        ),
+        (
+            lambda d: d["hosts"]["trainer"].update(port=70000),
+            "hosts.trainer.port: expected less than or equal to 65535, found 70000",
+        ),
+        (
+            lambda d: d["hosts"]["trainer"].update(container={"kind": "lxc", "id": 1}),
+            "hosts.trainer.container.kind: expected one of pct, rootfs, docker, found 'lxc'",
+        ),
+        (
+            lambda d: d["hosts"]["trainer"].update(container={"kind": "docker"}),
+            "hosts.trainer.container.name: required key is missing",
+        ),
+        (
+            lambda d: d["hosts"]["trainer"].update(
+                container={"kind": "docker", "name": "t", "rootfs": "/x"}
+            ),
+            "hosts.trainer.container.rootfs: unknown key; allowed here: kind, name",
+        ),
+        (
+            lambda d: d["hosts"]["eval"].update(role="evaluator"),
+            "hosts.eval.role: expected one of trainer, eval, found 'evaluator'",
+        ),
+        (lambda d: d["hosts"]["eval"].update(role="trainer"), "hosts.eval.workdir: unknown key"),
         (lambda d: d["hosts"].pop("eval"), "hosts: expected at least one host with role: eval"),
         (lambda d: d.update(hosts=[]), "hosts: expected a mapping of host names"),
     ],

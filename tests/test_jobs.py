@@ -130,8 +130,15 @@ def test_parse_runs_states():
     params = json.dumps({"step": 2000, "started": 1000.0})
 
     def state(**fields) -> str:
-        values = {"code": "-", "pid": "42", "alive": "no", "results": "no", "finished": "-",
-                  "params": params, **fields}
+        values = {
+            "code": "-",
+            "pid": "42",
+            "alive": "no",
+            "results": "no",
+            "finished": "-",
+            "params": params,
+            **fields,
+        }
         return jobs.parse_runs("eval", line.format(**values), now=1010.0)[0].state
 
     assert state(alive="yes") == "running"

@@ -28,8 +28,11 @@ def test_trainer_and_eval_cannot_reach_each_other(lab):
 
 def test_disks_are_size_limited(make_lab):
     disk = make_lab(eval_disk="16m").data_dir("eval")
-    filler = subprocess.run(["dd", "if=/dev/zero", f"of={disk}/fill", "bs=1M", "count=17"],
-                            capture_output=True, text=True)
+    filler = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={disk}/fill", "bs=1M", "count=17"],
+        capture_output=True,
+        text=True,
+    )
     assert filler.returncode != 0 and "No space left on device" in filler.stderr
     assert (disk / "fill").stat().st_size == 16 << 20
 
@@ -61,9 +64,19 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
     assert sum(item.startswith("netns") for item in everything) == 3
     assert sum(item.startswith("mount") for item in everything) == 4
     # A live SSH session must not keep anything alive either.
-    session = subprocess.Popen(["ssh", "-i", str(built.key), "-o", "BatchMode=yes",
-                                "-o", f"UserKnownHostsFile={built.known_hosts}",
-                                built.state.hosts["eval"].address, "sleep 60"])
+    session = subprocess.Popen(
+        [
+            "ssh",
+            "-i",
+            str(built.key),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"UserKnownHostsFile={built.known_hosts}",
+            built.state.hosts["eval"].address,
+            "sleep 60",
+        ]
+    )
     status = fab(None, "lab-status", "--dir", str(root))
     assert "eval2" in status.stdout and "sshd running" in status.stdout
     down = fab(None, "lab-down", "--dir", str(root))
@@ -79,8 +92,11 @@ def test_failed_up_removes_what_it_made(tmp_path):
 
     def snapshot() -> tuple:
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        return (sorted(network_namespaces()), sorted(labs._mount_points()),
-                sorted(line.split(":")[1].strip() for line in links.splitlines()))
+        return (
+            sorted(network_namespaces()),
+            sorted(labs._mount_points()),
+            sorted(line.split(":")[1].strip() for line in links.splitlines()),
+        )
 
     before = snapshot()
     root = tmp_path / "lab"

@@ -19,16 +19,19 @@ def test_parse_df_avail():
 
 def test_parse_file_stat():
     assert probes.parse_file_stat("4194304 1764428000 regular file\n") == FileStat(
-        4194304, 1764428000, "regular file")
+        4194304, 1764428000, "regular file"
+    )
     assert probes.parse_file_stat("missing\n") is None
     with pytest.raises(ProbeParseError):
         probes.parse_file_stat("stat: cannot stat\n")
 
 
 def test_parse_tools():
-    captured = ("uv\t/root/.local/bin/uv\tuv 0.13.9\n"
-                "sha256sum\t/usr/bin/sha256sum\tsha256sum (GNU coreutils) 9.1\n"
-                "pct\t\t\n")
+    captured = (
+        "uv\t/root/.local/bin/uv\tuv 0.13.9\n"
+        "sha256sum\t/usr/bin/sha256sum\tsha256sum (GNU coreutils) 9.1\n"
+        "pct\t\t\n"
+    )
     found = probes.parse_tools(captured)
     assert found["uv"].version == "uv 0.13.9" and found["uv"].present
     assert not found["pct"].present and found["pct"].version is None
@@ -47,8 +50,7 @@ def test_parse_paths_info():
 
 def test_parse_machine():
     captured = "16\nMemTotal:       131072000 kB\nMemAvailable:   120000000 kB\n"
-    assert probes.parse_machine(captured) == probes.Machine(16, 131072000 * 1024,
-                                                            120000000 * 1024)
+    assert probes.parse_machine(captured) == probes.Machine(16, 131072000 * 1024, 120000000 * 1024)
     with pytest.raises(ProbeParseError):
         probes.parse_machine("nproc: not found\n")
 
@@ -62,7 +64,7 @@ def test_parse_container_running():
 def test_probes_on_a_real_host(lab, inventory):
     host = Host(inventory, "eval")
     data = str(lab.data_dir("eval"))
-    weird = lab.data_dir("eval") / "it's a \"file\" with spaces"
+    weird = lab.data_dir("eval") / 'it\'s a "file" with spaces'
     try:
         free = host.probe(probes.free_bytes(data))
         assert 0 < free <= parse_size(LabConfig().eval_disk)  # the eval host's tmpfs

@@ -148,8 +148,9 @@ class Provisioned:
 
 @pytest.fixture(scope="module")
 def provisioned(tmp_path_factory) -> Iterator[Provisioned]:
-    built = labs.up(labs.LabConfig(root=tmp_path_factory.mktemp("provision") / "lab",
-                                   eval_disk="3g"))
+    built = labs.up(
+        labs.LabConfig(root=tmp_path_factory.mktemp("provision") / "lab", eval_disk="3g")
+    )
     try:
         started = time.monotonic()
         result = run_fab(built.inventory_path, "setup-eval-host", timeout=600)
@@ -204,8 +205,9 @@ def test_rerun_does_nothing_fast(provisioned):
 def test_changed_transformers_version_is_upgraded(provisioned):
     installed = provisioned.record()["resolved"]["transformers"]
     other = "5.17.0" if installed != "5.17.0" else "5.18.0"  # both on this machine's mirrors
-    changed = provisioned.variant("transformers", versions={
-        **provisioned.entry.venv.versions, "transformers": other})
+    changed = provisioned.variant(
+        "transformers", versions={**provisioned.entry.venv.versions, "transformers": other}
+    )
     result = run_fab(changed, "setup-eval-host", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "spec changed (versions)" in result.stdout
@@ -266,8 +268,7 @@ def test_deploy_harness_twice_uploads_nothing(provisioned):
 
 def test_changed_harness_gets_new_hash_and_current_switches(provisioned, tmp_path):
     source = tmp_path / "dflash_eval"
-    shutil.copytree(provision.HARNESS_SOURCE, source,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(provision.HARNESS_SOURCE, source, ignore=shutil.ignore_patterns("__pycache__"))
     with (source / "__init__.py").open("a") as init:
         init.write("\nCHANGED_IN_TEST = True\n")
     original = provision.harness_hash()
@@ -290,7 +291,8 @@ def test_changed_harness_gets_new_hash_and_current_switches(provisioned, tmp_pat
         back = provision.deploy_harness(host, entry, say=messages.append)
         assert not back.uploaded and back.switched
         assert host.run(f"readlink {harness}/current").stdout.strip() == (
-            provision.short_hash(original))
+            provision.short_hash(original)
+        )
     finally:
         host.close()
 
@@ -303,8 +305,11 @@ def test_wheelhouse_mode_pushes_wheels_and_installs_without_index(provisioned, m
     assert "no index" in result.stdout and "wheel(s) pushed" in result.stdout
     wheels = provisioned.remote(f"ls {provisioned.entry.workdir}/wheelhouse")
     assert "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl" in wheels
-    record = json.loads(provisioned.host(airgapped).run(
-        f"cat {provision.record_path(provisioned.entry.venv)}").stdout)
+    record = json.loads(
+        provisioned.host(airgapped)
+        .run(f"cat {provision.record_path(provisioned.entry.venv)}")
+        .stdout
+    )
     assert record["sources"]["no_index"] is True
     restored = run_fab(provisioned.inventory_path, "setup-eval-host", timeout=300)
     assert restored.returncode == 0, restored.stdout + restored.stderr

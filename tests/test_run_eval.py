@@ -28,9 +28,15 @@ QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
 
 @pytest.fixture(scope="module")
 def models_lab(tmp_path_factory):
-    built = labs.up(labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", eval_hosts=2,
-                                   eval_disk="3g", steps=(2000, 4000, 6000)),
-                    labs.trained_models)
+    built = labs.up(
+        labs.LabConfig(
+            root=tmp_path_factory.mktemp("lab") / "lab",
+            eval_hosts=2,
+            eval_disk="3g",
+            steps=(2000, 4000, 6000),
+        ),
+        labs.trained_models,
+    )
     try:
         inventory = load(built.inventory_path)
         provision.setup_eval_hosts(inventory, None, False, say=lambda message: None)
@@ -61,12 +67,19 @@ def fab_eval(inventory_path: Path, *args: str, timeout: float = 300):
 
 def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "DFLASH_INVENTORY": str(inventory_path), "COLUMNS": "200"}
-    return subprocess.Popen([str(FAB), *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [str(FAB), *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
-def wait_for_run(inventory_path: Path, host_name: str = "eval", state: str = "running",
-                 timeout: float = 120) -> jobs.Run:
+def wait_for_run(
+    inventory_path: Path, host_name: str = "eval", state: str = "running", timeout: float = 120
+) -> jobs.Run:
     inventory = load(inventory_path)
     host, entry = Host(inventory, host_name), inventory.eval_hosts[host_name]
     deadline = time.monotonic() + timeout
@@ -86,8 +99,9 @@ def pulled(inventory_path: Path) -> list[Path]:
 
 
 def test_run_eval_end_to_end(inventory_path):
-    result = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
-                      "--reference", *QUICK)
+    result = fab_eval(
+        inventory_path, "run-eval", "--step", "2000", "--host", "eval", "--reference", *QUICK
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "succeeded (exit code 0)" in result.stdout
     assert "step 2000  τ macro" in result.stdout
@@ -111,8 +125,9 @@ def test_run_eval_end_to_end(inventory_path):
 
 
 def test_harness_killed_mid_run_fails_loudly(inventory_path):
-    running = start_fab(inventory_path, "run-eval", "--step", "4000", "--host", "eval",
-                        "--max-new-tokens", "400")
+    running = start_fab(
+        inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--max-new-tokens", "400"
+    )
     run = wait_for_run(inventory_path)
     inventory = load(inventory_path)
     host = Host(inventory, "eval")
@@ -141,8 +156,17 @@ def test_workstation_killed_mid_run_then_fetch(inventory_path):
 
 def test_detach_reattach_cancel_and_busy(inventory_path):
     # A long run holds the host for the busy check (a quick one could end before it).
-    long = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--detach",
-                    "--max-new-tokens", "400")
+    long = fab_eval(
+        inventory_path,
+        "run-eval",
+        "--step",
+        "4000",
+        "--host",
+        "eval",
+        "--detach",
+        "--max-new-tokens",
+        "400",
+    )
     assert long.returncode == 0, long.stderr
     victim = wait_for_run(inventory_path, state="running")
     busy = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
@@ -152,8 +176,9 @@ def test_detach_reattach_cancel_and_busy(inventory_path):
     nothing = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
     assert nothing.returncode == 1 and "already cancelled" in nothing.stderr
 
-    detached = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
-                        "--detach", *QUICK)
+    detached = fab_eval(
+        inventory_path, "run-eval", "--step", "2000", "--host", "eval", "--detach", *QUICK
+    )
     assert detached.returncode == 0, detached.stderr
     [run_id] = re.findall(r"run (\S+) started", detached.stdout)
     follow = fab_eval(inventory_path, "eval-logs", "--run", run_id[:20], "--follow")
@@ -170,13 +195,14 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     eval_host.close()
     staged = fab_eval(inventory_path, "stage-checkpoint", "--step", "6000", "--to", "eval2")
     assert staged.returncode == 0, staged.stderr
-    sweep = fab_eval(inventory_path, "run-eval", "--steps", "2000,4000,6000", *QUICK,
-                     timeout=600)
+    sweep = fab_eval(inventory_path, "run-eval", "--steps", "2000,4000,6000", *QUICK, timeout=600)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     for host in ("eval", "eval2"):
         assert f"{host:>8} │ " in sweep.stdout  # lines prefixed by their host
-    hosts = {json.loads(p.read_text())["step"]: json.loads(p.read_text())["host"]
-             for p in pulled(inventory_path)}
+    hosts = {
+        json.loads(p.read_text())["step"]: json.loads(p.read_text())["host"]
+        for p in pulled(inventory_path)
+    }
     assert sorted(hosts) == [2000, 4000, 6000]
     assert hosts[6000] == "eval2"
     assert "step_6000/checkpoint.pt: already staged" in sweep.stdout
@@ -186,21 +212,47 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert compared.returncode == 0, compared.stderr
     assert "tau_vs_step.png" in compared.stdout
     results = load(inventory_path).local.results
-    cli = subprocess.run([str(FAB.parent / "dflash-ops"), "results", "compare", "--results",
-                          str(results), "--plots", str(results / "cli-plots")],
-                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    cli = subprocess.run(
+        [
+            str(FAB.parent / "dflash-ops"),
+            "results",
+            "compare",
+            "--results",
+            str(results),
+            "--plots",
+            str(results / "cli-plots"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert cli.returncode == 0, cli.stderr
     assert "tree-8" in cli.stdout and (results / "cli-plots" / "tau_vs_step.png").exists()
-    listing = subprocess.run([str(FAB.parent / "dflash-ops"), "results", "list", "--results",
-                              str(results)], capture_output=True, text=True)
+    listing = subprocess.run(
+        [str(FAB.parent / "dflash-ops"), "results", "list", "--results", str(results)],
+        capture_output=True,
+        text=True,
+    )
     assert listing.stdout.count("succeeded") == 3
     plots = results / "plots"
     assert (plots / "tau_vs_step.png").stat().st_size > 1000
     assert (plots / "acceptance_per_position.png").stat().st_size > 1000
 
     # A run with other completion lengths is not comparable: refused, or flagged on request.
-    other = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval",
-                     "--num-prompts", "2", "--max-new-tokens", "16", "--ddtree", "4,8")
+    other = fab_eval(
+        inventory_path,
+        "run-eval",
+        "--step",
+        "2000",
+        "--host",
+        "eval",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "16",
+        "--ddtree",
+        "4,8",
+    )
     assert other.returncode == 0, other.stderr
     refused = fab_eval(inventory_path, "compare")
     assert refused.returncode == 1
@@ -273,8 +325,9 @@ def sglang_stand_in(models_lab, tmp_path):
     target = load(models_lab.inventory_path).eval_hosts["eval"].target_model
     log = tmp_path / "requests.jsonl"
     argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", target, "--log", str(log)]
-    server = subprocess.Popen(models_lab.in_namespace("eval", argv), cwd=REPO,
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        models_lab.in_namespace("eval", argv), cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(server.stdout.readline())
         yield server, f"http://127.0.0.1:{port}", log
@@ -309,8 +362,18 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     # The server gone (other lengths, so no cached completion hides it): a clear failure.
     server.terminate()
     server.wait(timeout=30)
-    down = fab_eval(with_sglang, "run-eval", *step, "--sglang", "--num-prompts", "2",
-                    "--max-new-tokens", "20", "--ddtree", "4")
+    down = fab_eval(
+        with_sglang,
+        "run-eval",
+        *step,
+        "--sglang",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "20",
+        "--ddtree",
+        "4",
+    )
     assert down.returncode == 1
     output = " ".join((down.stdout + down.stderr).split())
     assert f"Cannot reach the SGLang server at {url}" in output
@@ -318,14 +381,16 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
 
 
 def test_strip_optimizer_evaluates_the_extracted_copy(inventory_path):
-    result = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval",
-                      "--strip-optimizer", *QUICK)
+    result = fab_eval(
+        inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--strip-optimizer", *QUICK
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "optimizer state stripped" in result.stdout
     [run_file] = pulled(inventory_path)
     checkpoint = json.loads((run_file.parent / "results.json").read_text())["checkpoint"]
     assert checkpoint["path"].endswith("/step_4000/extracted")
     assert checkpoint["step"] == 4000
-    again = fab_eval(inventory_path, "run-eval", "--step", "4000", "--host", "eval",
-                     "--strip-optimizer", *QUICK)
+    again = fab_eval(
+        inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--strip-optimizer", *QUICK
+    )
     assert again.returncode == 0 and "optimizer state stripped" not in again.stdout  # reused

@@ -79,20 +79,22 @@ def run_dir(entry: EvalHost, run_id: str) -> str:
 def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
     """The shell wrapper that runs `command` in the run directory and records its exit code."""
     lock = shlex.quote(f"{runs_dir(entry)}/.lock")
-    return "\n".join([
-        "#!/bin/sh",
-        "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
-        "# record its pid and exit code next to its output.",
-        f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
-        "echo $$ > wrapper.pid",
-        f"exec 9>>{lock}",
-        f"flock -n 9 || {{ echo busy > refused; exit {BUSY_EXIT}; }}",
-        f"{command} > events.jsonl 2> log &",
-        "echo $! > pid.tmp && mv pid.tmp pid",
-        "wait $!",
-        "echo $? > exit_code.tmp && mv exit_code.tmp exit_code",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
+            "# record its pid and exit code next to its output.",
+            f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
+            "echo $$ > wrapper.pid",
+            f"exec 9>>{lock}",
+            f"flock -n 9 || {{ echo busy > refused; exit {BUSY_EXIT}; }}",
+            f"{command} > events.jsonl 2> log &",
+            "echo $! > pid.tmp && mv pid.tmp pid",
+            "wait $!",
+            "echo $? > exit_code.tmp && mv exit_code.tmp exit_code",
+            "",
+        ]
+    )
 
 
 def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict) -> str:
@@ -112,7 +114,7 @@ def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict)
     )
     unit = f"dflash-eval-{run_id}"
     start = (
-        "if [ -d /run/systemd/system ] && [ \"$(id -u)\" = 0 ] && command -v systemd-run "
+        'if [ -d /run/systemd/system ] && [ "$(id -u)" = 0 ] && command -v systemd-run '
         ">/dev/null; then "
         f"systemd-run --quiet --collect --unit={shlex.quote(unit)} /bin/sh {quoted}/run.sh "
         "&& echo systemd-run; "
@@ -128,9 +130,11 @@ def start_state(host: Host, entry: EvalHost, run_id: str) -> str:
     """Where a launched run stands: started (its wrapper holds the host's lock, or it has
     already finished), refused (another run holds the lock), waiting, or absent."""
     quoted = shlex.quote(run_dir(entry, run_id))
-    probe = (f"cd {quoted} 2>/dev/null || {{ echo absent; exit; }}; if [ -f refused ]; then "
-             "echo refused; elif [ -f pid ] || [ -f exit_code ]; then echo started; "
-             "else echo waiting; fi")
+    probe = (
+        f"cd {quoted} 2>/dev/null || {{ echo absent; exit; }}; if [ -f refused ]; then "
+        "echo refused; elif [ -f pid ] || [ -f exit_code ]; then echo started; "
+        "else echo waiting; fi"
+    )
     return host.run(probe).stdout.strip()
 
 
@@ -142,21 +146,29 @@ def _wait_started(host: Host, entry: EvalHost, run_id: str, timeout: float = 20)
         if answer == "started":
             return
         if answer == "refused":
-            holder = [run for run in list_runs(host, entry) if not run.done
-                      and run.run_id != run_id]
+            holder = [
+                run for run in list_runs(host, entry) if not run.done and run.run_id != run_id
+            ]
             host.run(f"rm -rf -- {quoted}")
-            raise JobError(_busy_message(host.name, holder[0]) if holder else
-                           f"{host.name}: another run took the host's eval lock first; retry")
+            raise JobError(
+                _busy_message(host.name, holder[0])
+                if holder
+                else f"{host.name}: another run took the host's eval lock first; retry"
+            )
         time.sleep(0.2)
-    raise JobError(f"{host.name}: run {run_id} did not start within {timeout:.0f} s; see "
-                   f"{run_dir(entry, run_id)}/log on the host")
+    raise JobError(
+        f"{host.name}: run {run_id} did not start within {timeout:.0f} s; see "
+        f"{run_dir(entry, run_id)}/log on the host"
+    )
 
 
 def _busy_message(host: str, run: Run) -> str:
-    return (f"{host} is busy with run {run.run_id} (step {run.step}, {run.state} since "
-            f"{_when(run.started)}): one run per eval host at a time. Wait for it "
-            f"(`fab eval-logs --run {run.run_id} --follow`), cancel it (`fab eval-cancel --run "
-            f"{run.run_id}`), or use another eval host (--host).")
+    return (
+        f"{host} is busy with run {run.run_id} (step {run.step}, {run.state} since "
+        f"{_when(run.started)}): one run per eval host at a time. Wait for it "
+        f"(`fab eval-logs --run {run.run_id} --follow`), cancel it (`fab eval-cancel --run "
+        f"{run.run_id}`), or use another eval host (--host)."
+    )
 
 
 def _when(epoch: float | None) -> str:
@@ -171,16 +183,16 @@ def _when(epoch: float | None) -> str:
 def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
     command = (
         f"cd {shlex.quote(runs_dir(entry))} 2>/dev/null || exit 0; "
-        "for d in */; do d=${d%/}; [ -f \"$d/params.json\" ] || continue; "
-        "code=$(cat \"$d/exit_code\" 2>/dev/null || echo -); "
-        "pid=$(cat \"$d/pid\" 2>/dev/null || echo -); "
-        "alive=no; for p in \"$pid\" \"$(cat \"$d/wrapper.pid\" 2>/dev/null)\"; do "
-        "[ -n \"$p\" ] && [ \"$p\" != - ] && kill -0 \"$p\" 2>/dev/null && alive=yes; done; "
-        "results=no; [ -f \"$d/results.json\" ] && results=yes; "
-        "[ -f \"$d/cancelled\" ] && results=cancelled; "
-        "finished=$(stat -c %Y \"$d/exit_code\" 2>/dev/null || echo -); "
-        "printf '%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n' \"$d\" \"$code\" \"$pid\" \"$alive\" "
-        "\"$results\" \"$finished\" \"$(tr -d '\\n' < \"$d/params.json\")\"; done"
+        'for d in */; do d=${d%/}; [ -f "$d/params.json" ] || continue; '
+        'code=$(cat "$d/exit_code" 2>/dev/null || echo -); '
+        'pid=$(cat "$d/pid" 2>/dev/null || echo -); '
+        'alive=no; for p in "$pid" "$(cat "$d/wrapper.pid" 2>/dev/null)"; do '
+        '[ -n "$p" ] && [ "$p" != - ] && kill -0 "$p" 2>/dev/null && alive=yes; done; '
+        'results=no; [ -f "$d/results.json" ] && results=yes; '
+        '[ -f "$d/cancelled" ] && results=cancelled; '
+        'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
+        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
+        '"$results" "$finished" "$(tr -d \'\\n\' < "$d/params.json")"; done'
     )
     return Probe(command, lambda output: parse_runs(host_name, output))
 
@@ -204,8 +216,16 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
             state = "starting"
         else:
             state = "lost"  # the wrapper died without recording an exit code
-        runs.append(Run(run_id, host_name, state, exit_code, params_data,
-                        float(finished) if finished != "-" else None))
+        runs.append(
+            Run(
+                run_id,
+                host_name,
+                state,
+                exit_code,
+                params_data,
+                float(finished) if finished != "-" else None,
+            )
+        )
     return sorted(runs, key=lambda run: run.started or 0)
 
 
@@ -215,8 +235,12 @@ def list_runs(host: Host, entry: EvalHost) -> list[Run]:
 
 def find_run(hosts: dict[str, tuple[Host, EvalHost]], run_id: str) -> tuple[Host, EvalHost, Run]:
     """The run with this id (or unique id prefix) on any of the hosts."""
-    matches = [(host, entry, run) for host, entry in hosts.values()
-               for run in list_runs(host, entry) if run.run_id.startswith(run_id)]
+    matches = [
+        (host, entry, run)
+        for host, entry in hosts.values()
+        for run in list_runs(host, entry)
+        if run.run_id.startswith(run_id)
+    ]
     if len(matches) == 1:
         return matches[0]
     if not matches:
@@ -228,19 +252,27 @@ def find_run(hosts: dict[str, tuple[Host, EvalHost]], run_id: str) -> tuple[Host
 # --- following -----------------------------------------------------------------------------
 
 
-def follow(host: Host, entry: EvalHost, run_id: str, file: str,
-           on_line: Callable[[str], None]) -> Run:
+def follow(
+    host: Host, entry: EvalHost, run_id: str, file: str, on_line: Callable[[str], None]
+) -> Run:
     """Stream `file` of the run (from its start) until the run ends; return its final state.
 
     Reading stops when the harness process exits; the caller's Ctrl-C stops only this
     reader, never the remote run."""
     directory = shlex.quote(run_dir(entry, run_id))
-    command = (f"cd {directory} && while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
-               f"done; touch {shlex.quote(file)}; "
-               f"exec tail -n +1 -F --pid=\"$(cat pid 2>/dev/null || echo 1)\" "
-               f"{shlex.quote(file)} 2>/dev/null")
-    reader = subprocess.Popen(host.ssh_argv(command), stdout=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, text=True, bufsize=1)
+    command = (
+        f"cd {directory} && while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
+        f"done; touch {shlex.quote(file)}; "
+        f'exec tail -n +1 -F --pid="$(cat pid 2>/dev/null || echo 1)" '
+        f"{shlex.quote(file)} 2>/dev/null"
+    )
+    reader = subprocess.Popen(
+        host.ssh_argv(command),
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        bufsize=1,
+    )
     try:
         assert reader.stdout is not None
         for line in reader.stdout:
@@ -294,7 +326,7 @@ def cancel(host: Host, entry: EvalHost, run: Run) -> None:
     if run.done:
         raise JobError(f"run {run.run_id} on {host.name} already {run.state}; nothing to cancel")
     directory = shlex.quote(run_dir(entry, run.run_id))
-    host.run(f"cd {directory} && touch cancelled && kill -TERM \"$(cat pid)\"")
+    host.run(f'cd {directory} && touch cancelled && kill -TERM "$(cat pid)"')
 
 
 def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | None:
@@ -313,10 +345,17 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
             continue  # a failed run has no results.json, maybe no events
         except OSError as exc:
             raise RemoteCommandError(host.name, f"get {remote}/{name}", 1, str(exc)) from None
-    summary = {"run_id": run.run_id, "host": host.name, "state": run.state,
-               "tag": run.params.get("tag"),
-               "exit_code": run.exit_code, "step": run.step, "started": run.started,
-               "finished": run.finished, "remote_dir": remote}
+    summary = {
+        "run_id": run.run_id,
+        "host": host.name,
+        "state": run.state,
+        "tag": run.params.get("tag"),
+        "exit_code": run.exit_code,
+        "step": run.step,
+        "started": run.started,
+        "finished": run.finished,
+        "remote_dir": remote,
+    }
     (partial / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     partial.replace(destination)
     return destination

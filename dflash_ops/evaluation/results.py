@@ -69,8 +69,10 @@ def load_runs(results_root: Path) -> list[RunResult]:
             results_file = directory / "results.json"
             results = json.loads(results_file.read_text()) if results_file.exists() else None
         except (OSError, json.JSONDecodeError) as exc:
-            raise ResultsError(f"{directory}: unreadable run files ({exc}); delete the "
-                               "directory and run `fab fetch-results` again") from None
+            raise ResultsError(
+                f"{directory}: unreadable run files ({exc}); delete the "
+                "directory and run `fab fetch-results` again"
+            ) from None
         runs.append(RunResult(directory.name, directory, run, results))
     return sorted(runs, key=lambda r: (r.step or 0, r.run.get("started") or 0))
 
@@ -86,15 +88,23 @@ class Comparison:
         return bool(self.differences)
 
 
-def compare(runs: list[RunResult], steps: list[int] | None = None,
-            tag: str | None = None) -> Comparison:
+def compare(
+    runs: list[RunResult], steps: list[int] | None = None, tag: str | None = None
+) -> Comparison:
     """The successful runs (optionally of some steps / one tag) against the latest run's
     comparability key; runs that differ are listed with what differs."""
-    rows = [r for r in runs if r.results is not None
-            and (not steps or r.step in steps) and (tag is None or r.tag == tag)]
+    rows = [
+        r
+        for r in runs
+        if r.results is not None
+        and (not steps or r.step in steps)
+        and (tag is None or r.tag == tag)
+    ]
     if not rows:
-        raise ResultsError("no successful runs to compare (fetch them with "
-                           "`fab fetch-results`, or check the --steps/--tag filters)")
+        raise ResultsError(
+            "no successful runs to compare (fetch them with "
+            "`fab fetch-results`, or check the --steps/--tag filters)"
+        )
     baseline = rows[-1].key()
     differences = {}
     for row in rows:
@@ -122,15 +132,29 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
         reference = (row.results or {}).get("reference")
         ratio = ((row.results or {}).get("comparison") or {}).get("tau_macro")
         differing = comparison.differences.get(row.run_id)
-        cells.append([
-            row.run_id, str(row.step), row.run.get("host", "?"),
-            _number(metrics["tau_macro"]), _number(metrics["tau_pooled"]),
-            *(_number(metrics["ddtree"].get(b, {}).get("tau_macro")) for b in comparison.budgets),
-            *(_number(per_position.get(k)) for k in positions),
-            *([_number(reference["metrics"]["tau_macro"]) if reference else "-",
-               f"{ratio:.2f}×" if ratio else "-"] if with_reference else []),
-            "≠ " + ", ".join(differing) if differing else "yes",
-        ])
+        cells.append(
+            [
+                row.run_id,
+                str(row.step),
+                row.run.get("host", "?"),
+                _number(metrics["tau_macro"]),
+                _number(metrics["tau_pooled"]),
+                *(
+                    _number(metrics["ddtree"].get(b, {}).get("tau_macro"))
+                    for b in comparison.budgets
+                ),
+                *(_number(per_position.get(k)) for k in positions),
+                *(
+                    [
+                        _number(reference["metrics"]["tau_macro"]) if reference else "-",
+                        f"{ratio:.2f}×" if ratio else "-",
+                    ]
+                    if with_reference
+                    else []
+                ),
+                "≠ " + ", ".join(differing) if differing else "yes",
+            ]
+        )
     return header, cells
 
 
@@ -157,15 +181,24 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
         return sum(present) / len(present) if present else None
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    series = {"τ vanilla (macro)": lambda m: m["tau_macro"],
-              "τ vanilla (pooled)": lambda m: m["tau_pooled"]}
+    series = {
+        "τ vanilla (macro)": lambda m: m["tau_macro"],
+        "τ vanilla (pooled)": lambda m: m["tau_pooled"],
+    }
     for budget in comparison.budgets:
         series[f"τ DDTree-{budget}"] = lambda m, b=budget: m["ddtree"].get(b, {}).get("tau_macro")
     for label, read in series.items():
-        axes.plot(steps, [mean([read(r.metrics) for r in by_step[s]]) for s in steps],
-                  marker="o", label=label)
-    references = [r.results["reference"]["metrics"]["tau_macro"] for r in comparison.rows
-                  if r.results and r.results.get("reference")]
+        axes.plot(
+            steps,
+            [mean([read(r.metrics) for r in by_step[s]]) for s in steps],
+            marker="o",
+            label=label,
+        )
+    references = [
+        r.results["reference"]["metrics"]["tau_macro"]
+        for r in comparison.rows
+        if r.results and r.results.get("reference")
+    ]
     if references:
         axes.axhline(mean(references), linestyle="--", color="gray", label="reference drafter")
     axes.set(xlabel="training step", ylabel="acceptance length τ", title="τ vs step")
@@ -174,10 +207,18 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for step in steps:
         latest = by_step[step][-1].metrics["per_position"]
-        axes.plot([p["position"] for p in latest], [p["conditional"] for p in latest],
-                  marker=".", label=f"step {step}")
-    axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)",
-             title="per-position acceptance", ylim=(0, 1.02))
+        axes.plot(
+            [p["position"] for p in latest],
+            [p["conditional"] for p in latest],
+            marker=".",
+            label=f"step {step}",
+        )
+    axes.set(
+        xlabel="block position k",
+        ylabel="P(slot k correct | slots < k correct)",
+        title="per-position acceptance",
+        ylim=(0, 1.02),
+    )
     return [tau_path, _save(figure, axes, out_dir / "acceptance_per_position.png")]
 
 
@@ -200,14 +241,16 @@ def summary_lines(results: dict) -> list[str]:
         f"step {checkpoint['step']}  τ macro {_number(metrics['tau_macro'])}  "
         f"τ pooled {_number(metrics['tau_pooled'])}  ({metrics['rounds']} rounds, "
         f"{metrics['committed_tokens']} tokens, block size {metrics['block_size']})",
-        "DDTree τ: " + ", ".join(f"b={b}: {_number(t['tau_macro'])}"
-                                 for b, t in metrics["ddtree"].items()),
+        "DDTree τ: "
+        + ", ".join(f"b={b}: {_number(t['tau_macro'])}" for b, t in metrics["ddtree"].items()),
     ]
     if results.get("reference"):
         ratio = (results.get("comparison") or {}).get("tau_macro")
-        lines.append(f"reference drafter τ macro "
-                     f"{_number(results['reference']['metrics']['tau_macro'])}"
-                     + (f" (this run: {ratio:.2f}× of it)" if ratio else ""))
+        lines.append(
+            f"reference drafter τ macro "
+            f"{_number(results['reference']['metrics']['tau_macro'])}"
+            + (f" (this run: {ratio:.2f}× of it)" if ratio else "")
+        )
     for warning in results.get("warnings") or []:
         lines.append(f"WARNING: {warning}")
     return lines

@@ -81,19 +81,30 @@ def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.R
             checkpoint = extract(host, entry, harness, checkpoint, view.say)
         run_id = jobs.new_run_id(request.step, name, request.tag)
         command = harness_command(host, entry, harness, checkpoint, run_id, request)
-        params = {"step": request.step, "tag": request.tag, "checkpoint": checkpoint,
-                  "harness": harness, "command": command}
+        params = {
+            "step": request.step,
+            "tag": request.tag,
+            "checkpoint": checkpoint,
+            "harness": harness,
+            "command": command,
+        }
         try:
             launcher = jobs.launch(host, entry, run_id, command, params)
-            view.say(f"{name}: run {run_id} started ({launcher}) in "
-                     f"{jobs.run_dir(entry, run_id)}")
+            view.say(f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}")
             if request.detach:
-                view.say(f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
-                         "fab fetch-results")
+                view.say(
+                    f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
+                    "fab fetch-results"
+                )
                 return jobs.wait_finished(host, entry, run_id, timeout=0)
             on_event = view.follow(run_id)
-            run = jobs.follow(host, entry, run_id, "events.jsonl",
-                              lambda line: [on_event(e) for e in jobs.parse_events([line])])
+            run = jobs.follow(
+                host,
+                entry,
+                run_id,
+                "events.jsonl",
+                lambda line: [on_event(e) for e in jobs.parse_events([line])],
+            )
         except KeyboardInterrupt:
             # Ctrl-C may land while the launch is still confirming the start: once the run
             # holds the host it goes on, and the user needs to hear how to reattach.
@@ -105,8 +116,9 @@ def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.R
         host.close()
 
 
-def conclude(inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run,
-             view: Viewer) -> jobs.Run:
+def conclude(
+    inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run, view: Viewer
+) -> jobs.Run:
     """Fetch a finished run, show its summary; raise EvalFailed when it has no results."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
@@ -122,33 +134,45 @@ def conclude(inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run,
 def ensure_ready(host: Host, entry: EvalHost, say: Callable[[str], None]) -> str:
     """The deployed harness directory (to put on PYTHONPATH), after checking the venv is
     provisioned; a host that is not gets a clear pointer to setup-eval-host."""
-    state = provision.parse_state(host.run(provision.state_command(
-        entry, provision.short_hash(provision.harness_hash()))).stdout)
+    state = provision.parse_state(
+        host.run(
+            provision.state_command(entry, provision.short_hash(provision.harness_hash()))
+        ).stdout
+    )
     problem = provision.venv_problem(state, entry.venv)
     if problem:
-        raise HostError(host.name, f"the eval venv at {entry.venv.path} is not ready "
-                                   f"({problem}); run `fab setup-eval-host --host {host.name}`")
+        raise HostError(
+            host.name,
+            f"the eval venv at {entry.venv.path} is not ready "
+            f"({problem}); run `fab setup-eval-host --host {host.name}`",
+        )
     deployed = provision.deploy_harness(host, entry, say=say)
     return str(Path(deployed.path).parent)
 
 
 def warn_if_short_of_memory(host: Host, entry: EvalHost, say: Callable[[str], None]) -> None:
-    weights = host.run(f"du -sb -- {shlex.quote(entry.target_model)} 2>/dev/null | cut -f1",
-                       check=False).stdout.strip()
+    weights = host.run(
+        f"du -sb -- {shlex.quote(entry.target_model)} 2>/dev/null | cut -f1", check=False
+    ).stdout.strip()
     if not weights.isdigit():
-        raise HostError(host.name, f"target model {entry.target_model} not found; fix "
-                                   "`target_model` in the inventory")
+        raise HostError(
+            host.name,
+            f"target model {entry.target_model} not found; fix `target_model` in the inventory",
+        )
     machine = host.probe(probes.machine())
     needed = int(int(weights) * MEMORY_PER_WEIGHT_BYTE)
     if machine.memory_available < needed:
-        say(f"[yellow]warning:[/] {host.name} has {format_bytes(machine.memory_available)} "
+        say(
+            f"[yellow]warning:[/] {host.name} has {format_bytes(machine.memory_available)} "
             f"of memory available; the target at {entry.target_model} "
             f"({format_bytes(int(weights))} on disk) needs about {format_bytes(needed)}. "
-            "The run may be killed by the OOM killer.")
+            "The run may be killed by the OOM killer."
+        )
 
 
-def extract(host: Host, entry: EvalHost, harness: str, checkpoint: str,
-            say: Callable[[str], None]) -> str:
+def extract(
+    host: Host, entry: EvalHost, harness: str, checkpoint: str, say: Callable[[str], None]
+) -> str:
     """Strip optimizer state on the eval host (once per staged checkpoint) with the harness's
     `extract`; returns the extracted directory to evaluate."""
     out = f"{Path(checkpoint).parent}/extracted"
@@ -160,33 +184,50 @@ def extract(host: Host, entry: EvalHost, harness: str, checkpoint: str,
     result = host.run(
         f"cd {shlex.quote(harness)} && {python} -m dflash_eval extract --checkpoint "
         f"{shlex.quote(checkpoint)} --out {quoted}.tmp && rm -rf {quoted} && "
-        f"mv {quoted}.tmp {quoted}", check=False)
+        f"mv {quoted}.tmp {quoted}",
+        check=False,
+    )
     if not result.ok:
         # The harness explains an expected failure in a paragraph on stderr: pass it on whole.
-        raise HostError(host.name, f"extracting {checkpoint} failed: "
-                                   f"{result.stderr.strip() or 'no error output'}")
+        raise HostError(
+            host.name,
+            f"extracting {checkpoint} failed: {result.stderr.strip() or 'no error output'}",
+        )
     say(f"{host.name}: optimizer state stripped → {out}")
     return out
 
 
-def harness_command(host: Host, entry: EvalHost, harness: str, checkpoint: str, run_id: str,
-                    request: EvalRequest) -> str:
+def harness_command(
+    host: Host, entry: EvalHost, harness: str, checkpoint: str, run_id: str, request: EvalRequest
+) -> str:
     """The harness invocation for the run's wrapper (it runs in the run directory)."""
     python = f"{entry.venv.path.rstrip('/')}/bin/python"
     directory = jobs.run_dir(entry, run_id)
-    argv = [python, "-m", "dflash_eval", "eval", "--checkpoint", checkpoint,
-            "--target", entry.target_model, "--out", f"{directory}/results.json",
-            "--step", str(request.step),
-            "--cache-dir", f"{entry.workdir.rstrip('/')}/cache"]
+    argv = [
+        python,
+        "-m",
+        "dflash_eval",
+        "eval",
+        "--checkpoint",
+        checkpoint,
+        "--target",
+        entry.target_model,
+        "--out",
+        f"{directory}/results.json",
+        "--step",
+        str(request.step),
+        "--cache-dir",
+        f"{entry.workdir.rstrip('/')}/cache",
+    ]
     if request.reference:
         if not entry.reference_drafter:
-            raise HostError(host.name, "--reference needs `reference_drafter` for this host in "
-                                       "the inventory")
+            raise HostError(
+                host.name, "--reference needs `reference_drafter` for this host in the inventory"
+            )
         argv += ["--reference-drafter", entry.reference_drafter]
     if request.sglang:
         if not entry.sglang_url:
-            raise HostError(host.name, "--sglang needs `sglang_url` for this host in the "
-                                       "inventory")
+            raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
         argv += ["--sglang-url", entry.sglang_url]
     if request.prompts is not None:
         remote = f"{jobs.runs_dir(entry)}/.prompts-{run_id}.jsonl"
@@ -205,17 +246,27 @@ def harness_command(host: Host, entry: EvalHost, harness: str, checkpoint: str, 
 def new_steps(inventory: Inventory) -> list[int]:
     """Complete checkpoints on the trainer without a successful local result yet."""
     evaluated = {run.step for run in load_runs(inventory.local.results) if run.results}
-    return [info.step for info in list_checkpoints(inventory)
-            if info.complete and info.step not in evaluated]
+    return [
+        info.step
+        for info in list_checkpoints(inventory)
+        if info.complete and info.step not in evaluated
+    ]
 
 
-def run_sweep(inventory: Inventory, steps: list[int], template: EvalRequest,
-              views: Callable[[str], Viewer]) -> dict[int, jobs.Run | Exception]:
+def run_sweep(
+    inventory: Inventory, steps: list[int], template: EvalRequest, views: Callable[[str], Viewer]
+) -> dict[int, jobs.Run | Exception]:
     """Evaluate `steps` across every eval host in parallel, one run per host at a time. A
     host takes a step it already has staged first, else the next step (and stages it)."""
     infos = [info for info in list_checkpoints(inventory) if info.step in steps]
-    staged = {name: {step for step, state in staged_status(inventory, name, infos).items()
-                     if state == "staged"} for name in inventory.eval_hosts}
+    staged = {
+        name: {
+            step
+            for step, state in staged_status(inventory, name, infos).items()
+            if state == "staged"
+        }
+        for name in inventory.eval_hosts
+    }
     pending = list(steps)
     taking = threading.Lock()
     outcomes: dict[int, jobs.Run | Exception] = {}
@@ -232,15 +283,16 @@ def run_sweep(inventory: Inventory, steps: list[int], template: EvalRequest,
         view = views(name)
         while (step := next_step(name)) is not None:
             try:
-                outcomes[step] = run_eval(inventory, replace(template, step=step, host=name),
-                                          view)
+                outcomes[step] = run_eval(inventory, replace(template, step=step, host=name), view)
             except OpsError as exc:
                 view.say(f"[red]step {step} failed:[/] {exc}")
                 outcomes[step] = exc
 
     # Daemon threads: Ctrl-C ends the sweep here; runs already started go on on their hosts.
-    threads = [threading.Thread(target=worker, args=(name,), name=f"eval-{name}", daemon=True)
-               for name in inventory.eval_hosts]
+    threads = [
+        threading.Thread(target=worker, args=(name,), name=f"eval-{name}", daemon=True)
+        for name in inventory.eval_hosts
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

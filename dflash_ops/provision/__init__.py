@@ -108,8 +108,10 @@ def deploy_harness(
             raise HostError(host.name, f"no *.py files under {source}: nothing to deploy")
         compiled = _upload_harness(host, entry, source, files, digest, python)
         uploaded = True
-        say(f"{host.name}: harness {short} uploaded ({len(files)} files) to {target}"
-            + ("" if compiled else f"; not byte-compiled: no venv python at {python} yet"))
+        say(
+            f"{host.name}: harness {short} uploaded ({len(files)} files) to {target}"
+            + ("" if compiled else f"; not byte-compiled: no venv python at {python} yet")
+        )
     switched = current.strip() != short
     if switched:
         host.run(
@@ -164,8 +166,12 @@ def _upload_harness(
         check=False,
     )
     if not result.ok:
-        raise RemoteCommandError(host.name, "unpack and byte-compile the harness",
-                                 result.exit_code, result.stderr or result.stdout)
+        raise RemoteCommandError(
+            host.name,
+            "unpack and byte-compile the harness",
+            result.exit_code,
+            result.stderr or result.stdout,
+        )
     return "no-venv" not in result.stdout
 
 
@@ -255,7 +261,9 @@ def workstation_pip_sources() -> tuple[list[str], list[str]]:
     try:
         listed = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         listed = ""
@@ -300,12 +308,16 @@ def resolve_sources(host: Host, spec: VenvSpec) -> Sources:
             + "; true"
         ).stdout.splitlines()
         present = {line.strip() for line in lines}
-    find_links = spec.find_links if spec.find_links is not None else [
-        link for link in pip_links if link in present
-    ]
-    indexes = spec.extra_index_url if spec.extra_index_url is not None else [
-        url for url in pip_indexes if url in present
-    ]
+    find_links = (
+        spec.find_links
+        if spec.find_links is not None
+        else [link for link in pip_links if link in present]
+    )
+    indexes = (
+        spec.extra_index_url
+        if spec.extra_index_url is not None
+        else [url for url in pip_indexes if url in present]
+    )
     from_pip = (spec.find_links is None and find_links) or (
         spec.extra_index_url is None and indexes
     )
@@ -353,8 +365,12 @@ def state_command(entry: EvalHost, short: str) -> str:
     spec = entry.venv
     python = _venv_python(spec)
     uv_candidates = " ".join(
-        [q(f"{uv_dir(entry)}/uv"), '"$HOME/.local/bin/uv"', '"$HOME/.cargo/bin/uv"',
-         '"$(command -v uv)"']
+        [
+            q(f"{uv_dir(entry)}/uv"),
+            '"$HOME/.local/bin/uv"',
+            '"$HOME/.cargo/bin/uv"',
+            '"$(command -v uv)"',
+        ]
     )
     return "\n".join(
         [
@@ -460,11 +476,16 @@ class Outcome:
 
 
 def setup_eval_hosts(
-    inventory: Inventory, name: str | None = None, force: bool = False, say: Say = print,
+    inventory: Inventory,
+    name: str | None = None,
+    force: bool = False,
+    say: Say = print,
     harness_source: Path = HARNESS_SOURCE,
 ) -> list[Outcome]:
-    return [setup_eval_host(host, force, say, harness_source)
-            for host, _ in each_eval_host(inventory, name)]
+    return [
+        setup_eval_host(host, force, say, harness_source)
+        for host, _ in each_eval_host(inventory, name)
+    ]
 
 
 def setup_eval_host(
@@ -480,9 +501,7 @@ def setup_eval_host(
     problem = "--force" if force else venv_problem(state, spec)
     if problem is None:
         assert state.record is not None
-        outcome.versions = {
-            name: state.record["resolved"].get(name, "?") for name in BASE_PACKAGES
-        }
+        outcome.versions = {name: state.record["resolved"].get(name, "?") for name in BASE_PACKAGES}
         outcome.threads = state.record.get("torch", {}).get("threads")
         outcome.torch_cuda = state.record.get("torch", {}).get("cuda")
     else:
@@ -490,8 +509,11 @@ def setup_eval_host(
         _provision(host, entry, state, problem, force, outcome, say)
     if state.harness_complete and state.harness_current == short:
         outcome.harness = HarnessDeploy(
-            harness_hash(harness_source), f"{harness_dir(entry)}/{short}/{HARNESS_PACKAGE}",
-            uploaded=False, switched=False, files=len(harness_files(harness_source)),
+            harness_hash(harness_source),
+            f"{harness_dir(entry)}/{short}/{HARNESS_PACKAGE}",
+            uploaded=False,
+            switched=False,
+            files=len(harness_files(harness_source)),
         )
     else:
         outcome.harness = deploy_harness(host, entry, harness_source, say)
@@ -501,7 +523,12 @@ def setup_eval_host(
 
 
 def _provision(
-    host: Host, entry: EvalHost, state: HostState, problem: str, force: bool, outcome: Outcome,
+    host: Host,
+    entry: EvalHost,
+    state: HostState,
+    problem: str,
+    force: bool,
+    outcome: Outcome,
     say: Say,
 ) -> None:
     spec = entry.venv
@@ -525,11 +552,17 @@ def _provision(
     sources = push_wheelhouse(host, entry) if spec.wheelhouse else resolve_sources(host, spec)
     say(f"{host.name}: installing {' '.join(requirements(spec))} from {sources.describe()}")
     previous = state.record or {}
-    changed = [] if rebuild else sorted(
-        {_requirement_name(r) for r in requirements(spec)}
-        ^ {_requirement_name(r) for r in previous.get("requirements", [])}
-        | {_requirement_name(r) for r in set(requirements(spec))
-           ^ set(previous.get("requirements", []))}
+    changed = (
+        []
+        if rebuild
+        else sorted(
+            {_requirement_name(r) for r in requirements(spec)}
+            ^ {_requirement_name(r) for r in previous.get("requirements", [])}
+            | {
+                _requirement_name(r)
+                for r in set(requirements(spec)) ^ set(previous.get("requirements", []))
+            }
+        )
     )
     reinstall_torch = not rebuild and previous.get("requested", {}).get("torch") != spec.torch
     summary = install(host, entry, uv, sources, upgrade=changed, reinstall_torch=reinstall_torch)
@@ -544,21 +577,31 @@ def _provision(
             f"{report['versions']['torch']} is a CUDA {report['cuda']} build; pin a +cpu "
             "version in venv.versions or check the indexes"
         )
-    write_record(host, spec, {
-        "format": RECORD_FORMAT,
-        "requested": requested(spec),
-        "requirements": requirements(spec),
-        "sources": {"find_links": list(sources.find_links),
-                    "extra_index_url": list(sources.extra_index_url),
-                    "offline": sources.offline, "no_index": sources.no_index,
-                    "origin": sources.origin},
-        "python": {"path": report["python"], "version": report["python_version"]},
-        "uv": {"path": uv, "method": method},
-        "resolved": report["dists"],
-        "torch": {"version": report["versions"]["torch"], "cuda": report["cuda"],
-                  "threads": report["threads"]},
-        "provisioned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    })
+    write_record(
+        host,
+        spec,
+        {
+            "format": RECORD_FORMAT,
+            "requested": requested(spec),
+            "requirements": requirements(spec),
+            "sources": {
+                "find_links": list(sources.find_links),
+                "extra_index_url": list(sources.extra_index_url),
+                "offline": sources.offline,
+                "no_index": sources.no_index,
+                "origin": sources.origin,
+            },
+            "python": {"path": report["python"], "version": report["python_version"]},
+            "uv": {"path": uv, "method": method},
+            "resolved": report["dists"],
+            "torch": {
+                "version": report["versions"]["torch"],
+                "cuda": report["cuda"],
+                "threads": report["threads"],
+            },
+            "provisioned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
 
 
 def _uv_env(entry: EvalHost) -> str:
@@ -581,8 +624,9 @@ def check_disk(host: Host, entry: EvalHost) -> None:
     for path, what in ((entry.venv.path, "the venv"), (cache_dir(entry), "the uv cache")):
         free = host.probe(probes.free_bytes(path))
         if free < needed:
-            raise DiskSpaceError(host.name, path, needed, free,
-                                 f"{what} (CPU torch + transformers; venv.min_free)")
+            raise DiskSpaceError(
+                host.name, path, needed, free, f"{what} (CPU torch + transformers; venv.min_free)"
+            )
 
 
 def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
@@ -591,10 +635,11 @@ def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
     venv = spec.path.rstrip("/")
     result = host.run(
         f"if [ -e {q(venv)} ] && [ ! -f {q(venv + '/pyvenv.cfg')} ] && "
-        f"[ -n \"$(ls -A {q(venv)} 2>/dev/null)\" ]; then exit 3; fi; "
+        f'[ -n "$(ls -A {q(venv)} 2>/dev/null)" ]; then exit 3; fi; '
         f"mkdir -p {q(cache_dir(entry))} && rm -rf {q(venv)} && "
         f"{_uv_env(entry)} {q(uv)} venv --quiet --python {q(spec.python)} {q(venv)}",
-        check=False, timeout=INSTALL_TIMEOUT,
+        check=False,
+        timeout=INSTALL_TIMEOUT,
     )
     if result.exit_code == 3:
         raise HostError(
@@ -616,8 +661,14 @@ def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
         raise RemoteCommandError(host.name, "uv venv", result.exit_code, detail)
 
 
-def install(host: Host, entry: EvalHost, uv: str, sources: Sources,
-            upgrade: list[str] = (), reinstall_torch: bool = False) -> str:
+def install(
+    host: Host,
+    entry: EvalHost,
+    uv: str,
+    sources: Sources,
+    upgrade: list[str] = (),
+    reinstall_torch: bool = False,
+) -> str:
     """`uv pip install` the spec. `upgrade`: packages whose requirement changed (so that
     dropping a pin moves to the newest version instead of keeping the pinned one)."""
     spec = entry.venv
@@ -663,7 +714,8 @@ print(json.dumps({
 def verify(host: Host, spec: VenvSpec) -> dict:
     """Import the packages with the venv's python; their versions, threads, CUDA or not."""
     result = host.run(
-        f"{shlex.quote(_venv_python(spec))} -c {shlex.quote(VERIFY_SCRIPT)}", check=False,
+        f"{shlex.quote(_venv_python(spec))} -c {shlex.quote(VERIFY_SCRIPT)}",
+        check=False,
         timeout=300,
     )
     if not result.ok:
@@ -740,7 +792,8 @@ def _download_uv(host: Host, directory: str, target: str) -> tuple[str | None, l
         f"curl -fsSL --connect-timeout 5 --max-time 60 {INSTALLER_URL} -o {q(target + '.sh')}"
         f" && env UV_UNMANAGED_INSTALL={q(directory)} UV_NO_MODIFY_PATH=1 "
         f"timeout 300 sh {q(target + '.sh')} -q; rc=$?; rm -f {q(target + '.sh')}; exit $rc",
-        check=False, timeout=400,
+        check=False,
+        timeout=400,
     )
     if installer.ok and _uv_works(host, target):
         return "installer (the official one)", []
@@ -751,7 +804,8 @@ def _download_uv(host: Host, directory: str, target: str) -> tuple[str | None, l
         "timeout 300 python3 -m pip install --user --quiet --disable-pip-version-check "
         f"--no-warn-script-location --retries 1 --timeout 15 uv && "
         f"mv -f {q(scratch + '/bin/uv')} {q(target)}; rc=$?; rm -rf {q(scratch)}; exit $rc",
-        check=False, timeout=400,
+        check=False,
+        timeout=400,
     )
     if pip.ok and _uv_works(host, target):
         return "pip (python3 -m pip install --user uv)", []
@@ -771,8 +825,10 @@ def push_uv(host: Host, target: str) -> None:
     binary = workstation_uv()
     host.open()
     host.connection.put(str(binary), target + ".part")
-    host.run(f"chmod 755 {shlex.quote(target + '.part')} && "
-             f"mv -f {shlex.quote(target + '.part')} {shlex.quote(target)}")
+    host.run(
+        f"chmod 755 {shlex.quote(target + '.part')} && "
+        f"mv -f {shlex.quote(target + '.part')} {shlex.quote(target)}"
+    )
 
 
 def _uv_works(host: Host, path: str) -> bool:
@@ -795,19 +851,38 @@ def push_wheelhouse(host: Host, entry: EvalHost) -> Sources:
     """Download the wheels on the workstation for the venv's python and platform, push the
     ones the host lacks, and install from them with no index."""
     spec = entry.venv
-    info = json.loads(host.run(
-        f"{shlex.quote(_venv_python(spec))} -c " + shlex.quote(
-            "import json, platform, sys; print(json.dumps({'version': '%d%d' % sys.version_info"
-            "[:2], 'machine': platform.machine(), 'libc': platform.libc_ver()[1]}))"
-        )
-    ).stdout)
+    info = json.loads(
+        host.run(
+            f"{shlex.quote(_venv_python(spec))} -c "
+            + shlex.quote(
+                "import json, platform, sys; print(json.dumps({'version': '%d%d' % sys.version_info"
+                "[:2], 'machine': platform.machine(), 'libc': platform.libc_ver()[1]}))"
+            )
+        ).stdout
+    )
     glibc = info["libc"].replace(".", "_") or "2_17"
     local = WHEELHOUSE_CACHE / f"cp{info['version']}-manylinux_{glibc}_{info['machine']}"
     local.mkdir(parents=True, exist_ok=True)
     argv = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-input", "--dest", str(local),
-        "--only-binary=:all:", "--implementation", "cp", "--python-version", info["version"],
-        "--abi", f"cp{info['version']}", "--abi", "abi3", "--abi", "none",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-input",
+        "--dest",
+        str(local),
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        info["version"],
+        "--abi",
+        f"cp{info['version']}",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
         *[arg for tag in _platform_tags(glibc, info["machine"]) for arg in ("--platform", tag)],
     ]
     for link in spec.find_links or []:
@@ -824,14 +899,18 @@ def push_wheelhouse(host: Host, entry: EvalHost) -> Sources:
             f"{_tail(downloaded.stderr)}",
         )
     remote = wheelhouse_remote(entry)
-    present = set(host.run(
-        f"mkdir -p {shlex.quote(remote)} && ls -1 {shlex.quote(remote)}"
-    ).stdout.split())
+    present = set(
+        host.run(f"mkdir -p {shlex.quote(remote)} && ls -1 {shlex.quote(remote)}").stdout.split()
+    )
     missing = sorted(p.name for p in local.glob("*.whl") if p.name not in present)
     if missing:
         _send_files(host, local, missing, remote)
-    return Sources(find_links=(remote,), no_index=True, offline=True,
-                   origin=f"wheelhouse {local} → {remote}, {len(missing)} wheel(s) pushed")
+    return Sources(
+        find_links=(remote,),
+        no_index=True,
+        offline=True,
+        origin=f"wheelhouse {local} → {remote}, {len(missing)} wheel(s) pushed",
+    )
 
 
 def _platform_tags(glibc: str, machine: str) -> list[str]:
@@ -839,23 +918,30 @@ def _platform_tags(glibc: str, machine: str) -> list[str]:
     major, _, minor = glibc.partition("_")
     newest = int(minor) if major == "2" and minor.isdigit() else 17
     return [f"manylinux_2_{m}_{machine}" for m in range(newest, 16, -1)] + [
-        f"manylinux2014_{machine}", f"linux_{machine}"
+        f"manylinux2014_{machine}",
+        f"linux_{machine}",
     ]
 
 
 def _send_files(host: Host, directory: Path, names: list[str], remote: str) -> None:
     """tar | ssh 'tar -x': bulk bytes over OpenSSH, not paramiko."""
-    tar = subprocess.Popen(["tar", "-C", str(directory), "-cf", "-", "--", *names],
-                           stdout=subprocess.PIPE)
+    tar = subprocess.Popen(
+        ["tar", "-C", str(directory), "-cf", "-", "--", *names], stdout=subprocess.PIPE
+    )
     ssh = subprocess.run(
-        host.ssh_argv(f"tar -C {shlex.quote(remote)} -xf -"), stdin=tar.stdout,
-        capture_output=True, text=True,
+        host.ssh_argv(f"tar -C {shlex.quote(remote)} -xf -"),
+        stdin=tar.stdout,
+        capture_output=True,
+        text=True,
     )
     assert tar.stdout is not None
     tar.stdout.close()
     if tar.wait() != 0 or ssh.returncode != 0:
-        raise HostError(host.name, f"pushing {len(names)} wheel(s) to {remote} failed: "
-                                   f"{_last_line(ssh.stderr) or 'tar failed'}")
+        raise HostError(
+            host.name,
+            f"pushing {len(names)} wheel(s) to {remote} failed: "
+            f"{_last_line(ssh.stderr) or 'tar failed'}",
+        )
 
 
 def summary(outcome: Outcome) -> str:
@@ -865,15 +951,22 @@ def summary(outcome: Outcome) -> str:
     harness = short_hash(outcome.harness.digest) if outcome.harness else "?"
     details = f"{versions}; torch {build} build, {outcome.threads} threads; harness {harness}"
     if not outcome.changed:
-        return (f"[green]{outcome.host}: nothing to do[/] (venv and harness as recorded; "
-                f"{details}) in {outcome.seconds:.1f}s")
-    return (f"[green]{outcome.host}: provisioned[/] in {outcome.seconds:.1f}s: "
-            f"{'; '.join(outcome.actions)}\n  {details}")
+        return (
+            f"[green]{outcome.host}: nothing to do[/] (venv and harness as recorded; "
+            f"{details}) in {outcome.seconds:.1f}s"
+        )
+    return (
+        f"[green]{outcome.host}: provisioned[/] in {outcome.seconds:.1f}s: "
+        f"{'; '.join(outcome.actions)}\n  {details}"
+    )
 
 
 def deploy_harness_to(
-    inventory: Inventory, name: str | None = None, say: Say = print,
+    inventory: Inventory,
+    name: str | None = None,
+    say: Say = print,
     source: Path = HARNESS_SOURCE,
 ) -> list[HarnessDeploy]:
-    return [deploy_harness(host, entry, source, say)
-            for host, entry in each_eval_host(inventory, name)]
+    return [
+        deploy_harness(host, entry, source, say) for host, entry in each_eval_host(inventory, name)
+    ]

@@ -130,9 +130,14 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
             return
     elif entry.container is not None:
         rootfs = entry.container.path
-        yield _directory_row(host.name, "container rootfs", rootfs,
-                             host.probe(probes.paths_info([rootfs]))[rootfs], Status.FAIL,
-                             "fix `container.path` in the inventory")
+        yield _directory_row(
+            host.name,
+            "container rootfs",
+            rootfs,
+            host.probe(probes.paths_info([rootfs]))[rootfs],
+            Status.FAIL,
+            "fix `container.path` in the inventory",
+        )
     listing = host.run(
         env.run_command("test -d {} && echo yes || echo no", entry.checkpoints), check=False
     )
@@ -153,30 +158,42 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
 def _check_eval(host: Host, entry: EvalHost) -> Iterator[Row]:
     required = {"target model": entry.target_model}
     optional = {"reference drafter": entry.reference_drafter} if entry.reference_drafter else {}
-    created = {"workdir": entry.workdir, "venv": entry.venv.path,
-               "staging dir": entry.staging_dir}
-    info = host.probe(probes.paths_info([*required.values(), *optional.values(),
-                                         *created.values()]))
+    created = {"workdir": entry.workdir, "venv": entry.venv.path, "staging dir": entry.staging_dir}
+    info = host.probe(
+        probes.paths_info([*required.values(), *optional.values(), *created.values()])
+    )
     for label, path in required.items():
-        yield _directory_row(host.name, label, path, info[path], Status.FAIL,
-                             "fix the inventory or create it")
+        yield _directory_row(
+            host.name, label, path, info[path], Status.FAIL, "fix the inventory or create it"
+        )
     for label, path in optional.items():
-        yield _directory_row(host.name, label, path, info[path], Status.WARN,
-                             "fix the inventory or create it")
+        yield _directory_row(
+            host.name, label, path, info[path], Status.WARN, "fix the inventory or create it"
+        )
     for label, path in created.items():
-        yield _directory_row(host.name, label, path, info[path], Status.WARN,
-                             "created by `fab setup-eval-host`")
-    yield from _tool_rows(host, ["sha256sum"], optional=["python3", "uv", "systemd-run"],
-                          extra_dirs=["$HOME/.local/bin", "$HOME/.cargo/bin"])
+        yield _directory_row(
+            host.name, label, path, info[path], Status.WARN, "created by `fab setup-eval-host`"
+        )
+    yield from _tool_rows(
+        host,
+        ["sha256sum"],
+        optional=["python3", "uv", "systemd-run"],
+        extra_dirs=["$HOME/.local/bin", "$HOME/.cargo/bin"],
+    )
 
 
-def _directory_row(host: str, label: str, path: str, info: probes.PathInfo,
-                   if_missing: Status, missing_hint: str) -> Row:
+def _directory_row(
+    host: str, label: str, path: str, info: probes.PathInfo, if_missing: Status, missing_hint: str
+) -> Row:
     if info.stat is not None and info.stat.kind == "directory":
         return Row(host, label, Status.OK, f"{path} ({format_bytes(info.free)} free)")
     found = "missing" if info.stat is None else f"a {info.stat.kind}, not a directory"
-    return Row(host, label, if_missing,
-               f"{path}: {found}; {missing_hint} ({format_bytes(info.free)} free there)")
+    return Row(
+        host,
+        label,
+        if_missing,
+        f"{path}: {found}; {missing_hint} ({format_bytes(info.free)} free there)",
+    )
 
 
 def _tool_rows(
@@ -189,7 +206,8 @@ def _tool_rows(
             host.name,
             f"tool {name}",
             Status.OK if tool.present else Status.FAIL,
-            " ".join(filter(None, (tool.path, tool.version))) if tool.present
+            " ".join(filter(None, (tool.path, tool.version)))
+            if tool.present
             else "not found on PATH",
         )
     present = [f"{t.name} ({t.version})" for t in (found[n] for n in optional) if t.present]

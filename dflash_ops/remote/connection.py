@@ -274,8 +274,9 @@ class TrainingEnvironment:
         return None
 
 
-def each_eval_host(inventory: Inventory, name: str | None = None
-                   ) -> Iterator[tuple[Host, EvalHost]]:
+def each_eval_host(
+    inventory: Inventory, name: str | None = None
+) -> Iterator[tuple[Host, EvalHost]]:
     """Every eval host (or only `name`), each closed once the caller moves on."""
     names = [inventory.eval_host(name)[0]] if name else list(inventory.eval_hosts)
     for host_name in names:

@@ -84,8 +84,9 @@ def paths_info(paths: Sequence[str]) -> Probe[dict[str, PathInfo]]:
     """stat and free space of several paths in one round trip."""
     parts = [f"{file_stat(path).command}; {free_bytes(path).command}" for path in paths]
     separator = "echo '--dflash-ops--'"
-    return Probe(f" ; {separator}; ".join(parts),
-                 lambda output: parse_paths_info(paths, output, separator))
+    return Probe(
+        f" ; {separator}; ".join(parts), lambda output: parse_paths_info(paths, output, separator)
+    )
 
 
 def parse_paths_info(paths: Sequence[str], output: str, separator: str) -> dict[str, PathInfo]:

@@ -21,11 +21,14 @@ def verify_routes(state_file: Path) -> None:
     try:
         state = json.loads(state_file.read_text())
     except FileNotFoundError:
-        raise LabError(f"no lab at {state_file.parent} ({state_file.name} missing); run "
-                       "`fab lab-up`") from None
+        raise LabError(
+            f"no lab at {state_file.parent} ({state_file.name} missing); run `fab lab-up`"
+        ) from None
     except (OSError, ValueError) as exc:
-        raise LabError(f"lab state {state_file} is unreadable ({exc}); refusing to connect to "
-                       "its addresses. Run `fab lab-down` and `fab lab-up`.") from None
+        raise LabError(
+            f"lab state {state_file} is unreadable ({exc}); refusing to connect to "
+            "its addresses. Run `fab lab-down` and `fab lab-up`."
+        ) from None
     namespaces = network_namespaces() if state.get("mode") == "netns" else []
     for name, record in state.get("hosts", {}).items():
         address = record.get("address")
@@ -34,12 +37,16 @@ def verify_routes(state_file: Path) -> None:
                 raise LabError(f"lab host {name} has non-loopback address {address}")
             continue
         if record.get("netns") not in namespaces:
-            raise LabError(f"lab namespace {record.get('netns')} of {name} is gone; refusing "
-                           f"to connect to {address}. Run `fab lab-up` again.")
+            raise LabError(
+                f"lab namespace {record.get('netns')} of {name} is gone; refusing "
+                f"to connect to {address}. Run `fab lab-up` again."
+            )
         device = route_device(address)
         if device != record.get("veth"):
-            raise LabError(f"lab host {name}'s address {address} routes via {device}, not the "
-                           f"lab's veth {record.get('veth')}; refusing to connect.")
+            raise LabError(
+                f"lab host {name}'s address {address} routes via {device}, not the "
+                f"lab's veth {record.get('veth')}; refusing to connect."
+            )
 
 
 def network_namespaces() -> list[str]:

@@ -70,8 +70,12 @@ def _glob_and_regex(pattern: str) -> tuple[str, re.Pattern]:
         raise InventoryError(f"layout/complete_marker {pattern!r} must contain {{step}} once")
     before, after = pattern.split("{step}")
     glob = "".join(
-        part for part in (shlex.quote(before) if before else "", "*",
-                          shlex.quote(after) if after else "")
+        part
+        for part in (
+            shlex.quote(before) if before else "",
+            "*",
+            shlex.quote(after) if after else "",
+        )
     )
     return glob, re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + "$")
 
@@ -427,29 +431,49 @@ def _deliver(
         if options.verify:
             _verify_staged(source, dest, dest.path, sha)
         options.plan.append(HopPlan(source.description, dest, identity.size, True, 0, None))
-        options.report(f"{dest}: already staged (sha256 {sha[:16]}…"
-                       f"{', verified again' if options.verify else ''})")
-        return StagedCheckpoint(dest.side.name, dest.path, sha, identity.size, identity.step,
-                                0, True)
+        options.report(
+            f"{dest}: already staged (sha256 {sha[:16]}…"
+            f"{', verified again' if options.verify else ''})"
+        )
+        return StagedCheckpoint(
+            dest.side.name, dest.path, sha, identity.size, identity.step, 0, True
+        )
     offset = _resume_offset(state, identity, options)
     space = space_check(
-        dest.side.name, dest.directory, state.free,
-        identity.size - offset, margin, f"step {identity.step}",
+        dest.side.name,
+        dest.directory,
+        state.free,
+        identity.size - offset,
+        margin,
+        f"step {identity.step}",
     )
     plan = HopPlan(source.description, dest, identity.size, False, offset, space)
     pull_space = None
     if options.via == "pull" and source.label == "stream":
         tmp_dir = inventory.trainer.tmp_dir
         pull_space = space_check(
-            source.side.name, tmp_dir, source.side.free_bytes(tmp_dir), identity.size, margin,
+            source.side.name,
+            tmp_dir,
+            source.side.free_bytes(tmp_dir),
+            identity.size,
+            margin,
             "pct pull",
         )
-        options.plan.append(HopPlan(source.description, Destination(source.side, tmp_dir),
-                                    identity.size, False, 0, pull_space))
+        options.plan.append(
+            HopPlan(
+                source.description,
+                Destination(source.side, tmp_dir),
+                identity.size,
+                False,
+                0,
+                pull_space,
+            )
+        )
     options.plan.append(plan)
     if options.dry_run:
-        return StagedCheckpoint(dest.side.name, dest.path, "", identity.size, identity.step,
-                                0, False)
+        return StagedCheckpoint(
+            dest.side.name, dest.path, "", identity.size, identity.step, 0, False
+        )
     if pull_space:
         pull_space.require()
     space.require()
@@ -460,8 +484,9 @@ def _deliver(
         if state.matches(identity):
             sha = state.manifest["sha256"]
             options.report(f"{dest}: already staged (by another run)")
-            return StagedCheckpoint(dest.side.name, dest.path, sha, identity.size,
-                                    identity.step, 0, True)
+            return StagedCheckpoint(
+                dest.side.name, dest.path, sha, identity.size, identity.step, 0, True
+            )
         offset = _resume_offset(state, identity, options)
         if options.via == "pull" and source.label == "stream":
             with _pulled(inventory, identity) as pulled:
@@ -475,13 +500,18 @@ def _deliver(
                 f"{dest}: sha256 {sha} differs from the staging copy's {expected_sha}; the "
                 f"partial was removed. Rerun to transfer again."
             )
-        dest.promote({**asdict(identity), "sha256": sha,
-                      "staged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                      "staged_via": source.description})
-    options.report(f"{dest}: staged and verified (sha256 {sha[:16]}…, "
-                   f"{format_bytes(moved)} moved)")
-    return StagedCheckpoint(dest.side.name, dest.path, sha, identity.size, identity.step,
-                            moved, False)
+        dest.promote(
+            {
+                **asdict(identity),
+                "sha256": sha,
+                "staged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "staged_via": source.description,
+            }
+        )
+    options.report(f"{dest}: staged and verified (sha256 {sha[:16]}…, {format_bytes(moved)} moved)")
+    return StagedCheckpoint(
+        dest.side.name, dest.path, sha, identity.size, identity.step, moved, False
+    )
 
 
 def _resume_offset(state: DestinationState, identity: Identity, options: StageOptions) -> int:
@@ -494,8 +524,11 @@ def _resume_offset(state: DestinationState, identity: Identity, options: StageOp
 def _require_complete(inventory: Inventory, identity: Identity) -> None:
     info = next((c for c in list_checkpoints(inventory) if c.step == identity.step), None)
     if info is not None and not info.complete:
-        how = (f"its marker {inventory.trainer.complete_marker} is missing"
-               if inventory.trainer.complete_marker else "its size is still changing")
+        how = (
+            f"its marker {inventory.trainer.complete_marker} is missing"
+            if inventory.trainer.complete_marker
+            else "its size is still changing"
+        )
         raise CheckpointError(
             f"{inventory.trainer_name}: step {identity.step} at {identity.source_path} looks "
             f"incomplete ({how}): is it still being written? Wait for it and retry."
@@ -509,11 +542,14 @@ class _pulled:
         self.inventory, self.identity = inventory, identity
         self.side = RemoteSide(Host(inventory, inventory.trainer_name))
         ct_id = inventory.trainer.container.id  # type: ignore[union-attr]
-        self.path = (f"{inventory.trainer.tmp_dir.rstrip('/')}/dflash-{ct_id}-step_"
-                     f"{identity.step}.pt")
-        self.command = (f"mkdir -p -- {shlex.quote(inventory.trainer.tmp_dir)} && "
-                        f"pct pull {ct_id} {shlex.quote(identity.source_path)} "
-                        f"{shlex.quote(self.path)}")
+        self.path = (
+            f"{inventory.trainer.tmp_dir.rstrip('/')}/dflash-{ct_id}-step_{identity.step}.pt"
+        )
+        self.command = (
+            f"mkdir -p -- {shlex.quote(inventory.trainer.tmp_dir)} && "
+            f"pct pull {ct_id} {shlex.quote(identity.source_path)} "
+            f"{shlex.quote(self.path)}"
+        )
 
     def __enter__(self) -> Source:
         result = self.side.run(self.command, check=False)
@@ -529,8 +565,14 @@ class _pulled:
         self.side.run(f"rm -f -- {shlex.quote(self.path)}", check=False)
 
 
-def _transfer(source: Source, origin: Source | None, identity: Identity, dest: Destination,
-              offset: int, options: StageOptions) -> tuple[str, int]:
+def _transfer(
+    source: Source,
+    origin: Source | None,
+    identity: Identity,
+    dest: Destination,
+    offset: int,
+    options: StageOptions,
+) -> tuple[str, int]:
     """Move the bytes, check the stream ended cleanly and the trainer's file (`origin`; None
     for the verified staging copy) did not change, and return the verified sha256 and the
     bytes moved. The partial is kept when the stream breaks."""

@@ -49,7 +49,9 @@ except OSError:
     pass
 """
 
-PY_SOURCE = PY_PIPE + """\
+PY_SOURCE = (
+    PY_PIPE
+    + """\
 import hashlib, os, sys
 h = hashlib.sha256()
 try:
@@ -66,9 +68,12 @@ except OSError as e:
     sys.exit(1)
 sys.stderr.write("dflash-sha256 %s\\n" % h.hexdigest())
 """
+)
 
 # Write stdin to argv[1] (truncate or append), fsync, print the digest of what was written.
-PY_SINK = PY_PIPE + """\
+PY_SINK = (
+    PY_PIPE
+    + """\
 import hashlib, os, sys
 path, append, hashed = sys.argv[1], sys.argv[2] == "append", sys.argv[3] == "hash"
 h = hashlib.sha256()
@@ -90,8 +95,11 @@ except OSError as e:
     sys.exit(1)
 print(h.hexdigest() if hashed else "unhashed")
 """
+)
 
-PY_HASH = PY_PIPE + """\
+PY_HASH = (
+    PY_PIPE
+    + """\
 import hashlib, os
 h = hashlib.sha256()
 while True:
@@ -101,6 +109,7 @@ while True:
     h.update(b)
 print(h.hexdigest())
 """
+)
 
 
 HASHER_PROBE = (
@@ -230,8 +239,14 @@ class HeldCommand:
 
 class ProcessCommand(HeldCommand):
     def __init__(self, argv: list[str]) -> None:
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, process_group=0)
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            process_group=0,
+        )
 
     def readline(self) -> str:
         return self.process.stdout.readline()
@@ -317,7 +332,10 @@ def move(
     ):
         # Own process groups: a terminal's Ctrl-C reaches only us, and we stop them in order.
         source = subprocess.Popen(
-            source_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=source_err,
+            source_argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=source_err,
             process_group=0,
         )
         dest = subprocess.Popen(
@@ -405,10 +423,10 @@ class DestinationLock:
     def acquire(self) -> None:
         quoted = shlex.quote(self.path)
         command = (
-            f"mkdir -p -- \"$(dirname -- {quoted})\" && exec 9>>{quoted} && "
+            f'mkdir -p -- "$(dirname -- {quoted})" && exec 9>>{quoted} && '
             f"if flock -n 9; then printf '%s\\n' {shlex.quote(self.holder)} > {quoted}; "
             f"echo LOCKED; exec cat >/dev/null; "
-            f"else echo \"BUSY $(cat -- {quoted})\"; fi"
+            f'else echo "BUSY $(cat -- {quoted})"; fi'
         )
         self.session = self.side.hold(command)
         answer = self.session.readline().strip()
@@ -424,8 +442,7 @@ class DestinationLock:
                 f"then rerun."
             )
         raise TransferError(
-            f"{self.side.name}: could not take the lock {self.path}: "
-            f"{stderr_reason(errors)}"
+            f"{self.side.name}: could not take the lock {self.path}: {stderr_reason(errors)}"
         )
 
     def release(self) -> None:

@@ -9,9 +9,14 @@ import click
 
 from dflash_ops.core.errors import OpsError
 
-RESULTS = click.option("--results", "results_root", type=click.Path(path_type=Path),
-                       default=Path("results"), show_default=True,
-                       help="directory holding one sub-directory per pulled run")
+RESULTS = click.option(
+    "--results",
+    "results_root",
+    type=click.Path(path_type=Path),
+    default=Path("results"),
+    show_default=True,
+    help="directory holding one sub-directory per pulled run",
+)
 
 
 @click.group()
@@ -29,10 +34,14 @@ def results() -> None:
 @click.option("--steps", help="only these steps, comma-separated")
 @click.option("--tag", help="only runs with this tag")
 @click.option("--allow-mixed", is_flag=True, help="show incomparable runs (flagged)")
-@click.option("--plots", type=click.Path(path_type=Path), help="where to write the PNG plots "
-              "(default: RESULTS/plots)")
-def compare_command(results_root: Path, steps: str | None, tag: str | None, allow_mixed: bool,
-                    plots: Path | None) -> None:
+@click.option(
+    "--plots",
+    type=click.Path(path_type=Path),
+    help="where to write the PNG plots (default: RESULTS/plots)",
+)
+def compare_command(
+    results_root: Path, steps: str | None, tag: str | None, allow_mixed: bool, plots: Path | None
+) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
     from dflash_ops.ui.eval_view import show_comparison
 
@@ -48,8 +57,10 @@ def list_command(results_root: Path) -> None:
     def show() -> None:
         for run in load_runs(results_root):
             tau = run.metrics["tau_macro"] if run.results else None
-            click.echo(f"{run.run_id}  step {run.step}  {run.run.get('state')}"
-                       + (f"  τ {tau:.3f}" if tau is not None else ""))
+            click.echo(
+                f"{run.run_id}  step {run.step}  {run.run.get('state')}"
+                + (f"  τ {tau:.3f}" if tau is not None else "")
+            )
 
     _guarded(show)
 

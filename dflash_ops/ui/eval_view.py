@@ -21,8 +21,12 @@ from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui.console import console
 from dflash_ops.ui.staging_view import run_stage
 
-PHASES = {"completions": "reference completions", "hidden_states": "target hidden states",
-          "drafter": "drafter", "reference_drafter": "reference drafter"}
+PHASES = {
+    "completions": "reference completions",
+    "hidden_states": "target hidden states",
+    "drafter": "drafter",
+    "reference_drafter": "reference drafter",
+}
 
 
 class LiveView:
@@ -35,13 +39,28 @@ class LiveView:
         console.print(message)
 
     def stage(self, inventory: Inventory, step: int, host: str) -> str:
-        staged = run_stage(inventory, step=step, latest=False, to=[host], dry_run=False,
-                           via="stream", two_hop=False, resume=True, verify=False, margin=None)
+        staged = run_stage(
+            inventory,
+            step=step,
+            latest=False,
+            to=[host],
+            dry_run=False,
+            via="stream",
+            two_hop=False,
+            resume=True,
+            verify=False,
+            margin=None,
+        )
         return staged[-1].path
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
-        progress = Progress(TextColumn("{task.description:<24}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+        progress = Progress(
+            TextColumn("{task.description:<24}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
         progress.start()
         self._progress = progress
         tasks: dict[str, int] = {}
@@ -51,8 +70,7 @@ class LiveView:
             if kind == "progress":
                 phase = event["phase"]
                 if phase not in tasks:
-                    tasks[phase] = progress.add_task(PHASES.get(phase, phase),
-                                                     total=event["total"])
+                    tasks[phase] = progress.add_task(PHASES.get(phase, phase), total=event["total"])
                 progress.update(tasks[phase], completed=event["done"], total=event["total"])
             elif kind == "warning":
                 progress.console.print(f"[yellow]harness warning:[/] {event['message']}")
@@ -86,8 +104,9 @@ class PrefixedView:
 
             def advance(state: RelayState) -> None:
                 if next_mark[0] and state.done >= total * next_mark[0]:
-                    self.say(f"{label}: {state.done * 100 // max(total, 1)}% of "
-                             f"{format_bytes(total)}")
+                    self.say(
+                        f"{label}: {state.done * 100 // max(total, 1)}% of {format_bytes(total)}"
+                    )
                     next_mark[0] = next(marks, None)
 
             return advance
@@ -103,8 +122,10 @@ class PrefixedView:
                 quarter = event["done"] * 4 // max(event["total"], 1)
                 if reported.get(event["phase"]) != quarter:
                     reported[event["phase"]] = quarter
-                    self.say(f"{PHASES.get(event['phase'], event['phase'])}: "
-                             f"{event['done']}/{event['total']}")
+                    self.say(
+                        f"{PHASES.get(event['phase'], event['phase'])}: "
+                        f"{event['done']}/{event['total']}"
+                    )
             elif event["event"] in ("warning", "error"):
                 self.say(f"harness {event['event']}: {event['message']}")
 
@@ -114,8 +135,9 @@ class PrefixedView:
         show_finished(self.say, run, summary, local_dir)
 
 
-def show_finished(say: Callable[[str], None], run: jobs.Run, summary: list[str],
-                  local_dir: Path | None) -> None:
+def show_finished(
+    say: Callable[[str], None], run: jobs.Run, summary: list[str], local_dir: Path | None
+) -> None:
     style = "green" if run.state == "succeeded" else "red"
     say(f"[{style}]run {run.run_id} {run.state}[/] (exit code {run.exit_code})")
     for line in summary:
@@ -128,15 +150,27 @@ def runs_table(runs: list[jobs.Run]) -> Table:
     table = Table(title="eval runs", title_justify="left")
     for column in ("run", "host", "step", "state", "exit", "started", "duration"):
         table.add_column(column)
-    styles = {"running": "cyan", "succeeded": "green", "failed": "red", "lost": "red",
-              "cancelled": "yellow", "starting": "cyan"}
+    styles = {
+        "running": "cyan",
+        "succeeded": "green",
+        "failed": "red",
+        "lost": "red",
+        "cancelled": "yellow",
+        "starting": "cyan",
+    }
     for run in runs:
         end = run.finished or time.time()
         duration = f"{end - run.started:.0f} s" if run.started else "?"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started or 0))
-        table.add_row(run.run_id, run.host, str(run.step),
-                      f"[{styles.get(run.state, 'white')}]{run.state}[/]",
-                      "" if run.exit_code is None else str(run.exit_code), started, duration)
+        table.add_row(
+            run.run_id,
+            run.host,
+            str(run.step),
+            f"[{styles.get(run.state, 'white')}]{run.state}[/]",
+            "" if run.exit_code is None else str(run.exit_code),
+            started,
+            duration,
+        )
     if not runs:
         table.caption = "no runs yet: start one with `fab run-eval --step N`"
     return table
@@ -144,19 +178,29 @@ def runs_table(runs: list[jobs.Run]) -> Table:
 
 def comparison_table(comparison: Comparison) -> Table:
     header, cells = table_rows(comparison)
-    table = Table(title="comparison (tree-b: DDTree τ at budget b; acc@k: P(slot k | slots < k))",
-                  title_justify="left")
+    table = Table(
+        title="comparison (tree-b: DDTree τ at budget b; acc@k: P(slot k | slots < k))",
+        title_justify="left",
+    )
     for column in header:
-        table.add_column(column, justify="left" if column in ("run", "host", "comparable")
-                         else "right", no_wrap=column == "run")
+        table.add_column(
+            column,
+            justify="left" if column in ("run", "host", "comparable") else "right",
+            no_wrap=column == "run",
+        )
     for row in cells:
         styled = [*row[:-1], row[-1] if row[-1] == "yes" else f"[bold red]{row[-1]}[/]"]
         table.add_row(*styled)
     return table
 
 
-def show_comparison(results_root: Path, steps: list[int] | None = None, tag: str | None = None,
-                    allow_mixed: bool = False, plots: Path | None = None) -> Comparison:
+def show_comparison(
+    results_root: Path,
+    steps: list[int] | None = None,
+    tag: str | None = None,
+    allow_mixed: bool = False,
+    plots: Path | None = None,
+) -> Comparison:
     """Print the comparison table and write the plots; refuse to mix incomparable runs
     unless `allow_mixed` (and then flag them)."""
     from dflash_ops.evaluation.results import ResultsError, compare, load_runs, plot
@@ -165,21 +209,36 @@ def show_comparison(results_root: Path, steps: list[int] | None = None, tag: str
     console.print(comparison_table(comparison))
     if comparison.mixed:
         what = sorted({name for names in comparison.differences.values() for name in names})
-        message = (f"{len(comparison.differences)} run(s) differ from the latest run in "
-                   f"{', '.join(what)}: their numbers are not comparable")
+        message = (
+            f"{len(comparison.differences)} run(s) differ from the latest run in "
+            f"{', '.join(what)}: their numbers are not comparable"
+        )
         if not allow_mixed:
-            raise ResultsError(f"{message}. Narrow the selection (--steps/--tag) or pass "
-                               "--allow-mixed to show them flagged.")
+            raise ResultsError(
+                f"{message}. Narrow the selection (--steps/--tag) or pass "
+                "--allow-mixed to show them flagged."
+            )
         console.print(f"[yellow]warning:[/] {message} (flagged above; left out of the plots)")
     for path in plot(comparison, plots or results_root / "plots"):
         console.print(f"plot: {path}")
     return comparison
 
 
-def run_eval_command(inventory: Inventory, *, step: int, steps: str | None, all_new: bool,
-                     host: str | None, harness_flags: dict, reference: bool,
-                     prompts: str | None, sglang: bool, strip_optimizer: bool,
-                     tag: str | None, detach: bool) -> None:
+def run_eval_command(
+    inventory: Inventory,
+    *,
+    step: int,
+    steps: str | None,
+    all_new: bool,
+    host: str | None,
+    harness_flags: dict,
+    reference: bool,
+    prompts: str | None,
+    sglang: bool,
+    strip_optimizer: bool,
+    tag: str | None,
+    detach: bool,
+) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
     from dflash_ops.core.errors import OpsError
     from dflash_ops.evaluation.run import (
@@ -191,25 +250,35 @@ def run_eval_command(inventory: Inventory, *, step: int, steps: str | None, all_
     )
     from dflash_ops.ui.cli import parse_steps
 
-    args = [str(part) for flag, value in harness_flags.items() if value
-            for part in (flag, value)]
+    args = [str(part) for flag, value in harness_flags.items() if value for part in (flag, value)]
     if prompts and not Path(prompts).is_file():
         raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
-    request = EvalRequest(step=step, host=host, harness_args=args, reference=reference,
-                          prompts=Path(prompts) if prompts else None, sglang=sglang,
-                          strip_optimizer=strip_optimizer, tag=tag, detach=detach)
+    request = EvalRequest(
+        step=step,
+        host=host,
+        harness_args=args,
+        reference=reference,
+        prompts=Path(prompts) if prompts else None,
+        sglang=sglang,
+        strip_optimizer=strip_optimizer,
+        tag=tag,
+        detach=detach,
+    )
     sweep = parse_steps(steps) or (new_steps(inventory) if all_new else None)
     if sweep is not None:
         if not sweep:
             console.print("nothing to evaluate: every complete checkpoint has a result")
             return
-        console.print(f"sweep: steps {', '.join(map(str, sweep))} over "
-                      f"{', '.join(inventory.eval_hosts)}")
+        console.print(
+            f"sweep: steps {', '.join(map(str, sweep))} over {', '.join(inventory.eval_hosts)}"
+        )
         try:
             outcomes = run_sweep(inventory, sweep, request, PrefixedView)
         except KeyboardInterrupt:
-            console.print("\n[yellow]sweep interrupted[/]: runs already started go on on their "
-                          "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them")
+            console.print(
+                "\n[yellow]sweep interrupted[/]: runs already started go on on their "
+                "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
+            )
             raise SystemExit(130) from None
         failed = [s for s, outcome in sorted(outcomes.items()) if isinstance(outcome, Exception)]
         if failed:
@@ -220,21 +289,21 @@ def run_eval_command(inventory: Inventory, *, step: int, steps: str | None, all_
     try:
         run_eval(inventory, request, LiveView())
     except Detached as detached:
-        console.print(f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
-                      f"{detached.host}. Reattach: fab eval-logs --run {detached.run_id} "
-                      "--follow; pull results later: fab fetch-results")
+        console.print(
+            f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
+            f"{detached.host}. Reattach: fab eval-logs --run {detached.run_id} "
+            "--follow; pull results later: fab fetch-results"
+        )
         raise SystemExit(130) from None
 
 
 def _eval_hosts(inventory: Inventory) -> dict:
     """Every eval host, kept open (the one holding the run is used afterwards)."""
-    return {name: (Host(inventory, name), entry) for name, entry in
-            inventory.eval_hosts.items()}
+    return {name: (Host(inventory, name), entry) for name, entry in inventory.eval_hosts.items()}
 
 
 def show_status(inventory: Inventory) -> None:
-    runs = [run for host, entry in each_eval_host(inventory)
-            for run in jobs.list_runs(host, entry)]
+    runs = [run for host, entry in each_eval_host(inventory) for run in jobs.list_runs(host, entry)]
     console.print(runs_table(sorted(runs, key=lambda run: run.started or 0)))
 
 
@@ -265,5 +334,8 @@ def fetch_all(inventory: Inventory) -> None:
             if run.done and jobs.fetch(host, entry, run, inventory.local.results):
                 console.print(f"{host.name}: pulled {run.run_id} ({run.state})")
                 pulled += 1
-    console.print(f"{pulled} run(s) pulled into {inventory.local.results}"
-                  if pulled else "nothing new to pull")
+    console.print(
+        f"{pulled} run(s) pulled into {inventory.local.results}"
+        if pulled
+        else "nothing new to pull"
+    )

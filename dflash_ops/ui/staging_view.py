@@ -26,8 +26,10 @@ VIAS = ("stream", "rootfs", "pull")
 
 def checkpoints_table(inventory: Inventory) -> Table:
     infos = checkpoints.list_checkpoints(inventory)
-    table = Table(title=f"checkpoints on {inventory.trainer_name}:{inventory.trainer.checkpoints}",
-                  title_justify="left")
+    table = Table(
+        title=f"checkpoints on {inventory.trainer_name}:{inventory.trainer.checkpoints}",
+        title_justify="left",
+    )
     for column in ("step", "size", "modified", "complete"):
         table.add_column(column, justify="right" if column in ("step", "size") else "left")
     staged: dict[str, dict[int, str]] = {}
@@ -58,9 +60,19 @@ def _styled(status: str) -> str:
     return status or "-"
 
 
-def run_stage(inventory: Inventory, *, step: int | None, latest: bool, to: list[str] | None,
-              dry_run: bool, via: str, two_hop: bool, resume: bool, verify: bool,
-              margin: str | None) -> list[checkpoints.StagedCheckpoint]:
+def run_stage(
+    inventory: Inventory,
+    *,
+    step: int | None,
+    latest: bool,
+    to: list[str] | None,
+    dry_run: bool,
+    via: str,
+    two_hop: bool,
+    resume: bool,
+    verify: bool,
+    margin: str | None,
+) -> list[checkpoints.StagedCheckpoint]:
     if via not in VIAS:
         raise InventoryError(f"--via: expected one of {', '.join(VIAS)}, found {via!r}")
     if step is None and not latest:
@@ -84,8 +96,14 @@ def run_stage(inventory: Inventory, *, step: int | None, latest: bool, to: list[
             return advance
 
         options = checkpoints.StageOptions(
-            via=via, two_hop=two_hop, resume=resume, verify=verify, dry_run=dry_run,
-            margin=margin, report=progress.console.print, progress_factory=factory,
+            via=via,
+            two_hop=two_hop,
+            resume=resume,
+            verify=verify,
+            dry_run=dry_run,
+            margin=margin,
+            report=progress.console.print,
+            progress_factory=factory,
         )
         results = checkpoints.stage(inventory, step, to, latest=latest, options=options)
     if dry_run:

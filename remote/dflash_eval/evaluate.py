@@ -133,8 +133,12 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     cache = DiskCache(options.cache_dir)
     libraries = library_versions()
     # What every cached completion and hidden-state entry depends on.
-    shared_key = {"target": identity["fingerprint"], "target_dtype": str(target.dtype),
-                  "libraries": libraries, "device": "cpu"}
+    shared_key = {
+        "target": identity["fingerprint"],
+        "target_dtype": str(target.dtype),
+        "libraries": libraries,
+        "device": "cpu",
+    }
     with timer.phase("completions"):
         _completions(sequences, options, target, stops, shared_key, cache, progress)
     for seq in sequences:

@@ -11,8 +11,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 def harness_files(package_dir: Path = PACKAGE_DIR) -> list[str]:
     """The *.py files as sorted POSIX paths relative to the package directory."""
-    return sorted(path.relative_to(package_dir).as_posix() for path in package_dir.rglob("*.py")
-                  if "__pycache__" not in path.parts and path.is_file())
+    return sorted(
+        path.relative_to(package_dir).as_posix()
+        for path in package_dir.rglob("*.py")
+        if "__pycache__" not in path.parts and path.is_file()
+    )
 
 
 def harness_hash(package_dir: Path = PACKAGE_DIR) -> str:
