@@ -145,7 +145,7 @@ def test_pull_checks_the_trainer_temp_disk(make_lab):
     inventory = load_inventory(lab.inventory_path)
     from dflash_ops.core.errors import DiskSpaceError
 
-    with pytest.raises(DiskSpaceError, match="pct pull") as raised:
+    with pytest.raises(DiskSpaceError, match="copy out of pct container 200") as raised:
         stage(inventory, 4000, options=quiet(via="pull"))
     assert raised.value.host == "trainer"
     assert not staged_file(lab, 4000).parent.exists()

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from dflash_ops.core.errors import HostKeyError, LabError, RemoteCommandError, UnreachableError
-from dflash_ops.core.inventory import Inventory, RootfsContainer
-from dflash_ops.remote.connection import Host, TrainingEnvironment
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.remote.connection import Host
+from dflash_ops.remote.containers import RootfsContainer, environment_of
 
 
 def with_host(inventory: Inventory, name: str, **changes) -> Inventory:
@@ -86,7 +87,7 @@ def odd_file(lab):
 
 @pytest.mark.parametrize("offset", [0, 1000])
 def test_pct_stream_from_offset(inventory, odd_file, offset):
-    env = TrainingEnvironment(inventory.trainer)
+    env = environment_of(inventory.trainer.container)
     host = Host(inventory, "trainer")
     argv = host.ssh_argv(env.stream_command(odd_file, offset))
     streamed = subprocess.run(argv, capture_output=True, timeout=30)
@@ -95,7 +96,7 @@ def test_pct_stream_from_offset(inventory, odd_file, offset):
 
 
 def test_pct_exec_sees_only_the_container(inventory, odd_file):
-    env = TrainingEnvironment(inventory.trainer)
+    env = environment_of(inventory.trainer.container)
     host = Host(inventory, "trainer")
     try:
         digest = host.run(env.run_command("sha256sum < {}", odd_file)).stdout.split()[0]
@@ -113,7 +114,7 @@ def test_rootfs_access_reads_through_the_host_path(lab, inventory, odd_file):
     trainer = inventory.trainer.model_copy(
         update={"container": RootfsContainer(kind="rootfs", path=str(lab.container_rootfs))}
     )
-    env = TrainingEnvironment(trainer)
+    env = environment_of(trainer.container)
     argv = Host(inventory, "trainer").ssh_argv(env.stream_command(odd_file, 10))
     assert subprocess.run(argv, capture_output=True, timeout=30).stdout == PAYLOAD[10:]
 
@@ -122,7 +123,7 @@ def test_stopped_container_is_reported(lab, inventory):
     host = Host(inventory, "trainer")
     lab.set_container_running(False)
     try:
-        answer = host.run(TrainingEnvironment(inventory.trainer).wrap("true"), check=False)
+        answer = host.run(environment_of(inventory.trainer.container).wrap("true"), check=False)
         assert answer.exit_code != 0 and "CT 200 not running" in answer.stderr
     finally:
         lab.set_container_running(True)

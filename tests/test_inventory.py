@@ -10,7 +10,8 @@ import yaml
 
 from dflash_ops.core import inventory
 from dflash_ops.core.errors import InventoryError
-from dflash_ops.core.inventory import DockerContainer, PctContainer, RootfsContainer
+from dflash_ops.remote.containers import DockerContainer, PctContainer, RootfsContainer
+from dflash_ops.remote.layout import EvalLayout
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory.yaml"
 
@@ -36,7 +37,7 @@ def test_example_inventory_loads():
     assert inv.trainer.layout.format(step=4000) == "step_4000/checkpoint.pt"
     name, entry = inv.eval_host(None)
     assert (name, entry.venv.python) == ("eval", "3.12")
-    assert entry.staging_dir == "/root/eval/checkpoints"
+    assert EvalLayout(entry).staging == "/root/eval/checkpoints"
     assert inv.local.results == EXAMPLE.parent / "results"
 
 

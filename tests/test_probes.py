@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from dflash_lab.lab import LabConfig
 from dflash_ops.core.units import parse_size
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
+from dflash_ops.remote.containers import DockerContainer, PctContainer, RootfsContainer
 from dflash_ops.remote.probes import FileStat, ProbeParseError
 
 
@@ -37,15 +40,33 @@ def test_parse_tools():
     assert not found["pct"].present and found["pct"].version is None
 
 
+def _section(name: str, body: str) -> str:
+    return f"\n{probes.SECTION_MARK} {name}\n{body}"
+
+
 def test_parse_paths_info():
     probe = probes.paths_info(["/a", "/b c"])
-    captured = "4096 1764428000 directory\n    Avail\n1000\n--dflash-ops--\nmissing\nAvail\n2000\n"
+    captured = (
+        _section("stat0", "4096 1764428000 directory\n")
+        + _section("free0", "    Avail\n1000\n")
+        + _section("stat1", "missing\n")
+        + _section("free1", "Avail\n2000\n")
+    )
     info = probe.parse(captured)
     assert info["/a"] == probes.PathInfo(FileStat(4096, 1764428000, "directory"), 1000)
     assert info["/b c"] == probes.PathInfo(None, 2000)
     assert "'/b c'" in probe.command
-    with pytest.raises(ProbeParseError, match="expected 2 answers"):
-        probe.parse("missing\nAvail\n1\n")
+    with pytest.raises(ProbeParseError, match="no answer for stat1, free1"):
+        probe.parse(_section("stat0", "missing\n") + _section("free0", "Avail\n1\n"))
+
+
+def test_together_keeps_answers_apart_whatever_they_print():
+    """A probe printing nothing, or no final newline, or a look-alike marker, stays its own."""
+    echo = probes.Probe("printf 'no newline'", str)
+    silent = probes.Probe("true", str)
+    probe = probes.together(first=echo, second=silent, third=probes.Probe("echo x", str))
+    output = subprocess.run(["bash", "-c", probe.command], capture_output=True, text=True).stdout
+    assert probe.parse(output) == {"first": "no newline", "second": "", "third": "x\n"}
 
 
 def test_parse_machine():
@@ -55,10 +76,15 @@ def test_parse_machine():
         probes.parse_machine("nproc: not found\n")
 
 
-def test_parse_container_running():
-    assert probes.parse_container_running("status: running\n")
-    assert probes.parse_container_running("running\n")  # docker inspect
-    assert not probes.parse_container_running("status: stopped\n")
+def test_container_status_parsers():
+    pct = PctContainer(kind="pct", id=200).status()
+    docker = DockerContainer(kind="docker", name="trainer").status()
+    assert pct.command == "pct status 200"
+    assert pct.parse("status: running\n")
+    assert not pct.parse("status: stopped\n")
+    assert docker.parse("running\n")
+    assert not docker.parse("exited\n")
+    assert RootfsContainer(kind="rootfs", path="/r").status() is None
 
 
 def test_probes_on_a_real_host(lab, inventory):

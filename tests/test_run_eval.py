@@ -21,6 +21,7 @@ from dflash_ops import provision
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
+from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import FAB, REPO, run_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
@@ -115,7 +116,7 @@ def test_run_eval_end_to_end(inventory_path):
     assert results["prompts"]["count"] == 2
     # The inventory's per-host thread budget reaches the harness (the lab splits the cores).
     assert results["host"]["torch_threads"] == load(inventory_path).eval_hosts["eval"].threads
-    staged = load(inventory_path).eval_hosts["eval"].staging_dir + "/step_2000/checkpoint.pt"
+    staged = EvalLayout(load(inventory_path).eval_hosts["eval"]).staged_checkpoint(2000)
     assert results["checkpoint"]["path"] == staged
     deployed = json.loads((run_file.parent / "params.json").read_text())["harness"]
     assert Path(deployed).name == results["harness"]["content_sha256"][:16]
@@ -191,7 +192,9 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     # Step 6000 is staged on eval2 only: the sweep must run it there instead of copying it.
     inventory = load(inventory_path)
     eval_host = Host(inventory, "eval")
-    eval_host.run(f"rm -rf {shlex.quote(inventory.eval_hosts['eval'].staging_dir)}/step_6000")
+    eval_host.run(
+        f"rm -rf {shlex.quote(EvalLayout(inventory.eval_hosts['eval']).staging)}/step_6000"
+    )
     eval_host.close()
     staged = fab_eval(inventory_path, "stage-checkpoint", "--step", "6000", "--to", "eval2")
     assert staged.returncode == 0, staged.stderr

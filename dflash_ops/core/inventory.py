@@ -10,51 +10,23 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.strict import Strict
+from dflash_ops.remote.containers import Container
 
 DEFAULT_INVENTORY = "inventory.yaml"
 ENV_VAR = "DFLASH_INVENTORY"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-# --- container access on the training host -----------------------------------------------
-
-
-class PctContainer(_Strict):
-    """A Proxmox LXC container: commands run with `pct exec ID --`, files copy with `pct pull`."""
-
-    kind: Literal["pct"]
-    id: int
-    rootfs: str | None = None  # host-side path of its filesystem, if reading it directly is wanted
-
-
-class RootfsContainer(_Strict):
-    """A container read through the host-side path of its root filesystem."""
-
-    kind: Literal["rootfs"]
-    path: str
-
-
-class DockerContainer(_Strict):
-    kind: Literal["docker"]
-    name: str
-
-
-Container = Annotated[PctContainer | RootfsContainer | DockerContainer, Field(discriminator="kind")]
-
-
 # --- hosts --------------------------------------------------------------------------------
 
 
-class _SshHost(_Strict):
+class _SshHost(Strict):
     address: str  # a name from ssh config / DNS (the example) or an address (the lab)
     user: str | None = None
     port: int = Field(default=22, ge=1, le=65535)
@@ -72,7 +44,7 @@ class TrainerHost(_SshHost):
     tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
 
 
-class VenvSpec(_Strict):
+class VenvSpec(Strict):
     """The eval venv and what goes into it (see dflash_ops.provision)."""
 
     path: str
@@ -80,8 +52,8 @@ class VenvSpec(_Strict):
     torch: Literal["cpu", "cuda"] = "cpu"
     # Versions of torch / transformers / safetensors / requests or of `packages`:
     # "5.1.0" pins (==), a specifier like ">=5,<6" is used as written.
-    versions: dict[str, str] = {}
-    packages: list[str] = []  # more requirements, e.g. ["numpy<3"]
+    versions: dict[str, str] = Field(default_factory=dict)
+    packages: list[str] = Field(default_factory=list)  # more requirements, e.g. ["numpy<3"]
     # Package sources; None = the workstation pip's local find-links / file:// indexes that
     # also exist on the host (pip's settings are invisible to uv otherwise).
     find_links: list[str] | None = None
@@ -103,28 +75,24 @@ class EvalHost(_SshHost):
     sglang_url: str | None = None
     threads: int | None = Field(default=None, ge=1)  # torch threads per run (leave SGLang room)
 
-    @property
-    def staging_dir(self) -> str:
-        return self.checkpoints or f"{self.workdir.rstrip('/')}/checkpoints"
-
 
 HostEntry = TrainerHost | EvalHost
 _HOST_MODELS: dict[str, type[_SshHost]] = {"trainer": TrainerHost, "eval": EvalHost}
 
 
-class LocalSettings(_Strict):
+class LocalSettings(Strict):
     staging: Path | None = None  # keep a verified local copy (two-hop mode) when set
     results: Path = Path("results")
 
 
-class TransferSettings(_Strict):
+class TransferSettings(Strict):
     """Free space kept beyond what a transfer writes: max(margin, margin_fraction × bytes)."""
 
     margin: str | int = "1g"
     margin_fraction: float = Field(default=0.02, ge=0, le=1)
 
 
-class Inventory(_Strict):
+class Inventory(Strict):
     """The whole file, with relative local paths resolved against the file's directory."""
 
     path: Path  # where it was read from (not a key in the file)

@@ -23,6 +23,7 @@ from pathlib import Path
 from dflash_ops.core.errors import OpsError, RemoteCommandError
 from dflash_ops.core.inventory import EvalHost
 from dflash_ops.remote.connection import Host
+from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
@@ -66,11 +67,11 @@ def _safe(text: str) -> str:
 
 
 def runs_dir(entry: EvalHost) -> str:
-    return f"{entry.workdir.rstrip('/')}/runs"
+    return EvalLayout(entry).runs
 
 
 def run_dir(entry: EvalHost, run_id: str) -> str:
-    return f"{runs_dir(entry)}/{run_id}"
+    return EvalLayout(entry).run(run_id)
 
 
 # --- launching -----------------------------------------------------------------------------

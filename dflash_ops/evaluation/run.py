@@ -24,6 +24,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.results import load_runs, summary_lines
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
+from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.checkpoints import list_checkpoints, staged_status
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
@@ -175,12 +176,12 @@ def extract(
 ) -> str:
     """Strip optimizer state on the eval host (once per staged checkpoint) with the harness's
     `extract`; returns the extracted directory to evaluate."""
-    out = f"{Path(checkpoint).parent}/extracted"
+    out = EvalLayout.extracted(checkpoint)
     quoted = shlex.quote(out)
     done = host.run(f"test -f {quoted}/model.safetensors && echo yes || echo no").stdout
     if done.strip() == "yes":
         return out
-    python = shlex.quote(f"{entry.venv.path.rstrip('/')}/bin/python")
+    python = shlex.quote(EvalLayout(entry).python)
     result = host.run(
         f"cd {shlex.quote(harness)} && {python} -m dflash_eval extract --checkpoint "
         f"{shlex.quote(checkpoint)} --out {quoted}.tmp && rm -rf {quoted} && "
@@ -201,10 +202,10 @@ def harness_command(
     host: Host, entry: EvalHost, harness: str, checkpoint: str, run_id: str, request: EvalRequest
 ) -> str:
     """The harness invocation for the run's wrapper (it runs in the run directory)."""
-    python = f"{entry.venv.path.rstrip('/')}/bin/python"
-    directory = jobs.run_dir(entry, run_id)
+    layout = EvalLayout(entry)
+    directory = layout.run(run_id)
     argv = [
-        python,
+        layout.python,
         "-m",
         "dflash_eval",
         "eval",
@@ -217,7 +218,7 @@ def harness_command(
         "--step",
         str(request.step),
         "--cache-dir",
-        f"{entry.workdir.rstrip('/')}/cache",
+        layout.cache,
     ]
     if request.reference:
         if not entry.reference_drafter:

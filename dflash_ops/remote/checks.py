@@ -14,15 +14,15 @@ from enum import Enum
 
 from dflash_ops.core.errors import HostError, HostKeyError, UnreachableError
 from dflash_ops.core.inventory import (
-    DockerContainer,
     EvalHost,
     Inventory,
-    PctContainer,
     TrainerHost,
 )
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, TrainingEnvironment, host_error_row
+from dflash_ops.remote.connection import Host, host_error_row
+from dflash_ops.remote.containers import environment_of
+from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.disk import local_free_bytes
 
 
@@ -114,11 +114,11 @@ def check_host(host: Host) -> Iterator[Row]:
 
 
 def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
-    env = TrainingEnvironment(entry)
-    status_command = env.status_command()
-    if status_command:
-        answer = host.run(status_command, check=False)
-        running = answer.ok and probes.parse_container_running(answer.stdout)
+    env = environment_of(entry.container)
+    status = env.status()
+    if status is not None:
+        answer = host.run(status.command, check=False)
+        running = answer.ok and status.parse(answer.stdout)
         found = (answer.stdout or answer.stderr).strip() or f"exit {answer.exit_code}"
         yield Row(
             host.name,
@@ -128,8 +128,8 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
         )
         if not running:
             return
-    elif entry.container is not None:
-        rootfs = entry.container.path
+    elif env.host_rootfs() is not None:
+        rootfs = env.host_rootfs()
         yield _directory_row(
             host.name,
             "container rootfs",
@@ -149,16 +149,18 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
         f"{entry.checkpoints} in {env.description}"
         + ("" if exists else ": missing; fix `checkpoints` in the inventory"),
     )
-    required = ["sha256sum", "tail"]
-    if isinstance(entry.container, PctContainer | DockerContainer):
-        required.append(entry.container.kind)  # the tool is named like the kind
+    required = ["sha256sum", "tail", *filter(None, [env.tool])]
     yield from _tool_rows(host, required, optional=["python3"])
 
 
 def _check_eval(host: Host, entry: EvalHost) -> Iterator[Row]:
     required = {"target model": entry.target_model}
     optional = {"reference drafter": entry.reference_drafter} if entry.reference_drafter else {}
-    created = {"workdir": entry.workdir, "venv": entry.venv.path, "staging dir": entry.staging_dir}
+    created = {
+        "workdir": entry.workdir,
+        "venv": entry.venv.path,
+        "staging dir": EvalLayout(entry).staging,
+    }
     info = host.probe(
         probes.paths_info([*required.values(), *optional.values(), *created.values()])
     )

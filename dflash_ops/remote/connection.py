@@ -7,7 +7,6 @@ unknown or changed key is refused, never added.
 
 from __future__ import annotations
 
-import shlex
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,15 +24,7 @@ from dflash_ops.core.errors import (
     RemoteCommandError,
     UnreachableError,
 )
-from dflash_ops.core.inventory import (
-    DockerContainer,
-    EvalHost,
-    HostEntry,
-    Inventory,
-    PctContainer,
-    RootfsContainer,
-    TrainerHost,
-)
+from dflash_ops.core.inventory import EvalHost, HostEntry, Inventory
 from dflash_ops.remote.routes import verify_routes
 
 if TYPE_CHECKING:
@@ -217,61 +208,6 @@ class Host:
         if self.entry.user:
             argv += ["-l", self.entry.user]
         return [*argv, self.entry.address, "--", command]
-
-
-class TrainingEnvironment:
-    """Where the trainer's files live: the host itself or a container on it.
-
-    `path(p)` is how the command that runs there must spell an in-environment path `p`, and
-    `wrap(cmd)` turns a command into one that runs there from the host's shell.
-    """
-
-    def __init__(self, trainer: TrainerHost) -> None:
-        self.container = trainer.container
-
-    @property
-    def description(self) -> str:
-        match self.container:
-            case PctContainer(id=ct_id):
-                return f"pct container {ct_id}"
-            case RootfsContainer(path=rootfs):
-                return f"container rootfs {rootfs}"
-            case DockerContainer(name=name):
-                return f"docker container {name}"
-        return "the host itself"
-
-    def path(self, path: str) -> str:
-        if isinstance(self.container, RootfsContainer):
-            return f"{self.container.path.rstrip('/')}/{path.lstrip('/')}"
-        return path
-
-    def wrap(self, command: str) -> str:
-        match self.container:
-            case PctContainer(id=ct_id):
-                return f"pct exec {ct_id} -- sh -c {shlex.quote(command)}"
-            case DockerContainer(name=name):
-                return f"docker exec {shlex.quote(name)} sh -c {shlex.quote(command)}"
-        return command
-
-    def run_command(self, command_for: str, *paths: str) -> str:
-        """`command_for` with `{}` placeholders filled by the quoted, mapped `paths`."""
-        quoted = [shlex.quote(self.path(p)) for p in paths]
-        return self.wrap(command_for.format(*quoted))
-
-    def stream_command(self, path: str, offset: int = 0) -> str:
-        """Write the file's bytes from `offset` on to stdout."""
-        if offset:
-            return self.run_command(f"tail -c +{offset + 1} -- {{}}", path)
-        return self.run_command("cat -- {}", path)
-
-    def status_command(self) -> str | None:
-        """A command whose output tells whether the container runs (None: nothing to ask)."""
-        match self.container:
-            case PctContainer(id=ct_id):
-                return f"pct status {ct_id}"
-            case DockerContainer(name=name):
-                return f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(name)}"
-        return None
 
 
 def each_eval_host(

@@ -24,6 +24,39 @@ class ProbeParseError(ValueError):
     """The host answered something a probe did not expect."""
 
 
+# --- several probes in one round trip ---------------------------------------------------
+
+SECTION_MARK = "@@dflash-ops-section"
+
+
+def together(**named: Probe) -> Probe[dict[str, object]]:
+    """Run several probes in one command; the answer maps each name to its parsed result.
+
+    Each probe's output is preceded by a marker line naming it, so one probe's output can
+    never be read as another's, whatever it prints (or fails to print)."""
+    script = "".join(
+        f"printf '\\n%s %s\\n' {SECTION_MARK} {shlex.quote(name)}\n{{ {probe.command}\n}}\n"
+        for name, probe in named.items()
+    )
+
+    def parse(output: str) -> dict[str, object]:
+        sections = split_sections(output, list(named))
+        return {name: probe.parse(sections[name]) for name, probe in named.items()}
+
+    return Probe(script, parse)
+
+
+def split_sections(output: str, names: Sequence[str]) -> dict[str, str]:
+    sections: dict[str, str] = {}
+    for part in output.split(f"\n{SECTION_MARK} ")[1:]:
+        name, _, body = part.partition("\n")
+        sections[name] = body
+    missing = [name for name in names if name not in sections]
+    if missing:
+        raise ProbeParseError(f"no answer for {', '.join(missing)} in {output[-500:]!r}")
+    return sections
+
+
 # --- free space ---------------------------------------------------------------------------
 
 
@@ -82,22 +115,20 @@ class PathInfo:
 
 def paths_info(paths: Sequence[str]) -> Probe[dict[str, PathInfo]]:
     """stat and free space of several paths in one round trip."""
-    parts = [f"{file_stat(path).command}; {free_bytes(path).command}" for path in paths]
-    separator = "echo '--dflash-ops--'"
-    return Probe(
-        f" ; {separator}; ".join(parts), lambda output: parse_paths_info(paths, output, separator)
-    )
+    named = {}
+    for index, path in enumerate(paths):
+        named[f"stat{index}"] = file_stat(path)
+        named[f"free{index}"] = free_bytes(path)
+    combined = together(**named)
 
+    def parse(output: str) -> dict[str, PathInfo]:
+        answers = combined.parse(output)
+        return {
+            path: PathInfo(answers[f"stat{index}"], answers[f"free{index}"])
+            for index, path in enumerate(paths)
+        }
 
-def parse_paths_info(paths: Sequence[str], output: str, separator: str) -> dict[str, PathInfo]:
-    marker = separator.split("'")[1]
-    chunks = [chunk.strip().splitlines() for chunk in output.split(marker)]
-    if len(chunks) != len(paths):
-        raise ProbeParseError(f"expected {len(paths)} answers, got {len(chunks)}: {output!r}")
-    return {
-        path: PathInfo(parse_file_stat(lines[0]), parse_df_avail("\n".join(lines[1:])))
-        for path, lines in zip(paths, chunks, strict=True)
-    }
+    return Probe(combined.command, parse)
 
 
 # --- tools --------------------------------------------------------------------------------
@@ -166,14 +197,6 @@ def parse_machine(output: str) -> Machine:
         return Machine(cpus, memory["MemTotal"], memory["MemAvailable"])
     except (IndexError, KeyError, ValueError):
         raise ProbeParseError(f"unexpected nproc/meminfo output: {output.strip()!r}") from None
-
-
-# --- containers ---------------------------------------------------------------------------
-
-
-def parse_container_running(output: str) -> bool:
-    """`pct status` ('status: running') or `docker inspect -f {{.State.Status}}` ('running')."""
-    return output.strip().removeprefix("status:").strip() == "running"
 
 
 # --- reachability -------------------------------------------------------------------------

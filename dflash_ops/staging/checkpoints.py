@@ -23,10 +23,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from dflash_ops.core.errors import CheckpointError, InventoryError, TransferError
-from dflash_ops.core.inventory import Inventory, PctContainer, RootfsContainer
+from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, TrainingEnvironment
+from dflash_ops.remote.connection import Host
+from dflash_ops.remote.containers import environment_of
+from dflash_ops.remote.layout import STAGED_NAME, EvalLayout
 from dflash_ops.staging.disk import Margin, SpaceCheck, margin_of, space_check
 from dflash_ops.staging.relay import (
     HASHER_PROBE,
@@ -40,7 +42,6 @@ from dflash_ops.staging.relay import (
     stderr_reason,
 )
 
-STAGED_NAME = "checkpoint.pt"  # a stripped variant (issue 6) gets its own name here
 STABLE_AFTER_S = 2  # a file untouched this long is not being written
 STABLE_WINDOW_S = 1.0  # otherwise: its size must not change over this window
 
@@ -83,10 +84,10 @@ def _glob_and_regex(pattern: str) -> tuple[str, re.Pattern]:
 def _scan(inventory: Inventory) -> tuple[int, dict[int, tuple[int, int]], set[int]]:
     """One look at the checkpoint dir: remote time, {step: (size, mtime)}, steps with marker."""
     trainer = inventory.trainer
-    env = TrainingEnvironment(trainer)
+    env = environment_of(trainer.container)
     glob, regex = _glob_and_regex(trainer.layout)
     command = (
-        f"cd -- {shlex.quote(env.path(trainer.checkpoints))} || exit 3; date +%s; "
+        f"cd -- {shlex.quote(env.host_path(trainer.checkpoints))} || exit 3; date +%s; "
         f"stat -c 'F %s %Y %n' -- {glob} 2>/dev/null"
     )
     marker_regex = None
@@ -174,7 +175,7 @@ def staged_path(inventory: Inventory, host: str, step: int) -> str:
             raise InventoryError(f"{inventory.path}: two-hop mode needs local.staging set")
         return f"{inventory.local.staging}/step_{step}/{STAGED_NAME}"
     _, entry = inventory.eval_host(host)
-    return f"{entry.staging_dir.rstrip('/')}/step_{step}/{STAGED_NAME}"
+    return EvalLayout(entry).staged_checkpoint(step)
 
 
 @dataclass
@@ -286,19 +287,16 @@ def trainer_source(inventory: Inventory, step: int, via: Via) -> Source:
     trainer = inventory.trainer
     side = RemoteSide(Host(inventory, inventory.trainer_name))
     path = checkpoint_path(inventory, step)
-    container = trainer.container
+    env = environment_of(trainer.container)
     if via == "rootfs":
-        if isinstance(container, PctContainer) and container.rootfs:
-            host_path = f"{container.rootfs.rstrip('/')}/{path.lstrip('/')}"
-        elif isinstance(container, RootfsContainer):
-            host_path = TrainingEnvironment(trainer).path(path)
-        else:
+        rootfs = env.host_rootfs()
+        if rootfs is None:
             raise InventoryError(
                 f"{inventory.path}: --via rootfs needs the trainer's container to name its "
-                f"host-side rootfs (container.rootfs for pct, or kind: rootfs)"
+                f"host-side rootfs (container.rootfs for pct, or kind: rootfs); found "
+                f"{env.description}"
             )
-        return _plain_source(side, host_path, "rootfs")
-    env = TrainingEnvironment(trainer)
+        return _plain_source(side, f"{rootfs.rstrip('/')}/{path.lstrip('/')}", "rootfs")
     return Source(
         side,
         f"{side.name}:{path} ({env.description})",
@@ -384,8 +382,12 @@ def stage(
     for name in names:
         inventory.eval_host(name)  # unknown names fail before any connection
     margin = margin_of(inventory, options.margin)
-    if options.via == "pull" and not isinstance(inventory.trainer.container, PctContainer):
-        raise InventoryError(f"{inventory.path}: --pull needs a trainer container of kind pct")
+    env = environment_of(inventory.trainer.container)
+    if options.via == "pull" and env.pull_command("/", "/") is None:
+        raise InventoryError(
+            f"{inventory.path}: --pull needs a trainer container that can copy files out "
+            f"(kind pct or docker); found {env.description}"
+        )
     if latest or step is None:
         step = resolve_step(inventory, step, latest=True).step
     source = trainer_source(inventory, step, options.via)
@@ -457,7 +459,7 @@ def _deliver(
             source.side.free_bytes(tmp_dir),
             identity.size,
             margin,
-            "pct pull",
+            f"copy out of {environment_of(inventory.trainer.container).description}",
         )
         options.plan.append(
             HopPlan(
@@ -536,33 +538,48 @@ def _require_complete(inventory: Inventory, identity: Identity) -> None:
 
 
 class _pulled:
-    """`pct pull` the checkpoint into the trainer's tmp_dir; removed afterwards."""
+    """Copy the checkpoint out of the container (`pct pull`, `docker cp`) into a fresh private
+    directory under the trainer's tmp_dir, and remove that directory afterwards.
+
+    A fresh `mktemp -d` directory (mode 0700) per pull: a fixed file name in a shared tmp_dir
+    could be a symlink planted by another user, which the copy (as root) would follow."""
 
     def __init__(self, inventory: Inventory, identity: Identity) -> None:
-        self.inventory, self.identity = inventory, identity
+        self.identity = identity
         self.side = RemoteSide(Host(inventory, inventory.trainer_name))
-        ct_id = inventory.trainer.container.id  # type: ignore[union-attr]
-        self.path = (
-            f"{inventory.trainer.tmp_dir.rstrip('/')}/dflash-{ct_id}-step_{identity.step}.pt"
-        )
-        self.command = (
-            f"mkdir -p -- {shlex.quote(inventory.trainer.tmp_dir)} && "
-            f"pct pull {ct_id} {shlex.quote(identity.source_path)} "
-            f"{shlex.quote(self.path)}"
-        )
+        self.env = environment_of(inventory.trainer.container)
+        self.tmp_dir = inventory.trainer.tmp_dir
+        self.directory: str | None = None
 
     def __enter__(self) -> Source:
-        result = self.side.run(self.command, check=False)
-        if not result.ok:
-            self.side.run(f"rm -f -- {shlex.quote(self.path)}", check=False)
+        made = self.side.run(
+            f"mkdir -p -- {shlex.quote(self.tmp_dir)} && umask 077 && "
+            f"mktemp -d -p {shlex.quote(self.tmp_dir)} dflash-pull.XXXXXXXX",
+            check=False,
+        )
+        if not made.ok:
             raise TransferError(
-                f"{self.side.name}: `pct pull` of {self.identity.source_path} to {self.path} "
-                f"failed: {stderr_reason(result.stderr)}; nothing was staged."
+                f"{self.side.name}: cannot make a private directory in {self.tmp_dir} for the "
+                f"copy out of {self.env.description}: {stderr_reason(made.stderr)}. Check "
+                f"`tmp_dir` in the inventory."
             )
-        return _plain_source(self.side, self.path, "pulled")
+        self.directory = made.stdout.strip()
+        path = f"{self.directory}/{STAGED_NAME}"
+        command = self.env.pull_command(self.identity.source_path, path)
+        result = self.side.run(command, check=False)
+        if not result.ok:
+            self.__exit__()
+            raise TransferError(
+                f"{self.side.name}: copying {self.identity.source_path} out of "
+                f"{self.env.description} to {path} failed: {stderr_reason(result.stderr)}; "
+                f"nothing was staged."
+            )
+        return _plain_source(self.side, path, "pulled")
 
     def __exit__(self, *exc) -> None:
-        self.side.run(f"rm -f -- {shlex.quote(self.path)}", check=False)
+        if self.directory:
+            self.side.run(f"rm -rf -- {shlex.quote(self.directory)}", check=False)
+            self.directory = None
 
 
 def _transfer(
