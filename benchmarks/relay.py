@@ -4,7 +4,7 @@ Builds its own lab (as root: network-namespace hosts with tmpfs disks), with one
 of `--size` (default 1 GiB), and alternates runs of
 
     raw:    ssh trainer cat FILE | ssh eval 'cat > FILE'      (the same ssh argv)
-    stage:  checkpoints.stage(step, via=rootfs, no resume)    (in-stream sha256 both ends)
+    stage:  staging.stage.stage(step, via=rootfs, no resume)    (in-stream sha256 both ends)
 
 printing each run, both median throughputs and their ratio; then a resume after killing the
 source at ~50 %, with the bytes the resume moved. The lab is removed at the end, even on
@@ -29,8 +29,9 @@ from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.units import format_bytes, parse_size
 from dflash_ops.remote.connection import Host
-from dflash_ops.staging import checkpoints
-from dflash_ops.staging.checkpoints import StageOptions, stage
+from dflash_ops.staging import stage as staging
+from dflash_ops.staging.destination import staged_path
+from dflash_ops.staging.stage import StageOptions, stage
 
 STEP = 4000
 
@@ -65,9 +66,9 @@ def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
     trainer, evalhost = Host(inventory, "trainer"), Host(inventory, "eval")
     source = built.checkpoint_path(STEP)
     raw_target = built.data_dir("eval") / "raw.bin"
-    staged = Path(checkpoints.staged_path(inventory, "eval", STEP))
+    staged = Path(staged_path(inventory, "eval", STEP))
     moving: list[float] = []
-    real_move = checkpoints.move
+    real_move = staging.move
 
     def timed_move(*args, **kwargs):
         started = time.monotonic()
@@ -76,7 +77,7 @@ def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
         finally:
             moving.append(time.monotonic() - started)
 
-    checkpoints.move = timed_move
+    staging.move = timed_move
     quiet = {"report": lambda message: None, "margin": "64m", "via": via, "resume": False}
 
     def clear() -> None:

@@ -14,8 +14,8 @@ import yaml
 
 from dflash_ops.core.errors import CheckpointError
 from dflash_ops.core.inventory import load as load_inventory
-from dflash_ops.staging import checkpoints
-from dflash_ops.staging.checkpoints import StageOptions, stage
+from dflash_ops.staging.catalog import list_checkpoints
+from dflash_ops.staging.stage import StageOptions, stage
 
 
 def sha256(path: Path) -> str:
@@ -32,7 +32,7 @@ def quiet(**kwargs) -> StageOptions:
 
 
 def test_list_checkpoints_reports_steps_sizes_and_completeness(lab, inventory):
-    found = checkpoints.list_checkpoints(inventory)
+    found = list_checkpoints(inventory)
     assert [c.step for c in found] == [2000, 4000, 6000]
     for info in found:
         assert info.size == 4 << 20
@@ -58,7 +58,7 @@ def test_a_growing_file_is_not_complete(make_lab):
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        (info,) = checkpoints.list_checkpoints(inventory)
+        (info,) = list_checkpoints(inventory)
         assert not info.complete
         with pytest.raises(CheckpointError, match="looks incomplete"):
             stage(inventory, 2000, options=quiet())
@@ -74,7 +74,7 @@ def test_complete_marker_decides_completeness(make_lab):
     document["hosts"]["trainer"]["complete_marker"] = "step_{step}/DONE"
     lab.inventory_path.write_text(yaml.safe_dump(document))
     (lab.checkpoint_path(4000).parent / "DONE").write_text("")
-    found = checkpoints.list_checkpoints(load_inventory(lab.inventory_path))
+    found = list_checkpoints(load_inventory(lab.inventory_path))
     assert {c.step: c.complete for c in found} == {2000: False, 4000: True}
 
 
@@ -86,9 +86,8 @@ def test_missing_step_lists_the_available_ones(inventory):
 
 
 def test_dry_run_plans_and_writes_nothing(lab, inventory):
-    options = quiet(dry_run=True)
-    stage(inventory, 4000, options=options)
-    (hop,) = options.plan
+    (staged,) = stage(inventory, 4000, options=quiet(dry_run=True))
+    (hop,) = staged.plan
     assert hop.size == 4 << 20 and hop.offset == 0 and hop.space and hop.space.ok
     assert "4.0 MiB to move" in hop.describe()
     assert not staged_file(lab, 4000).parent.exists()
@@ -140,6 +139,22 @@ def test_pct_pull_and_rootfs_modes(make_lab, via):
     assert list((lab.data_dir("trainer") / "tmp").iterdir()) == []  # pull's copy removed
 
 
+def test_pull_never_writes_through_a_planted_symlink(make_lab):
+    """The copy out of the container goes to a fresh private directory: a symlink someone
+    planted in the shared tmp_dir (at the name older versions used) is never followed."""
+    lab = make_lab(steps=(4000,))
+    inventory = load_inventory(lab.inventory_path)
+    tmp = lab.data_dir("trainer") / "tmp"
+    victim = lab.data_dir("trainer") / "victim"
+    victim.write_bytes(b"precious")
+    planted = tmp / "dflash-200-step_4000.pt"
+    planted.symlink_to(victim)
+    (result,) = stage(inventory, 4000, options=quiet(via="pull"))
+    assert result.sha256 == sha256(lab.checkpoint_path(4000))
+    assert victim.read_bytes() == b"precious"
+    assert list(tmp.iterdir()) == [planted]  # the private directory is gone again
+
+
 def test_pull_checks_the_trainer_temp_disk(make_lab):
     lab = make_lab(steps=(4000,), trainer_disk="24m", checkpoint_size="16m")
     inventory = load_inventory(lab.inventory_path)
@@ -180,7 +195,7 @@ def test_paths_with_spaces_and_quotes(make_lab):
     document["hosts"]["eval"]["checkpoints"] = str(staging)
     lab.inventory_path.write_text(yaml.safe_dump(document))
     inventory = load_inventory(lab.inventory_path)
-    assert [c.step for c in checkpoints.list_checkpoints(inventory)] == [4000]
+    assert [c.step for c in list_checkpoints(inventory)] == [4000]
     for via in ("stream", "rootfs"):
         (result,) = stage(inventory, 4000, options=quiet(via=via, resume=False))
         target = staging / "step_4000" / "checkpoint.pt"

@@ -14,8 +14,8 @@ import pytest
 
 from dflash_ops.core.errors import DiskSpaceError, HostKeyError, TransferError
 from dflash_ops.core.inventory import load as load_inventory
-from dflash_ops.staging.checkpoints import StageOptions, stage
 from dflash_ops.staging.relay import RelayState
+from dflash_ops.staging.stage import StageOptions, stage
 
 SIZE = 8 << 20
 

@@ -1,7 +1,7 @@
 """`fab run-eval`: stage a checkpoint, make sure the host can evaluate it, run the harness
 detached, follow it, and bring the results home.
 
-Orchestration only: bytes move in dflash_ops.staging.checkpoints, hosts are provisioned by
+Orchestration only: bytes move in dflash_ops.staging, hosts are provisioned by
 dflash_ops.provision, runs are managed by dflash_ops.evaluation.jobs; what the user sees is
 passed in as a `Viewer` (dflash_ops.ui.eval_view draws it with rich).
 """
@@ -25,7 +25,8 @@ from dflash_ops.evaluation.results import load_runs, summary_lines
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.staging.checkpoints import list_checkpoints, staged_status
+from dflash_ops.staging.catalog import list_checkpoints
+from dflash_ops.staging.destination import staged_status
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2

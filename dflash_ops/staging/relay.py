@@ -308,8 +308,13 @@ class Moved:
 
     @property
     def dest_digest(self) -> str | None:
-        found = DIGEST.findall(self.dest_out)
-        return found[-1] if found else None
+        return digest_in(self.dest_out)
+
+
+def digest_in(text: str) -> str | None:
+    """The last sha256 hex digest a hashing command printed (None: it printed none)."""
+    found = DIGEST.findall(text)
+    return found[-1] if found else None
 
 
 ProgressCallback = Callable[[RelayState], None]

@@ -16,8 +16,8 @@ from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.results import Comparison, table_rows
 from dflash_ops.remote.connection import Host, each_eval_host
-from dflash_ops.staging import checkpoints
 from dflash_ops.staging.relay import RelayState
+from dflash_ops.staging.stage import StageOptions, stage
 from dflash_ops.ui.console import console
 from dflash_ops.ui.staging_view import run_stage
 
@@ -111,8 +111,8 @@ class PrefixedView:
 
             return advance
 
-        options = checkpoints.StageOptions(report=self.say, progress_factory=factory)
-        return checkpoints.stage(inventory, step, [host], options=options)[-1].path
+        options = StageOptions(report=self.say, progress_factory=factory)
+        return stage(inventory, step, [host], options=options)[-1].path
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
         reported: dict[str, int] = {}

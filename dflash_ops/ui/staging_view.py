@@ -17,15 +17,17 @@ from rich.table import Table
 from dflash_ops.core.errors import HostError, InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
-from dflash_ops.staging import checkpoints
+from dflash_ops.staging.catalog import list_checkpoints
+from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import RelayState
+from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 from dflash_ops.ui.console import console
 
 VIAS = ("stream", "rootfs", "pull")
 
 
 def checkpoints_table(inventory: Inventory) -> Table:
-    infos = checkpoints.list_checkpoints(inventory)
+    infos = list_checkpoints(inventory)
     table = Table(
         title=f"checkpoints on {inventory.trainer_name}:{inventory.trainer.checkpoints}",
         title_justify="left",
@@ -36,7 +38,7 @@ def checkpoints_table(inventory: Inventory) -> Table:
     for name in inventory.eval_hosts:
         table.add_column(f"on {name}")
         try:
-            staged[name] = checkpoints.staged_status(inventory, name, infos)
+            staged[name] = staged_status(inventory, name, infos)
         except HostError as exc:
             staged[name] = {info.step: f"[red]? {exc}[/]" for info in infos}
     for info in infos:
@@ -72,7 +74,7 @@ def run_stage(
     resume: bool,
     verify: bool,
     margin: str | None,
-) -> list[checkpoints.StagedCheckpoint]:
+) -> list[StagedCheckpoint]:
     if via not in VIAS:
         raise InventoryError(f"--via: expected one of {', '.join(VIAS)}, found {via!r}")
     if step is None and not latest:
@@ -95,7 +97,7 @@ def run_stage(
 
             return advance
 
-        options = checkpoints.StageOptions(
+        options = StageOptions(
             via=via,
             two_hop=two_hop,
             resume=resume,
@@ -105,9 +107,9 @@ def run_stage(
             report=progress.console.print,
             progress_factory=factory,
         )
-        results = checkpoints.stage(inventory, step, to, latest=latest, options=options)
+        results = stage(inventory, step, to, latest=latest, options=options)
     if dry_run:
         console.print("[bold]plan (dry run, nothing written):[/]")
-        for hop in options.plan:
+        for hop in (hop for staged in results for hop in staged.plan):
             console.print(f"  {hop.describe()}")
     return results
