@@ -9,7 +9,13 @@ import time
 
 import pytest
 
-from dflash_ops.core.errors import HostKeyError, LabError, RemoteCommandError, UnreachableError
+from dflash_ops.core.errors import (
+    AuthenticationError,
+    HostKeyError,
+    LabError,
+    RemoteCommandError,
+    UnreachableError,
+)
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import RootfsContainer, environment_of
@@ -62,6 +68,13 @@ def test_changed_host_key_is_refused(lab, inventory, tmp_path):
     wrong.write_text(f"{inventory.hosts['eval'].address} {trainer_key[0]} {trainer_key[1]}\n")
     host = Host(with_host(inventory, "eval", known_hosts=str(wrong)), "eval")
     with pytest.raises(HostKeyError, match=r"does NOT match .*Refusing to connect.*ssh-keygen -R"):
+        host.run("true")
+
+
+def test_a_missing_identity_file_is_named_not_blamed_on_the_host(inventory, tmp_path):
+    missing = tmp_path / "no_such_key"
+    host = Host(with_host(inventory, "eval", identity_file=str(missing)), "eval")
+    with pytest.raises(AuthenticationError, match=rf"identity_file {missing} does not exist"):
         host.run("true")
 
 

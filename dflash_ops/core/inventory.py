@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.strict import Strict
@@ -26,8 +27,23 @@ ENV_VAR = "DFLASH_INVENTORY"
 # --- hosts --------------------------------------------------------------------------------
 
 
+# A host name, an ssh-config alias, an IPv4 or an IPv6 address: nothing a shell or a path
+# would read specially. Addresses reach shell commands (e.g. the trainer-side reachability
+# probe); they are quoted there too, but a value like "host;rm -rf ~" is refused up front.
+_ADDRESS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:%-]*")
+
+
+def _plain_address(value: str) -> str:
+    if not _ADDRESS.fullmatch(value):
+        raise ValueError(
+            "a host name, ssh-config alias or IP address (letters, digits and . - _ : only)"
+        )
+    return value
+
+
 class _SshHost(Strict):
-    address: str  # a name from ssh config / DNS (the example) or an address (the lab)
+    # a name from ssh config / DNS (the example) or an address (the lab)
+    address: Annotated[str, AfterValidator(_plain_address)]
     user: str | None = None
     port: int = Field(default=22, ge=1, le=65535)
     identity_file: str | None = None
@@ -90,6 +106,8 @@ class TransferSettings(Strict):
 
     margin: str | int = "1g"
     margin_fraction: float = Field(default=0.02, ge=0, le=1)
+    # Seconds between SSH keepalives; a link silent for KEEPALIVE_COUNT of them is dead.
+    keepalive: int = Field(default=15, ge=1)
 
 
 class Inventory(Strict):

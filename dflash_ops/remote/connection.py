@@ -35,6 +35,7 @@ T = TypeVar("T")
 # AES-GCM is the fastest cipher with AES-NI; chacha20 is the fallback. '^' puts them first
 # while keeping the server's other choices acceptable.
 FAST_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
+KEEPALIVE_COUNT = 4  # keepalives without an answer before a connection counts as dead
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,10 @@ class Host:
 
     def open(self) -> None:
         """Connect and authenticate, translating failures into clear HostErrors."""
+        self._require_identity_file()
         try:
             self.connection.open()
+            self.connection.transport.set_keepalive(self.inventory.transfer.keepalive)
         except paramiko.BadHostKeyException as exc:
             self._forget_connection()
             raise HostKeyError(
@@ -145,6 +148,23 @@ class Host:
                 f"cannot connect to {self.target}: {reason}. Is the host up and its sshd "
                 f"running? Check `address`/`port` in the inventory.",
             ) from None
+
+    def _require_identity_file(self) -> None:
+        if self.entry.identity_file is None:
+            return
+        key = Path(self.entry.identity_file).expanduser()
+        if not key.is_file():
+            raise AuthenticationError(
+                self.name,
+                f"identity_file {key} does not exist on this workstation. Fix "
+                f"`hosts.{self.name}.identity_file` in {self.inventory.path}, or remove it to "
+                f"use your ssh agent and default keys.",
+            )
+
+    @property
+    def keepalive_window(self) -> float:
+        """Seconds after which a silent connection is taken for dead."""
+        return self.inventory.transfer.keepalive * KEEPALIVE_COUNT
 
     def close(self) -> None:
         if "connection" in self.__dict__:
@@ -195,9 +215,10 @@ class Host:
             "ConnectTimeout": str(self.entry.connect_timeout),
             "Compression": "no",
             "Ciphers": FAST_CIPHERS,
-            "ServerAliveInterval": "15",
-            "ServerAliveCountMax": "4",
-            "LogLevel": "ERROR",
+            "ServerAliveInterval": str(self.inventory.transfer.keepalive),
+            "ServerAliveCountMax": str(KEEPALIVE_COUNT),
+            # INFO, not ERROR: "Timeout, server … not responding" is logged at INFO.
+            "LogLevel": "INFO",
         }
         if self.entry.identity_file:
             options["IdentityFile"] = str(Path(self.entry.identity_file).expanduser())

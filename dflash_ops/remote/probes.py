@@ -205,8 +205,10 @@ def parse_machine(output: str) -> Machine:
 def tcp_reachable(address: str, port: int, timeout: int = 3) -> Probe[bool]:
     """Whether this host can open a TCP connection to address:port (bash's /dev/tcp, or
     python3 when bash is absent)."""
-    target = f"/dev/tcp/{address}/{port}"
-    python = f"import socket; socket.create_connection(({address!r}, {port}), timeout={timeout})"
+    target = f"/dev/tcp/{shlex.quote(address)}/{int(port)}"
+    python = (
+        f"import socket; socket.create_connection(({address!r}, {int(port)}), timeout={timeout})"
+    )
     command = (
         f"if command -v bash >/dev/null; then "
         f"timeout {timeout} bash -c {shlex.quote(f'exec 3<>{target}')} 2>/dev/null; "

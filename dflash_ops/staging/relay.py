@@ -26,7 +26,6 @@ import shlex
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -202,7 +201,11 @@ class RemoteSide(Side):
         # A channel on the already-open control connection: no second SSH handshake. If the
         # workstation dies, the connection and the command's stdin go with it.
         self.host.open()
-        return ChannelCommand(self.host.connection.transport, f"bash -c {shlex.quote(command)}")
+        return ChannelCommand(
+            self.host.connection.transport,
+            f"bash -c {shlex.quote(command)}",
+            self.host.keepalive_window,
+        )
 
 
 class LocalSide(Side):
@@ -260,7 +263,8 @@ class ProcessCommand(HeldCommand):
 
 
 class ChannelCommand(HeldCommand):
-    def __init__(self, transport, command: str) -> None:
+    def __init__(self, transport, command: str, close_timeout: float) -> None:
+        self.close_timeout = close_timeout
         self.channel = transport.open_session()
         self.channel.exec_command(command)
         self.stdout = self.channel.makefile("r")
@@ -272,8 +276,11 @@ class ChannelCommand(HeldCommand):
         return self.channel.makefile_stderr("r").read().decode(errors="replace")
 
     def close(self) -> None:
-        self.channel.shutdown_write()  # EOF on the command's stdin: it exits, the lock goes
-        self.channel.recv_exit_status()
+        """EOF on the command's stdin: it exits and its lock goes. Bounded: over a dead link
+        the exit status never comes back, and waiting for it must not hang the task."""
+        with contextlib.suppress(OSError, EOFError):
+            self.channel.shutdown_write()
+        self.channel.status_event.wait(self.close_timeout)
         self.channel.close()
 
 
@@ -409,61 +416,3 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
 def stderr_reason(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if not line.startswith(SOURCE_MARK)]
     return lines[-1].strip() if lines else "no error output"
-
-
-# --- locks --------------------------------------------------------------------------------
-
-
-class DestinationLock:
-    """An exclusive `flock` on `path` held by a long-lived process on the side.
-
-    The lock belongs to that process: if this workstation dies or the connection drops, the
-    session ends and the lock goes with it, so there are no stale locks to clean up. The
-    holder's description is written into the file for whoever is refused."""
-
-    def __init__(self, side: Side, path: str, holder: str) -> None:
-        self.side, self.path, self.holder = side, path, holder
-        self.session: HeldCommand | None = None
-
-    def acquire(self) -> None:
-        quoted = shlex.quote(self.path)
-        command = (
-            f'mkdir -p -- "$(dirname -- {quoted})" && exec 9>>{quoted} && '
-            f"if flock -n 9; then printf '%s\\n' {shlex.quote(self.holder)} > {quoted}; "
-            f"echo LOCKED; exec cat >/dev/null; "
-            f'else echo "BUSY $(cat -- {quoted})"; fi'
-        )
-        self.session = self.side.hold(command)
-        answer = self.session.readline().strip()
-        if answer == "LOCKED":
-            return
-        errors = self.session.errors() if not answer else ""
-        self.release()
-        if answer.startswith("BUSY"):
-            holder = answer.removeprefix("BUSY").strip() or "unknown"
-            raise TransferError(
-                f"{self.side.name}: {self.path} is locked by another stage of the same file "
-                f"({holder}). Wait for it to finish (the lock is released when it ends), "
-                f"then rerun."
-            )
-        raise TransferError(
-            f"{self.side.name}: could not take the lock {self.path}: {stderr_reason(errors)}"
-        )
-
-    def release(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
-
-    def __enter__(self) -> DestinationLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-def holder_description() -> str:
-    import socket
-
-    return f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}"

@@ -31,14 +31,13 @@ from dflash_ops.staging.destination import (
     staged_path,
 )
 from dflash_ops.staging.disk import Margin, SpaceCheck, margin_of, space_check
+from dflash_ops.staging.lock import DestinationLock
 from dflash_ops.staging.relay import (
-    DestinationLock,
     LocalSide,
     ProgressCallback,
     RemoteSide,
     Side,
     digest_in,
-    holder_description,
     move,
     stderr_reason,
 )
@@ -175,7 +174,7 @@ def _deliver(
         hop.space.require()
     if inventory.trainer.complete_marker or source.now - identity.mtime < STABLE_AFTER_S:
         _require_complete(inventory, identity)
-    with DestinationLock(dest.side, dest.lock, holder_description()):
+    with DestinationLock(dest.side, dest.lock, dest.partial, options.report):
         state = dest.state()  # another run may have finished or grown the partial meanwhile
         if state.matches(identity):
             sha = state.manifest["sha256"]
@@ -301,7 +300,8 @@ def _transfer(
         reason = stderr_reason(moved.dest_err)
         raise TransferError(
             f"{dest.side.name}: writing {dest.partial} failed after "
-            f"{format_bytes(offset + moved.count)} of {format_bytes(identity.size)}: {reason}. "
+            f"{format_bytes(offset + moved.count)} of {format_bytes(identity.size)} "
+            f"(exit {moved.dest_rc}: {reason}). "
             + ("Free space there, then rerun to resume." if "No space" in reason else kept)
         )
     if moved.source_rc != 0 or moved.count < remaining:

@@ -1,0 +1,157 @@
+"""One stage at a time per destination file: an exclusive `flock` held by a process there.
+
+The lock belongs to a long-lived command on the destination side (`flock` on fd 9, then
+`cat` until its stdin closes). When the workstation dies or the connection drops cleanly,
+that session ends and the lock goes with it. Over a dead link it does not: the remote
+command lives on until the host notices, minutes later. So the lock file names its holder
+(pid, host, a token per acquisition), and a holder that is gone — a dead process of this
+workstation, or this very process after it gave that lock up — is taken over at once: the
+processes still holding the lock file or the partial open are stopped, then the lock is
+taken, with a note saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dflash_ops.core.errors import TransferError
+from dflash_ops.staging.relay import HeldCommand, Side, stderr_reason
+
+TAKEOVER_WAIT_S = 10  # how long the new holder waits for the stopped one to let go
+
+_HELD: set[str] = set()  # tokens of the locks this process holds right now
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    host: str
+    since: str
+    token: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.host} since {self.since}"
+
+    def line(self) -> str:
+        return f"{self} token {self.token}"
+
+    @classmethod
+    def new(cls) -> Holder:
+        return cls(
+            os.getpid(), socket.gethostname(), time.strftime("%H:%M:%S"), secrets.token_hex(6)
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Holder | None:
+        found = re.fullmatch(r"pid (\d+) on (\S+) since (\S+) token (\w+)", text.strip())
+        return cls(int(found[1]), found[2], found[3], found[4]) if found else None
+
+    def gone(self) -> bool:
+        """Whether this holder certainly no longer runs: a process of this workstation that
+        has exited, or this process holding a token it already gave up."""
+        if self.host != socket.gethostname():
+            return False
+        if self.pid == os.getpid():
+            return self.token not in _HELD
+        return not _process_alive(self.pid)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # PID 1 may not reap: a zombie has exited
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _glob_literal(path: str) -> str:
+    """`path` as a find(1) -lname pattern that matches only itself."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", path)
+
+
+class DestinationLock:
+    """`with DestinationLock(side, lock_path, partial_path):` around one stage of a file."""
+
+    def __init__(
+        self, side: Side, path: str, partial: str, note: Callable[[str], None] = print
+    ) -> None:
+        self.side, self.path, self.partial, self.note = side, path, partial, note
+        self.holder = Holder.new()
+        self.session: HeldCommand | None = None
+
+    def acquire(self) -> None:
+        answer = self._try(wait=0)
+        if answer.startswith("BUSY"):
+            holder = Holder.parse(answer.removeprefix("BUSY"))
+            if holder is not None and holder.gone():
+                self._stop_leftovers()
+                self.note(
+                    f"{self.side.name}: took over the lock {self.path} from {holder}, which "
+                    "is gone (its remote commands outlived a dropped connection)"
+                )
+                answer = self._try(wait=TAKEOVER_WAIT_S)
+        if answer == "LOCKED":
+            _HELD.add(self.holder.token)
+            return
+        if answer.startswith("BUSY"):
+            holder = answer.removeprefix("BUSY").strip() or "unknown"
+            raise TransferError(
+                f"{self.side.name}: {self.path} is locked by another stage of the same file "
+                f"({holder}). Wait for it to finish (the lock is released when it ends), "
+                f"then rerun."
+            )
+        raise TransferError(f"{self.side.name}: could not take the lock {self.path}: {answer}")
+
+    def _try(self, wait: int) -> str:
+        """'LOCKED' (and the session holds it), 'BUSY <holder line>', or the error."""
+        quoted = shlex.quote(self.path)
+        flock = f"flock -w {wait} 9" if wait else "flock -n 9"
+        command = (
+            f'mkdir -p -- "$(dirname -- {quoted})" && exec 9>>{quoted} && '
+            f"if {flock}; then printf '%s\\n' {shlex.quote(self.holder.line())} > {quoted}; "
+            f"echo LOCKED; exec cat >/dev/null; "
+            f'else echo "BUSY $(cat -- {quoted})"; fi'
+        )
+        self.session = self.side.hold(command)
+        answer = self.session.readline().strip()
+        if answer == "LOCKED":
+            return answer
+        errors = self.session.errors() if not answer else ""
+        self.release()
+        return answer or stderr_reason(errors)
+
+    def _stop_leftovers(self) -> None:
+        """Stop whatever still has the lock file or the partial open (the old holder's `cat`
+        and the old transfer's writer), found through /proc: nothing else is touched."""
+        lock, partial = (shlex.quote(_glob_literal(p)) for p in (self.path, self.partial))
+        self.side.run(
+            f"find /proc/[0-9]*/fd -maxdepth 1 \\( -lname {lock} -o -lname {partial} \\) "
+            "2>/dev/null | cut -d/ -f3 | sort -u | xargs -r kill -TERM 2>/dev/null; true",
+            check=False,
+        )
+
+    def release(self) -> None:
+        _HELD.discard(self.holder.token)
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    def __enter__(self) -> DestinationLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

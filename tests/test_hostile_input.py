@@ -1,0 +1,40 @@
+"""Hostile and careless input (issue 14): nothing it names ever runs, and each gets one line."""
+
+from __future__ import annotations
+
+import yaml
+
+from dflash_ops.core.inventory import load
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import Host
+
+INJECTED = "10.0.0.6/22;touch {marker};echo "
+
+
+def test_an_injected_eval_address_is_refused_before_anything_runs(lab, fab, tmp_path):
+    marker = tmp_path / "injected"
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"]["eval"]["address"] = INJECTED.format(marker=marker)
+    hostile = tmp_path / "inventory.yaml"
+    hostile.write_text(yaml.safe_dump(document))
+    result = fab(hostile, "check-hosts")
+    assert result.returncode == 1
+    assert "hosts.eval.address: expected a host name" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not marker.exists()
+
+
+def test_the_reachability_probe_quotes_the_address_on_the_trainer(inventory, tmp_path):
+    """Validation aside, the address reaches the trainer's shell only quoted."""
+    marker = tmp_path / "injected"
+    probe = probes.tcp_reachable(INJECTED.format(marker=marker), 22, timeout=1)
+    trainer = Host(inventory, "trainer")
+    try:
+        assert trainer.probe(probe) is False
+    finally:
+        trainer.close()
+    assert not marker.exists()
+
+
+def test_the_lab_inventory_addresses_still_load(lab):
+    assert load(lab.inventory_path).eval_hosts["eval"].address

@@ -1,0 +1,135 @@
+"""Faults while staging (issue 14): a link that dies mid-transfer fails in bounded time with
+the reason, and a lock whose holder is gone is taken over at once."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_ops.core.errors import TransferError
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging.stage import StageOptions, stage
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def staged_dir(lab, step: int) -> Path:
+    return lab.data_dir("eval") / "eval" / "checkpoints" / f"step_{step}"
+
+
+def live_pids_holding(path: Path) -> list[int]:
+    """Processes (not zombies) that have `path` open."""
+    found = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(Path(fd).resolve() == path for fd in fd_dir.iterdir()):
+                state = (fd_dir.parent / "stat").read_text().rpartition(")")[2].split()[0]
+                if state != "Z":
+                    found.append(int(fd_dir.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_link_that_dies_mid_transfer_fails_in_bounded_time(make_lab):
+    lab = make_lab(steps=(4000,), checkpoint_size="96m", trainer_disk="160m")
+    if lab.state.mode != "netns":
+        pytest.skip("needs the lab's network namespaces (root)")
+    inventory = load_inventory(lab.inventory_path)
+    fast = inventory.model_copy(
+        update={"transfer": inventory.transfer.model_copy(update={"keepalive": 1})}
+    )
+    veth = lab.state.hosts["eval"].veth
+    dropped_at: list[float] = []
+
+    def drop_link(state) -> None:
+        if not dropped_at and state.done >= 8 << 20:
+            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+            dropped_at.append(time.monotonic())
+
+    try:
+        with pytest.raises(TransferError) as raised:
+            stage(fast, 4000, options=StageOptions(report=lambda _: None, on_progress=drop_link))
+        failed_after = time.monotonic() - dropped_at[0]
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    message = str(raised.value)
+    assert "exit 255" in message and "not responding" in message, message
+    assert "rerun to resume" in message
+    # keepalive 1 s × 4 to notice, the same again at most to let go of the lock: well under
+    # the minutes an unbounded wait would take
+    assert failed_after < 60, failed_after
+    partial = staged_dir(lab, 4000) / "checkpoint.pt.partial"
+    assert partial.exists()
+    (result,) = stage(inventory, 4000, options=StageOptions(report=lambda _: None))
+    assert result.sha256 == sha256(lab.checkpoint_path(4000))
+    assert 0 < result.moved < 96 << 20  # resumed from what arrived before the link died
+
+
+def test_a_lock_whose_holder_is_gone_is_taken_over_at_once(make_lab):
+    lab = make_lab(steps=(4000,))
+    inventory = load_inventory(lab.inventory_path)
+    directory = staged_dir(lab, 4000)
+    directory.mkdir(parents=True)
+    lock = directory / ".checkpoint.pt.lock"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    holder = f"pid {gone.pid} on {socket.gethostname()} since 00:00:00 token 0123abcd"
+    # What a dropped connection leaves behind on the host: a process still holding the lock.
+    leftover = subprocess.Popen(
+        lab.in_namespace(
+            "eval",
+            [
+                "bash",
+                "-c",
+                f"exec 9>>{lock}; flock 9; echo '{holder}' > {lock}; echo held; exec sleep 600",
+            ],
+        ),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert leftover.stdout.readline().strip() == "held"
+        notes: list[str] = []
+        (result,) = stage(inventory, 4000, options=StageOptions(report=notes.append))
+        assert result.sha256 == sha256(lab.checkpoint_path(4000))
+        assert any(f"took over the lock {lock} from pid {gone.pid}" in n for n in notes), notes
+        assert leftover.wait(10) is not None  # the leftover holder was stopped
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
+
+
+def test_a_live_holder_is_never_taken_over(make_lab):
+    lab = make_lab(steps=(4000,))
+    inventory = load_inventory(lab.inventory_path)
+    directory = staged_dir(lab, 4000)
+    directory.mkdir(parents=True)
+    lock = directory / ".checkpoint.pt.lock"
+    sleeper = subprocess.Popen(["sleep", "600"])
+    holder = f"pid {sleeper.pid} on {socket.gethostname()} since 00:00:00 token 0123abcd"
+    holding = subprocess.Popen(
+        ["bash", "-c", f"exec 9>>{lock}; flock 9; echo '{holder}' > {lock}; echo held; exec cat"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        with pytest.raises(TransferError, match=f"locked by another stage .*pid {sleeper.pid}"):
+            stage(inventory, 4000, options=StageOptions(report=lambda _: None))
+        assert holding.poll() is None and sleeper.poll() is None
+    finally:
+        holding.stdin.close()
+        holding.wait()
+        sleeper.kill()
+        sleeper.wait()
