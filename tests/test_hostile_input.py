@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from dflash_ops.core.inventory import load
@@ -38,3 +39,18 @@ def test_the_reachability_probe_quotes_the_address_on_the_trainer(inventory, tmp
 
 def test_the_lab_inventory_addresses_still_load(lab):
     assert load(lab.inventory_path).eval_hosts["eval"].address
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["step_{0}/checkpoint.pt", "ckpt.pt", "step_{step}/{run}.pt", "step_{step}_{step}.pt", "a{b"],
+)
+def test_a_layout_without_exactly_one_step_placeholder_is_one_line(lab, fab, tmp_path, layout):
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"]["trainer"]["layout"] = layout
+    broken = tmp_path / "inventory.yaml"
+    broken.write_text(yaml.safe_dump(document))
+    result = fab(broken, "list-checkpoints")
+    assert result.returncode == 1
+    assert "hosts.trainer.layout: expected a path with {step} exactly once" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import string
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -51,12 +52,27 @@ class _SshHost(Strict):
     connect_timeout: int = Field(default=10, ge=1)
 
 
+def _step_pattern(value: str) -> str:
+    """A path pattern naming the step once as `{step}` and nothing else in braces."""
+    expected = "a path with {step} exactly once and no other {…} placeholder"
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(value) if field is not None]
+    except ValueError:
+        raise ValueError(f"{expected} (unbalanced braces)") from None
+    if fields != ["step"]:
+        raise ValueError(expected)
+    return value
+
+
+StepPattern = Annotated[str, AfterValidator(_step_pattern)]
+
+
 class TrainerHost(_SshHost):
     role: Literal["trainer"]
     container: Container | None = None
     checkpoints: str  # directory inside the training environment
-    layout: str = "step_{step}/checkpoint.pt"  # relative to `checkpoints`
-    complete_marker: str | None = None  # relative to `checkpoints`, e.g. "step_{step}/DONE"
+    layout: StepPattern = "step_{step}/checkpoint.pt"  # relative to `checkpoints`
+    complete_marker: StepPattern | None = None  # relative to `checkpoints`, e.g. step_{step}/DONE
     tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
 
 
