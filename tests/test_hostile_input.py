@@ -54,3 +54,23 @@ def test_a_layout_without_exactly_one_step_placeholder_is_one_line(lab, fab, tmp
     assert result.returncode == 1
     assert "hosts.trainer.layout: expected a path with {step} exactly once" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_duplicate_key_in_the_inventory_is_refused(lab, fab, tmp_path):
+    text = lab.inventory_path.read_text()
+    eval_block = text[text.index("  eval:") : text.index("local:")]
+    broken = tmp_path / "inventory.yaml"
+    broken.write_text(text.replace(eval_block, eval_block + eval_block.replace("eval:", "eval:")))
+    result = fab(broken, "check-hosts")
+    assert result.returncode == 1
+    assert "duplicate key 'eval' (first at line" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_inventory_that_is_not_utf8_is_one_line(lab, fab, tmp_path):
+    broken = tmp_path / "inventory.yaml"
+    broken.write_bytes(lab.inventory_path.read_bytes().replace(b"trainer:", b"tr\xe4iner:", 1))
+    result = fab(broken, "check-hosts")
+    assert result.returncode == 1
+    assert "expected UTF-8 text, found the byte 0xe4" in result.stderr
+    assert "Traceback" not in result.stderr

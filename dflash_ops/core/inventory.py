@@ -164,6 +164,26 @@ class Inventory(Strict):
         return name, hosts[name]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently: two `eval:` entries would quietly drop a host)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                first = seen[key].start_mark.line + 1
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {first}): each key once per mapping",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
 def resolve_path(explicit: str | os.PathLike | None = None) -> Path:
     """`--inventory`, else $DFLASH_INVENTORY, else ./inventory.yaml."""
     return Path(explicit or os.environ.get(ENV_VAR) or DEFAULT_INVENTORY)
@@ -172,7 +192,14 @@ def resolve_path(explicit: str | os.PathLike | None = None) -> Path:
 def load(explicit: str | os.PathLike | None = None) -> Inventory:
     path = resolve_path(explicit)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        byte = exc.object[exc.start]
+        raise InventoryError(
+            f"{path}: line {line}: expected UTF-8 text, found the byte 0x{byte:02x}; save the "
+            "file as UTF-8"
+        ) from None
     except FileNotFoundError:
         raise InventoryError(
             f"{path}: inventory not found. Pass --inventory PATH, set ${ENV_VAR}, or copy "
@@ -181,7 +208,7 @@ def load(explicit: str | os.PathLike | None = None) -> Inventory:
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" line {where.line + 1}, column {where.column + 1}" if where else ""
