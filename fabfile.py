@@ -214,7 +214,7 @@ def run_eval(
     inventory=None,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
-    from dflash_ops.ui.eval_view import run_eval_command
+    from dflash_ops.ui.eval_commands import run_eval_command
 
     run_eval_command(
         load_inventory(inventory),
@@ -242,7 +242,7 @@ def run_eval(
 @ops_task()
 def eval_status(c, inventory=None):
     """All runs on all eval hosts: state, step, host, start time, duration."""
-    from dflash_ops.ui.eval_view import show_status
+    from dflash_ops.ui.eval_commands import show_status
 
     show_status(load_inventory(inventory))
 
@@ -252,7 +252,7 @@ def eval_status(c, inventory=None):
 )
 def eval_logs(c, run, follow=False, inventory=None):
     """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
-    from dflash_ops.ui.eval_view import show_logs
+    from dflash_ops.ui.eval_commands import show_logs
 
     show_logs(load_inventory(inventory), run, follow)
 
@@ -260,7 +260,7 @@ def eval_logs(c, run, follow=False, inventory=None):
 @ops_task(help={"run": "run id (or a unique prefix of it)"})
 def eval_cancel(c, run, inventory=None):
     """Stop a running evaluation (SIGTERM to the harness); its files stay on the host."""
-    from dflash_ops.ui.eval_view import cancel_run
+    from dflash_ops.ui.eval_commands import cancel_run
 
     cancel_run(load_inventory(inventory), run)
 
@@ -268,7 +268,7 @@ def eval_cancel(c, run, inventory=None):
 @ops_task()
 def fetch_results(c, inventory=None):
     """Pull every finished run not pulled yet into local.results/<run-id>/."""
-    from dflash_ops.ui.eval_view import fetch_all
+    from dflash_ops.ui.eval_commands import fetch_all
 
     fetch_all(load_inventory(inventory))
 
@@ -283,12 +283,11 @@ def fetch_results(c, inventory=None):
 )
 def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, inventory=None):
     """Table of τ, DDTree τ and acceptance across steps and runs, and PNG plots."""
-    from dflash_ops.ui.cli import parse_steps
-    from dflash_ops.ui.eval_view import show_comparison
+    from dflash_ops.ui.eval_commands import show_comparison
 
     show_comparison(
         load_inventory(inventory).local.results,
-        parse_steps(steps),
+        steps,
         tag,
         allow_mixed,
         Path(plots) if plots else None,

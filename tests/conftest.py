@@ -64,8 +64,9 @@ def inventory(lab) -> Inventory:
 def run_fab(
     inventory_path: Path | None, *args: str, timeout: float = 300, **popen
 ) -> subprocess.CompletedProcess:
-    """Run the real `fab` from the repo root against an inventory; output captured."""
-    env = {**os.environ, "COLUMNS": "200"}
+    """Run the real `fab` from the repo root against an inventory; output captured. The
+    checkout's own packages come first on the path, whatever the venv was installed from."""
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": f"{REPO / 'remote'}:{REPO}"}
     if inventory_path is not None:
         env["DFLASH_INVENTORY"] = str(inventory_path)
     return subprocess.run(

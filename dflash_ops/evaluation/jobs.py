@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dflash_ops.core.errors import OpsError, RemoteCommandError
-from dflash_ops.core.inventory import EvalHost
-from dflash_ops.remote.connection import Host
+from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.remote.connection import Host, each_eval_host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
 
@@ -360,3 +360,31 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
     (partial / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     partial.replace(destination)
     return destination
+
+
+# --- across every eval host ----------------------------------------------------------------
+
+
+def all_runs(inventory: Inventory) -> list[Run]:
+    """Every run on every eval host, oldest first."""
+    runs = [run for host, entry in each_eval_host(inventory) for run in list_runs(host, entry)]
+    return sorted(runs, key=lambda run: run.started or 0)
+
+
+def locate(inventory: Inventory, run_id: str) -> tuple[Host, EvalHost, Run]:
+    """The run with this id (or unique prefix) on any eval host, with its host left open
+    for what the caller does next."""
+    hosts = {name: (Host(inventory, name), entry) for name, entry in inventory.eval_hosts.items()}
+    return find_run(hosts, run_id)
+
+
+def fetch_finished(inventory: Inventory, on_pulled: Callable[[str, Run], None]) -> int:
+    """Pull every finished run not pulled yet from every eval host into the inventory's
+    local results; `on_pulled(host, run)` after each. Returns how many were pulled."""
+    pulled = 0
+    for host, entry in each_eval_host(inventory):
+        for run in list_runs(host, entry):
+            if run.done and fetch(host, entry, run, inventory.local.results):
+                on_pulled(host.name, run)
+                pulled += 1
+    return pulled

@@ -3,8 +3,9 @@
 Each run lives in `<results>/<run-id>/` (see dflash_ops.evaluation.jobs.fetch): `run.json`
 (where and how it ran, its final state) and, for a successful run, the harness's `results.json`.
 Runs are comparable only when everything that shapes the numbers matches: prompts, target,
-block size, completion length, completion source and harness version. Comparing across that
-line is refused unless asked for, and then every differing row is flagged.
+block size, completion length, completion source and harness version
+(`schema.COMPARABILITY`). Comparing across that line is refused unless asked for, and then
+every differing row is flagged. Every results key is read through dflash_eval.schema.
 """
 
 from __future__ import annotations
@@ -14,17 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_eval import schema
+
 from dflash_ops.core.errors import OpsError
 
-# What must match for two runs' numbers to be comparable, and how to read it from results.
-COMPARABILITY = {
-    "prompts": lambda r: r["prompts"]["sha256"],
-    "target": lambda r: r["target"]["fingerprint"],
-    "block size": lambda r: r["metrics"]["block_size"],
-    "max new tokens": lambda r: r["prompts"]["max_new_tokens"],
-    "completions": lambda r: r["completions"]["source"],
-    "harness": lambda r: r["harness"]["content_sha256"],
-}
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
 
 
@@ -42,7 +36,7 @@ class RunResult:
     @property
     def step(self) -> int | None:
         if self.results:
-            return self.results["checkpoint"]["step"]
+            return schema.step(self.results)
         return self.run.get("step")
 
     @property
@@ -52,11 +46,11 @@ class RunResult:
     @property
     def metrics(self) -> dict:
         assert self.results is not None
-        return self.results["metrics"]
+        return schema.metrics(self.results)
 
     def key(self) -> dict[str, Any]:
         assert self.results is not None
-        return {name: read(self.results) for name, read in COMPARABILITY.items()}
+        return schema.comparability_key(self.results)
 
 
 def load_runs(results_root: Path) -> list[RunResult]:
@@ -111,15 +105,33 @@ def compare(
         differing = [name for name, value in row.key().items() if value != baseline[name]]
         if differing:
             differences[row.run_id] = differing
-    budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
+    budgets = sorted({b for r in rows for b in schema.budgets(r.metrics)}, key=int)
     return Comparison(rows, budgets, differences)
+
+
+def check_mixed(comparison: Comparison, allow_mixed: bool) -> str | None:
+    """What sets the incomparable runs apart from the latest one (None when nothing does).
+    Mixing them is refused unless `allow_mixed`."""
+    if not comparison.mixed:
+        return None
+    what = sorted({name for names in comparison.differences.values() for name in names})
+    message = (
+        f"{len(comparison.differences)} run(s) differ from the latest run in "
+        f"{', '.join(what)}: their numbers are not comparable"
+    )
+    if not allow_mixed:
+        raise ResultsError(
+            f"{message}. Narrow the selection (--steps/--tag) or pass "
+            "--allow-mixed to show them flagged."
+        )
+    return message
 
 
 def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the comparison table."""
-    block = max(row.metrics["block_size"] for row in comparison.rows)
+    block = max(row.metrics[schema.BLOCK_SIZE] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
-    with_reference = any((row.results or {}).get("reference") for row in comparison.rows)
+    with_reference = any(schema.reference_metrics(row.results) for row in comparison.rows)
     header = ["run", "step", "host", "τ macro", "τ pooled"]
     header += [f"tree-{b}" for b in comparison.budgets]  # DDTree τ at budget b
     header += [f"acc@{k}" for k in positions]
@@ -128,25 +140,22 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     cells = []
     for row in comparison.rows:
         metrics = row.metrics
-        per_position = {p["position"]: p["conditional"] for p in metrics["per_position"]}
-        reference = (row.results or {}).get("reference")
-        ratio = ((row.results or {}).get("comparison") or {}).get("tau_macro")
+        per_position = schema.conditional_by_position(metrics)
+        reference = schema.reference_metrics(row.results)
+        ratio = schema.ratio_to_reference(row.results)
         differing = comparison.differences.get(row.run_id)
         cells.append(
             [
                 row.run_id,
                 str(row.step),
                 row.run.get("host", "?"),
-                _number(metrics["tau_macro"]),
-                _number(metrics["tau_pooled"]),
-                *(
-                    _number(metrics["ddtree"].get(b, {}).get("tau_macro"))
-                    for b in comparison.budgets
-                ),
+                _number(metrics[schema.TAU_MACRO]),
+                _number(metrics[schema.TAU_POOLED]),
+                *(_number(schema.ddtree_tau(metrics, b)) for b in comparison.budgets),
                 *(_number(per_position.get(k)) for k in positions),
                 *(
                     [
-                        _number(reference["metrics"]["tau_macro"]) if reference else "-",
+                        _number(reference[schema.TAU_MACRO]) if reference else "-",
                         f"{ratio:.2f}×" if ratio else "-",
                     ]
                     if with_reference
@@ -182,11 +191,11 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     series = {
-        "τ vanilla (macro)": lambda m: m["tau_macro"],
-        "τ vanilla (pooled)": lambda m: m["tau_pooled"],
+        "τ vanilla (macro)": lambda m: m[schema.TAU_MACRO],
+        "τ vanilla (pooled)": lambda m: m[schema.TAU_POOLED],
     }
     for budget in comparison.budgets:
-        series[f"τ DDTree-{budget}"] = lambda m, b=budget: m["ddtree"].get(b, {}).get("tau_macro")
+        series[f"τ DDTree-{budget}"] = lambda m, b=budget: schema.ddtree_tau(m, b)
     for label, read in series.items():
         axes.plot(
             steps,
@@ -195,9 +204,9 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
             label=label,
         )
     references = [
-        r.results["reference"]["metrics"]["tau_macro"]
+        reference[schema.TAU_MACRO]
         for r in comparison.rows
-        if r.results and r.results.get("reference")
+        if (reference := schema.reference_metrics(r.results))
     ]
     if references:
         axes.axhline(mean(references), linestyle="--", color="gray", label="reference drafter")
@@ -206,10 +215,10 @@ def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for step in steps:
-        latest = by_step[step][-1].metrics["per_position"]
+        latest = schema.conditional_by_position(by_step[step][-1].metrics)
         axes.plot(
-            [p["position"] for p in latest],
-            [p["conditional"] for p in latest],
+            list(latest),
+            list(latest.values()),
             marker=".",
             label=f"step {step}",
         )
@@ -231,26 +240,3 @@ def _save(figure: Any, axes: Any, path: Path) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
-
-
-def summary_lines(results: dict) -> list[str]:
-    """A short human summary of one results.json."""
-    metrics = results["metrics"]
-    checkpoint = results["checkpoint"]
-    lines = [
-        f"step {checkpoint['step']}  τ macro {_number(metrics['tau_macro'])}  "
-        f"τ pooled {_number(metrics['tau_pooled'])}  ({metrics['rounds']} rounds, "
-        f"{metrics['committed_tokens']} tokens, block size {metrics['block_size']})",
-        "DDTree τ: "
-        + ", ".join(f"b={b}: {_number(t['tau_macro'])}" for b, t in metrics["ddtree"].items()),
-    ]
-    if results.get("reference"):
-        ratio = (results.get("comparison") or {}).get("tau_macro")
-        lines.append(
-            f"reference drafter τ macro "
-            f"{_number(results['reference']['metrics']['tau_macro'])}"
-            + (f" (this run: {ratio:.2f}× of it)" if ratio else "")
-        )
-    for warning in results.get("warnings") or []:
-        lines.append(f"WARNING: {warning}")
-    return lines

@@ -1,32 +1,37 @@
-"""`fab run-eval`: stage a checkpoint, make sure the host can evaluate it, run the harness
-detached, follow it, and bring the results home.
+"""One evaluation run (`fab run-eval --step N`): stage the checkpoint, make sure the host can
+evaluate it, run the harness detached, follow it, and bring the results home.
 
 Orchestration only: bytes move in dflash_ops.staging, hosts are provisioned by
-dflash_ops.provision, runs are managed by dflash_ops.evaluation.jobs; what the user sees is
-passed in as a `Viewer` (dflash_ops.ui.eval_view draws it with rich).
+dflash_ops.provision, runs are managed by dflash_ops.evaluation.jobs. What the user sees goes
+through a `RunReporter` that the caller passes in (dflash_ops.ui.eval_view implements it with
+rich); nothing here imports a view.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from dflash_eval import schema
 
 from dflash_ops import provision
 from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.results import load_runs, summary_lines
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.staging.catalog import list_checkpoints
-from dflash_ops.staging.destination import staged_status
+from dflash_ops.staging.relay import ProgressCallback
+from dflash_ops.staging.stage import StageOptions, stage
+
+# Makes a progress callback for one transfer from its label and its total bytes.
+TransferProgress = Callable[[str, int], ProgressCallback]
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2
@@ -64,23 +69,63 @@ class EvalRequest:
     detach: bool = False
 
 
-class Viewer(Protocol):
-    def say(self, message: str) -> None: ...
-    def stage(self, inventory: Inventory, step: int, host: str) -> str: ...
-    def follow(self, run_id: str) -> Callable[[dict], None]: ...
-    def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None: ...
+def build_request(
+    *,
+    step: int,
+    host: str | None,
+    harness_flags: dict[str, object],
+    prompts: str | None,
+    reference: bool = False,
+    sglang: bool = False,
+    strip_optimizer: bool = False,
+    tag: str | None = None,
+    detach: bool = False,
+) -> EvalRequest:
+    """The request behind `fab run-eval`'s flags. `harness_flags` maps a harness flag to its
+    value; unset ones (0, None, "") are not passed, so the harness keeps its defaults."""
+    if prompts and not Path(prompts).is_file():
+        raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
+    return EvalRequest(
+        step=step,
+        host=host,
+        harness_args=[
+            str(part) for flag, value in harness_flags.items() if value for part in (flag, value)
+        ],
+        reference=reference,
+        prompts=Path(prompts) if prompts else None,
+        sglang=sglang,
+        strip_optimizer=strip_optimizer,
+        tag=tag,
+        detach=detach,
+    )
 
 
-def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.Run:
+class RunReporter(Protocol):
+    """How a run shows itself: a view implements this, the orchestration calls it."""
+
+    def say(self, message: str) -> None:
+        """One line for the user (rich markup allowed)."""
+
+    def transfers(self) -> AbstractContextManager[TransferProgress]:
+        """Held while the checkpoint is staged; gives each transfer its progress callback."""
+
+    def follow(self, run_id: str) -> Callable[[dict], None]:
+        """The run has started: returns what to call with each harness event."""
+
+    def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
+        """The run ended: its state, the results' summary lines, where they were pulled."""
+
+
+def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) -> jobs.Run:
     """One evaluation on one eval host, start to finish (or until detached)."""
     name, entry = inventory.eval_host(request.host)
     host = Host(inventory, name)
     try:
-        harness = ensure_ready(host, entry, view.say)
-        warn_if_short_of_memory(host, entry, view.say)
-        checkpoint = view.stage(inventory, request.step, name)
+        harness = ensure_ready(host, entry, reporter.say)
+        warn_if_short_of_memory(host, entry, reporter.say)
+        checkpoint = stage_checkpoint(inventory, request.step, name, reporter)
         if request.strip_optimizer:
-            checkpoint = extract(host, entry, harness, checkpoint, view.say)
+            checkpoint = extract(host, entry, harness, checkpoint, reporter.say)
         run_id = jobs.new_run_id(request.step, name, request.tag)
         command = harness_command(host, entry, harness, checkpoint, run_id, request)
         params = {
@@ -92,14 +137,16 @@ def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.R
         }
         try:
             launcher = jobs.launch(host, entry, run_id, command, params)
-            view.say(f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}")
+            reporter.say(
+                f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}"
+            )
             if request.detach:
-                view.say(
+                reporter.say(
                     f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
                     "fab fetch-results"
                 )
                 return jobs.wait_finished(host, entry, run_id, timeout=0)
-            on_event = view.follow(run_id)
+            on_event = reporter.follow(run_id)
             run = jobs.follow(
                 host,
                 entry,
@@ -113,21 +160,28 @@ def run_eval(inventory: Inventory, request: EvalRequest, view: Viewer) -> jobs.R
             if jobs.start_state(host, entry, run_id) != "started":
                 raise
             raise Detached(run_id, name) from None
-        return conclude(inventory, host, entry, run, view)
+        return conclude(inventory, host, entry, run, reporter)
     finally:
         host.close()
 
 
+def stage_checkpoint(inventory: Inventory, step: int, host: str, reporter: RunReporter) -> str:
+    """The checkpoint of `step` staged on `host` (copied first unless it already is there)."""
+    with reporter.transfers() as progress_factory:
+        options = StageOptions(report=reporter.say, progress_factory=progress_factory)
+        return stage(inventory, step, [host], options=options)[-1].path
+
+
 def conclude(
-    inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run, view: Viewer
+    inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run, reporter: RunReporter
 ) -> jobs.Run:
     """Fetch a finished run, show its summary; raise EvalFailed when it has no results."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        summary = summary_lines(json.loads((directory / "results.json").read_text()))
-    view.finished(run, summary, local)
+        summary = schema.summary_lines(json.loads((directory / "results.json").read_text()))
+    reporter.finished(run, summary, local)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     return run
@@ -240,63 +294,3 @@ def harness_command(
         argv += ["--threads", str(entry.threads)]
     argv += request.harness_args
     return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
-
-
-# --- sweeps --------------------------------------------------------------------------------
-
-
-def new_steps(inventory: Inventory) -> list[int]:
-    """Complete checkpoints on the trainer without a successful local result yet."""
-    evaluated = {run.step for run in load_runs(inventory.local.results) if run.results}
-    return [
-        info.step
-        for info in list_checkpoints(inventory)
-        if info.complete and info.step not in evaluated
-    ]
-
-
-def run_sweep(
-    inventory: Inventory, steps: list[int], template: EvalRequest, views: Callable[[str], Viewer]
-) -> dict[int, jobs.Run | Exception]:
-    """Evaluate `steps` across every eval host in parallel, one run per host at a time. A
-    host takes a step it already has staged first, else the next step (and stages it)."""
-    infos = [info for info in list_checkpoints(inventory) if info.step in steps]
-    staged = {
-        name: {
-            step
-            for step, state in staged_status(inventory, name, infos).items()
-            if state == "staged"
-        }
-        for name in inventory.eval_hosts
-    }
-    pending = list(steps)
-    taking = threading.Lock()
-    outcomes: dict[int, jobs.Run | Exception] = {}
-
-    def next_step(name: str) -> int | None:
-        with taking:
-            if not pending:
-                return None
-            step = next((s for s in pending if s in staged[name]), pending[0])
-            pending.remove(step)
-            return step
-
-    def worker(name: str) -> None:
-        view = views(name)
-        while (step := next_step(name)) is not None:
-            try:
-                outcomes[step] = run_eval(inventory, replace(template, step=step, host=name), view)
-            except OpsError as exc:
-                view.say(f"[red]step {step} failed:[/] {exc}")
-                outcomes[step] = exc
-
-    # Daemon threads: Ctrl-C ends the sweep here; runs already started go on on their hosts.
-    threads = [
-        threading.Thread(target=worker, args=(name,), name=f"eval-{name}", daemon=True)
-        for name in inventory.eval_hosts
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes

@@ -43,35 +43,28 @@ def compare_command(
     results_root: Path, steps: str | None, tag: str | None, allow_mixed: bool, plots: Path | None
 ) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
-    from dflash_ops.ui.eval_view import show_comparison
+    from dflash_ops.ui.eval_commands import show_comparison
 
-    _guarded(lambda: show_comparison(results_root, parse_steps(steps), tag, allow_mixed, plots))
+    _guarded(lambda: show_comparison(results_root, steps, tag, allow_mixed, plots))
 
 
 @results.command("list")
 @RESULTS
 def list_command(results_root: Path) -> None:
     """Every pulled run with its state."""
+    from dflash_eval import schema
+
     from dflash_ops.evaluation.results import load_runs
 
     def show() -> None:
         for run in load_runs(results_root):
-            tau = run.metrics["tau_macro"] if run.results else None
+            tau = run.metrics[schema.TAU_MACRO] if run.results else None
             click.echo(
                 f"{run.run_id}  step {run.step}  {run.run.get('state')}"
                 + (f"  τ {tau:.3f}" if tau is not None else "")
             )
 
     _guarded(show)
-
-
-def parse_steps(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise OpsError(f"--steps: expected comma-separated integers, found {text!r}") from None
 
 
 def _guarded(action) -> None:

@@ -1,25 +1,28 @@
 """What run-eval and the job tasks show: live progress bars for one run, host-prefixed lines
-for sweeps over several hosts, and tables of runs and results."""
+for sweeps over several hosts, and tables of runs and results.
+
+Rendering only: LiveView and PrefixedView implement dflash_ops.evaluation.run.RunReporter and
+are driven by the orchestration; they start nothing themselves.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.results import Comparison, table_rows
-from dflash_ops.remote.connection import Host, each_eval_host
+from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.staging.relay import RelayState
-from dflash_ops.staging.stage import StageOptions, stage
 from dflash_ops.ui.console import console
-from dflash_ops.ui.staging_view import run_stage
+from dflash_ops.ui.staging_view import transfer_bars
 
 PHASES = {
     "completions": "reference completions",
@@ -38,20 +41,8 @@ class LiveView:
     def say(self, message: str) -> None:
         console.print(message)
 
-    def stage(self, inventory: Inventory, step: int, host: str) -> str:
-        staged = run_stage(
-            inventory,
-            step=step,
-            latest=False,
-            to=[host],
-            dry_run=False,
-            via="stream",
-            two_hop=False,
-            resume=True,
-            verify=False,
-            margin=None,
-        )
-        return staged[-1].path
+    def transfers(self) -> AbstractContextManager[TransferProgress]:
+        return transfer_bars()
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
         progress = Progress(
@@ -97,22 +88,21 @@ class PrefixedView:
         with self._lock:
             console.print(f"[bold]{self.host:>8}[/] │ {message}")
 
-    def stage(self, inventory: Inventory, step: int, host: str) -> str:
-        def factory(label: str, total: int) -> Callable[[RelayState], None]:
-            marks = iter((0.5, 1.0))
-            next_mark = [next(marks)]
+    @contextmanager
+    def transfers(self) -> Iterator[TransferProgress]:
+        yield self._milestones
 
-            def advance(state: RelayState) -> None:
-                if next_mark[0] and state.done >= total * next_mark[0]:
-                    self.say(
-                        f"{label}: {state.done * 100 // max(total, 1)}% of {format_bytes(total)}"
-                    )
-                    next_mark[0] = next(marks, None)
+    def _milestones(self, label: str, total: int) -> Callable[[RelayState], None]:
+        """A line at half and at all of a transfer (bars would garble interleaved hosts)."""
+        marks = iter((0.5, 1.0))
+        next_mark = [next(marks)]
 
-            return advance
+        def advance(state: RelayState) -> None:
+            if next_mark[0] and state.done >= total * next_mark[0]:
+                self.say(f"{label}: {state.done * 100 // max(total, 1)}% of {format_bytes(total)}")
+                next_mark[0] = next(marks, None)
 
-        options = StageOptions(report=self.say, progress_factory=factory)
-        return stage(inventory, step, [host], options=options)[-1].path
+        return advance
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
         reported: dict[str, int] = {}
@@ -192,150 +182,3 @@ def comparison_table(comparison: Comparison) -> Table:
         styled = [*row[:-1], row[-1] if row[-1] == "yes" else f"[bold red]{row[-1]}[/]"]
         table.add_row(*styled)
     return table
-
-
-def show_comparison(
-    results_root: Path,
-    steps: list[int] | None = None,
-    tag: str | None = None,
-    allow_mixed: bool = False,
-    plots: Path | None = None,
-) -> Comparison:
-    """Print the comparison table and write the plots; refuse to mix incomparable runs
-    unless `allow_mixed` (and then flag them)."""
-    from dflash_ops.evaluation.results import ResultsError, compare, load_runs, plot
-
-    comparison = compare(load_runs(results_root), steps, tag)
-    console.print(comparison_table(comparison))
-    if comparison.mixed:
-        what = sorted({name for names in comparison.differences.values() for name in names})
-        message = (
-            f"{len(comparison.differences)} run(s) differ from the latest run in "
-            f"{', '.join(what)}: their numbers are not comparable"
-        )
-        if not allow_mixed:
-            raise ResultsError(
-                f"{message}. Narrow the selection (--steps/--tag) or pass "
-                "--allow-mixed to show them flagged."
-            )
-        console.print(f"[yellow]warning:[/] {message} (flagged above; left out of the plots)")
-    for path in plot(comparison, plots or results_root / "plots"):
-        console.print(f"plot: {path}")
-    return comparison
-
-
-def run_eval_command(
-    inventory: Inventory,
-    *,
-    step: int,
-    steps: str | None,
-    all_new: bool,
-    host: str | None,
-    harness_flags: dict,
-    reference: bool,
-    prompts: str | None,
-    sglang: bool,
-    strip_optimizer: bool,
-    tag: str | None,
-    detach: bool,
-) -> None:
-    """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
-    from dflash_ops.core.errors import OpsError
-    from dflash_ops.evaluation.run import (
-        Detached,
-        EvalRequest,
-        new_steps,
-        run_eval,
-        run_sweep,
-    )
-    from dflash_ops.ui.cli import parse_steps
-
-    args = [str(part) for flag, value in harness_flags.items() if value for part in (flag, value)]
-    if prompts and not Path(prompts).is_file():
-        raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
-    request = EvalRequest(
-        step=step,
-        host=host,
-        harness_args=args,
-        reference=reference,
-        prompts=Path(prompts) if prompts else None,
-        sglang=sglang,
-        strip_optimizer=strip_optimizer,
-        tag=tag,
-        detach=detach,
-    )
-    sweep = parse_steps(steps) or (new_steps(inventory) if all_new else None)
-    if sweep is not None:
-        if not sweep:
-            console.print("nothing to evaluate: every complete checkpoint has a result")
-            return
-        console.print(
-            f"sweep: steps {', '.join(map(str, sweep))} over {', '.join(inventory.eval_hosts)}"
-        )
-        try:
-            outcomes = run_sweep(inventory, sweep, request, PrefixedView)
-        except KeyboardInterrupt:
-            console.print(
-                "\n[yellow]sweep interrupted[/]: runs already started go on on their "
-                "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
-            )
-            raise SystemExit(130) from None
-        failed = [s for s, outcome in sorted(outcomes.items()) if isinstance(outcome, Exception)]
-        if failed:
-            raise OpsError(f"sweep: step(s) {', '.join(map(str, failed))} failed (see above)")
-        return
-    if not step:
-        raise OpsError("pass --step N (or --steps A,B,… / --all-new for a sweep)")
-    try:
-        run_eval(inventory, request, LiveView())
-    except Detached as detached:
-        console.print(
-            f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
-            f"{detached.host}. Reattach: fab eval-logs --run {detached.run_id} "
-            "--follow; pull results later: fab fetch-results"
-        )
-        raise SystemExit(130) from None
-
-
-def _eval_hosts(inventory: Inventory) -> dict:
-    """Every eval host, kept open (the one holding the run is used afterwards)."""
-    return {name: (Host(inventory, name), entry) for name, entry in inventory.eval_hosts.items()}
-
-
-def show_status(inventory: Inventory) -> None:
-    runs = [run for host, entry in each_eval_host(inventory) for run in jobs.list_runs(host, entry)]
-    console.print(runs_table(sorted(runs, key=lambda run: run.started or 0)))
-
-
-def show_logs(inventory: Inventory, run_id: str, follow: bool) -> None:
-    host, entry, run = jobs.find_run(_eval_hosts(inventory), run_id)
-    if follow:
-        try:
-            final = jobs.follow(host, entry, run.run_id, "log", console.print)
-        except KeyboardInterrupt:
-            console.print(f"\n[yellow]stopped following[/]; run {run.run_id} goes on")
-            raise SystemExit(130) from None
-        show_finished(console.print, final, [], None)
-        return
-    console.print(jobs.log_tail(host, entry, run.run_id, lines=100_000), end="")
-
-
-def cancel_run(inventory: Inventory, run_id: str) -> None:
-    host, entry, run = jobs.find_run(_eval_hosts(inventory), run_id)
-    jobs.cancel(host, entry, run)
-    final = jobs.wait_finished(host, entry, run.run_id)
-    console.print(f"run {run.run_id} on {host.name}: {final.state}")
-
-
-def fetch_all(inventory: Inventory) -> None:
-    pulled = 0
-    for host, entry in each_eval_host(inventory):
-        for run in jobs.list_runs(host, entry):
-            if run.done and jobs.fetch(host, entry, run, inventory.local.results):
-                console.print(f"{host.name}: pulled {run.run_id} ({run.state})")
-                pulled += 1
-    console.print(
-        f"{pulled} run(s) pulled into {inventory.local.results}"
-        if pulled
-        else "nothing new to pull"
-    )

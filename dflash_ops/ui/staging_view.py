@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rich.progress import (
     BarColumn,
@@ -19,7 +21,7 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.staging.catalog import list_checkpoints
 from dflash_ops.staging.destination import staged_status
-from dflash_ops.staging.relay import RelayState
+from dflash_ops.staging.relay import ProgressCallback, RelayState
 from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 from dflash_ops.ui.console import console
 
@@ -79,6 +81,30 @@ def run_stage(
         raise InventoryError(f"--via: expected one of {', '.join(VIAS)}, found {via!r}")
     if step is None and not latest:
         raise InventoryError("pass --step N or --latest")
+    with transfer_bars() as factory:
+        options = StageOptions(
+            via=via,
+            two_hop=two_hop,
+            resume=resume,
+            verify=verify,
+            dry_run=dry_run,
+            margin=margin,
+            report=console.print,
+            progress_factory=factory,
+        )
+        results = stage(inventory, step, to, latest=latest, options=options)
+    if dry_run:
+        console.print("[bold]plan (dry run, nothing written):[/]")
+        for hop in (hop for staged in results for hop in staged.plan):
+            console.print(f"  {hop.describe()}")
+    return results
+
+
+@contextmanager
+def transfer_bars() -> Iterator[Callable[[str, int], ProgressCallback]]:
+    """While held: a progress bar (bytes, speed, time left) for each transfer the yielded
+    factory is asked for, by its label and total bytes. Lines printed on `console` meanwhile
+    appear above the bars."""
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -89,7 +115,7 @@ def run_stage(
         transient=False,
     ) as progress:
 
-        def factory(label: str, total: int):
+        def factory(label: str, total: int) -> ProgressCallback:
             task = progress.add_task(label, total=total)
 
             def advance(state: RelayState) -> None:
@@ -97,19 +123,4 @@ def run_stage(
 
             return advance
 
-        options = StageOptions(
-            via=via,
-            two_hop=two_hop,
-            resume=resume,
-            verify=verify,
-            dry_run=dry_run,
-            margin=margin,
-            report=progress.console.print,
-            progress_factory=factory,
-        )
-        results = stage(inventory, step, to, latest=latest, options=options)
-    if dry_run:
-        console.print("[bold]plan (dry run, nothing written):[/]")
-        for hop in (hop for staged in results for hop in staged.plan):
-            console.print(f"  {hop.describe()}")
-    return results
+        yield factory

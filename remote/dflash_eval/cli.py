@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dflash_eval import schema
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
 
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _eval(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.evaluate import EvalOptions, human_summary, run_eval
+    from dflash_eval.evaluate import EvalOptions, run_eval
 
     options = EvalOptions(
         checkpoint=args.checkpoint,
@@ -178,20 +179,8 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         step=args.step,
     )
     results = run_eval(options, progress)
-    metrics = results["metrics"]
-    summary = {
-        "step": results["checkpoint"]["step"],
-        "tau_macro": metrics["tau_macro"],
-        "tau_pooled": metrics["tau_pooled"],
-        "rounds": metrics["rounds"],
-        "ddtree": {b: t["tau_macro"] for b, t in metrics["ddtree"].items()},
-        "reference_tau_macro": results["reference"]["metrics"]["tau_macro"]
-        if results["reference"]
-        else None,
-        "seconds": results["timings_s"]["total"],
-    }
-    progress.say(human_summary(results))
-    progress.event("done", out=str(args.out), summary=summary)
+    progress.say("\n".join(schema.summary_lines(results)))
+    progress.event("done", out=str(args.out), summary=schema.headline(results))
     return 0
 
 

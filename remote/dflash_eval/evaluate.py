@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dflash_eval import schema
 from dflash_eval.cache import DiskCache, tokens_digest
 from dflash_eval.completions import (
     Prompt,
@@ -32,7 +33,6 @@ from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import (
-    SCHEMA_VERSION,
     file_identity,
     host_info,
     library_versions,
@@ -165,55 +165,55 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             )
         reference_metrics = summarize(ref_walks, reference.config.block_size, options.ddtree)
         reference_block = {
-            "checkpoint": reference_identity,
-            "drafter": _drafter_block(reference, options),
-            "metrics": reference_metrics,
-            "throughput": _throughput(ref_blocks, ref_seconds),
+            schema.CHECKPOINT: reference_identity,
+            schema.DRAFTER: _drafter_block(reference, options),
+            schema.METRICS: reference_metrics,
+            schema.THROUGHPUT: _throughput(ref_blocks, ref_seconds),
         }
-    timer.seconds["total"] = time.perf_counter() - started
+    timer.seconds[schema.TOTAL_SECONDS] = time.perf_counter() - started
     results = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "dflash-eval-results",
-        "created_at": utc_now(),
-        "checkpoint": checkpoint_identity,
-        "drafter": _drafter_block(drafter, options),
-        "target": {
+        schema.SCHEMA_VERSION_KEY: schema.SCHEMA_VERSION,
+        schema.KIND_KEY: schema.KIND,
+        schema.CREATED_AT: utc_now(),
+        schema.CHECKPOINT: checkpoint_identity,
+        schema.DRAFTER: _drafter_block(drafter, options),
+        schema.TARGET: {
             "path": str(options.target),
-            "name": identity["name"],
-            "family": target.family,
+            schema.TARGET_NAME: identity["name"],
+            schema.TARGET_FAMILY: target.family,
             "dtype": str(target.dtype).removeprefix("torch."),
             "num_layers": target.num_layers,
             "hidden_size": target.shape.hidden_size,
             "vocab_size": target.shape.vocab_size,
-            "fingerprint": identity["fingerprint"],
+            schema.TARGET_FINGERPRINT: identity["fingerprint"],
             "files": identity["files"],
         },
-        "prompts": {
+        schema.PROMPTS: {
             "source": str(options.prompts) if options.prompts else "builtin",
-            "count": len(prompts),
-            "sha256": prompts_hash(prompts),
+            schema.PROMPT_COUNT: len(prompts),
+            schema.PROMPTS_SHA256: prompts_hash(prompts),
             "chat_template": used_chat_template,
-            "max_new_tokens": options.max_new_tokens,
+            schema.MAX_NEW_TOKENS: options.max_new_tokens,
             "stop_token_ids": stops,
         },
-        "completions": {
-            "source": "sglang" if options.sglang_url else "local-greedy",
+        schema.COMPLETIONS: {
+            schema.COMPLETIONS_SOURCE: "sglang" if options.sglang_url else "local-greedy",
             "sglang_url": options.sglang_url,
         },
-        "harness": {
-            "content_sha256": harness_hash(),
+        schema.HARNESS: {
+            schema.HARNESS_SHA256: harness_hash(),
             "predictor": "per-block" if options.per_block else "batched",
         },
-        "libraries": libraries,
-        "host": host_info(threads),
-        "options": _options_record(options),
-        "timings_s": {name: round(s, 4) for name, s in timer.seconds.items()},
-        "throughput": _throughput(blocks, seconds),
-        "metrics": metrics,
-        "per_prompt": _per_prompt(sequences, walks, options.ddtree),
-        "reference": reference_block,
-        "comparison": _comparison(metrics, reference_block),
-        "warnings": warnings,
+        schema.LIBRARIES: libraries,
+        schema.HOST: host_info(threads),
+        schema.OPTIONS: _options_record(options),
+        schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
+        schema.THROUGHPUT: _throughput(blocks, seconds),
+        schema.METRICS: metrics,
+        schema.PER_PROMPT: _per_prompt(sequences, walks, options.ddtree),
+        schema.REFERENCE: reference_block,
+        schema.COMPARISON: _comparison(metrics, reference_block),
+        schema.WARNINGS: warnings,
     }
     write_results(options.out, results)
     return results
@@ -283,10 +283,10 @@ def _load(
 def _checkpoint_identity(loaded: LoadedDrafter, step: int | None) -> dict[str, Any]:
     source = loaded.source
     return {
-        "path": str(source.path),
+        schema.PATH: str(source.path),
         "format": source.kind,
         **file_identity(source.files),
-        "step": step if step is not None else source.step,
+        schema.STEP: step if step is not None else source.step,
         "step_source": "--step" if step is not None else source.step_source,
         "stripped_prefix": source.stripped_prefix,
         "dropped_entries": source.dropped_entries,
@@ -439,9 +439,9 @@ def _walk_all(
 
 def _throughput(blocks: int, seconds: float) -> dict[str, Any]:
     return {
-        "blocks": blocks,
-        "seconds": round(seconds, 4),
-        "blocks_per_s": round(blocks / seconds, 2) if seconds > 0 else None,
+        schema.BLOCKS: blocks,
+        schema.SECONDS: round(seconds, 4),
+        schema.BLOCKS_PER_S: round(blocks / seconds, 2) if seconds > 0 else None,
     }
 
 
@@ -473,57 +473,12 @@ def _per_prompt(
 def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
     if reference is None:
         return None
-    theirs = reference["metrics"]
+    theirs = reference[schema.METRICS]
     return {
         name: (metrics[name] / theirs[name]) if metrics[name] and theirs[name] else None
-        for name in ("tau_macro", "tau_pooled")
+        for name in (schema.TAU_MACRO, schema.TAU_POOLED)
     }
 
 
 def _options_record(options: EvalOptions) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
-
-
-def human_summary(results: dict[str, Any]) -> str:
-    """A few lines for people (stderr); the JSON holds everything."""
-    metrics = results["metrics"]
-    checkpoint = results["checkpoint"]
-    lines = [
-        f"Checkpoint {checkpoint['path']} (step {checkpoint['step']}, "
-        f"{checkpoint['size_bytes']} bytes, sha256 {checkpoint['sha256'][:12]}…)",
-        f"Target {results['target']['name']} ({results['target']['family']}), "
-        f"{results['prompts']['count']} prompts, block size {metrics['block_size']}",
-        _tau_line("τ", metrics),
-    ]
-    for budget, tree in metrics["ddtree"].items():
-        lines.append(
-            f"  DDTree-{budget}: τ macro {_fmt(tree['tau_macro'])}, "
-            f"pooled {_fmt(tree['tau_pooled'])}"
-        )
-    accept = ", ".join(
-        f"{row['position']}:{_fmt(row['conditional'], 2)}" for row in metrics["per_position"][:8]
-    )
-    lines.append(f"  acceptance by position (conditional): {accept}")
-    if results["reference"]:
-        lines.append(_tau_line("reference τ", results["reference"]["metrics"]))
-        ratio = results["comparison"]["tau_macro"]
-        lines.append(f"  τ macro ratio (drafter / reference): {_fmt(ratio)}")
-    throughput = results["throughput"]
-    lines.append(
-        f"Drafter: {throughput['blocks']} blocks in {throughput['seconds']} s "
-        f"({throughput['blocks_per_s']} blocks/s, {results['host']['torch_threads']} threads); "
-        f"total {results['timings_s']['total']:.1f} s"
-    )
-    lines.extend(f"WARNING: {w}" for w in results["warnings"])
-    return "\n".join(lines)
-
-
-def _tau_line(label: str, metrics: dict[str, Any]) -> str:
-    return (
-        f"{label}: macro {_fmt(metrics['tau_macro'])}, pooled {_fmt(metrics['tau_pooled'])} "
-        f"over {metrics['rounds']} rounds ({metrics['committed_tokens']} tokens)"
-    )
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"

@@ -1,7 +1,7 @@
 """Identity of everything a result depends on, and the results file itself.
 
-The layout of the results JSON is documented in docs/results-schema.md; bump
-SCHEMA_VERSION whenever a key changes meaning or disappears.
+The key names (and SCHEMA_VERSION) live in dflash_eval.schema; docs/results-schema.md says
+what each key holds.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from dflash_eval import schema
 from dflash_eval.target import sha256_file
-
-SCHEMA_VERSION = 1
 
 
 def library_versions() -> dict[str, str | None]:
@@ -39,7 +38,7 @@ def host_info(threads: int) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": threads,
+        schema.TORCH_THREADS: threads,
         "python_executable": sys.executable,
     }
 
@@ -47,16 +46,17 @@ def host_info(threads: int) -> dict[str, Any]:
 def file_identity(files: list[Path]) -> dict[str, Any]:
     """Size and full sha256 of each file; the whole entry's size is their sum."""
     entries = [
-        {"path": str(f), "size_bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in files
+        {schema.PATH: str(f), schema.SIZE_BYTES: f.stat().st_size, schema.SHA256: sha256_file(f)}
+        for f in files
     ]
     combined = (
-        entries[0]["sha256"]
+        entries[0][schema.SHA256]
         if len(entries) == 1
-        else hashlib.sha256("".join(e["sha256"] for e in entries).encode()).hexdigest()
+        else hashlib.sha256("".join(e[schema.SHA256] for e in entries).encode()).hexdigest()
     )
     return {
-        "size_bytes": sum(e["size_bytes"] for e in entries),
-        "sha256": combined,
+        schema.SIZE_BYTES: sum(e[schema.SIZE_BYTES] for e in entries),
+        schema.SHA256: combined,
         "files": entries,
     }
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dflash_eval import schema
+
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
 
@@ -51,10 +53,13 @@ def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
     phases = {event["phase"] for event in events if event["event"] == "progress"}
     assert phases == {"completions", "hidden_states", "drafter"}
     assert events[-1]["summary"]["step"] == 6000
-    assert "τ: macro" in result.stderr
     results = json.loads(out.read_text())
     assert results["schema_version"] == 1
     assert results["metrics"]["tau_macro"] == events[-1]["summary"]["tau_macro"]
+    # The workstation reads this file through the same schema: every key it needs is there.
+    assert events[-1]["summary"] == schema.headline(results)
+    assert "\n".join(schema.summary_lines(results)) in result.stderr
+    assert set(schema.comparability_key(results)) == set(schema.COMPARABILITY)
     assert len(results["harness"]["content_sha256"]) == 64
     assert (tmp_path / "progress.jsonl").read_text() == result.stdout
 

@@ -1,0 +1,102 @@
+"""Sweeps (`fab run-eval --steps A,B,…` or `--all-new`): which steps to evaluate, and
+evaluating them across every eval host in parallel, one run per host at a time.
+
+Each run is one `run_eval` (dflash_ops.evaluation.run), shown through its host's
+`RunReporter`; nothing here imports a view.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.results import load_runs
+from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_eval
+from dflash_ops.staging.catalog import list_checkpoints
+from dflash_ops.staging.destination import staged_status
+
+Outcomes = dict[int, jobs.Run | Exception]  # per step: its run, or why it failed
+
+
+def choose_steps(
+    inventory: Inventory, step: int, steps: list[int] | None, all_new: bool
+) -> list[int] | None:
+    """The steps of a sweep (explicit `steps`, else every new one with `all_new`), or None
+    for a single run of `step`; refuses a request that names no step at all."""
+    sweep = steps or (new_steps(inventory) if all_new else None)
+    if sweep is None and not step:
+        raise OpsError("pass --step N (or --steps A,B,… / --all-new for a sweep)")
+    return sweep
+
+
+def new_steps(inventory: Inventory) -> list[int]:
+    """Complete checkpoints on the trainer without a successful local result yet."""
+    evaluated = {run.step for run in load_runs(inventory.local.results) if run.results}
+    return [
+        info.step
+        for info in list_checkpoints(inventory)
+        if info.complete and info.step not in evaluated
+    ]
+
+
+def run_sweep(
+    inventory: Inventory,
+    steps: list[int],
+    template: EvalRequest,
+    reporters: Callable[[str], RunReporter],
+) -> Outcomes:
+    """Evaluate `steps` across every eval host in parallel, one run per host at a time. A
+    host takes a step it already has staged first, else the next step (and stages it).
+    `reporters(host)` gives the reporter that shows that host's runs."""
+    infos = [info for info in list_checkpoints(inventory) if info.step in steps]
+    staged = {
+        name: {
+            step
+            for step, state in staged_status(inventory, name, infos).items()
+            if state == "staged"
+        }
+        for name in inventory.eval_hosts
+    }
+    pending = list(steps)
+    taking = threading.Lock()
+    outcomes: Outcomes = {}
+
+    def next_step(name: str) -> int | None:
+        with taking:
+            if not pending:
+                return None
+            step = next((s for s in pending if s in staged[name]), pending[0])
+            pending.remove(step)
+            return step
+
+    def worker(name: str) -> None:
+        reporter = reporters(name)
+        while (step := next_step(name)) is not None:
+            try:
+                request = replace(template, step=step, host=name)
+                outcomes[step] = run_eval(inventory, request, reporter)
+            except OpsError as exc:
+                reporter.say(f"[red]step {step} failed:[/] {exc}")
+                outcomes[step] = exc
+
+    # Daemon threads: Ctrl-C ends the sweep here; runs already started go on on their hosts.
+    threads = [
+        threading.Thread(target=worker, args=(name,), name=f"eval-{name}", daemon=True)
+        for name in inventory.eval_hosts
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def require_success(outcomes: Outcomes) -> None:
+    """Raise when any step of the sweep failed (each failure was reported as it happened)."""
+    failed = [step for step, outcome in sorted(outcomes.items()) if isinstance(outcome, Exception)]
+    if failed:
+        raise OpsError(f"sweep: step(s) {', '.join(map(str, failed))} failed (see above)")

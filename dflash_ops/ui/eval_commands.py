@@ -1,0 +1,145 @@
+"""The eval tasks' front doors (`fab run-eval`, `eval-status`, `eval-logs`, `eval-cancel`,
+`fetch-results`, `compare`, `dflash-ops results compare`): each hands its arguments to the
+orchestration in dflash_ops.evaluation with the views that show it, and prints the outcome.
+Exit statuses: OpsError → 1 (ops_task / the click CLI); Ctrl-C while following → 130.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import jobs, results, sweep
+from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
+from dflash_ops.ui.arguments import parse_steps
+from dflash_ops.ui.console import console
+from dflash_ops.ui.eval_view import (
+    LiveView,
+    PrefixedView,
+    comparison_table,
+    runs_table,
+    show_finished,
+)
+
+
+def run_eval_command(
+    inventory: Inventory,
+    *,
+    step: int,
+    steps: str | None,
+    all_new: bool,
+    host: str | None,
+    harness_flags: dict[str, object],
+    reference: bool,
+    prompts: str | None,
+    sglang: bool,
+    strip_optimizer: bool,
+    tag: str | None,
+    detach: bool,
+) -> None:
+    """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
+    request = build_request(
+        step=step,
+        host=host,
+        harness_flags=harness_flags,
+        prompts=prompts,
+        reference=reference,
+        sglang=sglang,
+        strip_optimizer=strip_optimizer,
+        tag=tag,
+        detach=detach,
+    )
+    steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
+    if steps_of_sweep is None:
+        _evaluate_one(inventory, request)
+    else:
+        _evaluate_sweep(inventory, steps_of_sweep, request)
+
+
+def _evaluate_one(inventory: Inventory, request: EvalRequest) -> None:
+    try:
+        run_eval(inventory, request, LiveView())
+    except Detached as detached:
+        console.print(
+            f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
+            f"{detached.host}. Reattach: fab eval-logs --run {detached.run_id} "
+            "--follow; pull results later: fab fetch-results"
+        )
+        raise SystemExit(130) from None
+
+
+def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalRequest) -> None:
+    if not steps:
+        console.print("nothing to evaluate: every complete checkpoint has a result")
+        return
+    console.print(
+        f"sweep: steps {', '.join(map(str, steps))} over {', '.join(inventory.eval_hosts)}"
+    )
+    try:
+        outcomes = sweep.run_sweep(inventory, steps, template, PrefixedView)
+    except KeyboardInterrupt:
+        console.print(
+            "\n[yellow]sweep interrupted[/]: runs already started go on on their "
+            "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
+        )
+        raise SystemExit(130) from None
+    sweep.require_success(outcomes)
+
+
+def show_status(inventory: Inventory) -> None:
+    """`fab eval-status`."""
+    console.print(runs_table(jobs.all_runs(inventory)))
+
+
+def show_logs(inventory: Inventory, run_id: str, follow: bool) -> None:
+    """`fab eval-logs`: the run's log, or (--follow) its lines as they come until it ends."""
+    host, entry, run = jobs.locate(inventory, run_id)
+    if not follow:
+        console.print(jobs.log_tail(host, entry, run.run_id, lines=100_000), end="")
+        return
+    try:
+        final = jobs.follow(host, entry, run.run_id, "log", console.print)
+    except KeyboardInterrupt:
+        console.print(f"\n[yellow]stopped following[/]; run {run.run_id} goes on")
+        raise SystemExit(130) from None
+    show_finished(console.print, final, [], None)
+
+
+def cancel_run(inventory: Inventory, run_id: str) -> None:
+    """`fab eval-cancel`."""
+    host, entry, run = jobs.locate(inventory, run_id)
+    jobs.cancel(host, entry, run)
+    final = jobs.wait_finished(host, entry, run.run_id)
+    console.print(f"run {run.run_id} on {host.name}: {final.state}")
+
+
+def fetch_all(inventory: Inventory) -> None:
+    """`fab fetch-results`."""
+    pulled = jobs.fetch_finished(
+        inventory, lambda host, run: console.print(f"{host}: pulled {run.run_id} ({run.state})")
+    )
+    console.print(
+        f"{pulled} run(s) pulled into {inventory.local.results}"
+        if pulled
+        else "nothing new to pull"
+    )
+
+
+def show_comparison(
+    results_root: Path,
+    steps: str | None = None,
+    tag: str | None = None,
+    allow_mixed: bool = False,
+    plots: Path | None = None,
+) -> results.Comparison:
+    """`fab compare` / `dflash-ops results compare`: the table, then the plots; incomparable
+    runs are refused unless `allow_mixed` (and then flagged)."""
+    selected = parse_steps(steps)
+    comparison = results.compare(results.load_runs(results_root), selected, tag)
+    console.print(comparison_table(comparison))
+    mixed = results.check_mixed(comparison, allow_mixed)
+    if mixed:
+        console.print(f"[yellow]warning:[/] {mixed} (flagged above; left out of the plots)")
+    for path in results.plot(comparison, plots or results_root / "plots"):
+        console.print(f"plot: {path}")
+    return comparison

@@ -1,0 +1,204 @@
+"""The results JSON's key names and its one human summary, shared by both sides.
+
+The harness writes results with these names (evaluate.py); the workstation reads them with
+the same names (`from dflash_eval import schema` in dflash_ops). Stdlib only and no imports
+from the rest of the harness: importing this module must never load torch.
+
+docs/results-schema.md says what each key holds; this module is where their names live.
+Bump SCHEMA_VERSION whenever a key changes meaning or disappears (new keys do not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+SCHEMA_VERSION = 1
+KIND = "dflash-eval-results"  # the value of results[KIND_KEY]
+
+# --- top level -----------------------------------------------------------------------------
+SCHEMA_VERSION_KEY = "schema_version"
+KIND_KEY = "kind"
+CREATED_AT = "created_at"
+CHECKPOINT = "checkpoint"
+DRAFTER = "drafter"
+TARGET = "target"
+PROMPTS = "prompts"
+COMPLETIONS = "completions"
+HARNESS = "harness"
+LIBRARIES = "libraries"
+HOST = "host"
+OPTIONS = "options"
+TIMINGS = "timings_s"
+THROUGHPUT = "throughput"
+METRICS = "metrics"
+PER_PROMPT = "per_prompt"
+REFERENCE = "reference"  # null, or {CHECKPOINT, DRAFTER, METRICS, THROUGHPUT}
+COMPARISON = "comparison"  # null, or {TAU_MACRO: ratio, TAU_POOLED: ratio}
+WARNINGS = "warnings"
+
+# --- checkpoint identity: results[CHECKPOINT] and results[REFERENCE][CHECKPOINT] -------------
+PATH = "path"
+SIZE_BYTES = "size_bytes"
+SHA256 = "sha256"
+STEP = "step"
+
+# --- results[TARGET] ---------------------------------------------------------------------------
+TARGET_NAME = "name"
+TARGET_FAMILY = "family"
+TARGET_FINGERPRINT = "fingerprint"
+
+# --- results[PROMPTS] --------------------------------------------------------------------------
+PROMPT_COUNT = "count"
+PROMPTS_SHA256 = "sha256"
+MAX_NEW_TOKENS = "max_new_tokens"
+
+# --- results[COMPLETIONS] ----------------------------------------------------------------------
+COMPLETIONS_SOURCE = "source"
+
+# --- results[HARNESS] --------------------------------------------------------------------------
+HARNESS_SHA256 = "content_sha256"
+
+# --- results[HOST], results[TIMINGS] -----------------------------------------------------------
+TORCH_THREADS = "torch_threads"
+TOTAL_SECONDS = "total"
+
+# --- results[THROUGHPUT] (and the reference's) -------------------------------------------------
+BLOCKS = "blocks"
+SECONDS = "seconds"
+BLOCKS_PER_S = "blocks_per_s"
+
+# --- results[METRICS] (and the reference's); each DDTree budget has the τ and count keys -------
+BLOCK_SIZE = "block_size"
+TAU_MACRO = "tau_macro"
+TAU_POOLED = "tau_pooled"
+ROUNDS = "rounds"
+COMMITTED_TOKENS = "committed_tokens"
+HISTOGRAM = "histogram"
+PER_POSITION = "per_position"  # a list of rows, one per block position k = 1..B-1
+DDTREE = "ddtree"  # {"<budget>": {TAU_MACRO, TAU_POOLED, ROUNDS, COMMITTED_TOKENS}}
+POSITION = "position"
+CONDITIONAL = "conditional"  # P(slot k correct | slots < k correct)
+
+# What must match for two runs' numbers to be comparable, and how to read it from results.
+COMPARABILITY: dict[str, Callable[[dict], Any]] = {
+    "prompts": lambda r: r[PROMPTS][PROMPTS_SHA256],
+    "target": lambda r: r[TARGET][TARGET_FINGERPRINT],
+    "block size": lambda r: r[METRICS][BLOCK_SIZE],
+    "max new tokens": lambda r: r[PROMPTS][MAX_NEW_TOKENS],
+    "completions": lambda r: r[COMPLETIONS][COMPLETIONS_SOURCE],
+    "harness": lambda r: r[HARNESS][HARNESS_SHA256],
+}
+
+POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first positions only
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def step(results: dict) -> int | None:
+    return results[CHECKPOINT][STEP]
+
+
+def metrics(results: dict) -> dict:
+    return results[METRICS]
+
+
+def reference_metrics(results: dict) -> dict | None:
+    """The reference drafter's metrics, or None when the run evaluated none."""
+    reference = results.get(REFERENCE)
+    return reference[METRICS] if reference else None
+
+
+def ratio_to_reference(results: dict) -> float | None:
+    """τ macro of this drafter over the reference drafter's (None without a reference)."""
+    return (results.get(COMPARISON) or {}).get(TAU_MACRO)
+
+
+def budgets(run_metrics: dict) -> list[str]:
+    """The DDTree budgets evaluated, as the JSON's string keys."""
+    return list(run_metrics[DDTREE])
+
+
+def ddtree_tau(run_metrics: dict, budget: str) -> float | None:
+    """DDTree τ macro at `budget` (None when that budget was not evaluated)."""
+    return run_metrics[DDTREE].get(budget, {}).get(TAU_MACRO)
+
+
+def conditional_by_position(run_metrics: dict) -> dict[int, float | None]:
+    return {row[POSITION]: row[CONDITIONAL] for row in run_metrics[PER_POSITION]}
+
+
+def comparability_key(results: dict) -> dict[str, Any]:
+    """Everything that must match for two results to be compared, by what it is called."""
+    return {name: read(results) for name, read in COMPARABILITY.items()}
+
+
+# --- summaries ---------------------------------------------------------------------------------
+
+
+def headline(results: dict) -> dict[str, Any]:
+    """The key numbers of one results dict: the harness's `done` event carries them."""
+    run_metrics = metrics(results)
+    reference = reference_metrics(results)
+    return {
+        "step": step(results),
+        "tau_macro": run_metrics[TAU_MACRO],
+        "tau_pooled": run_metrics[TAU_POOLED],
+        "rounds": run_metrics[ROUNDS],
+        "ddtree": {b: ddtree_tau(run_metrics, b) for b in budgets(run_metrics)},
+        "reference_tau_macro": reference[TAU_MACRO] if reference else None,
+        "seconds": results[TIMINGS][TOTAL_SECONDS],
+    }
+
+
+def summary_lines(results: dict) -> list[str]:
+    """The human summary of one results dict: the harness prints it to its log, the
+    workstation after pulling a run. The JSON holds everything else."""
+    run_metrics = metrics(results)
+    lines = [
+        f"step {step(results)}  τ macro {_number(run_metrics[TAU_MACRO])}  "
+        f"τ pooled {_number(run_metrics[TAU_POOLED])}  ({run_metrics[ROUNDS]} rounds, "
+        f"{run_metrics[COMMITTED_TOKENS]} tokens, block size {run_metrics[BLOCK_SIZE]})"
+    ]
+    if budgets(run_metrics):
+        lines.append(
+            "DDTree τ: "
+            + ", ".join(
+                f"b={b}: {_number(ddtree_tau(run_metrics, b))}" for b in budgets(run_metrics)
+            )
+        )
+    accepted = list(conditional_by_position(run_metrics).items())[:POSITIONS_SUMMARISED]
+    lines.append(
+        "acceptance by position (conditional): "
+        + ", ".join(f"{position}:{_number(rate, 2)}" for position, rate in accepted)
+    )
+    reference = reference_metrics(results)
+    if reference:
+        ratio = ratio_to_reference(results)
+        lines.append(
+            f"reference drafter τ macro {_number(reference[TAU_MACRO])}"
+            + (f" (this run: {ratio:.2f}× of it)" if ratio else "")
+        )
+    lines += _provenance_lines(results)
+    lines += [f"WARNING: {warning}" for warning in results.get(WARNINGS) or []]
+    return lines
+
+
+def _provenance_lines(results: dict) -> list[str]:
+    """What was evaluated, on what, and how long it took."""
+    checkpoint, target = results[CHECKPOINT], results[TARGET]
+    throughput = results[THROUGHPUT]
+    return [
+        f"Checkpoint {checkpoint[PATH]} ({checkpoint[SIZE_BYTES]} bytes, "
+        f"sha256 {checkpoint[SHA256][:12]}…)",
+        f"Target {target[TARGET_NAME]} ({target[TARGET_FAMILY]}), "
+        f"{results[PROMPTS][PROMPT_COUNT]} prompts",
+        f"Drafter: {throughput[BLOCKS]} blocks in {throughput[SECONDS]} s "
+        f"({throughput[BLOCKS_PER_S]} blocks/s, {results[HOST][TORCH_THREADS]} threads); "
+        f"total {results[TIMINGS][TOTAL_SECONDS]:.1f} s",
+    ]
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"

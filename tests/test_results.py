@@ -1,0 +1,57 @@
+"""Pulled results on the workstation, read through the shared schema: the comparison table and
+the refusal to mix incomparable runs (run-eval's tests do the same on real harness output)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dflash_eval import schema
+
+from dflash_ops.evaluation import results
+from tests.schema_samples import results_dict
+
+
+def pull(root: Path, run_id: str, step: int, outcome: dict | None) -> None:
+    """A run directory as `fab fetch-results` leaves it."""
+    directory = root / run_id
+    directory.mkdir(parents=True)
+    state = "succeeded" if outcome else "failed"
+    run = {"run_id": run_id, "host": "eval", "state": state, "step": step, "started": step}
+    (directory / "run.json").write_text(json.dumps(run))
+    if outcome is not None:
+        outcome[schema.CHECKPOINT][schema.STEP] = step
+        (directory / "results.json").write_text(json.dumps(outcome))
+
+
+def test_table_reads_each_run_through_the_schema(tmp_path):
+    pull(tmp_path, "a", 2000, results_dict(budgets=("4",)))
+    pull(tmp_path, "b", 4000, results_dict(reference=True, budgets=("4", "8")))
+    pull(tmp_path, "c", 6000, None)  # failed: listed, not compared
+    runs = results.load_runs(tmp_path)
+    assert [run.step for run in runs] == [2000, 4000, 6000]
+    comparison = results.compare(runs)
+    assert results.check_mixed(comparison, allow_mixed=False) is None
+    header, cells = results.table_rows(comparison)
+    assert header == [
+        "run", "step", "host", "τ macro", "τ pooled", "tree-4", "tree-8",
+        "acc@1", "acc@2", "ref τ", "vs ref", "comparable",
+    ]  # fmt: skip
+    assert cells[0] == [
+        "a", "2000", "eval", "1.500", "1.250", "1.750", "-", "0.500", "0.250", "-", "-", "yes",
+    ]  # fmt: skip
+    assert cells[1][-3:] == ["3.000", "0.50×", "yes"]
+
+
+def test_runs_that_differ_in_what_shapes_the_numbers_are_refused_unless_allowed(tmp_path):
+    longer = results_dict()
+    longer[schema.PROMPTS][schema.MAX_NEW_TOKENS] = 48
+    pull(tmp_path, "a", 2000, longer)
+    pull(tmp_path, "b", 4000, results_dict())
+    comparison = results.compare(results.load_runs(tmp_path))
+    with pytest.raises(results.ResultsError, match="differ from the latest run in max new"):
+        results.check_mixed(comparison, allow_mixed=False)
+    assert "not comparable" in results.check_mixed(comparison, allow_mixed=True)
+    _, cells = results.table_rows(comparison)
+    assert [row[-1] for row in cells] == ["≠ max new tokens", "yes"]
