@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from importlib.resources import files
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +15,26 @@ from dflash_ops.remote.routes import network_namespaces
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and tmpfs need root")
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def tcp_from(lab: labs.Lab, host: str, address: str) -> subprocess.CompletedProcess:
     return lab.exec_in(host, ["timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{address}/22"])
+
+
+def ssh_argv(lab: labs.Lab, host: str, command: str) -> list[str]:
+    """The plain OpenSSH client, as a user would reach a lab host."""
+    return [
+        "ssh",
+        "-i",
+        str(lab.key),
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        f"UserKnownHostsFile={lab.known_hosts}",
+        lab.state.hosts[host].address,
+        command,
+    ]
 
 
 def test_trainer_and_eval_cannot_reach_each_other(lab):
@@ -38,8 +57,10 @@ def test_disks_are_size_limited(make_lab):
 
 
 def test_pct_stand_in(lab, tmp_path):
-    pct = str(lab.root / "hosts/trainer/bin/pct")
-    assert "TEST STAND-IN" in (lab.root / "hosts/trainer/bin/pct").read_text()
+    installed = lab.root / "hosts/trainer/bin/pct"
+    assert installed.read_bytes() == files("dflash_lab").joinpath("stand_ins/pct").read_bytes()
+    assert "TEST STAND-IN" in installed.read_text()
+    pct = str(installed)
     assert lab.exec_in("trainer", [pct, "status", "200"]).stdout == "status: running\n"
     missing = lab.exec_in("trainer", [pct, "status", "201"])
     assert missing.returncode == 2 and "201.conf' does not exist" in missing.stderr
@@ -47,6 +68,8 @@ def test_pct_stand_in(lab, tmp_path):
     source = "/workspace/checkpoints/step_2000/checkpoint.pt"
     assert lab.exec_in("trainer", [pct, "pull", "200", source, str(pulled)]).returncode == 0
     assert pulled.read_bytes() == lab.checkpoint_path(2000).read_bytes()
+    listed = lab.exec_in("trainer", [pct, "exec", "200", "--", "ls", "/workspace/checkpoints"])
+    assert listed.stdout.split() == ["step_2000", "step_4000", "step_6000"], listed.stderr
 
 
 def test_second_lab_up_in_the_same_place_is_refused(lab):
@@ -64,19 +87,7 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
     assert sum(item.startswith("netns") for item in everything) == 3
     assert sum(item.startswith("mount") for item in everything) == 4
     # A live SSH session must not keep anything alive either.
-    session = subprocess.Popen(
-        [
-            "ssh",
-            "-i",
-            str(built.key),
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            f"UserKnownHostsFile={built.known_hosts}",
-            built.state.hosts["eval"].address,
-            "sleep 60",
-        ]
-    )
+    session = subprocess.Popen(ssh_argv(built, "eval", "sleep 60"))
     status = fab(None, "lab-status", "--dir", str(root))
     assert "eval2" in status.stdout and "sshd running" in status.stdout
     down = fab(None, "lab-down", "--dir", str(root))
@@ -87,20 +98,22 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
 
 
 def test_failed_up_removes_what_it_made(tmp_path):
+    half_built = []
+
     def broken_content(lab, config):
+        half_built.append(lab)
         raise LabError("content generator failed on purpose")
 
-    def snapshot() -> tuple:
-        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        return (
-            sorted(network_namespaces()),
-            sorted(labs._mount_points()),
-            sorted(line.split(":")[1].strip() for line in links.splitlines()),
-        )
-
-    before = snapshot()
     root = tmp_path / "lab"
     with pytest.raises(LabError, match="on purpose"):
         labs.up(labs.LabConfig(root=root), broken_content)
     assert not root.exists()
-    assert snapshot() == before
+    # Only what this lab made is looked for: other labs may come and go meanwhile.
+    made = half_built[0].state
+    assert len(made.namespaces) == 2 and len(made.links) == 2 and len(made.mounts) == 3
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    with open("/proc/self/mounts") as mounts:
+        mounted = {line.split()[1] for line in mounts}
+    assert not set(made.namespaces) & set(network_namespaces())
+    assert not any(f" {link}:" in links or f" {link}@" in links for link in made.links)
+    assert not set(made.mounts) & mounted
