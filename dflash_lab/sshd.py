@@ -2,12 +2,12 @@
 listener, and the known_hosts file that pins every host key for the workstation.
 
 Files per host under `<root>/hosts/<name>/`: ssh_host_ed25519_key(.pub), sshd_config,
-sshd.pid, sshd.log.
+sshd.pid, sshd.log. The listener is recognised by its config path on its command line (sshd
+keeps `-f CONFIG` in its process title), never by its pid alone.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,16 +80,24 @@ def start(lab: Lab, name: str) -> None:
 
 
 def running(lab: Lab, name: str) -> bool:
-    pid = lab.state.hosts[name].pid
-    return pid is not None and processes.alive(pid)
+    record = lab.state.hosts[name]
+    return record.pid is not None and _is_listener(lab, name)(record.pid)
 
 
 def stop(lab: Lab, name: str) -> None:
     """Stop host `name`'s listener (its open sessions go on, as on a real server)."""
     record = lab.state.hosts[name]
-    if record.pid and processes.alive(record.pid):
-        os.kill(record.pid, 15)
-        processes.wait_dead(record.pid)
+    if record.pid is not None:
+        processes.stop(record.pid, _is_listener(lab, name))
+
+
+def _is_listener(lab: Lab, name: str):
+    config = str(lab.host_dir(name) / "sshd_config")
+
+    def is_listener(pid: int) -> bool:
+        return processes.is_live(pid) and f"-f {config} " in processes.command_line(pid) + " "
+
+    return is_listener
 
 
 def write_known_hosts(lab: Lab) -> None:

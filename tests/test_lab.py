@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import subprocess
 from importlib.resources import files
 from pathlib import Path
@@ -35,6 +37,24 @@ def ssh_argv(lab: labs.Lab, host: str, command: str) -> list[str]:
         lab.state.hosts[host].address,
         command,
     ]
+
+
+def processes_in(netns_fd: int) -> dict[int, str]:
+    """{pid: command} of the live (not zombie) processes in the network namespace open as
+    `netns_fd`, found from /proc independently of the lab's own code."""
+    namespace = os.fstat(netns_fd)
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            member = os.stat(f"/proc/{pid}/ns/net")
+            status = Path(f"/proc/{pid}/status").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        same = (member.st_dev, member.st_ino) == (namespace.st_dev, namespace.st_ino)
+        if same and "\nState:\tZ" not in status:
+            found[int(pid)] = command.strip()
+    return found
 
 
 def test_trainer_and_eval_cannot_reach_each_other(lab):
@@ -117,3 +137,48 @@ def test_failed_up_removes_what_it_made(tmp_path):
     assert not set(made.namespaces) & set(network_namespaces())
     assert not any(f" {link}:" in links or f" {link}@" in links for link in made.links)
     assert not set(made.mounts) & mounted
+
+
+# Started over SSH, detached: ignores SIGTERM and SIGHUP (as do its children, which inherit
+# that) and keeps starting long sleeps, so a single pass of kills always misses some.
+STUBBORN_JOB = (
+    "setsid -f bash -c "
+    + shlex.quote(
+        'trap "" TERM HUP; echo ready; exec >/dev/null; '
+        "for i in $(seq 300); do sleep 300 & sleep 0.2; done"
+    )
+    + " </dev/null 2>/dev/null | head -n1"
+)
+
+
+def test_down_stops_every_process_left_in_a_namespace(make_lab):
+    built = make_lab()
+    netns = built.state.hosts["eval"].netns
+    # Held open, the namespace keeps its identity after its name is deleted, so that any
+    # process still inside can be found.
+    held = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    session = None
+    try:
+        job = subprocess.run(
+            ssh_argv(built, "eval", STUBBORN_JOB), capture_output=True, text=True, timeout=60
+        )
+        assert job.stdout == "ready\n", job.stderr
+        session = subprocess.Popen(
+            ssh_argv(built, "eval", "echo open; exec sleep 300"), stdout=subprocess.PIPE, text=True
+        )
+        assert session.stdout.readline() == "open\n"  # a session is open in the namespace
+        inside = list(processes_in(held).values())
+        assert "sleep 300" in inside and any(c.startswith("bash -c trap") for c in inside)
+
+        problems = built.down()
+
+        assert problems == []
+        assert processes_in(held) == {}
+        assert netns not in network_namespaces()
+        assert session.wait(timeout=60) != 0  # its server side is gone
+    finally:
+        for pid in processes_in(held):  # only when the test failed
+            os.kill(pid, signal.SIGKILL)
+        os.close(held)
+        if session is not None and session.poll() is None:
+            session.kill()
