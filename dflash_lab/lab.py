@@ -205,8 +205,8 @@ def _build(lab: Lab, config: LabConfig, content: ContentGenerator) -> None:
 
 
 def _add_hosts(lab: Lab, names: list[str]) -> None:
-    """Give each host its address: a namespace in a slot no other lab uses (as root), or a
-    loopback port."""
+    """Give each host its address: a namespace in a slot no other lab uses, chosen and
+    claimed under the machine-wide slot lock (as root), or a loopback port."""
     state = lab.state
     if state.mode != "netns":
         for name in names:
@@ -216,11 +216,12 @@ def _add_hosts(lab: Lab, names: list[str]) -> None:
     if not Path("/run/sshd").exists():  # sshd's privilege-separation directory
         Path("/run/sshd").mkdir(mode=0o755)
         state.created_run_sshd = True
-    state.slot = network.free_slot()
-    for index, name in enumerate(names):
-        data_dir = lab.host_dir(name) / "disk"
-        state.hosts[name] = network.add_namespace_host(state, name, index, data_dir)
-        state.save()
+    with network.slot_lock():
+        state.slot = network.free_slot()
+        for index, name in enumerate(names):
+            data_dir = lab.host_dir(name) / "disk"
+            state.hosts[name] = network.add_namespace_host(state, name, index, data_dir)
+            state.save()
 
 
 def _prepare_host(lab: Lab, name: str, disk_size: str) -> None:

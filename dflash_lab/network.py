@@ -5,25 +5,63 @@ other lab on this machine uses. Without root, hosts are sshd ports on loopback i
 Slot N gives host i the /30 10.231.N.4i: .4i+1 is the workstation's end, .4i+2 the host's.
 Namespaces have no routes to each other, so (as with the real servers) the trainer cannot
 reach an eval host; only the workstation reaches both.
+
+Several labs may be built at the same moment (parallel test runs): a slot is chosen and its
+namespaces and links are created while holding an exclusive lock on `SLOT_LOCK`, so that no
+two labs pick the same slot.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dflash_lab.state import HostRecord, LabState
-from dflash_lab.system import run, run_ok
+from dflash_lab.system import poll, run, run_ok
 from dflash_ops.core.errors import LabError
 from dflash_ops.remote.routes import network_namespaces
 
 SUBNET_PREFIX = "10.231"
 NAMESPACE_PREFIX = "dflab"  # dflab<slot>-<host>
+# /run/lock is the system's place for lock files; a lock file is never removed (removing one
+# that another process is about to lock would let two holders in).
+_LOCK_DIR = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
+SLOT_LOCK = _LOCK_DIR / "dflash-lab-slots.lock"
+SLOT_LOCK_TIMEOUT = 120.0  # seconds; the lock is held for well under one by each lab
+
+
+@contextmanager
+def slot_lock(path: Path = SLOT_LOCK) -> Iterator[None]:
+    """Hold the machine-wide lock under which labs choose and claim their slots."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not poll(lambda: _try_lock(descriptor), SLOT_LOCK_TIMEOUT):
+            raise LabError(
+                f"another lab held {path} for {SLOT_LOCK_TIMEOUT:g}s; check for a hung "
+                f"`fab lab-up` (`fuser {path}`) and try again"
+            )
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _try_lock(descriptor: int) -> bool:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def free_slot() -> int:
-    """The lowest slot whose addresses and namespace names nothing on this machine uses."""
+    """The lowest slot whose addresses and namespace names nothing on this machine uses.
+    Call it under `slot_lock()`, and claim the slot (create its namespace) before leaving."""
     taken = run(["ip", "-o", "-4", "addr"]) + run(["ip", "-4", "route"])
     names = network_namespaces()
     for slot in range(1, 250):

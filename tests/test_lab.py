@@ -6,6 +6,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 from importlib.resources import files
 from pathlib import Path
 
@@ -180,5 +181,50 @@ def test_down_stops_every_process_left_in_a_namespace(make_lab):
         for pid in processes_in(held):  # only when the test failed
             os.kill(pid, signal.SIGKILL)
         os.close(held)
-        if session is not None and session.poll() is None:
-            session.kill()
+        if session is not None:
+            if session.poll() is None:
+                session.kill()
+            session.stdout.close()
+
+
+# A lab builder that waits on its stdin, so that several start building at the same moment.
+BUILD_WHEN_TOLD = """
+import sys
+from pathlib import Path
+from dflash_lab import lab as labs
+print("ready", flush=True)
+sys.stdin.read()
+built = labs.up(labs.LabConfig(root=Path(sys.argv[1]), eval_disk="16m", checkpoint_size="64k"))
+print(built.state.slot, flush=True)
+"""
+
+
+def test_labs_built_at_the_same_moment_get_different_slots(tmp_path):
+    # Without the slot lock, two of four such builders pick the same slot most of the time.
+    roots = [tmp_path / f"lab{i}" for i in range(4)]
+    builders = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD_WHEN_TOLD, str(root)],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for root in roots
+    ]
+    try:
+        assert [builder.stdout.readline() for builder in builders] == ["ready\n"] * len(roots)
+        for builder in builders:
+            builder.stdin.close()  # go
+        outputs = [builder.stdout.read() for builder in builders]  # the slot, or an error
+        assert [builder.wait(timeout=120) for builder in builders] == [0] * len(roots), outputs
+        assert len({output.strip() for output in outputs}) == len(roots), outputs
+    finally:
+        for builder in builders:
+            if builder.poll() is None:
+                builder.kill()
+            builder.stdout.close()
+        for root in roots:
+            if (root / labs.STATE_FILE).exists():
+                assert labs.load(root).down() == []
