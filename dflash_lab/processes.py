@@ -24,8 +24,7 @@ KILL_ROUNDS = 10  # each SIGKILL round also catches what the last one's targets 
 def is_live(pid: int) -> bool:
     """Whether `pid` exists and is not a zombie."""
     try:
-        stat = f"/proc/{pid}/stat"
-        with open(stat) as file:
+        with open(f"/proc/{pid}/stat") as file:  # "pid (command) state ..."
             state = file.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False

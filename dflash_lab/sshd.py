@@ -9,6 +9,7 @@ keeps `-f CONFIG` in its process title), never by its pid alone.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,8 @@ def stop(lab: Lab, name: str) -> None:
         processes.stop(record.pid, _is_listener(lab, name))
 
 
-def _is_listener(lab: Lab, name: str):
+def _is_listener(lab: Lab, name: str) -> Callable[[int], bool]:
+    """A test of whether a pid is host `name`'s live sshd listener (by its config path)."""
     config = str(lab.host_dir(name) / "sshd_config")
 
     def is_listener(pid: int) -> bool:
