@@ -180,17 +180,41 @@ def _train_drafter(
     directory: Path, target: Any, tokenizer: Any, steps: tuple[int, ...], generator: Any
 ) -> None:
     import torch
-    import torch.nn.functional as F
-    from dflash_eval.config import DrafterConfig, default_target_layer_ids
+    from dflash_eval.config import default_target_layer_ids
     from dflash_eval.model import DFlashDrafter
 
     sequences = _greedy_sequences(target, tokenizer, generator)  # [S, T]
-    num_layers = target.config.num_hidden_layers
-    layer_ids = default_target_layer_ids(num_layers, 2)
+    layer_ids = default_target_layer_ids(target.config.num_hidden_layers, 2)
     with torch.no_grad():
         hidden = target(sequences, output_hidden_states=True).hidden_states
     features = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)  # [S, T, K·H]
-    config = DrafterConfig(
+    config = _drafter_config(target, tokenizer, layer_ids)
+    drafter = DFlashDrafter(config)
+    for parameter in drafter.parameters():
+        if parameter.ndim == 2:
+            torch.nn.init.normal_(parameter, std=0.02, generator=generator)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3, weight_decay=0.0)
+    save_at: dict[int, list[int]] = {}  # real optimisation step → labels saved there
+    for label in steps:
+        save_at.setdefault(max(1, label * REAL_STEPS_PER_1000 // 1000), []).append(label)
+    for real_step in range(1, max(save_at) + 1):
+        batch = torch.randint(0, sequences.shape[0], (8,), generator=generator)
+        loss = torch.zeros(())
+        for index in batch.tolist():
+            loss = loss + _block_loss(drafter, target, sequences[index], features[index], generator)
+        optimizer.zero_grad()
+        (loss / len(batch)).backward()
+        optimizer.step()
+        for label in save_at.get(real_step, []):
+            path = directory / f"step_{label}" / "checkpoint.pt"
+            _save_checkpoint(path, drafter, optimizer, config, label, real_step)
+
+
+def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int]) -> Any:
+    """A small drafter for the tiny target, reading two of its layers."""
+    from dflash_eval.config import DrafterConfig
+
+    return DrafterConfig(
         hidden_size=target.config.hidden_size,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -202,41 +226,28 @@ def _train_drafter(
         mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
         rms_norm_eps=target.config.rms_norm_eps,
         rope_theta=10_000.0,
-        num_target_layers=num_layers,
+        num_target_layers=target.config.num_hidden_layers,
         vocab_size=target.config.vocab_size,
     )
-    drafter = DFlashDrafter(config)
-    for parameter in drafter.parameters():
-        if parameter.ndim == 2:
-            torch.nn.init.normal_(parameter, std=0.02, generator=generator)
+
+
+def _block_loss(drafter: Any, target: Any, tokens: Any, features: Any, generator: Any) -> Any:
+    """Block cross-entropy on one sequence at 8 random anchors s: slot k of the block that
+    starts at g[s] predicts g[s+k], from the target features of positions < s."""
+    import torch
+    import torch.nn.functional as F
+
     embed = target.model.embed_tokens.weight.detach()
     head = target.lm_head.weight.detach()
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=3e-3, weight_decay=0.0)
-    save_at: dict[int, list[int]] = {}  # real optimisation step → labels saved there
-    for label in steps:
-        save_at.setdefault(max(1, label * REAL_STEPS_PER_1000 // 1000), []).append(label)
-    first_anchor = PROMPT_LENGTH
-    last_anchor = sequences.shape[1] - BLOCK_SIZE  # every slot of a training block has a label
-    offsets = torch.arange(1, BLOCK_SIZE)
-    for real_step in range(1, max(save_at) + 1):
-        batch = torch.randint(0, sequences.shape[0], (8,), generator=generator)
-        loss = torch.zeros(())
-        for index in batch.tolist():
-            tokens = sequences[index]
-            anchors = torch.randint(first_anchor, last_anchor + 1, (8,), generator=generator)
-            block = torch.full((len(anchors), BLOCK_SIZE), config.mask_token_id)
-            block[:, 0] = tokens[anchors]
-            cache = drafter.context_cache(drafter.fuse_context(features[index, :last_anchor]))
-            out = drafter.forward_blocks(embed[block], anchors, cache)  # [N, B, H]
-            logits = out[:, 1:] @ head.T  # [N, B-1, V]
-            labels = tokens[anchors[:, None] + offsets]  # slot k predicts g[s+k]
-            loss = loss + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        optimizer.zero_grad()
-        (loss / len(batch)).backward()
-        optimizer.step()
-        for label in save_at.get(real_step, []):
-            path = directory / f"step_{label}" / "checkpoint.pt"
-            _save_checkpoint(path, drafter, optimizer, config, label, real_step)
+    last_anchor = tokens.shape[0] - BLOCK_SIZE  # every slot of a training block has a label
+    anchors = torch.randint(PROMPT_LENGTH, last_anchor + 1, (8,), generator=generator)
+    block = torch.full((len(anchors), BLOCK_SIZE), drafter.config.mask_token_id)
+    block[:, 0] = tokens[anchors]
+    cache = drafter.context_cache(drafter.fuse_context(features[:last_anchor]))
+    out = drafter.forward_blocks(embed[block], anchors, cache)  # [N, B, H]
+    logits = out[:, 1:] @ head.T  # [N, B-1, V]
+    labels = tokens[anchors[:, None] + torch.arange(1, BLOCK_SIZE)]  # [N, B-1]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def _greedy_sequences(target: Any, tokenizer: Any, generator: Any) -> Any:

@@ -1,0 +1,93 @@
+"""What the lab's hosts hold: drafter checkpoints in the trainer's container, and on each
+eval host a target model (and a reference drafter).
+
+A content generator fills a freshly built lab and returns, per eval host, the inventory
+settings that point at what it made there (target_model, reference_drafter).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dflash_lab.state import LAB_PROMPTS, LabConfig
+from dflash_ops.core.errors import LabError
+from dflash_ops.core.units import parse_size
+
+if TYPE_CHECKING:
+    from dflash_lab.lab import Lab
+
+# The tiny models take minutes to train: built once per machine, then copied from here.
+MODEL_CACHE = Path(os.environ.get("DFLASH_LAB_CACHE", Path.home() / ".cache" / "dflash-lab"))
+
+ContentGenerator = Callable[["Lab", LabConfig], dict[str, dict]]
+
+
+def random_checkpoints(lab: Lab, config: LabConfig) -> dict[str, dict]:
+    """Default content: checkpoint files of random bytes at each step, and an empty
+    directory where each eval host's target model would be."""
+    size = parse_size(config.checkpoint_size)
+    for step in config.steps:
+        path = lab.checkpoint_path(step)
+        path.parent.mkdir(parents=True)
+        with path.open("wb") as out:
+            remaining = size
+            while remaining:
+                chunk = os.urandom(min(remaining, 1 << 20))
+                out.write(chunk)
+                remaining -= len(chunk)
+    settings = {}
+    for name in config.eval_names:
+        target = lab.data_dir(name) / "models" / "tiny-target"
+        target.mkdir(parents=True)
+        settings[name] = {"target_model": str(target)}
+    return settings
+
+
+def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
+    """A tiny target model on each eval host, and drafter checkpoints trained on it at each
+    step in the trainer's container (built once, then reused from a cache)."""
+    from dflash_lab.models import build_lab_models
+
+    models = build_lab_models(MODEL_CACHE, steps=config.steps)
+    for step in config.steps:
+        path = lab.checkpoint_path(step)
+        path.parent.mkdir(parents=True)
+        shutil.copyfile(models.checkpoints[step], path)
+    reference = _reference_drafter(models.checkpoints[max(config.steps)])
+    settings = {}
+    for name in config.eval_names:
+        target = lab.data_dir(name) / "models" / "tiny-target"
+        shutil.copytree(models.target_dir, target)
+        shutil.copytree(reference, target.with_name("reference-drafter"))
+        settings[name] = {
+            "target_model": str(target),
+            "reference_drafter": str(target.with_name("reference-drafter")),
+        }
+    if models.prompts is not None:  # prompts the tiny target answers sensibly
+        shutil.copyfile(models.prompts, lab.root / LAB_PROMPTS)
+    return settings
+
+
+def content_generator(kind: str) -> ContentGenerator:
+    """The generator named on the command line: 'random' or 'models'."""
+    if kind == "random":
+        return random_checkpoints
+    if kind == "models":
+        return trained_models
+    raise LabError(f"unknown lab content {kind!r}; expected 'random' or 'models'")
+
+
+def _reference_drafter(checkpoint: Path) -> Path:
+    """A 'published' drafter to compare against: the last checkpoint without its optimizer
+    state (the harness's extracted form), made once next to the cached checkpoint."""
+    from dflash_eval.extract import extract
+
+    out = checkpoint.parent / "reference-drafter"
+    if not (out / "model.safetensors").exists():
+        extract(checkpoint, out.with_suffix(".tmp"))
+        out.with_suffix(".tmp").rename(out)
+    return out
