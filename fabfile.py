@@ -11,8 +11,10 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from dflash_lab import lab
-from dflash_ops import provision
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.provision.harness import deploy_harness_to
+from dflash_ops.provision.setup import setup_eval_hosts
+from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
 from dflash_ops.ui.console import check_table, console
 from dflash_ops.ui.task import ops_task
@@ -104,15 +106,15 @@ def lab_status(c, dir=None):
 def setup_eval_host(c, host=None, force=False, inventory=None):
     """Provision eval hosts: uv, the venv (CPU torch, transformers…), the harness. Idempotent."""
     inv = load_inventory(inventory)
-    for outcome in provision.setup_eval_hosts(inv, host, force, say=console.print):
-        console.print(provision.summary(outcome))
+    for outcome in setup_eval_hosts(inv, host, force, say=console.print):
+        console.print(setup_summary(outcome))
 
 
 @ops_task(help={"host": "eval host to deploy to (default: every eval host)"})
 def deploy_harness(c, host=None, inventory=None):
     """Upload remote/dflash_eval under its content hash (if new) and make it `current`."""
     inv = load_inventory(inventory)
-    for deployed in provision.deploy_harness_to(inv, host, say=console.print):
+    for deployed in deploy_harness_to(inv, host, say=console.print):
         console.print(f"{deployed.path} (sha256 {deployed.digest})")
 
 

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from dflash_lab import lab as labs
-from dflash_ops import provision
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
+from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import FAB, REPO, run_fab
@@ -40,7 +40,7 @@ def models_lab(tmp_path_factory):
     )
     try:
         inventory = load(built.inventory_path)
-        provision.setup_eval_hosts(inventory, None, False, say=lambda message: None)
+        setup_eval_hosts(inventory, None, False, say=lambda message: None)
         yield built
     finally:
         assert not built.down()

@@ -19,11 +19,12 @@ from typing import Protocol
 
 from dflash_eval import schema
 
-from dflash_ops import provision
 from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
+from dflash_ops.provision.harness import deploy_harness
+from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
@@ -190,19 +191,14 @@ def conclude(
 def ensure_ready(host: Host, entry: EvalHost, say: Callable[[str], None]) -> str:
     """The deployed harness directory (to put on PYTHONPATH), after checking the venv is
     provisioned; a host that is not gets a clear pointer to setup-eval-host."""
-    state = provision.parse_state(
-        host.run(
-            provision.state_command(entry, provision.short_hash(provision.harness_hash()))
-        ).stdout
-    )
-    problem = provision.venv_problem(state, entry.venv)
+    problem = venv_problem(read_state(host, entry), entry)
     if problem:
         raise HostError(
             host.name,
             f"the eval venv at {entry.venv.path} is not ready "
             f"({problem}); run `fab setup-eval-host --host {host.name}`",
         )
-    deployed = provision.deploy_harness(host, entry, say=say)
+    deployed = deploy_harness(host, entry, say=say)
     return str(Path(deployed.path).parent)
 
 

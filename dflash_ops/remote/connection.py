@@ -259,6 +259,37 @@ def _check_lab_routes(inventory: Inventory) -> None:
         verify_routes(inventory.lab)
 
 
+# --- reading what a command did -------------------------------------------------------------
+
+
+def stderr_reason(text: str, skip_prefix: str | None = None) -> str:
+    """The last non-blank line of a command's stderr: where ssh, curl, pip and the shell put
+    why they failed. Lines starting with `skip_prefix` are data, not errors (the relay's
+    digest line)."""
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not (skip_prefix and line.startswith(skip_prefix))
+    ]
+    return lines[-1] if lines else "no error output"
+
+
+def output_tail(text: str, lines: int = 12) -> str:
+    """The last `lines` lines of a command's output, indented under an error message."""
+    return "\n".join("  " + line for line in text.strip().splitlines()[-lines:])
+
+
+# What the tool installs for every user of a host (venv, uv, harness): readable by all,
+# writable by the owner only.
+SHARED_UMASK = "022"
+
+
+def with_umask(mask: str, command: str) -> str:
+    """`command` under an explicit umask, so the modes of what it creates on the host are the
+    ones we chose and not whatever the login's umask happens to be."""
+    return f"umask {mask}; {command}"
+
+
 def host_error_row(exc: HostError) -> str:
     """The part of a HostError message after the host name (for tables keyed by host)."""
     return str(exc).removeprefix(f"{exc.host}: ")
