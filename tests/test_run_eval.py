@@ -385,7 +385,7 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     )
     assert down.returncode == 1
     output = " ".join((down.stdout + down.stderr).split())
-    assert f"Cannot reach the SGLang server at {url}" in output
+    assert f"Cannot reach the SGLang server at {redacted}" in output
     assert "Start it on the eval host" in output
 
 

@@ -482,4 +482,7 @@ def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> di
 
 
 def _options_record(options: EvalOptions) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
+    record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
+    if options.sglang_url:
+        record["sglang_url"] = redact_url(options.sglang_url)
+    return record
