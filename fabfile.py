@@ -16,6 +16,7 @@ from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
+from dflash_ops.ui.arguments import parse_count
 from dflash_ops.ui.console import check_table, console
 from dflash_ops.ui.task import ops_task
 
@@ -146,7 +147,7 @@ def list_checkpoints(c, inventory=None):
 )
 def stage_checkpoint(
     c,
-    step=0,
+    step=None,
     latest=False,
     to=None,
     dry_run=False,
@@ -161,9 +162,10 @@ def stage_checkpoint(
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
     from dflash_ops.ui.staging_view import run_stage
 
+    step = parse_count("--step", step)
     run_stage(
         load_inventory(inventory),
-        step=step or None,
+        step=step,
         latest=latest,
         to=[name.strip() for name in to.split(",")] if to else None,
         dry_run=dry_run,
@@ -197,16 +199,16 @@ def stage_checkpoint(
 )
 def run_eval(
     c,
-    step=0,
+    step=None,
     steps=None,
     all_new=False,
     host=None,
-    num_prompts=0,
-    max_new_tokens=0,
-    max_blocks=0,
-    block_size=0,
+    num_prompts=None,
+    max_new_tokens=None,
+    max_blocks=None,
+    block_size=None,
     ddtree=None,
-    threads=0,
+    threads=None,
     reference=False,
     prompts=None,
     sglang=False,
@@ -220,17 +222,17 @@ def run_eval(
 
     run_eval_command(
         load_inventory(inventory),
-        step=step,
+        step=parse_count("--step", step) or 0,
         steps=steps,
         all_new=all_new,
         host=host,
         harness_flags={
-            "--num-prompts": num_prompts,
-            "--max-new-tokens": max_new_tokens,
-            "--max-blocks": max_blocks,
-            "--block-size": block_size,
+            "--num-prompts": parse_count("--num-prompts", num_prompts, minimum=1),
+            "--max-new-tokens": parse_count("--max-new-tokens", max_new_tokens, minimum=1),
+            "--max-blocks": parse_count("--max-blocks", max_blocks, minimum=1),
+            "--block-size": parse_count("--block-size", block_size, minimum=2),
             "--ddtree": ddtree,
-            "--threads": threads,
+            "--threads": parse_count("--threads", threads, minimum=1),
         },
         reference=reference,
         prompts=prompts,

@@ -21,6 +21,7 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         schema.DDTREE: {b: {schema.TAU_MACRO: 1.75, schema.TAU_POOLED: 1.5} for b in budgets},
     }
     return {
+        schema.KIND_KEY: schema.KIND,
         schema.SCHEMA_VERSION_KEY: schema.SCHEMA_VERSION,
         schema.CHECKPOINT: {
             schema.PATH: "/eval/step_2000/checkpoint.pt",

@@ -280,11 +280,16 @@ def harness_command(
     if request.sglang:
         if not entry.sglang_url:
             raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
-        argv += ["--sglang-url", entry.sglang_url]
+        # Through a private file: a URL may carry credentials, which must not reach argv,
+        # `ps`, the run's recorded command or its log.
+        url_file = f"{layout.runs}/.sglang-url-{run_id}"
+        host.run(f"mkdir -p {shlex.quote(layout.runs)}")
+        host.upload(entry.sglang_url.encode(), url_file, private=True)
+        argv += ["--sglang-url", f"@{url_file}"]
     if request.prompts is not None:
-        remote = f"{jobs.runs_dir(entry)}/.prompts-{run_id}.jsonl"
-        host.run(f"mkdir -p {shlex.quote(jobs.runs_dir(entry))}")
-        host.connection.put(str(request.prompts), remote)
+        remote = f"{layout.runs}/.prompts-{run_id}.jsonl"
+        host.run(f"mkdir -p {shlex.quote(layout.runs)}")
+        host.upload(request.prompts.read_bytes(), remote)
         argv += ["--prompts", remote]
     if entry.threads and "--threads" not in request.harness_args:
         argv += ["--threads", str(entry.threads)]

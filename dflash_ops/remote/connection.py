@@ -7,12 +7,14 @@ unknown or changed key is refused, never added.
 
 from __future__ import annotations
 
+import io
+import shlex
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -25,10 +27,10 @@ from dflash_ops.core.errors import (
     UnreachableError,
 )
 from dflash_ops.core.inventory import EvalHost, HostEntry, Inventory
+from dflash_ops.core.units import format_bytes
+from dflash_ops.remote import probes
+from dflash_ops.remote.probes import Probe
 from dflash_ops.remote.routes import verify_routes
-
-if TYPE_CHECKING:
-    from dflash_ops.remote.probes import Probe
 
 T = TypeVar("T")
 
@@ -194,6 +196,23 @@ class Host:
         if check and not result.ok:
             raise RemoteCommandError(self.name, command, result.exit_code, result.stderr)
         return result
+
+    def upload(self, data: bytes, remote: str, *, private: bool = False) -> None:
+        """Write `data` to the file `remote` (its directory must exist), created 0600 when
+        `private`. A failed write (a full disk) leaves no file behind and names the reason."""
+        quoted = shlex.quote(remote)
+        self.run(f"umask {'077' if private else '022'} && : > {quoted}")
+        try:
+            self.connection.put(io.BytesIO(data), remote)
+        except (OSError, paramiko.SSHException) as exc:
+            self.run(f"rm -f -- {quoted}", check=False)
+            free = format_bytes(self.probe(probes.free_bytes(remote)))
+            raise HostError(
+                self.name,
+                f"writing {remote} ({format_bytes(len(data))}) failed: "
+                f"{exc or type(exc).__name__}; {free} free there. Free space on {self.name} "
+                "and retry.",
+            ) from None
 
     def probe(self, probe: Probe[T]) -> T:
         return probe.parse(self.run(probe.command).stdout)

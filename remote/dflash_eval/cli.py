@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dflash_eval import schema
+from dflash_eval.completions import read_url
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
 
@@ -79,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also evaluate this drafter on the same hidden states",
     )
     run.add_argument(
-        "--sglang-url", help="get completions from SGLang's /generate (default: local greedy)"
+        "--sglang-url",
+        help="get completions from SGLang's /generate (default: local greedy); @FILE reads "
+        "the URL from FILE, keeping credentials out of the command line",
     )
     run.add_argument(
         "--cache-dir",
@@ -169,7 +172,7 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         ddtree=args.ddtree,
         threads=args.threads,
         reference_drafter=args.reference_drafter,
-        sglang_url=args.sglang_url,
+        sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
         cache_dir=None if args.no_cache else args.cache_dir,
         dtype=args.dtype,
         target_dtype=args.target_dtype,

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from dflash_eval.errors import HarnessError
 
@@ -101,11 +102,34 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> tuple[list[int], bool]:
     return tokenizer(text)["input_ids"], False
 
 
+def redact_url(url: str) -> str:
+    """`url` without what may be a secret: user/password and the query string."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    if parts.username or parts.password:
+        host = f"***@{host}"
+    return urlunsplit((parts.scheme, host, parts.path, "***" if parts.query else "", ""))
+
+
+def read_url(value: str) -> str:
+    """--sglang-url's value: the URL itself, or `@FILE` to read it from a file (so that a URL
+    with credentials stays out of argv, `ps` and the run's recorded command)."""
+    if not value.startswith("@"):
+        return value
+    try:
+        return Path(value[1:]).read_text().strip()
+    except OSError as error:
+        raise HarnessError(f"--sglang-url {value}: cannot read the URL file ({error}).") from None
+
+
 class SGLangClient:
     """Greedy completions from SGLang's native `/generate` endpoint."""
 
     def __init__(self, url: str, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)  # for messages: never a password or token
         self.timeout_s = timeout_s
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
@@ -123,14 +147,14 @@ class SGLangClient:
             response = requests.post(f"{self.url}/generate", json=request, timeout=self.timeout_s)
         except requests.RequestException as error:
             raise HarnessError(
-                f"Cannot reach the SGLang server at {self.url} ({type(error).__name__}: "
-                f"{error}). Start it on the eval host (python -m sglang.launch_server "
+                f"Cannot reach the SGLang server at {self.shown} ({type(error).__name__}). "
+                "Start it on the eval host (python -m sglang.launch_server "
                 "--model-path <target>), check --sglang-url, or omit --sglang-url to "
                 "generate the reference completions locally with the target."
             ) from None
         if response.status_code != 200:
             raise HarnessError(
-                f"SGLang at {self.url}/generate answered HTTP {response.status_code}: "
+                f"SGLang at {self.shown}/generate answered HTTP {response.status_code}: "
                 f"{response.text[:300]}. Check the server log; the request was greedy "
                 "generation from input_ids."
             )
@@ -139,11 +163,11 @@ class SGLangClient:
             output_ids = body["output_ids"]
         except (ValueError, KeyError, TypeError):
             raise HarnessError(
-                f"SGLang at {self.url}/generate did not return output_ids "
+                f"SGLang at {self.shown}/generate did not return output_ids "
                 f"(got {response.text[:200]!r}). This harness needs token ids, which SGLang's "
                 "native /generate returns; check the URL points at SGLang, not an "
                 "OpenAI-compatible proxy."
             ) from None
         if not all(isinstance(token, int) for token in output_ids):
-            raise HarnessError(f"SGLang at {self.url} returned non-integer output_ids.")
+            raise HarnessError(f"SGLang at {self.shown} returned non-integer output_ids.")
         return list(output_ids)

@@ -26,6 +26,7 @@ from dflash_eval.completions import (
     encode_prompt,
     prompts_hash,
     read_prompts_jsonl,
+    redact_url,
 )
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import LoadedDrafter, load_drafter
@@ -198,7 +199,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         },
         schema.COMPLETIONS: {
             schema.COMPLETIONS_SOURCE: "sglang" if options.sglang_url else "local-greedy",
-            "sglang_url": options.sglang_url,
+            "sglang_url": redact_url(options.sglang_url) if options.sglang_url else None,
         },
         schema.HARNESS: {
             schema.HARNESS_SHA256: harness_hash(),
@@ -331,7 +332,7 @@ def _completions(
         key = {
             **shared_key,
             "kind": "completion",
-            "source": f"sglang {options.sglang_url}" if client else "local-greedy",
+            "source": f"sglang {client.shown}" if client else "local-greedy",
             "prompt_tokens": tokens_digest(seq.prompt_ids),
             "max_new_tokens": options.max_new_tokens,
             "stop_token_ids": stops,
@@ -481,4 +482,7 @@ def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> di
 
 
 def _options_record(options: EvalOptions) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
+    record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
+    if options.sglang_url:
+        record["sglang_url"] = redact_url(options.sglang_url)
+    return record

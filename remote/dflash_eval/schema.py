@@ -134,6 +134,31 @@ def comparability_key(results: dict) -> dict[str, Any]:
     return {name: read(results) for name, read in COMPARABILITY.items()}
 
 
+def shape_problem(results: Any) -> str | None:
+    """Why `results` cannot be read as a results file of this schema (None: it can). Every
+    reader above must work on it, so a damaged or foreign file is caught once, on loading."""
+    if not isinstance(results, dict) or results.get(KIND_KEY) != KIND:
+        return f"not a dflash-eval results file ({KIND_KEY!r} is not {KIND!r})"
+    if results.get(SCHEMA_VERSION_KEY) != SCHEMA_VERSION:
+        return (
+            f"schema_version {results.get(SCHEMA_VERSION_KEY)!r}, this dflash-ops reads "
+            f"{SCHEMA_VERSION}: compare it with the dflash-ops that wrote it"
+        )
+    try:
+        step(results)
+        run_metrics = metrics(results)
+        for key in (TAU_MACRO, TAU_POOLED):
+            float(run_metrics[key])
+        for budget in budgets(run_metrics):
+            ddtree_tau(run_metrics, budget)
+        conditional_by_position(run_metrics)
+        comparability_key(results)
+        summary_lines(results)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        return f"missing or malformed field ({type(exc).__name__}: {exc})"
+    return None
+
+
 # --- summaries ---------------------------------------------------------------------------------
 
 

@@ -66,3 +66,17 @@ def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
     assert results["completions"] == {"source": "sglang", "sglang_url": sglang_url}
     assert len(StandIn.requests) == 2
     assert [row["completion_tokens"] for row in results["per_prompt"]] == [12, 12]
+
+
+def test_a_url_with_credentials_is_shown_redacted_and_can_come_from_a_file(tmp_path):
+    from dflash_eval.completions import read_url, redact_url
+
+    assert (
+        redact_url("http://user:pw@127.0.0.1:30000/v1?token=t")
+        == "http://***@127.0.0.1:30000/v1?***"
+    )
+    assert redact_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"
+    secret = tmp_path / "url"
+    secret.write_text("http://user:pw@127.0.0.1:30000\n")
+    assert read_url(f"@{secret}") == "http://user:pw@127.0.0.1:30000"
+    assert read_url("http://x") == "http://x"
