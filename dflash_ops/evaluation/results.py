@@ -70,7 +70,7 @@ def _load_run(directory: Path) -> RunResult:
     if not isinstance(run, dict):
         return RunResult(directory.name, directory, {}, None, "run.json is not a JSON object")
     results_file = directory / "results.json"
-    if not results_file.exists():
+    if not results_file.exists() or run.get("problem"):
         return RunResult(directory.name, directory, run, None, run.get("problem"))
     try:
         results = json.loads(results_file.read_text())
