@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import zipfile
+from _compat_pickle import IMPORT_MAPPING
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,7 @@ def expand_names(names: tuple[str, ...] | list[str]) -> list[str]:
                 f"({', '.join(sorted(SAFE_GROUPS))}) nor a dotted name such as "
                 "argparse.Namespace. Give the names exactly as the refusal message lists them."
             )
-        if module.split(".")[0] in NEVER_SAFE_MODULES:
+        if _never_safe(name):
             raise HarnessError(
                 f"--safe-globals: {name} is from a module that can run commands or code; no "
                 "pickle policy here admits it. A checkpoint that needs it is not plain data: "
@@ -135,6 +136,14 @@ def expand_names(names: tuple[str, ...] | list[str]) -> list[str]:
             )
         expanded.append(name)
     return list(dict.fromkeys(expanded))
+
+
+def _never_safe(name: str) -> bool:
+    """Whether a dotted global comes from a command/code-running module, under its
+    Python 3 name or the Python 2 name torch's default pickle protocol writes
+    (subprocess is pickled as `commands`)."""
+    top = name.split(".")[0]
+    return top in NEVER_SAFE_MODULES or IMPORT_MAPPING.get(top, top) in NEVER_SAFE_MODULES
 
 
 def _resolve(names: list[str]) -> list[tuple[Any, str]]:
@@ -198,38 +207,35 @@ def _file_globals(path: Path) -> list[str] | None:
 
 
 def _refusal(path: Path, message: str, file_globals: list[str] | None) -> str:
-    reason = unpickling_reason(message)
-    known = {name for names in SAFE_GROUPS.values() for name in names}
-    advice = (
-        "If you trust where the file came from, re-run with --allow-unsafe-pickle; better, "
-        "extract it once on a trusted machine (`python -m dflash_eval extract "
+    return (
+        f"Refusing to load {path}: it is not a plain weights-only checkpoint "
+        f"({unpickling_reason(message)}). Unpickling it would run code named inside the file, "
+        f"which can do anything on this host. {_named_globals_advice(file_globals)}"
+        "Loading everything (--allow-unsafe-pickle) is only for a file you trust completely; "
+        "better, extract it once on a trusted machine (`python -m dflash_eval extract "
         "--allow-unsafe-pickle`)."
     )
-    if file_globals:
-        groups = sorted(g for g, names in SAFE_GROUPS.items() if set(names) & set(file_globals))
-        others = [name for name in file_globals if name not in known]
-        forbidden = [n for n in others if n.split(".")[0] in NEVER_SAFE_MODULES]
-        if forbidden:
-            advice = (
-                f"It names {', '.join(forbidden)}, which can run commands: no policy but "
-                "--allow-unsafe-pickle loads it, and only a file you trust completely should be."
-            )
-        elif not others:
-            advice = (
-                "Everything it needs is on the harness's list of harmless globals: re-run with "
-                f"--safe-globals {','.join(groups)}."
-            )
-        else:
-            advice = (
-                f"It needs {', '.join(others)} (not on the harness's list of harmless globals"
-                + (f"; the rest is covered by --safe-globals {','.join(groups)}" if groups else "")
-                + "). Naming them in --safe-globals trusts exactly those; "
-                + advice
-            )
+
+
+def _named_globals_advice(file_globals: list[str] | None) -> str:
+    """What --safe-globals would admit this file, from the globals it names (zip only)."""
+    if not file_globals:
+        return ""
+    known = {name for names in SAFE_GROUPS.values() for name in names}
+    groups = sorted(g for g, names in SAFE_GROUPS.items() if set(names) & set(file_globals))
+    others = [name for name in file_globals if name not in known]
+    forbidden = [name for name in others if _never_safe(name)]
+    if forbidden:
+        return f"It names {', '.join(forbidden)}, which can run commands: no policy admits it. "
+    if not others:
+        return (
+            "Everything it names is on the harness's list of harmless globals: re-run with "
+            f"--safe-globals {','.join(groups)}. "
+        )
+    covered = f" (besides what --safe-globals {','.join(groups)} covers)" if groups else ""
     return (
-        f"Refusing to load {path}: it is not a plain weights-only checkpoint ({reason}). "
-        "Unpickling it would run code named inside the file, which can do anything on this "
-        f"host. {advice}"
+        f"It names {', '.join(others)}{covered}, not on the harness's list of harmless "
+        "globals: naming them in --safe-globals trusts exactly those. "
     )
 
 
