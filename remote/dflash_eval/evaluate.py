@@ -514,8 +514,8 @@ def human_summary(results: dict[str, Any]) -> str:
         f"{checkpoint['size_bytes']} bytes, sha256 {checkpoint['sha256'][:12]}…)",
         f"Target {results['target']['name']} ({results['target']['family']}), "
         f"{results['prompts']['count']} prompts, block size {metrics['block_size']}",
-        _tau_line("τ", metrics),
         provenance_line(results["drafter"]),
+        _tau_line("τ", metrics),
     ]
     for budget, tree in metrics["ddtree"].items():
         lines.append(
