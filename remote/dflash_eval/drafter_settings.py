@@ -209,7 +209,9 @@ def _offers(
         if name in offers:
             offers[name].append(Offer(TRAINING_ARGS, _typed(name, value), args_label))
     for name, value in command_line.items():
-        if value is not None:
+        if isinstance(value, Offer):
+            offers[name].append(value)  # inherited from another drafter, with its source
+        elif value is not None:
             offers[name].append(Offer(COMMAND_LINE, value, FLAGS[name]))
     return offers
 

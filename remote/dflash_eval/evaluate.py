@@ -123,9 +123,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
-        drafter = _load(options.checkpoint, options, target, progress, warnings, main=True)
+        drafter = _load(options.checkpoint, options, target, progress, warnings)
         reference = (
-            _load(options.reference_drafter, options, target, progress, warnings, main=False)
+            _load(options.reference_drafter, options, target, progress, warnings, drafter)
             if options.reference_drafter
             else None
         )
@@ -262,11 +262,13 @@ def _load(
     target: Target,
     progress: Progress,
     warnings: list[str],
-    main: bool,
+    drafter: LoadedDrafter | None = None,
 ) -> LoadedDrafter:
+    """Load the drafter, or (given the drafter) the reference drafter: flags that describe
+    one checkpoint apply to the drafter only; the reference runs in the drafter's dtype."""
+    main = drafter is None
     role = "drafter" if main else "reference drafter"
     progress.say(f"Loading {role} {path} …")
-    # Flags that describe one checkpoint apply to the drafter, not to the reference.
     loaded = load_drafter(
         path,
         target.shape,
@@ -275,7 +277,7 @@ def _load(
         block_size=options.block_size if main else None,
         mask_token_id=options.mask_token_id if main else None,
         target_layer_ids=options.target_layer_ids if main else None,
-        dtype=options.dtype,
+        dtype=options.dtype if drafter is None else drafter.dtype_offer(),
         accept_default=options.accept_default,
         pickle_policy=PicklePolicy(tuple(options.safe_globals), options.allow_unsafe_pickle),
     )

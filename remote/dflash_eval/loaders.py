@@ -30,7 +30,7 @@ from dflash_eval.errors import HarnessError
 from dflash_eval.model import DFlashDrafter, build_drafter, expected_shapes
 from dflash_eval.pickle_policy import PicklePolicy, PickleRecord, load_pickle
 from dflash_eval.profile import DrafterProfile, NameRules
-from dflash_eval.provenance import Resolved
+from dflash_eval.provenance import Offer, Resolved
 from dflash_eval.target import DTYPES
 
 EXTRACT_MARKER = "dflash_extract.json"
@@ -273,6 +273,11 @@ class LoadedDrafter:
     def accepted_defaults(self) -> dict[str, str]:
         return {n: s.accepted_by for n, s in self.settings.items() if s.accepted_by is not None}
 
+    def dtype_offer(self) -> Offer:
+        """This drafter's dtype, for another drafter to be evaluated alike."""
+        setting = self.settings["dtype"]
+        return Offer(setting.source, setting.value, f"{setting.label} (as the drafter)")
+
 
 def load_drafter(
     path: Path,
@@ -283,13 +288,14 @@ def load_drafter(
     block_size: int | None = None,
     mask_token_id: int | None = None,
     target_layer_ids: list[int] | None = None,
-    dtype: str | None = None,
+    dtype: str | Offer | None = None,
     accept_default: tuple[str, ...] | list[str] = (),
     pickle_policy: PicklePolicy | None = None,
 ) -> LoadedDrafter:
     """Read, choose the config and every setting (with provenance), check, load strictly.
 
-    The keyword values are the harness's command-line flags (None: not given).
+    The keyword values are the harness's command-line flags (None: not given); `dtype` may
+    also be another drafter's (an Offer keeping its source).
     """
     policy = pickle_policy or PicklePolicy()
     if profile is not None and profile.safe_globals:

@@ -271,3 +271,20 @@ def test_command_line_flags_reach_the_loader_and_the_summary(lab, tmp_path, caps
         "target_layer_ids": "command line",
         "rope": "command line",
     }
+
+
+def test_the_reference_drafter_runs_in_the_drafters_dtype(lab, tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"name": "bf16", "dtype": "bfloat16"}))
+    results = quick_eval(
+        lab,
+        tmp_path,
+        num_prompts=1,
+        max_new_tokens=16,
+        drafter_profile=profile,
+        reference_drafter=lab.checkpoints[2000],
+    )
+    for block in (results["drafter"], results["reference"]["drafter"]):
+        assert block["dtype"] == "bfloat16" and block["provenance"]["dtype"] == "profile"
+    assert results["reference"]["drafter"]["profile"] is None
+    assert results["warnings"] == []
