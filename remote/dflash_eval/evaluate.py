@@ -31,8 +31,11 @@ from dflash_eval.completions import (
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import LoadedDrafter, load_drafter
 from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
+from dflash_eval.pickle_policy import PicklePolicy, expand_names
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
+from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
+from dflash_eval.provenance import accepted_defaults, json_value
 from dflash_eval.results import (
     file_identity,
     host_info,
@@ -69,9 +72,12 @@ class EvalOptions:
     reference_drafter: Path | None = None
     sglang_url: str | None = None
     cache_dir: Path | None = None
-    dtype: str = "float32"
+    dtype: str | None = None  # drafter dtype; None: the profile's, else float32
     target_dtype: str = "auto"
     allow_unsafe_pickle: bool = False
+    safe_globals: list[str] = field(default_factory=list)
+    drafter_profile: Path | None = None
+    accept_default: list[str] = field(default_factory=list)
     chunk: int | None = None
     per_block: bool = False
     step: int | None = None
@@ -118,9 +124,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
-        drafter = _load(options.checkpoint, options, target, progress, warnings, main=True)
+        drafter = _load(options.checkpoint, options, target, progress, warnings)
         reference = (
-            _load(options.reference_drafter, options, target, progress, warnings, main=False)
+            _load(options.reference_drafter, options, target, progress, warnings, drafter)
             if options.reference_drafter
             else None
         )
@@ -167,7 +173,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         reference_metrics = summarize(ref_walks, reference.config.block_size, options.ddtree)
         reference_block = {
             schema.CHECKPOINT: reference_identity,
-            schema.DRAFTER: _drafter_block(reference, options),
+            schema.DRAFTER: _drafter_block(reference),
             schema.METRICS: reference_metrics,
             schema.THROUGHPUT: _throughput(ref_blocks, ref_seconds),
         }
@@ -177,7 +183,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.KIND_KEY: schema.KIND,
         schema.CREATED_AT: utc_now(),
         schema.CHECKPOINT: checkpoint_identity,
-        schema.DRAFTER: _drafter_block(drafter, options),
+        schema.DRAFTER: _drafter_block(drafter),
         schema.TARGET: {
             "path": str(options.target),
             schema.TARGET_NAME: identity["name"],
@@ -226,12 +232,18 @@ def _check_paths(options: EvalOptions) -> None:
     inputs += [("--reference-drafter", options.reference_drafter)] * bool(options.reference_drafter)
     inputs += [("--prompts", options.prompts)] * bool(options.prompts)
     inputs += [("--drafter-config", options.drafter_config)] * bool(options.drafter_config)
+    inputs += [("--drafter-profile", options.drafter_profile)] * bool(options.drafter_profile)
     for flag, path in inputs:
         if not Path(path).exists():
             raise HarnessError(
                 f"{flag} {path} does not exist on this host. Check the path; checkpoints "
                 "must be staged to the eval host before they can be evaluated."
             )
+    # Malformed drafter options fail now too (they are read again when loading).
+    if options.drafter_profile:
+        read_profile(options.drafter_profile)
+    accepted_defaults(options.accept_default, ())
+    expand_names(options.safe_globals)
     outputs = [("--out", Path(options.out).parent)]
     outputs += [("--cache-dir", options.cache_dir)] * bool(options.cache_dir)
     for flag, directory in outputs:
@@ -251,26 +263,31 @@ def _load(
     target: Target,
     progress: Progress,
     warnings: list[str],
-    main: bool,
+    drafter: LoadedDrafter | None = None,
 ) -> LoadedDrafter:
+    """Load the drafter, or (given the drafter) the reference drafter: flags that describe
+    one checkpoint apply to the drafter only; the reference runs in the drafter's dtype."""
+    main = drafter is None
     role = "drafter" if main else "reference drafter"
     progress.say(f"Loading {role} {path} …")
     loaded = load_drafter(
         path,
         target.shape,
         config_file=options.drafter_config if main else None,
+        profile=read_profile(options.drafter_profile) if main and options.drafter_profile else None,
         block_size=options.block_size if main else None,
         mask_token_id=options.mask_token_id if main else None,
         target_layer_ids=options.target_layer_ids if main else None,
-        allow_unsafe_pickle=options.allow_unsafe_pickle,
-        dtype=DTYPES[options.dtype],
+        dtype=options.dtype if drafter is None else drafter.dtype_offer(),
+        accept_default=options.accept_default,
+        pickle_policy=PicklePolicy(tuple(options.safe_globals), options.allow_unsafe_pickle),
     )
     source = loaded.source
     progress.say(
         f"  {role}: {source.kind}, config from {loaded.config_source}, step {source.step}"
-        f" ({source.step_source}), block size {loaded.config.block_size}, "
-        f"target layers {list(loaded.config.target_layer_ids)}"
+        f" ({source.step_source})"
     )
+    progress.say(f"  {role}: {schema.settings_line(_drafter_block(loaded))}")
     for note in loaded.notes:
         progress.say(f"  {role}: {note}")
     if loaded.ignored_parameters:
@@ -290,19 +307,25 @@ def _checkpoint_identity(loaded: LoadedDrafter, step: int | None) -> dict[str, A
         schema.STEP: step if step is not None else source.step,
         "step_source": "--step" if step is not None else source.step_source,
         "stripped_prefix": source.stripped_prefix,
+        "renamed_parameters": source.renamed_parameters,
         "dropped_entries": source.dropped_entries,
         "ignored_parameters": loaded.ignored_parameters,
+        "pickle": source.pickle.to_dict() if source.pickle else None,
     }
 
 
-def _drafter_block(loaded: LoadedDrafter, options: EvalOptions) -> dict[str, Any]:
+def _drafter_block(loaded: LoadedDrafter) -> dict[str, Any]:
     return {
         "config": loaded.config.to_hf_dict(),
         "config_source": loaded.config_source,
         "config_notes": loaded.notes,
+        schema.SETTINGS: {name: json_value(s.value) for name, s in loaded.settings.items()},
+        schema.SETTINGS_PROVENANCE: loaded.provenance(),
+        schema.ACCEPTED_DEFAULTS: loaded.accepted_defaults(),
+        "profile": loaded.profile.record() if loaded.profile else None,
         "trained_block_size": loaded.trained_block_size,
         "eval_block_size": loaded.config.block_size,
-        "dtype": options.dtype,
+        "dtype": loaded.dtype,
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
     }
 
@@ -400,7 +423,7 @@ def _walk_all(
     progress: Progress,
 ) -> tuple[list[PromptWalk], int, float]:
     config = loaded.config
-    dtype = DTYPES[options.dtype]
+    dtype = DTYPES[loaded.dtype]
     head = BorrowedHead.from_target(
         target.embed_weight, target.head_weight, config.mask_token_id, dtype
     )

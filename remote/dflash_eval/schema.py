@@ -10,7 +10,7 @@ Bump SCHEMA_VERSION whenever a key changes meaning or disappears (new keys do no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -92,6 +92,19 @@ COMPARABILITY: dict[str, Callable[[dict], Any]] = {
 
 POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first positions only
 
+
+# --- results[DRAFTER]: each setting's value and where it came from ---------------------------
+SETTINGS = "settings"
+SETTINGS_PROVENANCE = "provenance"
+ACCEPTED_DEFAULTS = "accepted_defaults"
+DRAFTER_SETTINGS = (
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+    "num_target_layers",
+    "rope",
+    "dtype",
+)
 
 # --- reading -----------------------------------------------------------------------------------
 
@@ -205,6 +218,8 @@ def summary_lines(results: dict) -> list[str]:
             f"reference drafter τ macro {_number(reference[TAU_MACRO])}"
             + (f" (this run: {ratio:.2f}× of it)" if ratio else "")
         )
+    if (results.get(DRAFTER) or {}).get(SETTINGS_PROVENANCE):
+        lines.append(settings_line(results[DRAFTER]))
     lines += _provenance_lines(results)
     lines += [f"WARNING: {warning}" for warning in results.get(WARNINGS) or []]
     return lines
@@ -227,3 +242,35 @@ def _provenance_lines(results: dict) -> list[str]:
 
 def _number(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def format_setting(name: str, value: Any) -> str:
+    """A setting's value as people read it (layer ids as a list, RoPE in one phrase)."""
+    if isinstance(value, tuple):
+        return str(list(value))
+    if name == "rope" and isinstance(value, Mapping):
+        extras = ", ".join(
+            f"{k} {v}" for k, v in value.items() if k not in ("rope_type", "rope_theta")
+        )
+        theta = value.get("rope_theta")
+        return f"{value.get('rope_type')} (θ {theta:g}{', ' + extras if extras else ''})"
+    return str(value)
+
+
+def settings_line(drafter: Mapping[str, Any]) -> str:
+    """One line for the human summary, from a results JSON `drafter` block."""
+    values, sources = drafter.get(SETTINGS) or {}, drafter.get(SETTINGS_PROVENANCE) or {}
+    accepted = drafter.get(ACCEPTED_DEFAULTS) or {}
+    parts = []
+    for name in DRAFTER_SETTINGS:
+        if name not in sources:
+            continue
+        source = sources[name]
+        if name in accepted:
+            source += f", accepted by {accepted[name]}"
+        parts.append(f"{name} {format_setting(name, _as_tuple(values.get(name)))} ({source})")
+    return "Drafter settings: " + "; ".join(parts)
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

@@ -90,7 +90,7 @@ def test_unsupported_drafter_features_are_refused():
     assert from_hf_dict(base, "x").head_dim == 4
     for extra in (
         {"attention_bias": True},
-        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {"rope_scaling": {"rope_type": "made-up", "factor": 4.0}},
         {"dflash_config": {"output_multiplier": 2.0}},
         {"final_logit_softcapping": 30.0},
     ):
