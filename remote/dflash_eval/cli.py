@@ -55,12 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated target layer ids, if the config lacks them",
     )
     run.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
-    run.add_argument("--num-prompts", type=int, help="use only the first N prompts")
+    run.add_argument(
+        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
+    )
     run.add_argument(
         "--max-new-tokens",
         type=int,
         default=256,
-        help="reference completion length cap (default 256)",
+        help="completion length, as z-lab's max_new_tokens (default 256)",
     )
     run.add_argument(
         "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"

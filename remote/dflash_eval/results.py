@@ -20,7 +20,7 @@ from typing import Any
 
 from dflash_eval.target import sha256_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def library_versions() -> dict[str, str | None]:

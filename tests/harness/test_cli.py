@@ -53,7 +53,7 @@ def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
     assert events[-1]["summary"]["step"] == 6000
     assert "τ: macro" in result.stderr
     results = json.loads(out.read_text())
-    assert results["schema_version"] == 1
+    assert results["schema_version"] == 2
     assert results["metrics"]["tau_macro"] == events[-1]["summary"]["tau_macro"]
     assert len(results["harness"]["content_sha256"]) == 64
     assert (tmp_path / "progress.jsonl").read_text() == result.stdout
