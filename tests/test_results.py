@@ -62,7 +62,10 @@ def test_runs_that_differ_in_what_shapes_the_numbers_are_refused_unless_allowed(
     [
         ("", "results.json unreadable"),
         ("[1, 2]", "not a dflash-eval results file"),
-        ('{"kind": "dflash-eval-results", "schema_version": 1}', "missing or malformed field"),
+        (
+            f'{{"kind": "dflash-eval-results", "schema_version": {schema.SCHEMA_VERSION}}}',
+            "missing or malformed field",
+        ),
     ],
 )
 def test_a_damaged_results_file_is_skipped_and_named_not_fatal(tmp_path, content, why):

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from dflash_eval import schema
-from dflash_eval.completions import read_url
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
+from dflash_eval.urls import read_url
 
 
 def _int_list(text: str) -> list[int]:
@@ -89,12 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(comma-separated: target_layer_ids, rope)",
     )
     run.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
-    run.add_argument("--num-prompts", type=int, help="use only the first N prompts")
+    run.add_argument(
+        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
+    )
     run.add_argument(
         "--max-new-tokens",
         type=int,
         default=256,
-        help="reference completion length cap (default 256)",
+        help="completion length, as z-lab's max_new_tokens (default 256)",
     )
     run.add_argument(
         "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"

@@ -4,18 +4,26 @@ Completions come from local greedy generation with the target (default) or from 
 server's native `/generate` endpoint (greedy: temperature 0). Prompts are a built-in set of
 coding and reasoning prompts or a JSONL file; the chat template is applied when the
 tokenizer has one, with thinking disabled.
+
+The *reference* is the completion (max_new_tokens tokens, or through the first stop token)
+followed by `extra` (= block size) more greedy tokens, past max_new_tokens and past the stop
+token: z-lab's live loop verifies whole blocks, so its last round compares drafts with the
+target's greedy tokens beyond the completion, and scoring that round offline needs them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+import torch
 
 from dflash_eval.errors import HarnessError
+from dflash_eval.urls import redact_url
 
 BUILTIN_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number using memoisation, "
@@ -102,26 +110,44 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> tuple[list[int], bool]:
     return tokenizer(text)["input_ids"], False
 
 
-def redact_url(url: str) -> str:
-    """`url` without what may be a secret: user/password and the query string."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    if parts.username or parts.password:
-        host = f"***@{host}"
-    return urlunsplit((parts.scheme, host, parts.path, "***" if parts.query else "", ""))
+def first_stop(tokens: list[int], stops: list[int]) -> int | None:
+    """Index of the first stop token, if any."""
+    return next((index for index, token in enumerate(tokens) if token in stops), None)
 
 
-def read_url(value: str) -> str:
-    """--sglang-url's value: the URL itself, or `@FILE` to read it from a file (so that a URL
-    with credentials stays out of argv, `ps` and the run's recorded command)."""
-    if not value.startswith("@"):
-        return value
-    try:
-        return Path(value[1:]).read_text().strip()
-    except OSError as error:
-        raise HarnessError(f"--sglang-url {value}: cannot read the URL file ({error}).") from None
+def reference_length(tokens: list[int], max_new_tokens: int, extra: int, stops: list[int]) -> int:
+    """How many greedy tokens the reference keeps: the completion and `extra` more."""
+    stop = first_stop(tokens, stops)
+    completion = max_new_tokens if stop is None else min(max_new_tokens, stop + 1)
+    return completion + extra
+
+
+@torch.inference_mode()
+def greedy_reference(
+    model: Any, prompt_ids: list[int], max_new_tokens: int, extra: int, stops: list[int]
+) -> list[int]:
+    """The target's greedy reference, decoded locally with its KV cache.
+
+    Not `generate()`: given no EOS ids it falls back to the model's generation_config
+    ones and stops there, and the reference must go on `extra` tokens past a stop token.
+    """
+    tokens: list[int] = []
+    wanted = max_new_tokens + extra
+    cache_name = _cache_argument(model)
+    step = {"input_ids": torch.tensor([prompt_ids]), cache_name: None}
+    while len(tokens) < wanted:
+        output = model(**step, use_cache=True, logits_to_keep=1)
+        tokens.append(int(output.logits[0, -1].argmax()))
+        if tokens[-1] in stops:  # only the first stop shortens it; later ones change nothing
+            wanted = min(wanted, reference_length(tokens, max_new_tokens, extra, stops))
+        step = {"input_ids": torch.tensor([tokens[-1:]]), cache_name: output[cache_name]}
+    return tokens
+
+
+def _cache_argument(model: Any) -> str:
+    """The name of the KV-cache argument and output: recent transformers renamed
+    `past_key_values` to `cache` (and warn on the old name)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class SGLangClient:
@@ -132,7 +158,17 @@ class SGLangClient:
         self.shown = redact_url(self.url)  # for messages: never a password or token
         self.timeout_s = timeout_s
 
-    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    def reference(
+        self, prompt_ids: list[int], max_new_tokens: int, extra: int, stops: list[int]
+    ) -> list[int]:
+        """The greedy reference (module docstring). The server is asked to ignore EOS, so
+        that it goes on past a stop token; the tokens beyond the reference are dropped."""
+        generated = self.complete(prompt_ids, max_new_tokens + extra, ignore_eos=True)
+        return generated[: reference_length(generated, max_new_tokens, extra, stops)]
+
+    def complete(
+        self, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False
+    ) -> list[int]:
         import requests
 
         request = {
@@ -141,6 +177,7 @@ class SGLangClient:
                 "temperature": 0.0,
                 "max_new_tokens": max_new_tokens,
                 "skip_special_tokens": False,
+                "ignore_eos": ignore_eos,
             },
         }
         try:

@@ -5,6 +5,9 @@ Phases (each timed, each reporting progress events):
 2. reference completions g per prompt (cache, else local greedy or SGLang);
 3. target hidden states over prompt + completion (cache, else one forward per prompt);
 4. drafter predictions for the anchors of each completion (batched) and the acceptance walks.
+
+The reference of each prompt is its completion plus `block size` more greedy tokens, so
+that the walk scores every round as z-lab's live loop counts it (metrics.py).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ from dflash_eval.completions import (
     SGLangClient,
     builtin_prompts,
     encode_prompt,
+    first_stop,
+    greedy_reference,
     prompts_hash,
     read_prompts_jsonl,
-    redact_url,
 )
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import LoadedDrafter, load_drafter
-from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
+from dflash_eval.metrics import PromptWalk, Span, summarize, walk_prompt
 from dflash_eval.pickle_policy import PicklePolicy, expand_names
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.profile import read_profile
@@ -43,6 +47,7 @@ from dflash_eval.results import (
     utc_now,
     write_results,
 )
+from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
 from dflash_eval.target import (
     DTYPES,
     Target,
@@ -51,6 +56,7 @@ from dflash_eval.target import (
     stop_token_ids,
     target_identity,
 )
+from dflash_eval.urls import redact_url
 from dflash_eval.version import harness_hash
 
 
@@ -85,18 +91,36 @@ class EvalOptions:
 
 @dataclass
 class Sequence:
-    """One prompt with its completion and (after phase 3) its target features."""
+    """One prompt with its reference (the completion and the tokens past its end), where
+    its rounds run, and (after phase 3) its target features."""
 
     prompt: Prompt
     prompt_ids: list[int]
-    completion: list[int] = field(default_factory=list)
+    reference: list[int] = field(default_factory=list)
+    span: Span | None = None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     completion_hit: bool = False
     hidden_hit: bool = False
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt_ids + self.completion
+        return self.prompt_ids + self.reference
+
+    @property
+    def completion(self) -> list[int]:
+        """What the live loop outputs: max_new_tokens tokens, or through the stop token."""
+        assert self.span is not None, "the completion is known once the reference is"
+        return self.tokens[self.span.first_anchor : self.span.end]
+
+
+@dataclass
+class DrafterRun:
+    """One drafter's walks over all sequences, its cost and its decoded samples."""
+
+    walks: list[PromptWalk]
+    blocks: int
+    seconds: float
+    samples: list[dict[str, Any]]
 
 
 def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
@@ -108,6 +132,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     _check_paths(options)
     if any(b < 1 for b in options.ddtree):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
+    if options.max_new_tokens < 1:
+        raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
     prompts = _prompts(options)
     progress.event(
         "start",
@@ -146,13 +172,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         "libraries": libraries,
         "device": "cpu",
     }
+    # The reference runs one block past the completion: the larger block when two
+    # drafters share it.
+    extra = max(d.config.block_size for d in (drafter, reference) if d is not None)
     with timer.phase("completions"):
-        _completions(sequences, options, target, stops, shared_key, cache, progress)
-    for seq in sequences:
-        if len(seq.completion) < 2:
-            count = len(seq.completion)
-            warnings.append(f"prompt {seq.prompt.id}: completion has {count} tokens; no rounds")
-            progress.warn(warnings[-1])
+        _completions(sequences, options, target, stops, extra, shared_key, cache, progress)
     layer_ids = sorted(
         set(drafter.config.target_layer_ids)
         | (set(reference.config.target_layer_ids) if reference else set())
@@ -161,21 +185,25 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         _hidden_states(sequences, layer_ids, target, shared_key, cache, progress)
     target.release_body()
 
+    decode = tokenizer_decoder(tokenizer)
     with timer.phase("drafter"):
-        walks, blocks, seconds = _walk_all(drafter, "drafter", sequences, target, options, progress)
-    metrics = summarize(walks, drafter.config.block_size, options.ddtree)
+        run = _walk_all(drafter, "drafter", sequences, target, options, decode, progress)
+    metrics = summarize(run.walks, drafter.config.block_size, options.ddtree)
+    _warn_about_walks(sequences, run.walks, "drafter", warnings, progress)
     reference_block = None
     if reference is not None:
         with timer.phase("reference_drafter"):
-            ref_walks, ref_blocks, ref_seconds = _walk_all(
-                reference, "reference_drafter", sequences, target, options, progress
+            ref_run = _walk_all(
+                reference, "reference_drafter", sequences, target, options, decode, progress
             )
-        reference_metrics = summarize(ref_walks, reference.config.block_size, options.ddtree)
+        reference_metrics = summarize(ref_run.walks, reference.config.block_size, options.ddtree)
+        _warn_about_walks(sequences, ref_run.walks, "reference drafter", warnings, progress)
         reference_block = {
             schema.CHECKPOINT: reference_identity,
             schema.DRAFTER: _drafter_block(reference),
             schema.METRICS: reference_metrics,
-            schema.THROUGHPUT: _throughput(ref_blocks, ref_seconds),
+            schema.THROUGHPUT: _throughput(ref_run.blocks, ref_run.seconds),
+            schema.SAMPLES: ref_run.samples,
         }
     timer.seconds[schema.TOTAL_SECONDS] = time.perf_counter() - started
     results = {
@@ -206,6 +234,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.COMPLETIONS: {
             schema.COMPLETIONS_SOURCE: "sglang" if options.sglang_url else "local-greedy",
             "sglang_url": redact_url(options.sglang_url) if options.sglang_url else None,
+            schema.EXTRA_TOKENS: extra,
         },
         schema.HARNESS: {
             schema.HARNESS_SHA256: harness_hash(),
@@ -215,9 +244,10 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.HOST: host_info(threads),
         schema.OPTIONS: _options_record(options),
         schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
-        schema.THROUGHPUT: _throughput(blocks, seconds),
+        schema.THROUGHPUT: _throughput(run.blocks, run.seconds),
         schema.METRICS: metrics,
-        schema.PER_PROMPT: _per_prompt(sequences, walks, options.ddtree),
+        schema.PER_PROMPT: _per_prompt(sequences, run.walks, options.ddtree),
+        schema.SAMPLES: run.samples,
         schema.REFERENCE: reference_block,
         schema.COMPARISON: _comparison(metrics, reference_block),
         schema.WARNINGS: warnings,
@@ -332,10 +362,18 @@ def _drafter_block(loaded: LoadedDrafter) -> dict[str, Any]:
 
 def _prompts(options: EvalOptions) -> list[Prompt]:
     prompts = read_prompts_jsonl(options.prompts) if options.prompts else builtin_prompts()
-    if options.num_prompts is not None:
-        if options.num_prompts < 1:
-            raise HarnessError(f"--num-prompts must be at least 1, got {options.num_prompts}.")
-        prompts = prompts[: options.num_prompts]
+    wanted = options.num_prompts
+    if wanted is not None:
+        if wanted < 1:
+            raise HarnessError(f"--num-prompts must be at least 1, got {wanted}.")
+        if wanted > len(prompts):
+            source = f"the file {options.prompts}" if options.prompts else "the built-in set"
+            raise HarnessError(
+                f"--num-prompts {wanted} asks for more prompts than {source} holds "
+                f"({len(prompts)}). Pass --num-prompts {len(prompts)} or less, or a --prompts "
+                f"JSONL file with at least {wanted} prompts."
+            )
+        prompts = prompts[:wanted]
     return prompts
 
 
@@ -344,6 +382,7 @@ def _completions(
     options: EvalOptions,
     target: Target,
     stops: list[int],
+    extra: int,
     shared_key: dict[str, Any],
     cache: DiskCache,
     progress: Progress,
@@ -359,25 +398,24 @@ def _completions(
             "prompt_tokens": tokens_digest(seq.prompt_ids),
             "max_new_tokens": options.max_new_tokens,
             "stop_token_ids": stops,
+            # Tokens past the completion's end (max_new_tokens or the stop token): entries
+            # cut at the end, from before this rule, lack this field and so never match.
+            "extra_tokens": extra,
         }
-        cached = cache.get_completion(key)
-        seq.completion_hit = cached is not None
-        if cached is None:
+        reference = cache.get_completion(key)
+        seq.completion_hit = reference is not None
+        if reference is None:
+            args = (seq.prompt_ids, options.max_new_tokens, extra, stops)
             if client is not None:
-                completion = client.complete(seq.prompt_ids, options.max_new_tokens)
+                reference = client.reference(*args)
             else:
-                completion = target.greedy(seq.prompt_ids, options.max_new_tokens, stops)
-            cached = _cut_at_stop(completion, stops)
-            cache.put_completion(key, cached)
-        seq.completion = cached
+                reference = greedy_reference(target.model, *args)
+            cache.put_completion(key, reference)
+        seq.reference = reference
+        first, stop = len(seq.prompt_ids), first_stop(reference, stops)
+        limit = first + options.max_new_tokens
+        seq.span = Span(first, limit, None if stop is None else first + stop)
         progress.progress("completions", done, total)
-
-
-def _cut_at_stop(completion: list[int], stops: list[int]) -> list[int]:
-    for index, token in enumerate(completion):
-        if token in stops:
-            return completion[: index + 1]
-    return completion
 
 
 def _hidden_states(
@@ -420,8 +458,9 @@ def _walk_all(
     sequences: list[Sequence],
     target: Target,
     options: EvalOptions,
+    decode: Decode,
     progress: Progress,
-) -> tuple[list[PromptWalk], int, float]:
+) -> DrafterRun:
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     head = BorrowedHead.from_target(
@@ -429,36 +468,70 @@ def _walk_all(
     )
     predictor_class = PerBlockPredictor if options.per_block else Predictor
     top_k = max([1, *options.ddtree])
-    walks, blocks, seconds = [], 0, 0.0
+    run = DrafterRun([], 0, 0.0, [])
     total = len(sequences)
     progress.progress(phase, 0, total)
     for done, seq in enumerate(sequences, start=1):
-        first_anchor = len(seq.prompt_ids)
+        span = seq.span
+        assert span is not None, "references are made before the walks"
         features = torch.cat([seq.hidden[i] for i in config.target_layer_ids], dim=-1)
         predictor = predictor_class(
             loaded.model,
             head,
             seq.tokens,
             features.to(dtype),
-            first_anchor,
+            span.first_anchor,
             config.block_size,
             top_k,
             chunk=1 if options.per_block else options.chunk,
+            last_anchor=span.limit - 1,  # no round starts at max_new_tokens or later
         )
-        walks.append(
-            walk_prompt(
-                predictor,
-                seq.tokens,
-                first_anchor,
-                config.block_size,
-                options.ddtree,
-                options.max_blocks,
+        walked = walk_prompt(
+            predictor, seq.tokens, span, config.block_size, options.ddtree, options.max_blocks
+        )
+        run.walks.append(walked)
+        if done <= SAMPLE_PROMPTS:
+            run.samples.append(
+                draft_sample(
+                    seq.prompt.id,
+                    seq.tokens,
+                    span.first_anchor,
+                    span.end,
+                    walked.anchors,
+                    [length - 1 for length in walked.lengths],
+                    predictor.draft,
+                    config.block_size,
+                    decode,
+                )
             )
-        )
-        blocks += predictor.blocks_computed
-        seconds += predictor.seconds
+        run.blocks += predictor.blocks_computed
+        run.seconds += predictor.seconds
         progress.progress(phase, done, total)
-    return walks, blocks, seconds
+    return run
+
+
+def _warn_about_walks(
+    sequences: list[Sequence],
+    walks: list[PromptWalk],
+    role: str,
+    warnings: list[str],
+    progress: Progress,
+) -> None:
+    for seq, walked in zip(sequences, walks, strict=True):
+        if not walked.lengths:
+            warnings.append(
+                f"{role}, prompt {seq.prompt.id}: no rounds (the reference has "
+                f"{len(seq.reference)} tokens)"
+            )
+        elif not walked.reference_complete:
+            warnings.append(
+                f"{role}, prompt {seq.prompt.id}: the reference has {len(seq.reference)} "
+                "tokens, too few to score the last rounds exactly (the completion source "
+                "stopped early); τ of this prompt may be underestimated"
+            )
+        else:
+            continue
+        progress.warn(warnings[-1])
 
 
 def _throughput(blocks: int, seconds: float) -> dict[str, Any]:
@@ -474,30 +547,35 @@ def _per_prompt(
 ) -> list[dict[str, Any]]:
     rows = []
     for seq, walked in zip(sequences, walks, strict=True):
-        lengths = walked.lengths
+        assert seq.span is not None, "references are made before the walks"
         rows.append(
             {
                 "id": seq.prompt.id,
                 "prompt_tokens": len(seq.prompt_ids),
                 "completion_tokens": len(seq.completion),
-                "rounds": len(lengths),
-                "tau": sum(lengths) / len(lengths) if lengths else None,
-                "ddtree_tau": {
-                    str(b): sum(walked.ddtree_lengths[b]) / len(walked.ddtree_lengths[b])
-                    if walked.ddtree_lengths[b]
-                    else None
-                    for b in budgets
-                },
+                "stopped": seq.span.stop is not None and seq.span.stop < seq.span.limit,
+                "reference_tokens": len(seq.reference),
+                "rounds": len(walked.lengths),
+                "tau": _mean(walked.lengths),
+                "ddtree_tau": {str(b): _mean(walked.ddtree_lengths[b]) for b in budgets},
+                "tau_capped": _mean(walked.capped_lengths),
                 "cache": {"completion": seq.completion_hit, "hidden_states": seq.hidden_hit},
             }
         )
     return rows
 
 
+def _mean(lengths: list[int]) -> float | None:
+    return sum(lengths) / len(lengths) if lengths else None
+
+
 def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
     if reference is None:
         return None
     theirs = reference[schema.METRICS]
+    if theirs[schema.BLOCK_SIZE] != metrics[schema.BLOCK_SIZE]:
+        # τ grows with the block: a ratio across block sizes says nothing about the drafter.
+        return {schema.TAU_MACRO: None, schema.TAU_POOLED: None}
     return {
         name: (metrics[name] / theirs[name]) if metrics[name] and theirs[name] else None
         for name in (schema.TAU_MACRO, schema.TAU_POOLED)

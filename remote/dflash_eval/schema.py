@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: τ as z-lab's live loop counts it (metrics.tau_convention)
 KIND = "dflash-eval-results"  # the value of results[KIND_KEY]
 
 # --- top level -----------------------------------------------------------------------------
@@ -36,6 +36,7 @@ PER_PROMPT = "per_prompt"
 REFERENCE = "reference"  # null, or {CHECKPOINT, DRAFTER, METRICS, THROUGHPUT}
 COMPARISON = "comparison"  # null, or {TAU_MACRO: ratio, TAU_POOLED: ratio}
 WARNINGS = "warnings"
+SAMPLES = "samples"  # decoded samples: the first prompts' target text and drafts
 
 # --- checkpoint identity: results[CHECKPOINT] and results[REFERENCE][CHECKPOINT] -------------
 PATH = "path"
@@ -55,6 +56,7 @@ MAX_NEW_TOKENS = "max_new_tokens"
 
 # --- results[COMPLETIONS] ----------------------------------------------------------------------
 COMPLETIONS_SOURCE = "source"
+EXTRA_TOKENS = "extra_tokens"  # reference tokens past max_new_tokens (block size): last round
 
 # --- results[HARNESS] --------------------------------------------------------------------------
 HARNESS_SHA256 = "content_sha256"
@@ -76,6 +78,8 @@ ROUNDS = "rounds"
 COMMITTED_TOKENS = "committed_tokens"
 HISTOGRAM = "histogram"
 PER_POSITION = "per_position"  # a list of rows, one per block position k = 1..B-1
+TAU_CONVENTION = "tau_convention"  # "zlab-live-loop": rounds start below max_new_tokens
+CAPPED = "capped"  # the same τ with the last round capped at the completion (schema 1)
 DDTREE = "ddtree"  # {"<budget>": {TAU_MACRO, TAU_POOLED, ROUNDS, COMMITTED_TOKENS}}
 POSITION = "position"
 CONDITIONAL = "conditional"  # P(slot k correct | slots < k correct)
@@ -87,6 +91,12 @@ COMPARABILITY: dict[str, Callable[[dict], Any]] = {
     "block size": lambda r: r[METRICS][BLOCK_SIZE],
     "max new tokens": lambda r: r[PROMPTS][MAX_NEW_TOKENS],
     "completions": lambda r: r[COMPLETIONS][COMPLETIONS_SOURCE],
+    "max blocks": lambda r: r[OPTIONS].get("max_blocks"),
+    "target dtype": lambda r: r[TARGET].get("dtype"),
+    "drafter dtype": lambda r: (r[DRAFTER].get(SETTINGS) or {}).get("dtype"),
+    "thinking": lambda r: r[OPTIONS].get("thinking"),
+    "features": lambda r: r.get("features"),
+    "τ convention": lambda r: r[METRICS].get(TAU_CONVENTION),
     "harness": lambda r: r[HARNESS][HARNESS_SHA256],
 }
 
@@ -199,6 +209,13 @@ def summary_lines(results: dict) -> list[str]:
         f"τ pooled {_number(run_metrics[TAU_POOLED])}  ({run_metrics[ROUNDS]} rounds, "
         f"{run_metrics[COMMITTED_TOKENS]} tokens, block size {run_metrics[BLOCK_SIZE]})"
     ]
+    capped = run_metrics.get(CAPPED)
+    if capped:
+        lines.append(
+            "  τ as z-lab's live loop counts it (last round uncapped); capped at the "
+            f"completion end: macro {_number(capped[TAU_MACRO])}, "
+            f"pooled {_number(capped[TAU_POOLED])}"
+        )
     if budgets(run_metrics):
         lines.append(
             "DDTree τ: "

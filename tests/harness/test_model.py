@@ -6,7 +6,7 @@ import math
 
 import torch
 from dflash_eval.config import from_hf_dict
-from dflash_eval.metrics import ddtree_pop_order, walk_prompt
+from dflash_eval.metrics import Span, ddtree_pop_order, walk_prompt
 from dflash_eval.predict import (
     BorrowedHead,
     PerBlockPredictor,
@@ -187,8 +187,9 @@ def test_batched_and_per_block_predictions_give_identical_metrics():
     per_block = PerBlockPredictor(
         model, borrowed, tokens, features, first, config.block_size, 4, chunk=1
     )
-    walk_batched = walk_prompt(batched, tokens, first, config.block_size, [2, 4])
-    walk_single = walk_prompt(per_block, tokens, first, config.block_size, [2, 4])
+    span = Span(first, len(tokens))
+    walk_batched = walk_prompt(batched, tokens, span, config.block_size, [2, 4])
+    walk_single = walk_prompt(per_block, tokens, span, config.block_size, [2, 4])
     assert walk_batched == walk_single
     assert max(walk_batched.lengths) > 1
     for anchor in range(first, len(tokens) - 1):
