@@ -11,12 +11,12 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from dflash_lab import lab
+from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
-from dflash_ops.ui.arguments import parse_count
 from dflash_ops.ui.console import check_table, console
 from dflash_ops.ui.task import ops_task
 
@@ -189,6 +189,17 @@ def stage_checkpoint(
         "block_size": "block size B (default: the checkpoint's own)",
         "ddtree": "DDTree budgets, comma-separated, e.g. 4,8,16,32",
         "threads": "torch CPU threads on the eval host",
+        "drafter_config": "local DFlash config.json for checkpoints that carry none (uploaded)",
+        "mask_token_id": "the drafter's mask token id (overrides what the checkpoint says)",
+        "target_layer_ids": "target layers feeding the drafter, comma-separated, e.g. 1,9,17",
+        "accept_default": "confirm default rules, e.g. target_layer_ids,rope (else refused)",
+        "dtype": "drafter dtype: float32 or bfloat16 (default: the profile's, else float32)",
+        "target_dtype": "target dtype: auto, float32 or bfloat16",
+        "safe_globals": "pickle globals to allow by name, e.g. argparse,numpy",
+        "allow_unsafe_pickle": "unpickle anything (runs code from the file; recorded)",
+        "no_cache": "neither read nor write the harness's completion/hidden-state cache",
+        "chunk_anchors": "anchors per batched drafter pass",
+        "per_block": "one drafter pass per block (the unbatched comparison; slow)",
         "reference": "also evaluate the inventory's reference_drafter on the same states",
         "prompts": "local JSONL prompts file (uploaded with the run)",
         "sglang": "reference completions from the inventory's sglang_url",
@@ -209,6 +220,17 @@ def run_eval(
     block_size=None,
     ddtree=None,
     threads=None,
+    drafter_config=None,
+    mask_token_id=None,
+    target_layer_ids=None,
+    accept_default=None,
+    dtype=None,
+    target_dtype=None,
+    safe_globals=None,
+    allow_unsafe_pickle=False,
+    no_cache=False,
+    chunk_anchors=None,
+    per_block=False,
     reference=False,
     prompts=None,
     sglang=False,
@@ -226,14 +248,25 @@ def run_eval(
         steps=steps,
         all_new=all_new,
         host=host,
-        harness_flags={
-            "--num-prompts": parse_count("--num-prompts", num_prompts, minimum=1),
-            "--max-new-tokens": parse_count("--max-new-tokens", max_new_tokens, minimum=1),
-            "--max-blocks": parse_count("--max-blocks", max_blocks, minimum=1),
-            "--block-size": parse_count("--block-size", block_size, minimum=2),
-            "--ddtree": ddtree,
-            "--threads": parse_count("--threads", threads, minimum=1),
+        harness_options={
+            "num_prompts": num_prompts,
+            "max_new_tokens": max_new_tokens,
+            "max_blocks": max_blocks,
+            "block_size": block_size,
+            "ddtree": ddtree,
+            "threads": threads,
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": target_layer_ids,
+            "accept_default": accept_default,
+            "dtype": dtype,
+            "target_dtype": target_dtype,
+            "safe_globals": safe_globals,
+            "allow_unsafe_pickle": allow_unsafe_pickle,
+            "no_cache": no_cache,
+            "chunk_anchors": chunk_anchors,
+            "per_block": per_block,
         },
+        drafter_config=drafter_config,
         reference=reference,
         prompts=prompts,
         sglang=sglang,
@@ -283,9 +316,10 @@ def fetch_results(c, inventory=None):
         "tag": "only runs with this tag",
         "allow_mixed": "show incomparable runs (flagged) instead of refusing",
         "plots": "directory for the PNG plots (default: <results>/plots)",
+        "samples": "also print each run's decoded drafts next to the target's text",
     }
 )
-def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, inventory=None):
+def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, samples=False, inventory=None):
     """Table of τ, DDTree τ and acceptance across steps and runs, and PNG plots."""
     from dflash_ops.ui.eval_commands import show_comparison
 
@@ -295,4 +329,5 @@ def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, inventory=No
         tag,
         allow_mixed,
         Path(plots) if plots else None,
+        samples,
     )

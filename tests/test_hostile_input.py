@@ -91,3 +91,21 @@ def test_a_bad_number_on_the_command_line_is_one_line(lab, fab, task, flag, valu
     assert result.returncode == 1
     assert f"{flag}: expected a whole number" in result.stderr and repr(value) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("drafter", "expected"),
+    [
+        ({"dtype": "fp16"}, "hosts.trainer.drafter.dtype: expected 'float32' or 'bfloat16'"),
+        ({"blocksize": 16}, "hosts.trainer.drafter.blocksize: unknown key (did you mean"),
+        ({"mask_token_id": -1}, "hosts.trainer.drafter.mask_token_id: expected greater than"),
+    ],
+)
+def test_a_careless_drafter_profile_is_one_line(lab, fab, tmp_path, drafter, expected):
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"]["trainer"]["drafter"] = drafter
+    broken = tmp_path / "inventory.yaml"
+    broken.write_text(yaml.safe_dump(document))
+    result = fab(broken, "check-hosts")
+    assert result.returncode == 1
+    assert expected in result.stderr, result.stderr

@@ -8,6 +8,7 @@ import os
 import shutil
 
 import pytest
+import yaml
 
 from dflash_lab import lab as labs
 from dflash_ops.core.inventory import load
@@ -87,3 +88,60 @@ def test_a_staged_file_corrupted_on_the_eval_host_fails_the_run(models_lab):
     corrupt_stripped = strip_and_run(models_lab, 4000)
     assert corrupt_stripped.returncode == 1
     assert "does not hash to the sha256 staging verified" in corrupt_stripped.stderr
+
+
+def _configless_checkpoint(models_lab, step: int, like: int) -> dict:
+    """A training checkpoint as many training scripts save one: no config, and its `args` an
+    argparse.Namespace (refused by weights_only=True unless allowed by name)."""
+    import argparse
+
+    import torch
+
+    saved = torch.load(models_lab.checkpoint_path(like), weights_only=True)
+    config = saved.pop("config")
+    saved["args"] = argparse.Namespace(block_size=config["block_size"], lr=3e-4)
+    saved["step"] = step
+    target = models_lab.checkpoint_path(step)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(saved, target)
+    return config
+
+
+def test_a_checkpoint_that_needs_the_inventory_profile(models_lab, tmp_path):
+    config = _configless_checkpoint(models_lab, 8000, like=6000)
+    bare = run_fab(models_lab.inventory_path, "run-eval", "--step", "8000", *QUICK)
+    assert bare.returncode == 1
+    assert "argparse.Namespace" in bare.stderr and "--safe-globals" in bare.stderr
+    config_file = tmp_path / "drafter-config.json"
+    config_file.write_text(json.dumps(config))
+    document = yaml.safe_load(models_lab.inventory_path.read_text())
+    document["hosts"]["trainer"]["drafter"] = {
+        "name": "lab-v1",
+        "config_file": str(config_file),
+        "safe_globals": ["argparse"],
+    }
+    profiled = tmp_path / "inventory.yaml"
+    profiled.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = run_fab(profiled, "run-eval", "--step", "8000", *QUICK)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = results_of(models_lab, result.stdout)
+    assert results["drafter"]["profile"]["name"] == "lab-v1"
+    assert results["drafter"]["provenance"]["target_layer_ids"] == "profile"
+    assert results["checkpoint"]["pickle"]["safe_globals"] == ["argparse.Namespace"]
+    same = run_fab(models_lab.inventory_path, "run-eval", "--step", "6000", *QUICK)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert results["metrics"] == results_of(models_lab, same.stdout)["metrics"]
+    # The same checkpoint through run-eval's own flags, with the harness's names.
+    flags = run_fab(
+        models_lab.inventory_path,
+        "run-eval",
+        "--step",
+        "8000",
+        "--drafter-config",
+        str(config_file),
+        "--safe-globals",
+        "argparse",
+        *QUICK,
+    )
+    assert flags.returncode == 0, flags.stdout + flags.stderr
+    assert results_of(models_lab, flags.stdout)["metrics"] == results["metrics"]

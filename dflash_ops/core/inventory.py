@@ -67,6 +67,26 @@ def _step_pattern(value: str) -> str:
 StepPattern = Annotated[str, AfterValidator(_step_pattern)]
 
 
+class DrafterProfile(Strict):
+    """What is known about the trainer's checkpoints beyond the checkpoints themselves, sent
+    to the harness as its --drafter-profile (remote/dflash_eval/profile.py): the settings a
+    checkpoint without config needs, parameter renames, and the pickle policy."""
+
+    name: str | None = None
+    config_file: str | None = None  # a DFlash config.json on this workstation
+    block_size: int | None = Field(default=None, ge=2)
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = Field(default=None, ge=0)
+    num_target_layers: int | None = Field(default=None, ge=1)
+    rope_parameters: dict[str, Any] | None = None
+    dtype: Literal["float32", "bfloat16"] | None = None  # the drafter's, for evaluation
+    target_dtype: Literal["auto", "float32", "bfloat16"] | None = None
+    parameter_prefix: str | None = None
+    parameter_renames: list[list[str]] | None = None  # [[regex, replacement], …]
+    accept_default: list[str] | None = None  # default rules confirmed (target_layer_ids, rope)
+    safe_globals: list[str] | None = None  # named pickle globals (e.g. argparse, numpy)
+
+
 class TrainerHost(_SshHost):
     role: Literal["trainer"]
     container: Container | None = None
@@ -74,6 +94,7 @@ class TrainerHost(_SshHost):
     layout: StepPattern = "step_{step}/checkpoint.pt"  # relative to `checkpoints`
     complete_marker: StepPattern | None = None  # relative to `checkpoints`, e.g. step_{step}/DONE
     tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
+    drafter: DrafterProfile | None = None  # how to read this trainer's checkpoints
 
 
 class VenvSpec(Strict):

@@ -19,10 +19,11 @@ from typing import Protocol
 
 from dflash_eval import schema
 
-from dflash_ops.core.errors import CheckpointError, HostError, OpsError
+from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -66,6 +67,7 @@ class EvalRequest:
     host: str | None = None
     harness_args: list[str] = field(default_factory=list)  # passed through to the harness
     prompts: Path | None = None  # a local JSONL file, uploaded into the run directory
+    drafter_config: Path | None = None  # a local config.json, uploaded likewise
     reference: bool = False  # also evaluate the inventory's reference_drafter
     sglang: bool = False  # reference completions from the inventory's sglang_url
     strip_optimizer: bool = False
@@ -77,24 +79,25 @@ def build_request(
     *,
     step: int,
     host: str | None,
-    harness_flags: dict[str, object],
+    harness_options: dict[str, object],
     prompts: str | None,
+    drafter_config: str | None = None,
     reference: bool = False,
     sglang: bool = False,
     strip_optimizer: bool = False,
     tag: str | None = None,
     detach: bool = False,
 ) -> EvalRequest:
-    """The request behind `fab run-eval`'s flags. `harness_flags` maps a harness flag to its
-    value; unset ones (0, None, "") are not passed, so the harness keeps its defaults."""
-    if prompts and not Path(prompts).is_file():
-        raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
+    """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
+    options by run-eval's names (harness_options.OPTIONS); unset ones are not passed."""
+    for flag, path in (("--prompts", prompts), ("--drafter-config", drafter_config)):
+        if path and not Path(path).is_file():
+            raise OpsError(f"{flag}: {path} is not a file on this workstation")
     return EvalRequest(
         step=step,
         host=host,
-        harness_args=[
-            str(part) for flag, value in harness_flags.items() if value for part in (flag, value)
-        ],
+        harness_args=harness_args(harness_options),
+        drafter_config=Path(drafter_config) if drafter_config else None,
         reference=reference,
         prompts=Path(prompts) if prompts else None,
         sglang=sglang,
@@ -129,10 +132,19 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
         warn_if_short_of_memory(host, entry, reporter.say)
         staged = stage_checkpoint(inventory, request.step, name, reporter)
         checkpoint = staged.path
+        profile = drafter_profile(inventory)
         if request.strip_optimizer:
-            checkpoint = extract(inventory, host, entry, harness, staged, reporter.say)
+            checkpoint = extract(
+                inventory,
+                host,
+                entry,
+                harness,
+                staged,
+                _pickle_args(request, profile),
+                reporter.say,
+            )
         run_id = jobs.new_run_id(request.step, name, request.tag)
-        command = harness_command(host, entry, harness, checkpoint, run_id, request)
+        command = harness_command(host, entry, harness, checkpoint, run_id, request, profile)
         params = {
             "step": request.step,
             "tag": request.tag,
@@ -263,6 +275,7 @@ def extract(
     entry: EvalHost,
     harness: str,
     staged: StagedCheckpoint,
+    pickle_args: list[str],
     say: Callable[[str], None],
 ) -> str:
     """Strip optimizer state on the eval host with the harness's `extract`; return the
@@ -286,7 +299,8 @@ def extract(
     python = shlex.quote(EvalLayout(entry).python)
     result = host.run(
         f"cd {shlex.quote(harness)} && {python} -m dflash_eval extract --checkpoint "
-        f"{shlex.quote(checkpoint)} --out {quoted}.tmp && rm -rf {quoted} && "
+        f"{shlex.quote(checkpoint)} --out {quoted}.tmp {shlex.join(pickle_args)} && "
+        f"rm -rf {quoted} && "
         f"mv {quoted}.tmp {quoted}",
         check=False,
     )
@@ -322,7 +336,13 @@ def _extracted_from(host: Host, extracted: str) -> str | None:
 
 
 def harness_command(
-    host: Host, entry: EvalHost, harness: str, checkpoint: str, run_id: str, request: EvalRequest
+    host: Host,
+    entry: EvalHost,
+    harness: str,
+    checkpoint: str,
+    run_id: str,
+    request: EvalRequest,
+    profile: dict | None = None,
 ) -> str:
     """The harness invocation for the run's wrapper (it runs in the run directory)."""
     layout = EvalLayout(entry)
@@ -349,21 +369,67 @@ def harness_command(
                 host.name, "--reference needs `reference_drafter` for this host in the inventory"
             )
         argv += ["--reference-drafter", entry.reference_drafter]
-    if request.sglang:
-        if not entry.sglang_url:
-            raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
-        # Through a private file: a URL may carry credentials, which must not reach argv,
-        # `ps`, the run's recorded command or its log.
-        url_file = f"{layout.runs}/.sglang-url-{run_id}"
+    if request.sglang and not entry.sglang_url:
+        raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
+    uploads = _uploads(entry, request, profile)
+    if uploads:
         host.run(f"mkdir -p {shlex.quote(layout.runs)}")
-        host.upload(entry.sglang_url.encode(), url_file, private=True)
-        argv += ["--sglang-url", f"@{url_file}"]
-    if request.prompts is not None:
-        remote = f"{layout.runs}/.prompts-{run_id}.jsonl"
-        host.run(f"mkdir -p {shlex.quote(layout.runs)}")
-        host.upload(request.prompts.read_bytes(), remote)
-        argv += ["--prompts", remote]
+    for flag, data, name, private in uploads:
+        remote = f"{layout.runs}/.{name}-{run_id}"
+        host.upload(data, remote, private=private)
+        argv += [flag, f"@{remote}" if flag == "--sglang-url" else remote]
     if entry.threads and "--threads" not in request.harness_args:
         argv += ["--threads", str(entry.threads)]
+    target_dtype = (profile or {}).get("target_dtype")
+    if target_dtype and "--target-dtype" not in request.harness_args:
+        argv += ["--target-dtype", target_dtype]
     argv += request.harness_args
     return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
+
+
+def _uploads(
+    entry: EvalHost, request: EvalRequest, profile: dict | None
+) -> list[tuple[str, bytes, str, bool]]:
+    """(harness flag, content, file name, private) of each file the run needs on the host.
+    The SGLang URL goes through a private file: it may carry credentials, which must not
+    reach argv, `ps`, the run's recorded command or its log."""
+    uploads = []
+    if request.sglang:
+        uploads.append(("--sglang-url", entry.sglang_url.encode(), "sglang-url", True))
+    if request.prompts is not None:
+        uploads.append(("--prompts", request.prompts.read_bytes(), "prompts.jsonl", False))
+    if request.drafter_config is not None:
+        config = request.drafter_config.read_bytes()
+        uploads.append(("--drafter-config", config, "drafter-config.json", False))
+    if profile is not None:
+        harness_profile = {k: v for k, v in profile.items() if k != "target_dtype"}
+        data = json.dumps(harness_profile, indent=2).encode()
+        uploads.append(("--drafter-profile", data, "drafter-profile.json", False))
+    return uploads
+
+
+def _pickle_args(request: EvalRequest, profile: dict | None) -> list[str]:
+    """The pickle policy of the run's own evaluation, for `extract` to read the same file."""
+    args = request.harness_args
+    names = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--safe-globals"]
+    names += (profile or {}).get("safe_globals", [])
+    unsafe = ["--allow-unsafe-pickle"] if "--allow-unsafe-pickle" in args else []
+    return (["--safe-globals", ",".join(names)] if names else []) + unsafe
+
+
+def drafter_profile(inventory: Inventory) -> dict | None:
+    """The inventory's drafter profile as the harness reads it (its config file inlined)."""
+    spec = inventory.trainer.drafter
+    if spec is None:
+        return None
+    profile = spec.model_dump(exclude_none=True, exclude={"config_file"})
+    if spec.config_file is not None:
+        path = inventory.path.parent / spec.config_file
+        try:
+            profile["config"] = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InventoryError(
+                f"{inventory.path}: hosts.{inventory.trainer_name}.drafter.config_file: cannot "
+                f"read {path} as JSON ({exc}); fix the path or the file"
+            ) from None
+    return profile

@@ -39,13 +39,19 @@ def results() -> None:
     type=click.Path(path_type=Path),
     help="where to write the PNG plots (default: RESULTS/plots)",
 )
+@click.option("--samples", is_flag=True, help="also print each run's decoded drafts")
 def compare_command(
-    results_root: Path, steps: str | None, tag: str | None, allow_mixed: bool, plots: Path | None
+    results_root: Path,
+    steps: str | None,
+    tag: str | None,
+    allow_mixed: bool,
+    plots: Path | None,
+    samples: bool,
 ) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
     from dflash_ops.ui.eval_commands import show_comparison
 
-    _guarded(lambda: show_comparison(results_root, steps, tag, allow_mixed, plots))
+    _guarded(lambda: show_comparison(results_root, steps, tag, allow_mixed, plots, samples))
 
 
 @results.command("list")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_eval import schema
+
+from dflash_ops.core.arguments import parse_steps
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, results, sweep
 from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
-from dflash_ops.ui.arguments import parse_steps
 from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_view import (
     LiveView,
@@ -29,7 +31,8 @@ def run_eval_command(
     steps: str | None,
     all_new: bool,
     host: str | None,
-    harness_flags: dict[str, object],
+    harness_options: dict[str, object],
+    drafter_config: str | None,
     reference: bool,
     prompts: str | None,
     sglang: bool,
@@ -41,7 +44,8 @@ def run_eval_command(
     request = build_request(
         step=step,
         host=host,
-        harness_flags=harness_flags,
+        harness_options=harness_options,
+        drafter_config=drafter_config,
         prompts=prompts,
         reference=reference,
         sglang=sglang,
@@ -131,6 +135,7 @@ def show_comparison(
     tag: str | None = None,
     allow_mixed: bool = False,
     plots: Path | None = None,
+    samples: bool = False,
 ) -> results.Comparison:
     """`fab compare` / `dflash-ops results compare`: the table, then the plots; incomparable
     runs are refused unless `allow_mixed` (and then flagged)."""
@@ -143,6 +148,12 @@ def show_comparison(
     mixed = results.check_mixed(comparison, allow_mixed)
     if mixed:
         console.print(f"[yellow]warning:[/] {mixed} (flagged above; left out of the plots)")
+    if samples:
+        for run in comparison.rows:
+            lines = schema.sample_lines(run.results) or ["(no decoded samples in this run)"]
+            console.print(f"[bold]{run.run_id}[/] (step {run.step}):")
+            for line in lines:
+                console.print(f"  {line}", markup=False)
     for path in results.plot(comparison, plots or results_root / "plots"):
         console.print(f"plot: {path}")
     return comparison

@@ -238,7 +238,21 @@ def summary_lines(results: dict) -> list[str]:
     if (results.get(DRAFTER) or {}).get(SETTINGS_PROVENANCE):
         lines.append(settings_line(results[DRAFTER]))
     lines += _provenance_lines(results)
+    lines += sample_lines(results, prompts=1, rounds=2)
     lines += [f"WARNING: {warning}" for warning in results.get(WARNINGS) or []]
+    return lines
+
+
+def sample_lines(results: dict, prompts: int | None = None, rounds: int | None = None) -> list[str]:
+    """The decoded drafts next to the target's text, so that garbage is seen at a glance."""
+    lines = []
+    for sample in (results.get(SAMPLES) or [])[:prompts]:
+        for shown in sample.get("rounds", [])[:rounds]:
+            lines.append(
+                f"sample {sample.get('id')} @{shown.get('position')} (accepted "
+                f"{shown.get('accepted')}): target {shown.get('target')!r}  draft "
+                f"{shown.get('draft')!r}"
+            )
     return lines
 
 

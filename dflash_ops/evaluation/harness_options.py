@@ -1,0 +1,78 @@
+"""The harness options `fab run-eval` passes through, under the harness's own names.
+
+Each entry: run-eval's option (the task's keyword) → the harness flag and how its value is
+checked on the workstation, so a bad value fails before anything is staged or launched.
+Options that run-eval manages itself (--checkpoint, --target, --out, --step, --cache-dir,
+--prompts, --reference-drafter, --sglang-url, --drafter-config, --drafter-profile) are not
+here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from dflash_ops.core.arguments import parse_count
+from dflash_ops.core.errors import OpsError
+
+Check = Callable[[str, object], list[str]]  # (flag, value) → the argv part ([] when unset)
+
+
+def count(minimum: int) -> Check:
+    def check(flag: str, value: object) -> list[str]:
+        number = parse_count(flag, value, minimum)  # type: ignore[arg-type]
+        return [] if number is None else [flag, str(number)]
+
+    return check
+
+
+def text(flag: str, value: object) -> list[str]:
+    return [] if value in (None, "") else [flag, str(value)]
+
+
+def choice(*allowed: str) -> Check:
+    def check(flag: str, value: object) -> list[str]:
+        if value in (None, ""):
+            return []
+        if value not in allowed:
+            raise OpsError(f"{flag}: expected one of {', '.join(allowed)}, found {value!r}")
+        return [flag, str(value)]
+
+    return check
+
+
+def switch(flag: str, value: object) -> list[str]:
+    return [flag] if value else []
+
+
+DTYPES = ("float32", "bfloat16")
+
+OPTIONS: dict[str, tuple[str, Check]] = {
+    "num_prompts": ("--num-prompts", count(1)),
+    "max_new_tokens": ("--max-new-tokens", count(1)),
+    "max_blocks": ("--max-blocks", count(1)),
+    "block_size": ("--block-size", count(2)),
+    "ddtree": ("--ddtree", text),
+    "threads": ("--threads", count(1)),
+    "mask_token_id": ("--mask-token-id", count(0)),
+    "target_layer_ids": ("--target-layer-ids", text),
+    "accept_default": ("--accept-default", text),
+    "dtype": ("--dtype", choice(*DTYPES)),
+    "target_dtype": ("--target-dtype", choice("auto", *DTYPES)),
+    "safe_globals": ("--safe-globals", text),
+    "allow_unsafe_pickle": ("--allow-unsafe-pickle", switch),
+    "no_cache": ("--no-cache", switch),
+    "chunk_anchors": ("--chunk-anchors", count(1)),
+    "per_block": ("--per-block", switch),
+}
+
+
+def harness_args(values: Mapping[str, object]) -> list[str]:
+    """The harness argv for run-eval's option values (unset ones keep the harness's default)."""
+    unknown = set(values) - set(OPTIONS)
+    if unknown:
+        raise OpsError(f"not harness options: {', '.join(sorted(unknown))}")
+    args: list[str] = []
+    for name, value in values.items():
+        flag, check = OPTIONS[name]
+        args += check(flag, value)
+    return args
