@@ -179,6 +179,23 @@ def stage_checkpoint(
 
 @ops_task(
     help={
+        "host": "only this eval host (default: every eval host and local.staging)",
+        "keep_last": "keep the newest N steps of each training run (default 2)",
+        "keep_steps": "also keep these steps, comma-separated",
+        "yes": "really remove (default: show what would go)",
+    }
+)
+def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=None):
+    """Remove old staged checkpoints (and their extracted copies) by policy; dry run by default."""
+    from dflash_ops.ui.prune_view import run_prune
+
+    run_prune(
+        load_inventory(inventory), host=host, keep_last=keep_last, keep_steps=keep_steps, yes=yes
+    )
+
+
+@ops_task(
+    help={
         "step": "training step to evaluate",
         "steps": "several steps, comma-separated: spread over all eval hosts in parallel",
         "all_new": "every complete checkpoint without a successful result yet (a sweep)",

@@ -57,8 +57,9 @@ class DiskSpaceError(HostError):
         super().__init__(
             host,
             f"not enough free space at {path}{purpose}: need {format_bytes(needed)}, "
-            f"free {format_bytes(free)}. Free {format_bytes(needed - free)} there "
-            f"(or point the inventory at a larger filesystem) and retry.",
+            f"free {format_bytes(free)}. Free {format_bytes(needed - free)} there (old staged "
+            f"checkpoints: `fab prune --host {host}`; or point the inventory at a larger "
+            f"filesystem) and retry.",
         )
         self.path = path
         self.needed = needed
