@@ -197,6 +197,9 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
 @ops_task(
     help={
         "step": "training step to evaluate",
+        "latest": "evaluate the trainer's latest complete checkpoint",
+        "via": "how staging reads the trainer's file: stream (default), rootfs or pull",
+        "pull": "copy the checkpoint out of the container first (same as --via pull)",
         "steps": "several steps, comma-separated: spread over all eval hosts in parallel",
         "all_new": "every complete checkpoint without a successful result yet (a sweep)",
         "host": "eval host (default: the only one)",
@@ -228,6 +231,9 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
 def run_eval(
     c,
     step=None,
+    latest=False,
+    via="stream",
+    pull=False,
     steps=None,
     all_new=False,
     host=None,
@@ -284,6 +290,8 @@ def run_eval(
             "per_block": per_block,
         },
         drafter_config=drafter_config,
+        latest=latest,
+        via="pull" if pull else via,
         reference=reference,
         prompts=prompts,
         sglang=sglang,

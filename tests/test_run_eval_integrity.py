@@ -107,8 +107,16 @@ def _configless_checkpoint(models_lab, step: int, like: int) -> dict:
     return config
 
 
-def test_a_checkpoint_that_needs_the_inventory_profile(models_lab, tmp_path):
+@pytest.fixture
+def configless_step(models_lab):
+    """Step 8000 on the trainer, a checkpoint without config; removed afterwards."""
     config = _configless_checkpoint(models_lab, 8000, like=6000)
+    yield config
+    shutil.rmtree(models_lab.checkpoint_path(8000).parent)
+
+
+def test_a_checkpoint_that_needs_the_inventory_profile(models_lab, configless_step, tmp_path):
+    config = configless_step
     bare = run_fab(models_lab.inventory_path, "run-eval", "--step", "8000", *QUICK)
     assert bare.returncode == 1
     assert "argparse.Namespace" in bare.stderr and "--safe-globals" in bare.stderr
@@ -145,3 +153,13 @@ def test_a_checkpoint_that_needs_the_inventory_profile(models_lab, tmp_path):
     )
     assert flags.returncode == 0, flags.stdout + flags.stderr
     assert results_of(models_lab, flags.stdout)["metrics"] == results["metrics"]
+
+
+def test_run_eval_latest_through_a_pull(models_lab):
+    result = run_fab(models_lab.inventory_path, "run-eval", "--latest", "--pull", *QUICK)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert results_of(models_lab, result.stdout)["checkpoint"]["step"] == 6000
+    assert "copy out of" not in result.stderr
+    bad = run_fab(models_lab.inventory_path, "run-eval", "--latest", "--via", "scp")
+    assert bad.returncode == 1
+    assert "--via: expected one of stream, pull, rootfs, found 'scp'" in bad.stderr

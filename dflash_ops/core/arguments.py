@@ -19,6 +19,12 @@ def parse_count(flag: str, text: str | int | None, minimum: int = 0) -> int | No
     return int(value)
 
 
+def parse_choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise OpsError(f"{flag}: expected one of {', '.join(allowed)}, found {value!r}")
+    return value
+
+
 def parse_steps(text: str | None) -> list[int] | None:
     """`--steps 2000,4000` → [2000, 4000]; None when not given."""
     if not text:

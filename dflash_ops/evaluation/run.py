@@ -15,10 +15,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, get_args
 
 from dflash_eval import schema
 
+from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
@@ -31,6 +32,7 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.disk import margin_of, space_check
 from dflash_ops.staging.relay import ProgressCallback
+from dflash_ops.staging.sources import Via
 from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 
 # Makes a progress callback for one transfer from its label and its total bytes.
@@ -73,6 +75,7 @@ class EvalRequest:
     strip_optimizer: bool = False
     tag: str | None = None
     detach: bool = False
+    via: str = "stream"  # how staging reads the trainer's file (stage-checkpoint --via/--pull)
 
 
 def build_request(
@@ -87,6 +90,7 @@ def build_request(
     strip_optimizer: bool = False,
     tag: str | None = None,
     detach: bool = False,
+    via: str = "stream",
 ) -> EvalRequest:
     """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
     options by run-eval's names (harness_options.OPTIONS); unset ones are not passed."""
@@ -104,6 +108,7 @@ def build_request(
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
+        via=parse_choice("--via", via, get_args(Via)),
     )
 
 
@@ -130,7 +135,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
     try:
         harness = ensure_ready(host, entry, reporter.say)
         warn_if_short_of_memory(host, entry, reporter.say)
-        staged = stage_checkpoint(inventory, request.step, name, reporter)
+        staged = stage_checkpoint(inventory, request.step, name, reporter, request.via)
         checkpoint = staged.path
         profile = drafter_profile(inventory)
         if request.strip_optimizer:
@@ -184,11 +189,11 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
 
 
 def stage_checkpoint(
-    inventory: Inventory, step: int, host: str, reporter: RunReporter
+    inventory: Inventory, step: int, host: str, reporter: RunReporter, via: str = "stream"
 ) -> StagedCheckpoint:
     """The checkpoint of `step` staged on `host` (copied first unless it already is there)."""
     with reporter.transfers() as progress_factory:
-        options = StageOptions(report=reporter.say, progress_factory=progress_factory)
+        options = StageOptions(report=reporter.say, progress_factory=progress_factory, via=via)
         return stage(inventory, step, [host], options=options)[-1]
 
 

@@ -14,6 +14,7 @@ from dflash_ops.core.arguments import parse_steps
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, results, sweep
 from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
+from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_view import (
     LiveView,
@@ -33,6 +34,8 @@ def run_eval_command(
     host: str | None,
     harness_options: dict[str, object],
     drafter_config: str | None,
+    latest: bool = False,
+    via: str = "stream",
     reference: bool,
     prompts: str | None,
     sglang: bool,
@@ -41,11 +44,14 @@ def run_eval_command(
     detach: bool,
 ) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
+    if latest:
+        step = resolve_step(inventory, None, latest=True).step
     request = build_request(
         step=step,
         host=host,
         harness_options=harness_options,
         drafter_config=drafter_config,
+        via=via,
         prompts=prompts,
         reference=reference,
         sglang=sglang,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import get_args
 
 from rich.progress import (
     BarColumn,
@@ -16,16 +17,16 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import HostError, InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.staging.catalog import list_checkpoints
 from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import ProgressCallback, RelayState
+from dflash_ops.staging.sources import Via
 from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 from dflash_ops.ui.console import console
-
-VIAS = ("stream", "rootfs", "pull")
 
 
 def checkpoints_table(inventory: Inventory) -> Table:
@@ -77,8 +78,7 @@ def run_stage(
     verify: bool,
     margin: str | None,
 ) -> list[StagedCheckpoint]:
-    if via not in VIAS:
-        raise InventoryError(f"--via: expected one of {', '.join(VIAS)}, found {via!r}")
+    parse_choice("--via", via, get_args(Via))
     if step is None and not latest:
         raise InventoryError("pass --step N or --latest")
     with transfer_bars() as factory:
