@@ -343,8 +343,9 @@ def check_parameters(
     expected = expected_shapes(config)
     fc_shape = found.get("fc.weight")
     fc_inputs = len(config.target_layer_ids) * config.hidden_size
+    fc_hint = None
     if fc_shape is not None and len(fc_shape) == 2 and fc_shape[1] != fc_inputs:
-        raise HarnessError(
+        fc_hint = (
             f"fc.weight in {path} takes {fc_shape[1]} input features, but the config says "
             f"K={len(config.target_layer_ids)} target layers {list(config.target_layer_ids)} × "
             f"hidden {config.hidden_size} = {fc_inputs}. The drafter was trained with a "
@@ -356,25 +357,29 @@ def check_parameters(
     misshaped = [
         f"{name} (expected {list(expected[name])}, found {list(found[name])})"
         for name in sorted(set(expected) & set(found))
-        if expected[name] != found[name]
+        if expected[name] != found[name] and not (name == "fc.weight" and fc_hint)
     ]
-    if missing or unexpected or misshaped:
-        parts = []
-        for label, names in (
-            ("missing", missing),
-            ("unexpected", unexpected),
-            ("mis-shaped", misshaped),
-        ):
-            if names:
-                shown = ", ".join(names[:15])
-                more = f" … and {len(names) - 15} more" if len(names) > 15 else ""
-                parts.append(f"{label} ({len(names)}): {shown}{more}")
-        raise HarnessError(
-            f"The parameters in {path} do not match the drafter config "
-            f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-            f"{config.num_attention_heads}/{config.num_key_value_heads} heads × "
-            f"{config.head_dim}): " + "; ".join(parts) + ". The checkpoint and the config "
-            "describe different architectures; pass the drafter's own config "
-            "(--drafter-config) or check that this is a DFlash drafter checkpoint."
-        )
-    return ignored
+    if not (missing or unexpected or misshaped):
+        if fc_hint:
+            raise HarnessError(fc_hint)
+        return ignored
+    parts = []
+    for label, names in (
+        ("missing", missing),
+        ("unexpected", unexpected),
+        ("mis-shaped", misshaped),
+    ):
+        if names:
+            shown = ", ".join(names[:15])
+            more = f" … and {len(names) - 15} more" if len(names) > 15 else ""
+            parts.append(f"{label} ({len(names)}): {shown}{more}")
+    # Every mismatch at once: fixing one and rerunning to find the next wastes a target load.
+    raise HarnessError(
+        f"The parameters in {path} do not match the drafter config "
+        f"({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads}/{config.num_key_value_heads} heads × "
+        f"{config.head_dim}): " + "; ".join(parts) + ". The checkpoint and the config "
+        "describe different architectures; pass the drafter's own config "
+        "(--drafter-config) or check that this is a DFlash drafter checkpoint."
+        + (f" Also: {fc_hint}" if fc_hint else "")
+    )

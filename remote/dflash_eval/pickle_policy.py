@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import struct
 import zipfile
 from _compat_pickle import IMPORT_MAPPING
 from dataclasses import dataclass, field
@@ -177,11 +178,23 @@ def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
     except pickle.UnpicklingError as error:
         if not policy.allow_unsafe:
             raise HarnessError(_refusal(path, str(error), record.file_globals)) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
+    # A damaged or foreign file fails deep inside the unpickler in many ways (a text file as
+    # checkpoint.pt ends in a KeyError of its memo): all of them mean "not a checkpoint".
+    except (
+        RuntimeError,
+        EOFError,
+        zipfile.BadZipFile,
+        OSError,
+        KeyError,
+        ValueError,
+        IndexError,
+        TypeError,
+        struct.error,
+    ) as error:
         raise HarnessError(
-            f"Cannot read {path} ({path.stat().st_size} bytes) as a torch checkpoint: "
-            f"{error}. It is probably truncated or not a checkpoint; compare its size and "
-            "hash with the source and re-stage it."
+            f"Cannot read {path} ({path.stat().st_size} bytes) as a torch checkpoint "
+            f"({type(error).__name__}: {error}). It is probably truncated or not a checkpoint; "
+            "compare its size and hash with the source and re-stage it."
         ) from None
     record.loaded_with = FULL_UNPICKLE
     return torch.load(path, map_location="cpu", weights_only=False), record

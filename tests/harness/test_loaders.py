@@ -72,6 +72,25 @@ def test_fc_input_size_mismatch_is_named(tmp_path, drafter):
     assert "= 192" in message
 
 
+def test_every_mismatch_is_listed_at_once_with_a_wider_fc(tmp_path, drafter):
+    """Missing, unexpected and a wider fc.weight together: all named in one message."""
+    state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    del state["norm.weight"]
+    state["layers.0.extra.weight"] = torch.zeros(3)
+    state["fc.weight"] = torch.zeros(state["fc.weight"].shape[0], state["fc.weight"].shape[1] * 2)
+    message = _error(save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state))
+    assert "missing (1): norm.weight" in message
+    assert "unexpected (1): layers.0.extra.weight" in message
+    assert "fc.weight in" in message and "input features" in message
+
+
+def test_a_text_file_as_checkpoint_is_one_clear_error(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_text("hello world\n")
+    message = _error(path)
+    assert "Cannot read" in message and "as a torch checkpoint" in message
+
+
 def test_mask_token_outside_target_vocab_stops(tmp_path):
     model = random_drafter(small_config(mask_token_id=500))
     message = _error(save_training_checkpoint(tmp_path / "c.pt", model))
