@@ -189,3 +189,13 @@ def test_parse_runs_never_fails_on_one_bad_line():
         "broken",
         "params.json is not a JSON object",
     )
+
+
+def test_run_files_are_private_whatever_the_login_umask(eval_host):
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, run_id, fake(1), {"step": 2000})
+    jobs.wait_finished(host, entry, run_id, timeout=60)
+    directory = shlex.quote(jobs.run_dir(entry, run_id))
+    modes = host.run(f"cd {directory} && stat -c '%n %a' . params.json log").stdout.split("\n")
+    assert modes[:3] == [". 700", "params.json 600", "log 600"]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dflash_ops.core.errors import OpsError, RemoteCommandError
 from dflash_ops.core.inventory import EvalHost, Inventory
-from dflash_ops.remote.connection import Host, each_eval_host
+from dflash_ops.remote.connection import Host, each_eval_host, with_umask
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
 
@@ -87,6 +87,7 @@ def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
             "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
             "# record its pid and exit code next to its output.",
             f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
+            "umask 077",
             "echo $$ > wrapper.pid",
             f"exec 9>>{lock}",
             f"flock -n 9 || {{ echo busy > refused; exit {BUSY_EXIT}; }}",
@@ -109,10 +110,14 @@ def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict)
     params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
     script = wrapper_script(entry, run_id, command)
     quoted = shlex.quote(directory)
+    # Run directories are the user's own (umask 077): their logs may quote prompts and paths.
     host.run(
-        f"mkdir -p {quoted} && cd {quoted} && "
-        f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
-        f"printf '%s' {shlex.quote(script)} > run.sh"
+        with_umask(
+            "077",
+            f"mkdir -p {quoted} && cd {quoted} && "
+            f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
+            f"printf '%s' {shlex.quote(script)} > run.sh",
+        )
     )
     unit = f"dflash-eval-{run_id}"
     start = (
