@@ -12,12 +12,18 @@ from dflash_ops.remote.connection import Host
 INJECTED = "10.0.0.6/22;touch {marker};echo "
 
 
+def changed_inventory(lab, tmp_path, host: str, key: str, value) -> str:
+    """The lab's inventory with hosts.HOST.KEY set to `value`, written beside the test."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"][host][key] = value
+    changed = tmp_path / "inventory.yaml"
+    changed.write_text(yaml.safe_dump(document))
+    return changed
+
+
 def test_an_injected_eval_address_is_refused_before_anything_runs(lab, fab, tmp_path):
     marker = tmp_path / "injected"
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["hosts"]["eval"]["address"] = INJECTED.format(marker=marker)
-    hostile = tmp_path / "inventory.yaml"
-    hostile.write_text(yaml.safe_dump(document))
+    hostile = changed_inventory(lab, tmp_path, "eval", "address", INJECTED.format(marker=marker))
     result = fab(hostile, "check-hosts")
     assert result.returncode == 1
     assert "hosts.eval.address: expected a host name" in result.stderr
@@ -46,10 +52,7 @@ def test_the_lab_inventory_addresses_still_load(lab):
     ["step_{0}/checkpoint.pt", "ckpt.pt", "step_{step}/{run}.pt", "step_{step}_{step}.pt", "a{b"],
 )
 def test_a_layout_without_exactly_one_step_placeholder_is_one_line(lab, fab, tmp_path, layout):
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["hosts"]["trainer"]["layout"] = layout
-    broken = tmp_path / "inventory.yaml"
-    broken.write_text(yaml.safe_dump(document))
+    broken = changed_inventory(lab, tmp_path, "trainer", "layout", layout)
     result = fab(broken, "list-checkpoints")
     assert result.returncode == 1
     assert "hosts.trainer.layout: expected a path with {step} exactly once" in result.stderr
@@ -102,10 +105,7 @@ def test_a_bad_number_on_the_command_line_is_one_line(lab, fab, task, flag, valu
     ],
 )
 def test_a_careless_drafter_profile_is_one_line(lab, fab, tmp_path, drafter, expected):
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["hosts"]["trainer"]["drafter"] = drafter
-    broken = tmp_path / "inventory.yaml"
-    broken.write_text(yaml.safe_dump(document))
+    broken = changed_inventory(lab, tmp_path, "trainer", "drafter", drafter)
     result = fab(broken, "check-hosts")
     assert result.returncode == 1
     assert expected in result.stderr, result.stderr

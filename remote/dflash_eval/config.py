@@ -213,7 +213,13 @@ def qwen3_config(values: Mapping[str, Any], where: str) -> Any:
 def with_rope(config: DrafterConfig, parameters: Mapping[str, Any], where: str) -> DrafterConfig:
     """The config with its RoPE set from transformers-style `rope_parameters` (standardised
     and validated by transformers, as when the reference reads a config)."""
-    values = {
+    values = rope_config_values(config, parameters)
+    return replace(config, **_rope_fields(qwen3_config(values, where).rope_parameters))
+
+
+def rope_config_values(config: DrafterConfig, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """What transformers' Qwen3Config needs to build this drafter's rotary embedding."""
+    return {
         "hidden_size": config.hidden_size,
         "num_attention_heads": config.num_attention_heads,
         "head_dim": config.head_dim,
@@ -221,7 +227,6 @@ def with_rope(config: DrafterConfig, parameters: Mapping[str, Any], where: str) 
         "max_position_embeddings": config.max_position_embeddings,
         "rope_parameters": dict(parameters),
     }
-    return replace(config, **_rope_fields(qwen3_config(values, where).rope_parameters))
 
 
 def _rope_fields(standardised: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_eval.config import DrafterConfig, qwen3_config
+from dflash_eval.config import DrafterConfig, qwen3_config, rope_config_values
 from dflash_eval.errors import HarnessError
 
 
@@ -61,14 +61,7 @@ class RotaryTable:
     """
 
     def __init__(self, config: DrafterConfig) -> None:
-        values = {
-            "hidden_size": config.hidden_size,
-            "num_attention_heads": config.num_attention_heads,
-            "head_dim": config.head_dim,
-            "num_hidden_layers": config.num_hidden_layers,
-            "max_position_embeddings": config.max_position_embeddings,
-            "rope_parameters": config.rope_parameters(),
-        }
+        values = rope_config_values(config, config.rope_parameters())
         hf_config = qwen3_config(values, "the drafter config")
         with torch.device("cpu"):
             self.module = _transformers_rotary(hf_config, config.partial_rotary_factor)
