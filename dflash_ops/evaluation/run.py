@@ -24,6 +24,8 @@ from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.dataset_cache import load_set
+from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
@@ -75,14 +77,31 @@ def build_request(
     host: str | None,
     harness_flags: dict[str, object],
     prompts: str | None,
+    dataset: str | None = None,
+    prompt_sets_dir: Path | None = None,
     reference: bool = False,
     sglang: bool = False,
     strip_optimizer: bool = False,
     tag: str | None = None,
     detach: bool = False,
+    say: Callable[[str], None] = lambda message: None,
 ) -> EvalRequest:
     """The request behind `fab run-eval`'s flags. `harness_flags` maps a harness flag to its
-    value; unset ones (0, None, "") are not passed, so the harness keeps its defaults."""
+    value; unset ones (0, None, "") are not passed, so the harness keeps its defaults.
+
+    `dataset` names prompt sets (dflash_ops.evaluation.datasets): they are built here, into
+    a prompts file in `prompt_sets_dir` that is uploaded like --prompts, and --num-prompts
+    becomes the number of prompts drawn from each set."""
+    if harness_flags.get("--thinking") not in (None, "", "on", "off"):
+        raise OpsError(f"--thinking must be 'on' or 'off', got {harness_flags['--thinking']!r}")
+    if dataset:
+        if prompts:
+            raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
+        harness_flags = dict(harness_flags)
+        per_set = harness_flags.pop("--num-prompts", None) or None
+        prompts = str(
+            dataset_prompts(dataset, per_set, prompt_sets_dir or Path("prompt-sets"), say)
+        )
     if prompts and not Path(prompts).is_file():
         raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
     return EvalRequest(
@@ -98,6 +117,22 @@ def build_request(
         tag=tag,
         detach=detach,
     )
+
+
+def dataset_prompts(
+    sets: str, per_set: int | None, directory: Path, say: Callable[[str], None]
+) -> Path:
+    """The prompts file of the named sets (`gsm8k,mt-bench`, `gsm8k=PATH`), `per_set` rows
+    of each (all when None)."""
+    records = []
+    for request in parse_sets(sets):
+        loaded = load_set(request, say=say)
+        chosen = prompt_records(loaded, per_set)
+        say(f"{loaded.spec.name}: {len(chosen)} of {len(loaded.rows)} rows")
+        records += chosen
+    path = write_prompts(records, directory)
+    say(f"prompts: {len(records)} from {sets} → {path}")
+    return path
 
 
 class RunReporter(Protocol):
