@@ -107,7 +107,7 @@ def _read_files(request: SetRequest, root: Path) -> tuple[dict[str, Any], Any]:
     if len(builders) != 1 or None in builders:
         raise DatasetError(
             f"--dataset {request.spec.name}: data files must all be one of "
-            f"{', '.join(BUILDERS)} (.gz allowed for JSON), got {', '.join(sorted(suffixes))}"
+            f"{', '.join(BUILDERS)} (optionally .gz), got {', '.join(sorted(suffixes))}"
         )
     load_dataset = _datasets_loader()
     files = [str(path) for path in request.files]
@@ -130,12 +130,14 @@ def _read_files(request: SetRequest, root: Path) -> tuple[dict[str, Any], Any]:
 
 def _datasets_loader() -> Callable[..., Any]:
     try:
+        import datasets
         from datasets import load_dataset
     except ImportError:
         raise DatasetError(
             "named prompt sets need the Hugging Face `datasets` package on the workstation: "
             "pip install datasets (make setup installs it)"
         ) from None
+    datasets.disable_progress_bars()  # our own lines say what was read; bars garble them
     return load_dataset
 
 
