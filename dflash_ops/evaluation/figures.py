@@ -103,6 +103,7 @@ def _acceptance(rows: list[RunResult]) -> Any:
         latest = schema.conditional_by_position(runs[-1].metrics)
         axes.plot(list(latest), list(latest.values()), marker=".", label=f"step {step}")
     axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)")
+    axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set_ylim(0, 1.02)
     return figure
 
