@@ -2,8 +2,8 @@
 τ per prompt set vs step, per-position acceptance, DDTree τ vs budget.
 
 Only comparable runs are drawn (the flagged ones are left out). Where several runs share a
-step, the line goes through their mean and each run keeps its own interval bar. `results.plot`
-saves these as PNG files; the HTML report (dflash_ops.ui.report) inlines them as SVG.
+step, the line goes through their mean and each run keeps its own interval bar. `plot` saves
+them as PNG files; the HTML report (dflash_ops.ui.report) inlines them as SVG.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def build(comparison: Comparison) -> dict[str, Any]:
     if comparison.budgets:
         figures["ddtree_budgets"] = _ddtree(rows, comparison.budgets)
     return figures
+
+
+def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
+    """The comparison's figures as PNG files in `out_dir` (`fab compare`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [save_png(figure, out_dir / f"{name}.png") for name, figure in build(comparison).items()]
 
 
 def save_png(figure: Any, path: Path) -> Path:

@@ -1,4 +1,6 @@
-"""Pulled results on the workstation: load, compare across steps and runs, plot.
+"""Pulled results on the workstation: load, compare across steps and runs (with the 95 %
+confidence intervals the harness computed per prompt set, and whether consecutive steps'
+intervals overlap). Figures are in dflash_ops.evaluation.figures.
 
 Each run lives in `<results>/<run-id>/` (see dflash_ops.evaluation.jobs.fetch): `run.json`
 (where and how it ran, its final state) and, for a successful run, the harness's `results.json`.
@@ -254,14 +256,3 @@ def _groups(row: RunResult) -> dict[str, dict]:
     if overall is None:
         return {}
     return {ALL_PROMPTS: overall, **schema.dataset_groups(row.results)}
-
-
-def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
-    """The comparison's figures (dflash_ops.evaluation.figures) as PNG files in `out_dir`."""
-    from dflash_ops.evaluation import figures
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return [
-        figures.save_png(figure, out_dir / f"{name}.png")
-        for name, figure in figures.build(comparison).items()
-    ]

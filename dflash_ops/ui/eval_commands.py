@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dflash_ops.core.inventory import Inventory
-from dflash_ops.evaluation import jobs, results, sweep
+from dflash_ops.evaluation import figures, jobs, results, sweep
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
@@ -170,7 +170,7 @@ def show_comparison(
         console.print(per_set)
     for note in results.overlap_notes(comparison):
         console.print(note)
-    for plot in results.plot(comparison, plots or results_root / "plots"):
+    for plot in figures.plot(comparison, plots or results_root / "plots"):
         console.print(f"plot: {plot}")
     console.print(f"report: {path}")
     return comparison
