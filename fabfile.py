@@ -11,9 +11,12 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from dflash_lab import lab
-from dflash_ops import provision
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.provision.harness import deploy_harness_to
+from dflash_ops.provision.setup import setup_eval_hosts
+from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
+from dflash_ops.ui.arguments import parse_count
 from dflash_ops.ui.console import check_table, console
 from dflash_ops.ui.task import ops_task
 
@@ -104,15 +107,15 @@ def lab_status(c, dir=None):
 def setup_eval_host(c, host=None, force=False, inventory=None):
     """Provision eval hosts: uv, the venv (CPU torch, transformers…), the harness. Idempotent."""
     inv = load_inventory(inventory)
-    for outcome in provision.setup_eval_hosts(inv, host, force, say=console.print):
-        console.print(provision.summary(outcome))
+    for outcome in setup_eval_hosts(inv, host, force, say=console.print):
+        console.print(setup_summary(outcome))
 
 
 @ops_task(help={"host": "eval host to deploy to (default: every eval host)"})
 def deploy_harness(c, host=None, inventory=None):
     """Upload remote/dflash_eval under its content hash (if new) and make it `current`."""
     inv = load_inventory(inventory)
-    for deployed in provision.deploy_harness_to(inv, host, say=console.print):
+    for deployed in deploy_harness_to(inv, host, say=console.print):
         console.print(f"{deployed.path} (sha256 {deployed.digest})")
 
 
@@ -144,7 +147,7 @@ def list_checkpoints(c, inventory=None):
 )
 def stage_checkpoint(
     c,
-    step=0,
+    step=None,
     latest=False,
     to=None,
     dry_run=False,
@@ -159,9 +162,10 @@ def stage_checkpoint(
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
     from dflash_ops.ui.staging_view import run_stage
 
+    step = parse_count("--step", step)
     run_stage(
         load_inventory(inventory),
-        step=step or None,
+        step=step,
         latest=latest,
         to=[name.strip() for name in to.split(",")] if to else None,
         dry_run=dry_run,
@@ -199,16 +203,16 @@ def stage_checkpoint(
 )
 def run_eval(
     c,
-    step=0,
+    step=None,
     steps=None,
     all_new=False,
     host=None,
-    num_prompts=0,
-    max_new_tokens=0,
-    max_blocks=0,
-    block_size=0,
+    num_prompts=None,
+    max_new_tokens=None,
+    max_blocks=None,
+    block_size=None,
     ddtree=None,
-    threads=0,
+    threads=None,
     reference=False,
     prompts=None,
     dataset=None,
@@ -224,17 +228,17 @@ def run_eval(
 
     run_eval_command(
         load_inventory(inventory),
-        step=step,
+        step=parse_count("--step", step) or 0,
         steps=steps,
         all_new=all_new,
         host=host,
         harness_flags={
-            "--num-prompts": num_prompts,
-            "--max-new-tokens": max_new_tokens,
-            "--max-blocks": max_blocks,
-            "--block-size": block_size,
+            "--num-prompts": parse_count("--num-prompts", num_prompts, minimum=1),
+            "--max-new-tokens": parse_count("--max-new-tokens", max_new_tokens, minimum=1),
+            "--max-blocks": parse_count("--max-blocks", max_blocks, minimum=1),
+            "--block-size": parse_count("--block-size", block_size, minimum=2),
             "--ddtree": ddtree,
-            "--threads": threads,
+            "--threads": parse_count("--threads", threads, minimum=1),
             "--thinking": thinking,
         },
         reference=reference,

@@ -11,6 +11,7 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         schema.BLOCK_SIZE: 4,
         schema.TAU_MACRO: 1.5,
         schema.TAU_POOLED: 1.25,
+        schema.TAU_CONVENTION: "zlab-live-loop",
         schema.ROUNDS: 8,
         schema.COMMITTED_TOKENS: 10,
         schema.PER_POSITION: [
@@ -21,6 +22,7 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         schema.DDTREE: {b: {schema.TAU_MACRO: 1.75, schema.TAU_POOLED: 1.5} for b in budgets},
     }
     return {
+        schema.KIND_KEY: schema.KIND,
         schema.SCHEMA_VERSION_KEY: schema.SCHEMA_VERSION,
         schema.CHECKPOINT: {
             schema.PATH: "/eval/step_2000/checkpoint.pt",
@@ -32,7 +34,10 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
             schema.TARGET_NAME: "tiny",
             schema.TARGET_FAMILY: "qwen3",
             schema.TARGET_FINGERPRINT: "f" * 64,
+            "dtype": "float32",
         },
+        schema.DRAFTER: {schema.SETTINGS: {"dtype": "float32"}},
+        schema.OPTIONS: {"max_blocks": None},
         schema.PROMPTS: {
             schema.PROMPT_COUNT: 2,
             schema.PROMPTS_SHA256: "p" * 64,

@@ -74,3 +74,20 @@ def test_an_inventory_that_is_not_utf8_is_one_line(lab, fab, tmp_path):
     assert result.returncode == 1
     assert "expected UTF-8 text, found the byte 0xe4" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("task", "flag", "value"),
+    [
+        ("stage-checkpoint", "--step", "abc"),
+        ("stage-checkpoint", "--step", "4000;id"),
+        ("run-eval", "--step", "-1"),
+        ("run-eval", "--max-new-tokens", "12x"),
+        ("run-eval", "--threads", "0"),
+    ],
+)
+def test_a_bad_number_on_the_command_line_is_one_line(lab, fab, task, flag, value):
+    result = fab(lab.inventory_path, task, flag, value)
+    assert result.returncode == 1
+    assert f"{flag}: expected a whole number" in result.stderr and repr(value) in result.stderr
+    assert "Traceback" not in result.stderr

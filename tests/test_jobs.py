@@ -148,3 +148,44 @@ def test_parse_runs_states():
     assert state(pid="-") == "starting"
     assert state() == "lost"
     assert state(code="143", results="cancelled") == "cancelled"
+
+
+def test_a_failed_run_is_fetched_without_a_results_file(eval_host, tmp_path):
+    """paramiko creates the local file before it finds the remote one missing: no empty
+    results.json may be left to stand for the results the run never wrote."""
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, run_id, fake(1, "fail"), {"step": 2000})
+    run = jobs.wait_finished(host, entry, run_id, timeout=60)
+    assert run.state == "failed"
+    fetched = jobs.fetch(host, entry, run, tmp_path)
+    assert not (fetched / "results.json").exists()
+    assert "boom: the drafter exploded" in (fetched / "log").read_text()
+    assert json.loads((fetched / "run.json").read_text())["state"] == "failed"
+
+
+def test_a_truncated_params_file_lists_the_run_as_broken(eval_host, lab, fab, tmp_path):
+    host, entry = eval_host
+    good = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, good, fake(1), {"step": 2000})
+    jobs.wait_finished(host, entry, good, timeout=60)
+    broken = f"{jobs.runs_dir(entry)}/20250101-000000-step4000-eval-dead"
+    host.run(f"mkdir -p {shlex.quote(broken)} && printf '{{\"step\": 40' > {broken}/params.json")
+    runs = {run.run_id: run for run in jobs.list_runs(host, entry)}
+    assert runs[good].state == "succeeded"
+    dead = runs["20250101-000000-step4000-eval-dead"]
+    assert dead.state == "broken" and "params.json is not valid JSON" in dead.problem
+    status = fab(lab.inventory_path, "eval-status")
+    assert status.returncode == 0, status.stderr
+    assert "broken" in status.stdout and good in status.stdout
+
+
+def test_parse_runs_never_fails_on_one_bad_line():
+    output = 'a\t0\t1\tno\tyes\t5\t{"step": 1, "started": 1}\nb\t-\t-\tno\tno\t-\t[1]\n'
+    bad, good = jobs.parse_runs("eval", output, now=100)  # oldest first; b has no start
+    assert (good.run_id, good.state) == ("a", "succeeded")
+    assert (bad.run_id, bad.state, bad.problem) == (
+        "b",
+        "broken",
+        "params.json is not a JSON object",
+    )

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dflash_eval.version import harness_files, harness_hash
 
 from dflash_lab import lab as labs
-from dflash_ops import provision
 from dflash_ops.core.inventory import EvalHost, VenvSpec
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.provision.harness import HARNESS_SOURCE, deploy_harness, short_hash
+from dflash_ops.provision.packages import Sources, requested, requirements
 from dflash_ops.remote.connection import Host
+from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
 
 # --- without a host ------------------------------------------------------------------------
@@ -37,7 +40,7 @@ def test_requirements_pin_versions_and_keep_specifiers():
         versions={"torch": "2.13.0+cpu", "transformers": ">=5,<6", "numpy": "2.1.0"},
         packages=["numpy", "rich[jupyter]"],
     )
-    assert provision.requirements(spec) == [
+    assert requirements(spec) == [
         "torch==2.13.0+cpu",
         "transformers>=5,<6",
         "safetensors",
@@ -51,12 +54,12 @@ def test_cpu_torch_never_replaces_pypi():
     """The seed engineer's mistake: --index-url hid PyPI. CPU torch comes from uv's torch
     backend (online) or find-links; indexes are only ever *extra*."""
     spec = VenvSpec(path="/v", torch="cpu")
-    online = provision.Sources(extra_index_url=("https://mirror/simple",)).uv_args(spec)
+    online = Sources(extra_index_url=("https://mirror/simple",)).uv_args(spec)
     assert "--index-url" not in online and "--default-index" not in online
     assert online[-2:] == ["--torch-backend", "cpu"]
-    offline = provision.Sources(find_links=("/w",), offline=True).uv_args(spec)
+    offline = Sources(find_links=("/w",), offline=True).uv_args(spec)
     assert offline == ["--find-links", "/w", "--offline"]
-    wheelhouse = provision.Sources(find_links=("/h",), no_index=True).uv_args(spec)
+    wheelhouse = Sources(find_links=("/h",), no_index=True).uv_args(spec)
     assert wheelhouse == ["--find-links", "/h", "--no-index", "--offline"]
 
 
@@ -69,45 +72,10 @@ def test_harness_hash_rule(tmp_path):
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "x.py").write_text("ignored")
     expected = hashlib.sha256(b"b.py\0b = 1\n\0sub/a.py\0a = 2\n\0").hexdigest()
-    assert provision.harness_files(tmp_path) == ["b.py", "sub/a.py"]
-    assert provision.harness_hash(tmp_path) == expected
+    assert harness_files(tmp_path) == ["b.py", "sub/a.py"]
+    assert harness_hash(tmp_path) == expected
     (tmp_path / "sub" / "a.py").write_text("a = 3\n")
-    assert provision.harness_hash(tmp_path) != expected
-
-
-CAPTURED_STATE = """@@record
-{"format": 1, "requested": {}, "resolved": {"torch": "2.13.0+cpu", "hf-xet": "1.6.0"}}
-
-@@python
-3.11.2
-@@dists
-hf_xet-1.6.0.dist-info
-torch-2.13.0+cpu.dist-info
-@@uv
-/srv/eval/bin/uv
-uv 0.13.9 (x86_64-unknown-linux-gnu)
-@@harness
-0123456789abcdef
-complete
-@@end
-"""
-
-
-def test_parse_state_on_captured_output():
-    state = provision.parse_state(CAPTURED_STATE)
-    assert state.python_version == "3.11.2"
-    assert state.dists == {"hf-xet": "1.6.0", "torch": "2.13.0+cpu"}
-    assert state.uv == "/srv/eval/bin/uv"
-    assert state.uv_version == "uv 0.13.9 (x86_64-unknown-linux-gnu)"
-    assert (state.harness_current, state.harness_complete) == ("0123456789abcdef", True)
-    spec = VenvSpec(path="/v")
-    assert "spec changed" in provision.venv_problem(state, spec)
-    state.record["requested"] = provision.requested(spec)
-    assert provision.venv_problem(state, spec) is None
-    state.dists.pop("torch")
-    assert "differ from the record (torch 2.13.0+cpu" in provision.venv_problem(state, spec)
-    state.python_version = None
-    assert "does not run" in provision.venv_problem(state, spec)
+    assert harness_hash(tmp_path) != expected
 
 
 # --- one provisioned lab for the module --------------------------------------------------
@@ -135,7 +103,9 @@ class Provisioned:
             host.close()
 
     def record(self) -> dict:
-        return json.loads(self.remote(f"cat {shlex.quote(provision.record_path(self.entry.venv))}"))
+        return json.loads(
+            self.remote(f"cat {shlex.quote(EvalLayout(self.entry).provision_record)}")
+        )
 
     def variant(self, name: str, **venv_changes) -> Path:
         """A copy of the lab inventory with the eval venv spec changed."""
@@ -176,12 +146,12 @@ def test_fresh_host_gets_uv_venv_cpu_torch_and_harness(provisioned):
     ).split()
     assert answer == ["2.13.0+cpu", "None", "6.0"]
     record = provisioned.record()
-    assert record["requested"] == provision.requested(provisioned.entry.venv)
+    assert record["requested"] == requested(provisioned.entry.venv)
     assert record["uv"]["method"] == "pushed"
     assert record["resolved"]["torch"] == "2.13.0+cpu"
     assert record["sources"]["find_links"] == ["/opt/wheels"]  # from $PIP_FIND_LINKS
     short = re.search(r"harness ([0-9a-f]{16}) uploaded", out).group(1)
-    harness = provision.harness_dir(provisioned.entry)
+    harness = EvalLayout(provisioned.entry).harness_root
     assert provisioned.remote(f"readlink {harness}/current").strip() == short
     # Byte-compiled by the venv's python.
     assert "cpython-3" in provisioned.remote(f"ls {harness}/{short}/dflash_eval/__pycache__")
@@ -240,7 +210,7 @@ def test_deleted_venv_python_is_rebuilt(provisioned):
 
 
 def test_missing_uv_is_installed_and_force_recreates(provisioned):
-    uv = f"{provision.uv_dir(provisioned.entry)}/uv"
+    uv = f"{EvalLayout(provisioned.entry).uv_dir}/uv"
     venv = provisioned.entry.venv.path
     provisioned.remote(f"rm -f {uv}")
     before = provisioned.remote(f"stat -c %i {venv}/pyvenv.cfg")
@@ -255,7 +225,7 @@ def test_missing_uv_is_installed_and_force_recreates(provisioned):
 
 
 def test_deploy_harness_twice_uploads_nothing(provisioned):
-    harness = provision.harness_dir(provisioned.entry)
+    harness = EvalLayout(provisioned.entry).harness_root
     first = run_fab(provisioned.inventory_path, "deploy-harness")
     assert first.returncode == 0, first.stderr
     short = provisioned.remote(f"readlink {harness}/current").strip()
@@ -268,18 +238,18 @@ def test_deploy_harness_twice_uploads_nothing(provisioned):
 
 def test_changed_harness_gets_new_hash_and_current_switches(provisioned, tmp_path):
     source = tmp_path / "dflash_eval"
-    shutil.copytree(provision.HARNESS_SOURCE, source, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(HARNESS_SOURCE, source, ignore=shutil.ignore_patterns("__pycache__"))
     with (source / "__init__.py").open("a") as init:
         init.write("\nCHANGED_IN_TEST = True\n")
-    original = provision.harness_hash()
+    original = harness_hash()
     host = provisioned.host()
     entry = provisioned.entry
     messages: list[str] = []
     try:
-        deployed = provision.deploy_harness(host, entry, source, say=messages.append)
+        deployed = deploy_harness(host, entry, source, say=messages.append)
         assert deployed.uploaded and deployed.switched and deployed.digest != original
-        new = provision.short_hash(deployed.digest)
-        harness = provision.harness_dir(entry)
+        new = short_hash(deployed.digest)
+        harness = EvalLayout(entry).harness_root
         assert host.run(f"readlink {harness}/current").stdout.strip() == new
         python = f"{entry.venv.path}/bin/python"
         imported = host.run(
@@ -288,11 +258,9 @@ def test_changed_harness_gets_new_hash_and_current_switches(provisioned, tmp_pat
         )
         assert imported.stdout.strip() == "True"
         # Back to the repository's harness: already on the host, so only `current` moves.
-        back = provision.deploy_harness(host, entry, say=messages.append)
+        back = deploy_harness(host, entry, say=messages.append)
         assert not back.uploaded and back.switched
-        assert host.run(f"readlink {harness}/current").stdout.strip() == (
-            provision.short_hash(original)
-        )
+        assert host.run(f"readlink {harness}/current").stdout.strip() == (short_hash(original))
     finally:
         host.close()
 
@@ -307,7 +275,7 @@ def test_wheelhouse_mode_pushes_wheels_and_installs_without_index(provisioned, m
     assert "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl" in wheels
     record = json.loads(
         provisioned.host(airgapped)
-        .run(f"cat {provision.record_path(provisioned.entry.venv)}")
+        .run(f"cat {EvalLayout(provisioned.entry).provision_record}")
         .stdout
     )
     assert record["sources"]["no_index"] is True

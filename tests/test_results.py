@@ -55,3 +55,38 @@ def test_runs_that_differ_in_what_shapes_the_numbers_are_refused_unless_allowed(
     assert "not comparable" in results.check_mixed(comparison, allow_mixed=True)
     _, cells = results.table_rows(comparison)
     assert [row[-1] for row in cells] == ["≠ max new tokens", "yes"]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("", "results.json unreadable"),
+        ("[1, 2]", "not a dflash-eval results file"),
+        (
+            f'{{"kind": "dflash-eval-results", "schema_version": {schema.SCHEMA_VERSION}}}',
+            "missing or malformed field",
+        ),
+    ],
+)
+def test_a_damaged_results_file_is_skipped_and_named_not_fatal(tmp_path, content, why):
+    pull(tmp_path, "good", 2000, results_dict())
+    pull(tmp_path, "bad", 4000, results_dict())
+    (tmp_path / "bad" / "results.json").write_text(content)
+    comparison = results.compare(results.load_runs(tmp_path))
+    assert [row.run_id for row in comparison.rows] == ["good"]
+    (skipped,) = comparison.skipped
+    assert skipped.run_id == "bad" and why in skipped.problem
+
+
+def test_a_results_file_of_another_schema_version_is_named(tmp_path):
+    newer = results_dict()
+    newer[schema.SCHEMA_VERSION_KEY] = schema.SCHEMA_VERSION + 1
+    pull(tmp_path, "newer", 2000, newer)
+    (run,) = results.load_runs(tmp_path)
+    assert run.results is None and "schema_version" in run.problem
+
+
+def test_only_failed_runs_is_one_clear_error(tmp_path):
+    pull(tmp_path, "failed", 2000, None)
+    with pytest.raises(results.ResultsError, match=r"no successful runs to compare \(1 failed"):
+        results.compare(results.load_runs(tmp_path))

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from dflash_lab import lab as labs
-from dflash_ops import provision
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
+from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import FAB, REPO, run_fab
@@ -40,7 +40,7 @@ def models_lab(tmp_path_factory):
     )
     try:
         inventory = load(built.inventory_path)
-        provision.setup_eval_hosts(inventory, None, False, say=lambda message: None)
+        setup_eval_hosts(inventory, None, False, say=lambda message: None)
         yield built
     finally:
         assert not built.down()
@@ -341,8 +341,10 @@ def sglang_stand_in(models_lab, tmp_path):
 
 def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_path):
     server, url, log = sglang_stand_in
+    # Credentials in the URL (the stand-in ignores them) must reach no recorded file.
+    secret_url = url.replace("http://", "http://dflash:s3cret-token@")
     document = yaml.safe_load(inventory_path.read_text())
-    document["hosts"]["eval"]["sglang_url"] = url
+    document["hosts"]["eval"]["sglang_url"] = secret_url
     with_sglang = tmp_path / "inventory.yaml"
     with_sglang.write_text(yaml.safe_dump(document, sort_keys=False))
     step = ["--step", "6000", "--host", "eval"]
@@ -353,7 +355,11 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     assert {request["sampling_params"]["max_new_tokens"] for request in requests} == {24}
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
-    assert results["completions"] == {"source": "sglang", "sglang_url": url}
+    redacted = url.replace("http://", "http://***@")
+    assert results["completions"] == {"source": "sglang", "sglang_url": redacted}
+    for pulled_file in run_file.parent.iterdir():
+        assert "s3cret" not in pulled_file.read_text(errors="replace"), pulled_file.name
+    assert "s3cret" not in served.stdout + served.stderr
     # The stand-in serves the target's own greedy continuations: same metrics as local.
     local = fab_eval(inventory_path, "run-eval", *step, *QUICK)
     assert local.returncode == 0, local.stdout + local.stderr
@@ -379,7 +385,7 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     )
     assert down.returncode == 1
     output = " ".join((down.stdout + down.stderr).split())
-    assert f"Cannot reach the SGLang server at {url}" in output
+    assert f"Cannot reach the SGLang server at {redacted}" in output
     assert "Start it on the eval host" in output
 
 

@@ -38,10 +38,11 @@ class JobError(OpsError):
 class Run:
     run_id: str
     host: str
-    state: str  # starting | running | succeeded | failed | cancelled | lost
+    state: str  # starting | running | succeeded | failed | cancelled | lost | broken
     exit_code: int | None
     params: dict
     finished: float | None  # epoch seconds when exit_code was written
+    problem: str | None = None  # why its files cannot be read (state "broken")
 
     @property
     def step(self) -> int | None:
@@ -53,7 +54,7 @@ class Run:
 
     @property
     def done(self) -> bool:
-        return self.state in ("succeeded", "failed", "cancelled", "lost")
+        return self.state in ("succeeded", "failed", "cancelled", "lost", "broken")
 
 
 def new_run_id(step: int, host: str, tag: str | None = None) -> str:
@@ -205,7 +206,7 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
         if not line.strip():
             continue
         run_id, code, pid, alive, results, finished, params = line.split("\t", 6)
-        params_data = json.loads(params) if params else {}
+        params_data, problem = _params(params)
         exit_code = int(code) if code.lstrip("-").isdigit() else None
         if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
             state = "cancelled" if exit_code is not None or alive != "yes" else "running"
@@ -217,6 +218,8 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
             state = "starting"
         else:
             state = "lost"  # the wrapper died without recording an exit code
+        if problem and state in ("starting", "lost"):
+            state = "broken"
         runs.append(
             Run(
                 run_id,
@@ -225,9 +228,22 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
                 exit_code,
                 params_data,
                 float(finished) if finished != "-" else None,
+                problem,
             )
         )
     return sorted(runs, key=lambda run: run.started or 0)
+
+
+def _params(text: str) -> tuple[dict, str | None]:
+    """A run's params.json, or ({}, why not): one damaged run directory (a truncated write,
+    a full disk) must not make every listing of the host fail."""
+    try:
+        params = json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        return {}, f"params.json is not valid JSON ({exc.msg} at character {exc.pos})"
+    if not isinstance(params, dict):
+        return {}, "params.json is not a JSON object"
+    return params, None
 
 
 def list_runs(host: Host, entry: EvalHost) -> list[Run]:
@@ -343,7 +359,10 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
         try:
             host.connection.get(f"{remote}/{name}", str(partial / name))
         except FileNotFoundError:
-            continue  # a failed run has no results.json, maybe no events
+            # paramiko creates the local file before it finds the remote one missing: a
+            # failed run has no results.json, and an empty one must not stand in for it.
+            (partial / name).unlink(missing_ok=True)
+            continue
         except OSError as exc:
             raise RemoteCommandError(host.name, f"get {remote}/{name}", 1, str(exc)) from None
     summary = {
@@ -356,6 +375,7 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
         "started": run.started,
         "finished": run.finished,
         "remote_dir": remote,
+        "problem": run.problem,
     }
     (partial / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     partial.replace(destination)

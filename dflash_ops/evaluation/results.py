@@ -34,7 +34,8 @@ class RunResult:
     run_id: str
     directory: Path
     run: dict
-    results: dict | None  # None for a failed or cancelled run
+    results: dict | None  # None for a failed, cancelled or unreadable run
+    problem: str | None = None  # why the run's files cannot be used (then results is None)
 
     @property
     def step(self) -> int | None:
@@ -57,21 +58,31 @@ class RunResult:
 
 
 def load_runs(results_root: Path) -> list[RunResult]:
-    """Every fetched run under `results_root`, successful ones with their results."""
-    runs = []
-    for run_file in sorted(results_root.glob("*/run.json")):
-        directory = run_file.parent
-        try:
-            run = json.loads(run_file.read_text())
-            results_file = directory / "results.json"
-            results = json.loads(results_file.read_text()) if results_file.exists() else None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ResultsError(
-                f"{directory}: unreadable run files ({exc}); delete the "
-                "directory and run `fab fetch-results` again"
-            ) from None
-        runs.append(RunResult(directory.name, directory, run, results))
+    """Every fetched run under `results_root`, successful ones with their results. A run
+    whose files cannot be used is kept with its `problem`: one bad directory never hides the
+    others."""
+    runs = [_load_run(run_file.parent) for run_file in sorted(results_root.glob("*/run.json"))]
     return sorted(runs, key=lambda r: (r.step or 0, r.run.get("started") or 0))
+
+
+def _load_run(directory: Path) -> RunResult:
+    try:
+        run = json.loads((directory / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        return RunResult(directory.name, directory, {}, None, f"run.json unreadable ({exc})")
+    if not isinstance(run, dict):
+        return RunResult(directory.name, directory, {}, None, "run.json is not a JSON object")
+    results_file = directory / "results.json"
+    if not results_file.exists() or run.get("problem"):
+        return RunResult(directory.name, directory, run, None, run.get("problem"))
+    try:
+        results = json.loads(results_file.read_text())
+    except (OSError, ValueError) as exc:
+        return RunResult(directory.name, directory, run, None, f"results.json unreadable ({exc})")
+    problem = schema.shape_problem(results)
+    if problem:
+        return RunResult(directory.name, directory, run, None, f"results.json: {problem}")
+    return RunResult(directory.name, directory, run, results)
 
 
 @dataclass
@@ -79,6 +90,7 @@ class Comparison:
     rows: list[RunResult]
     budgets: list[str]
     differences: dict[str, list[str]] = field(default_factory=dict)  # run_id -> what differs
+    skipped: list[RunResult] = field(default_factory=list)  # selected, but no usable results
 
     @property
     def mixed(self) -> bool:
@@ -90,17 +102,13 @@ def compare(
 ) -> Comparison:
     """The successful runs (optionally of some steps / one tag) against the latest run's
     comparability key; runs that differ are listed with what differs."""
-    rows = [
-        r
-        for r in runs
-        if r.results is not None
-        and (not steps or r.step in steps)
-        and (tag is None or r.tag == tag)
-    ]
+    selected = [r for r in runs if (not steps or r.step in steps) and (tag is None or r.tag == tag)]
+    rows = [r for r in selected if r.results is not None]
+    skipped = [r for r in selected if r.results is None]
     if not rows:
         raise ResultsError(
-            "no successful runs to compare (fetch them with "
-            "`fab fetch-results`, or check the --steps/--tag filters)"
+            f"no successful runs to compare ({len(skipped)} failed or unreadable); fetch "
+            "finished runs with `fab fetch-results`, or check the --steps/--tag filters"
         )
     baseline = rows[-1].key()
     differences = {}
@@ -109,7 +117,7 @@ def compare(
         if differing:
             differences[row.run_id] = differing
     budgets = sorted({b for r in rows for b in schema.budgets(r.metrics)}, key=int)
-    return Comparison(rows, budgets, differences)
+    return Comparison(rows, budgets, differences, skipped)
 
 
 def check_mixed(comparison: Comparison, allow_mixed: bool) -> str | None:

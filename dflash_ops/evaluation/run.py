@@ -19,21 +19,25 @@ from typing import Protocol
 
 from dflash_eval import schema
 
-from dflash_ops import provision
-from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.errors import CheckpointError, HostError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
+from dflash_ops.provision.harness import deploy_harness
+from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.staging.disk import margin_of, space_check
 from dflash_ops.staging.relay import ProgressCallback
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 
 # Makes a progress callback for one transfer from its label and its total bytes.
 TransferProgress = Callable[[str, int], ProgressCallback]
+
+EXTRACT_RECORD = "dflash_extract.json"  # what the harness's extract records beside the copy
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2
@@ -158,9 +162,10 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
     try:
         harness = ensure_ready(host, entry, reporter.say)
         warn_if_short_of_memory(host, entry, reporter.say)
-        checkpoint = stage_checkpoint(inventory, request.step, name, reporter)
+        staged = stage_checkpoint(inventory, request.step, name, reporter)
+        checkpoint = staged.path
         if request.strip_optimizer:
-            checkpoint = extract(host, entry, harness, checkpoint, reporter.say)
+            checkpoint = extract(inventory, host, entry, harness, staged, reporter.say)
         run_id = jobs.new_run_id(request.step, name, request.tag)
         command = harness_command(host, entry, harness, checkpoint, run_id, request)
         params = {
@@ -195,49 +200,75 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             if jobs.start_state(host, entry, run_id) != "started":
                 raise
             raise Detached(run_id, name) from None
-        return conclude(inventory, host, entry, run, reporter)
+        expected = None if request.strip_optimizer else staged
+        return conclude(inventory, host, entry, run, reporter, expected)
     finally:
         host.close()
 
 
-def stage_checkpoint(inventory: Inventory, step: int, host: str, reporter: RunReporter) -> str:
+def stage_checkpoint(
+    inventory: Inventory, step: int, host: str, reporter: RunReporter
+) -> StagedCheckpoint:
     """The checkpoint of `step` staged on `host` (copied first unless it already is there)."""
     with reporter.transfers() as progress_factory:
         options = StageOptions(report=reporter.say, progress_factory=progress_factory)
-        return stage(inventory, step, [host], options=options)[-1].path
+        return stage(inventory, step, [host], options=options)[-1]
 
 
 def conclude(
-    inventory: Inventory, host: Host, entry: EvalHost, run: jobs.Run, reporter: RunReporter
+    inventory: Inventory,
+    host: Host,
+    entry: EvalHost,
+    run: jobs.Run,
+    reporter: RunReporter,
+    staged: StagedCheckpoint | None = None,
 ) -> jobs.Run:
-    """Fetch a finished run, show its summary; raise EvalFailed when it has no results."""
+    """Fetch a finished run, show its summary; raise EvalFailed when it has no results, and
+    CheckpointError when the harness read other bytes than staging verified (`staged`)."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        summary = schema.summary_lines(json.loads((directory / "results.json").read_text()))
+        results = json.loads((directory / "results.json").read_text())
+        summary = schema.summary_lines(results)
+        if staged is not None:
+            _require_staged_bytes(results, staged, directory)
     reporter.finished(run, summary, local)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     return run
 
 
+def _require_staged_bytes(results: dict, staged: StagedCheckpoint, directory: Path) -> None:
+    """The sha256 the harness computed of the checkpoint must be the one staging verified:
+    otherwise the file changed (or rotted) on the eval host after it was staged, and the
+    numbers belong to unknown weights. The pulled run is marked so `compare` skips it."""
+    found = results[schema.CHECKPOINT][schema.SHA256]
+    if found == staged.sha256:
+        return
+    problem = (
+        f"the harness read sha256 {found[:16]}… from {staged.host}:{staged.path}, but staging "
+        f"verified {staged.sha256[:16]}…: the staged file changed or is corrupt"
+    )
+    run_file = directory / "run.json"
+    run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "problem": problem}))
+    raise CheckpointError(
+        f"{problem}. These results are not used by compare. Re-stage it: fab stage-checkpoint "
+        f"--step {staged.step} --to {staged.host} --verify (or delete {staged.path} and rerun)."
+    )
+
+
 def ensure_ready(host: Host, entry: EvalHost, say: Callable[[str], None]) -> str:
     """The deployed harness directory (to put on PYTHONPATH), after checking the venv is
     provisioned; a host that is not gets a clear pointer to setup-eval-host."""
-    state = provision.parse_state(
-        host.run(
-            provision.state_command(entry, provision.short_hash(provision.harness_hash()))
-        ).stdout
-    )
-    problem = provision.venv_problem(state, entry.venv)
+    problem = venv_problem(read_state(host, entry), entry)
     if problem:
         raise HostError(
             host.name,
             f"the eval venv at {entry.venv.path} is not ready "
             f"({problem}); run `fab setup-eval-host --host {host.name}`",
         )
-    deployed = provision.deploy_harness(host, entry, say=say)
+    deployed = deploy_harness(host, entry, say=say)
     return str(Path(deployed.path).parent)
 
 
@@ -262,15 +293,31 @@ def warn_if_short_of_memory(host: Host, entry: EvalHost, say: Callable[[str], No
 
 
 def extract(
-    host: Host, entry: EvalHost, harness: str, checkpoint: str, say: Callable[[str], None]
+    inventory: Inventory,
+    host: Host,
+    entry: EvalHost,
+    harness: str,
+    staged: StagedCheckpoint,
+    say: Callable[[str], None],
 ) -> str:
-    """Strip optimizer state on the eval host (once per staged checkpoint) with the harness's
-    `extract`; returns the extracted directory to evaluate."""
-    out = EvalLayout.extracted(checkpoint)
+    """Strip optimizer state on the eval host with the harness's `extract`; return the
+    extracted directory to evaluate. A copy is reused only when it was extracted from the
+    bytes staging verified (its record names their sha256): a re-staged step is extracted
+    again, and a staged file that no longer hashes as staged is refused."""
+    checkpoint, out = staged.path, EvalLayout.extracted(staged.path)
     quoted = shlex.quote(out)
-    done = host.run(f"test -f {quoted}/model.safetensors && echo yes || echo no").stdout
-    if done.strip() == "yes":
+    made_from = _extracted_from(host, out)
+    if made_from == staged.sha256:
+        say(f"{host.name}: reusing {out} (extracted from sha256 {staged.sha256[:16]}…)")
         return out
+    if made_from is not None:
+        say(
+            f"{host.name}: {out} was extracted from sha256 {made_from[:16]}…, the staged "
+            f"checkpoint is now {staged.sha256[:16]}…: extracting again"
+        )
+    directory = out.rpartition("/")[0] or "/"
+    free = host.probe(probes.free_bytes(directory))
+    space_check(host.name, directory, free, staged.size, margin_of(inventory), "extract").require()
     python = shlex.quote(EvalLayout(entry).python)
     result = host.run(
         f"cd {shlex.quote(harness)} && {python} -m dflash_eval extract --checkpoint "
@@ -284,8 +331,29 @@ def extract(
             host.name,
             f"extracting {checkpoint} failed: {result.stderr.strip() or 'no error output'}",
         )
+    if _extracted_from(host, out) != staged.sha256:
+        host.run(f"rm -rf -- {quoted}", check=False)
+        raise CheckpointError(
+            f"{host.name}: {checkpoint} does not hash to the sha256 staging verified "
+            f"({staged.sha256[:16]}…): it changed or is corrupt on disk. Re-stage it: fab "
+            f"stage-checkpoint --step {staged.step} --to {host.name} --verify"
+        )
     say(f"{host.name}: optimizer state stripped → {out}")
     return out
+
+
+def _extracted_from(host: Host, extracted: str) -> str | None:
+    """The source sha256 an extracted copy records (None: no complete copy there)."""
+    answer = host.run(
+        f"cd {shlex.quote(extracted)} 2>/dev/null && test -f model.safetensors && "
+        f"cat -- {EXTRACT_RECORD}",
+        check=False,
+    )
+    try:
+        record = json.loads(answer.stdout) if answer.ok else None
+    except ValueError:
+        return None
+    return record.get("source_sha256") if isinstance(record, dict) else None
 
 
 def harness_command(
@@ -319,11 +387,16 @@ def harness_command(
     if request.sglang:
         if not entry.sglang_url:
             raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
-        argv += ["--sglang-url", entry.sglang_url]
+        # Through a private file: a URL may carry credentials, which must not reach argv,
+        # `ps`, the run's recorded command or its log.
+        url_file = f"{layout.runs}/.sglang-url-{run_id}"
+        host.run(f"mkdir -p {shlex.quote(layout.runs)}")
+        host.upload(entry.sglang_url.encode(), url_file, private=True)
+        argv += ["--sglang-url", f"@{url_file}"]
     if request.prompts is not None:
-        remote = f"{jobs.runs_dir(entry)}/.prompts-{run_id}.jsonl"
-        host.run(f"mkdir -p {shlex.quote(jobs.runs_dir(entry))}")
-        host.connection.put(str(request.prompts), remote)
+        remote = f"{layout.runs}/.prompts-{run_id}.jsonl"
+        host.run(f"mkdir -p {shlex.quote(layout.runs)}")
+        host.upload(request.prompts.read_bytes(), remote)
         argv += ["--prompts", remote]
     if entry.threads and "--threads" not in request.harness_args:
         argv += ["--threads", str(entry.threads)]

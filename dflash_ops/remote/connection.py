@@ -7,12 +7,14 @@ unknown or changed key is refused, never added.
 
 from __future__ import annotations
 
+import io
+import shlex
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import paramiko
 from fabric import Config, Connection
@@ -25,10 +27,10 @@ from dflash_ops.core.errors import (
     UnreachableError,
 )
 from dflash_ops.core.inventory import EvalHost, HostEntry, Inventory
+from dflash_ops.core.units import format_bytes
+from dflash_ops.remote import probes
+from dflash_ops.remote.probes import Probe
 from dflash_ops.remote.routes import verify_routes
-
-if TYPE_CHECKING:
-    from dflash_ops.remote.probes import Probe
 
 T = TypeVar("T")
 
@@ -195,6 +197,23 @@ class Host:
             raise RemoteCommandError(self.name, command, result.exit_code, result.stderr)
         return result
 
+    def upload(self, data: bytes, remote: str, *, private: bool = False) -> None:
+        """Write `data` to the file `remote` (its directory must exist), created 0600 when
+        `private`. A failed write (a full disk) leaves no file behind and names the reason."""
+        quoted = shlex.quote(remote)
+        self.run(f"umask {'077' if private else '022'} && : > {quoted}")
+        try:
+            self.connection.put(io.BytesIO(data), remote)
+        except (OSError, paramiko.SSHException) as exc:
+            self.run(f"rm -f -- {quoted}", check=False)
+            free = format_bytes(self.probe(probes.free_bytes(remote)))
+            raise HostError(
+                self.name,
+                f"writing {remote} ({format_bytes(len(data))}) failed: "
+                f"{exc or type(exc).__name__}; {free} free there. Free space on {self.name} "
+                "and retry.",
+            ) from None
+
     def probe(self, probe: Probe[T]) -> T:
         return probe.parse(self.run(probe.command).stdout)
 
@@ -257,6 +276,37 @@ def _check_lab_routes(inventory: Inventory) -> None:
     network namespaces exist: verify the routes before every connection (a few ms)."""
     if inventory.lab is not None:
         verify_routes(inventory.lab)
+
+
+# --- reading what a command did -------------------------------------------------------------
+
+
+def stderr_reason(text: str, skip_prefix: str | None = None) -> str:
+    """The last non-blank line of a command's stderr: where ssh, curl, pip and the shell put
+    why they failed. Lines starting with `skip_prefix` are data, not errors (the relay's
+    digest line)."""
+    lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not (skip_prefix and line.startswith(skip_prefix))
+    ]
+    return lines[-1] if lines else "no error output"
+
+
+def output_tail(text: str, lines: int = 12) -> str:
+    """The last `lines` lines of a command's output, indented under an error message."""
+    return "\n".join("  " + line for line in text.strip().splitlines()[-lines:])
+
+
+# What the tool installs for every user of a host (venv, uv, harness): readable by all,
+# writable by the owner only.
+SHARED_UMASK = "022"
+
+
+def with_umask(mask: str, command: str) -> str:
+    """`command` under an explicit umask, so the modes of what it creates on the host are the
+    ones we chose and not whatever the login's umask happens to be."""
+    return f"umask {mask}; {command}"
 
 
 def host_error_row(exc: HostError) -> str:

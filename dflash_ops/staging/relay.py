@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from dflash_ops.core.errors import TransferError
-from dflash_ops.remote import probes
+from dflash_ops.remote import connection, probes
 from dflash_ops.remote.connection import Host, Result
 
 CHUNK = 1 << 20
@@ -414,5 +414,5 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
 
 
 def stderr_reason(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if not line.startswith(SOURCE_MARK)]
-    return lines[-1].strip() if lines else "no error output"
+    """Why a side failed: its last stderr line that is not the source's digest."""
+    return connection.stderr_reason(text, skip_prefix=SOURCE_MARK)

@@ -8,6 +8,17 @@ from __future__ import annotations
 from dflash_ops.core.errors import OpsError
 
 
+def parse_count(flag: str, text: str | int | None, minimum: int = 0) -> int | None:
+    """A whole-number flag given as text (the tasks take numbers as text so that a bad value
+    gets this one line instead of invoke's traceback); None when not given."""
+    if text is None or text == "":
+        return None
+    value = str(text).strip()
+    if not value.isdigit() or int(value) < minimum:
+        raise OpsError(f"{flag}: expected a whole number ≥ {minimum}, found {text!r}")
+    return int(value)
+
+
 def parse_steps(text: str | None) -> list[int] | None:
     """`--steps 2000,4000` → [2000, 4000]; None when not given."""
     if not text:

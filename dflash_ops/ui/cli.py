@@ -78,6 +78,7 @@ def list_command(results_root: Path) -> None:
             click.echo(
                 f"{run.run_id}  step {run.step}  {run.run.get('state')}"
                 + (f"  τ {tau:.3f}" if tau is not None else "")
+                + (f"  ({run.problem})" if run.problem else "")
             )
 
     _guarded(show)

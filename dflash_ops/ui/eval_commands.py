@@ -157,6 +157,9 @@ def show_comparison(
     selected = parse_steps(steps)
     comparison = results.compare(results.load_runs(results_root), selected, tag)
     console.print(comparison_table(comparison))
+    for run in comparison.skipped:
+        why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
+        console.print(f"[yellow]skipped[/] {run.run_id} (step {run.step}): {why}")
     path = report.write(
         comparison,
         results_root / report.REPORT_NAME,

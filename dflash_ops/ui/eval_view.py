@@ -145,13 +145,18 @@ def runs_table(runs: list[jobs.Run]) -> Table:
         "succeeded": "green",
         "failed": "red",
         "lost": "red",
+        "broken": "red",
         "cancelled": "yellow",
         "starting": "cyan",
     }
     for run in runs:
         end = run.finished or time.time()
         duration = f"{end - run.started:.0f} s" if run.started else "?"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started or 0))
+        started = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+            if run.started
+            else run.problem or "?"
+        )
         table.add_row(
             run.run_id,
             run.host,

@@ -13,6 +13,7 @@ from pathlib import Path
 from dflash_eval import schema
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
+from dflash_eval.urls import read_url
 
 
 def _int_list(text: str) -> list[int]:
@@ -21,6 +22,25 @@ def _int_list(text: str) -> list[int]:
     except ValueError:
         message = f"expected comma-separated integers, got {text!r}"
         raise argparse.ArgumentTypeError(message) from None
+
+
+def _name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _add_pickle_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--safe-globals",
+        type=_name_list,
+        default=[],
+        help="also unpickle these named globals (comma-separated dotted names, or the built-in "
+        "groups argparse,numpy); nothing else beyond weights",
+    )
+    parser.add_argument(
+        "--allow-unsafe-pickle",
+        action="store_true",
+        help="unpickle checkpoints that need more than weights_only (runs code!)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +75,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_list,
         help="comma-separated target layer ids, if the config lacks them",
     )
+    run.add_argument(
+        "--drafter-profile",
+        type=Path,
+        help="JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
+        "profile, as the workstation sends it)",
+    )
+    run.add_argument(
+        "--accept-default",
+        type=_name_list,
+        default=[],
+        help="confirm the default rule for these settings when nothing states them "
+        "(comma-separated: target_layer_ids, rope)",
+    )
     run.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
-    run.add_argument("--num-prompts", type=int, help="use only the first N prompts")
+    run.add_argument(
+        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
+    )
     run.add_argument(
         "--thinking",
         choices=["on", "off"],
@@ -67,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=int,
         default=256,
-        help="reference completion length cap (default 256)",
+        help="completion length, as z-lab's max_new_tokens (default 256)",
     )
     run.add_argument(
         "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
@@ -85,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also evaluate this drafter on the same hidden states",
     )
     run.add_argument(
-        "--sglang-url", help="get completions from SGLang's /generate (default: local greedy)"
+        "--sglang-url",
+        help="get completions from SGLang's /generate (default: local greedy); @FILE reads "
+        "the URL from FILE, keeping credentials out of the command line",
     )
     run.add_argument(
         "--cache-dir",
@@ -97,8 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],
-        default="float32",
-        help="drafter dtype (default float32)",
+        help="drafter dtype (default: the profile's, else float32)",
     )
     run.add_argument(
         "--target-dtype",
@@ -106,11 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="target dtype (default: as saved)",
     )
-    run.add_argument(
-        "--allow-unsafe-pickle",
-        action="store_true",
-        help="unpickle checkpoints that need more than weights_only (runs code!)",
-    )
+    _add_pickle_flags(run)
     run.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
     run.add_argument(
         "--per-block",
@@ -129,11 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     strip.add_argument(
         "--drafter-config", type=Path, help="config.json to write when the checkpoint carries none"
     )
-    strip.add_argument(
-        "--allow-unsafe-pickle",
-        action="store_true",
-        help="unpickle checkpoints that need more than weights_only (runs code!)",
-    )
+    _add_pickle_flags(strip)
     return parser
 
 
@@ -175,11 +203,14 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         ddtree=args.ddtree,
         threads=args.threads,
         reference_drafter=args.reference_drafter,
-        sglang_url=args.sglang_url,
+        sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
         cache_dir=None if args.no_cache else args.cache_dir,
         dtype=args.dtype,
         target_dtype=args.target_dtype,
         allow_unsafe_pickle=args.allow_unsafe_pickle,
+        safe_globals=args.safe_globals,
+        drafter_profile=args.drafter_profile,
+        accept_default=args.accept_default,
         chunk=args.chunk_anchors,
         per_block=args.per_block,
         step=args.step,
@@ -193,9 +224,11 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
 
 def _extract(args: argparse.Namespace, progress: Progress) -> int:
     from dflash_eval.extract import extract
+    from dflash_eval.pickle_policy import PicklePolicy
 
     progress.event("start", command="extract", checkpoint=str(args.checkpoint), out=str(args.out))
-    summary = extract(args.checkpoint, args.out, args.allow_unsafe_pickle, args.drafter_config)
+    policy = PicklePolicy(tuple(args.safe_globals), args.allow_unsafe_pickle)
+    summary = extract(args.checkpoint, args.out, policy, args.drafter_config)
     before, after = summary["size_before_bytes"], summary["size_after_bytes"]
     progress.say(
         f"Extracted {args.checkpoint} → {args.out}: {before / 1e6:.1f} MB → {after / 1e6:.1f} MB "

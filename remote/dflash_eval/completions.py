@@ -5,18 +5,27 @@ server's native `/generate` endpoint (greedy: temperature 0). Prompts are a buil
 coding and reasoning prompts or a JSONL file (which may hold named sets built on the
 workstation, multi-turn ones included: conversation.py); the chat template is applied when
 the tokenizer has one, with thinking off unless asked for.
+
+The *reference* is the completion (max_new_tokens tokens, or through the first stop token)
+followed by `extra` (= block size) more greedy tokens, past max_new_tokens and past the stop
+token: z-lab's live loop verifies whole blocks, so its last round compares drafts with the
+target's greedy tokens beyond the completion, and scoring that round offline needs them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dflash_eval import schema
 from dflash_eval.errors import HarnessError
+from dflash_eval.urls import redact_url
 
 BUILTIN_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number using memoisation, "
@@ -169,14 +178,65 @@ def template_reads_thinking(tokenizer: Any) -> bool:
     return isinstance(template, str) and "enable_thinking" in template
 
 
+def first_stop(tokens: list[int], stops: list[int]) -> int | None:
+    """Index of the first stop token, if any."""
+    return next((index for index, token in enumerate(tokens) if token in stops), None)
+
+
+def reference_length(tokens: list[int], max_new_tokens: int, extra: int, stops: list[int]) -> int:
+    """How many greedy tokens the reference keeps: the completion and `extra` more."""
+    stop = first_stop(tokens, stops)
+    completion = max_new_tokens if stop is None else min(max_new_tokens, stop + 1)
+    return completion + extra
+
+
+@torch.inference_mode()
+def greedy_reference(
+    model: Any, prompt_ids: list[int], max_new_tokens: int, extra: int, stops: list[int]
+) -> list[int]:
+    """The target's greedy reference, decoded locally with its KV cache.
+
+    Not `generate()`: given no EOS ids it falls back to the model's generation_config
+    ones and stops there, and the reference must go on `extra` tokens past a stop token.
+    """
+    tokens: list[int] = []
+    wanted = max_new_tokens + extra
+    cache_name = _cache_argument(model)
+    step = {"input_ids": torch.tensor([prompt_ids]), cache_name: None}
+    while len(tokens) < wanted:
+        output = model(**step, use_cache=True, logits_to_keep=1)
+        tokens.append(int(output.logits[0, -1].argmax()))
+        if tokens[-1] in stops:  # only the first stop shortens it; later ones change nothing
+            wanted = min(wanted, reference_length(tokens, max_new_tokens, extra, stops))
+        step = {"input_ids": torch.tensor([tokens[-1:]]), cache_name: output[cache_name]}
+    return tokens
+
+
+def _cache_argument(model: Any) -> str:
+    """The name of the KV-cache argument and output: recent transformers renamed
+    `past_key_values` to `cache` (and warn on the old name)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class SGLangClient:
     """Greedy completions from SGLang's native `/generate` endpoint."""
 
     def __init__(self, url: str, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)  # for messages: never a password or token
         self.timeout_s = timeout_s
 
-    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    def reference(
+        self, prompt_ids: list[int], max_new_tokens: int, extra: int, stops: list[int]
+    ) -> list[int]:
+        """The greedy reference (module docstring). The server is asked to ignore EOS, so
+        that it goes on past a stop token; the tokens beyond the reference are dropped."""
+        generated = self.complete(prompt_ids, max_new_tokens + extra, ignore_eos=True)
+        return generated[: reference_length(generated, max_new_tokens, extra, stops)]
+
+    def complete(
+        self, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False
+    ) -> list[int]:
         import requests
 
         request = {
@@ -185,20 +245,21 @@ class SGLangClient:
                 "temperature": 0.0,
                 "max_new_tokens": max_new_tokens,
                 "skip_special_tokens": False,
+                "ignore_eos": ignore_eos,
             },
         }
         try:
             response = requests.post(f"{self.url}/generate", json=request, timeout=self.timeout_s)
         except requests.RequestException as error:
             raise HarnessError(
-                f"Cannot reach the SGLang server at {self.url} ({type(error).__name__}: "
-                f"{error}). Start it on the eval host (python -m sglang.launch_server "
+                f"Cannot reach the SGLang server at {self.shown} ({type(error).__name__}). "
+                "Start it on the eval host (python -m sglang.launch_server "
                 "--model-path <target>), check --sglang-url, or omit --sglang-url to "
                 "generate the reference completions locally with the target."
             ) from None
         if response.status_code != 200:
             raise HarnessError(
-                f"SGLang at {self.url}/generate answered HTTP {response.status_code}: "
+                f"SGLang at {self.shown}/generate answered HTTP {response.status_code}: "
                 f"{response.text[:300]}. Check the server log; the request was greedy "
                 "generation from input_ids."
             )
@@ -207,11 +268,11 @@ class SGLangClient:
             output_ids = body["output_ids"]
         except (ValueError, KeyError, TypeError):
             raise HarnessError(
-                f"SGLang at {self.url}/generate did not return output_ids "
+                f"SGLang at {self.shown}/generate did not return output_ids "
                 f"(got {response.text[:200]!r}). This harness needs token ids, which SGLang's "
                 "native /generate returns; check the URL points at SGLang, not an "
                 "OpenAI-compatible proxy."
             ) from None
         if not all(isinstance(token, int) for token in output_ids):
-            raise HarnessError(f"SGLang at {self.url} returned non-integer output_ids.")
+            raise HarnessError(f"SGLang at {self.shown} returned non-integer output_ids.")
         return list(output_ids)

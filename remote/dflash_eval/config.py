@@ -1,18 +1,28 @@
-"""Drafter configuration (DFLASH.md §1): parsing, the default target-layer rule, inference.
+"""Drafter configuration (DFLASH.md §1): parsing, the default target-layer rule, checks.
 
 A drafter config is a Qwen3 config plus `block_size`, `num_target_layers` and
-`dflash_config.{target_layer_ids, mask_token_id}`. Anything the harness cannot honour
-(biases, other activations, scaled RoPE, logit multipliers) is refused here, loudly, rather
-than silently evaluated with the wrong maths.
+`dflash_config.{target_layer_ids, mask_token_id}`. The reference code (z-lab's
+`dflash/model.py`) reads it as a transformers `Qwen3Config`, so this module does too: RoPE
+parameters (every rope type transformers implements, `partial_rotary_factor`) and the
+sliding-window rules (`use_sliding_window`, `layer_types`, `max_window_layers`) mean what
+transformers makes of them. Anything the harness cannot honour (biases, other activations,
+logit multipliers, DFlash-2 parts) is refused here, loudly, rather than silently evaluated
+with the wrong maths.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dflash_eval.errors import HarnessError
+
+# Config keys that state the RoPE settings (absent: transformers' Qwen3 default applies).
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
+# Qwen3Config's defaults, which the reference code gets for keys a config leaves out.
+QWEN3_DEFAULT_ROPE_THETA = 10_000.0
+QWEN3_DEFAULT_MAX_POSITIONS = 32768
 
 
 @dataclass(frozen=True)
@@ -27,18 +37,34 @@ class DrafterConfig:
     block_size: int
     mask_token_id: int
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
+    rope_theta: float = QWEN3_DEFAULT_ROPE_THETA
+    rope_type: str = "default"
+    # The rope type's own parameters (yarn: factor, original_max_position_embeddings…), as
+    # transformers standardises them; empty for plain RoPE.
+    rope_scaling: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = QWEN3_DEFAULT_MAX_POSITIONS
     # Per drafter layer: "full_attention" or "sliding_attention" (None: all full).
     layer_types: tuple[str, ...] | None = None
+    # The window in effect (None when the config turns sliding windows off).
     sliding_window: int | None = None
     num_target_layers: int | None = None
     vocab_size: int | None = None
 
     def layer_window(self, layer_index: int) -> int | None:
-        """Sliding window of one drafter layer, None for full attention."""
+        """Sliding window of one drafter layer, None for full attention (as the reference:
+        a `sliding_attention` layer with no window in effect attends to everything)."""
         if self.layer_types is None or self.layer_types[layer_index] != "sliding_attention":
             return None
         return self.sliding_window
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers' `rope_parameters` for this config (also the provenance value)."""
+        parameters: dict[str, Any] = {"rope_type": self.rope_type, "rope_theta": self.rope_theta}
+        parameters.update(self.rope_scaling)
+        if self.partial_rotary_factor != 1.0:
+            parameters["partial_rotary_factor"] = self.partial_rotary_factor
+        return parameters
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The config as a Hugging Face DFlash config.json (what z-lab publishes)."""
@@ -55,6 +81,14 @@ class DrafterConfig:
             "attention_bias": False,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
+            # rope_scaling is the key transformers 4.x reads; 5.x converts it.
+            "rope_scaling": {"rope_type": self.rope_type, **self.rope_scaling}
+            if self.rope_type != "default"
+            else None,
+            "max_position_embeddings": self.max_position_embeddings,
+            "layer_types": list(self.layer_types or ["full_attention"] * self.num_hidden_layers),
+            "use_sliding_window": self.sliding_window is not None,
+            "sliding_window": self.sliding_window,
             "block_size": self.block_size,
             "num_target_layers": self.num_target_layers,
             "vocab_size": self.vocab_size,
@@ -63,9 +97,8 @@ class DrafterConfig:
                 "mask_token_id": self.mask_token_id,
             },
         }
-        if self.layer_types is not None:
-            config["layer_types"] = list(self.layer_types)
-            config["sliding_window"] = self.sliding_window
+        if self.partial_rotary_factor != 1.0:
+            config["partial_rotary_factor"] = self.partial_rotary_factor
         return config
 
 
@@ -84,19 +117,37 @@ _REQUIRED = (
     "num_attention_heads",
     "num_key_value_heads",
 )
+# What the reference's Qwen3Config reads for RoPE and attention windows.
+_QWEN3_KEYS = (
+    "hidden_size",
+    "num_attention_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "max_position_embeddings",
+    *ROPE_KEYS,
+    "use_sliding_window",
+    "sliding_window",
+    "max_window_layers",
+    "layer_types",
+)
+
+
+def unnest(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Training scripts sometimes nest the model config one level down."""
+    for key in ("draft_config", "model_config", "drafter_config"):
+        if isinstance(raw.get(key), Mapping) and "hidden_size" in raw[key]:
+            return {**raw[key], **{k: v for k, v in raw.items() if k == "dflash_config"}}
+    return raw
 
 
 def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
     """Parse a DFlash config dict (config.json, or the `config` of a training checkpoint).
 
     `where` names the source in error messages. `block_size`, `mask_token_id` and
-    `target_layer_ids` may sit at the top level or under `dflash_config`. A missing
-    `block_size`/`mask_token_id`/`target_layer_ids` is filled in by `complete()`.
+    `target_layer_ids` may sit at the top level or under `dflash_config`; missing ones are
+    left unset (0, -1, ()) for the provenance rules to fill or refuse.
     """
-    # Training scripts sometimes nest the model config one level down.
-    for key in ("draft_config", "model_config", "drafter_config"):
-        if isinstance(raw.get(key), Mapping) and "hidden_size" in raw[key]:
-            raw = {**raw[key], **{k: v for k, v in raw.items() if k == "dflash_config"}}
+    raw = unnest(raw)
     dflash = dict(raw.get("dflash_config") or {})
     missing = [name for name in _REQUIRED if name not in raw]
     if missing:
@@ -106,14 +157,11 @@ def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
             "Pass a complete one with --drafter-config FILE."
         )
     _refuse_unsupported(raw, dflash, where)
+    qwen3 = qwen3_config({k: raw[k] for k in _QWEN3_KEYS if k in raw}, where)
     hidden = int(raw["hidden_size"])
     heads = int(raw["num_attention_heads"])
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    rope_theta = raw.get("rope_theta", rope.get("rope_theta", 1_000_000.0))
-    layer_types = raw.get("layer_types")
-    layer_ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
-    mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
-    block_size = raw.get("block_size", dflash.get("block_size"))
+    layer_types = tuple(qwen3.layer_types)
+    stated = stated_settings(raw)
     return DrafterConfig(
         hidden_size=hidden,
         intermediate_size=int(raw["intermediate_size"]),
@@ -121,16 +169,97 @@ def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
         num_attention_heads=heads,
         num_key_value_heads=int(raw["num_key_value_heads"]),
         head_dim=int(raw.get("head_dim") or hidden // heads),
-        target_layer_ids=tuple(int(i) for i in layer_ids) if layer_ids is not None else (),
-        block_size=int(block_size) if block_size is not None else 0,
-        mask_token_id=int(mask_id) if mask_id is not None else -1,
+        target_layer_ids=stated.get("target_layer_ids", ()),
+        block_size=stated.get("block_size", 0),
+        mask_token_id=stated.get("mask_token_id", -1),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope_theta),
-        layer_types=tuple(layer_types) if layer_types else None,
-        sliding_window=int(raw["sliding_window"]) if raw.get("sliding_window") else None,
-        num_target_layers=int(raw["num_target_layers"]) if raw.get("num_target_layers") else None,
+        max_position_embeddings=int(qwen3.max_position_embeddings),
+        **_rope_fields(qwen3.rope_parameters),
+        layer_types=layer_types if "sliding_attention" in layer_types else None,
+        sliding_window=int(qwen3.sliding_window) if qwen3.sliding_window else None,
+        num_target_layers=stated.get("num_target_layers"),
         vocab_size=int(raw["vocab_size"]) if raw.get("vocab_size") else None,
     )
+
+
+def qwen3_config(values: Mapping[str, Any], where: str) -> Any:
+    """A transformers Qwen3Config from config values: the class the reference reads a
+    drafter config with, so RoPE standardisation and window rules are transformers' own."""
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    try:
+        config = Qwen3Config(**values)
+    except (KeyError, ValueError, TypeError) as error:
+        raise HarnessError(
+            f"The drafter config from {where} has RoPE or attention settings transformers "
+            f"rejects: {error}. Fix the config (or pass the drafter's own with "
+            "--drafter-config)."
+        ) from None
+    parameters = config.rope_parameters
+    nested = [k for k, v in parameters.items() if isinstance(v, Mapping)]
+    rope_type = parameters.get("rope_type")
+    if nested or (rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS):
+        supported = ", ".join(["default", *sorted(ROPE_INIT_FUNCTIONS)])
+        raise HarnessError(
+            f"The drafter config from {where} asks for RoPE {dict(parameters)!r}, which "
+            f"transformers does not implement for Qwen3 (rope types: {supported}; one set of "
+            "parameters for all layers). Evaluating it with another RoPE would give wrong "
+            "numbers, so the run stops."
+        )
+    return config
+
+
+def with_rope(config: DrafterConfig, parameters: Mapping[str, Any], where: str) -> DrafterConfig:
+    """The config with its RoPE set from transformers-style `rope_parameters` (standardised
+    and validated by transformers, as when the reference reads a config)."""
+    values = {
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "head_dim": config.head_dim,
+        "num_hidden_layers": config.num_hidden_layers,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rope_parameters": dict(parameters),
+    }
+    return replace(config, **_rope_fields(qwen3_config(values, where).rope_parameters))
+
+
+def _rope_fields(standardised: Mapping[str, Any]) -> dict[str, Any]:
+    """DrafterConfig's RoPE fields from transformers' standardised rope_parameters."""
+    rope = {k: v for k, v in standardised.items() if k != "type"}  # "type": legacy alias
+    return {
+        "rope_theta": float(rope.pop("rope_theta")),
+        "rope_type": str(rope.pop("rope_type")),
+        "partial_rotary_factor": float(rope.pop("partial_rotary_factor", 1.0)),
+        "rope_scaling": rope,
+    }
+
+
+def stated_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The provenance-tracked settings a config dict states itself (absent keys: absent).
+
+    `rope` is not among them: whether a config states it is `states_rope(raw)`, and its
+    value is the parsed config's `rope_parameters()`.
+    """
+    raw = unnest(raw)
+    dflash = raw.get("dflash_config") or {}
+    stated: dict[str, Any] = {}
+    block_size = raw.get("block_size", dflash.get("block_size"))
+    layer_ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
+    mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
+    if block_size is not None:
+        stated["block_size"] = int(block_size)
+    if layer_ids is not None:
+        stated["target_layer_ids"] = tuple(int(i) for i in layer_ids)
+    if mask_id is not None:
+        stated["mask_token_id"] = int(mask_id)
+    if raw.get("num_target_layers"):
+        stated["num_target_layers"] = int(raw["num_target_layers"])
+    return stated
+
+
+def states_rope(raw: Mapping[str, Any]) -> bool:
+    return any(unnest(raw).get(key) is not None for key in ROPE_KEYS)
 
 
 def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where: str) -> None:
@@ -139,11 +268,6 @@ def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where
         problems.append("attention_bias=true")
     if raw.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={raw.get('hidden_act')!r}")
-    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        problems.append(f"rope_type={rope.get('rope_type', rope.get('type'))!r}")
-    if float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
-        problems.append("partial_rotary_factor != 1")
     for name in ("input_embedding_scale", "output_multiplier"):
         value = dflash.get(name, raw.get(name))
         if value not in (None, 1, 1.0):
@@ -174,54 +298,6 @@ class TargetShape:
     rope_theta: float
 
 
-def complete(
-    config: DrafterConfig,
-    target: TargetShape,
-    *,
-    block_size: int | None,
-    mask_token_id: int | None,
-    target_layer_ids: list[int] | None,
-    where: str,
-    layer_count_hint: int | None = None,
-) -> tuple[DrafterConfig, list[str]]:
-    """Fill fields the source lacks from CLI values or the default rule; check against the
-    target. Returns the config and notes to print (what was filled in, from where).
-
-    `layer_count_hint` is K read from fc.weight's shape, used by the default rule when the
-    source has no target_layer_ids (else the rule takes one target layer per drafter layer).
-    """
-    notes = []
-    if target_layer_ids is not None:
-        config = replace(config, target_layer_ids=tuple(target_layer_ids))
-        notes.append(f"target_layer_ids {target_layer_ids} from --target-layer-ids")
-    elif not config.target_layer_ids:
-        # The reference code takes one target layer per drafter layer.
-        count = layer_count_hint or config.num_hidden_layers
-        ids = default_target_layer_ids(target.num_layers, count)
-        config = replace(config, target_layer_ids=tuple(ids))
-        notes.append(f"target_layer_ids {ids} from the default rule (L={target.num_layers})")
-    if mask_token_id is not None:
-        config = replace(config, mask_token_id=mask_token_id)
-        notes.append(f"mask_token_id {mask_token_id} from --mask-token-id")
-    if config.mask_token_id < 0:
-        raise HarnessError(
-            f"The drafter config from {where} has no mask_token_id (dflash_config.mask_token_id): "
-            "the token whose embedding fills the unknown block slots. Pass --mask-token-id ID "
-            "(the id the drafter was trained with) or a complete --drafter-config."
-        )
-    if block_size is not None:
-        config = replace(config, block_size=block_size)
-    if config.block_size <= 1:
-        raise HarnessError(
-            f"The drafter config from {where} has no block_size. Pass --block-size N with the "
-            "block size the drafter was trained with (usually 16)."
-        )
-    if config.num_target_layers is None:
-        config = replace(config, num_target_layers=target.num_layers)
-    check_against_target(config, target, where)
-    return config, notes
-
-
 def check_against_target(config: DrafterConfig, target: TargetShape, where: str) -> None:
     """Mismatches that would load but cannot be right stop the run."""
     problems = []
@@ -250,12 +326,6 @@ def check_against_target(config: DrafterConfig, target: TargetShape, where: str)
             f"layer_types has {len(config.layer_types)} entries for "
             f"{config.num_hidden_layers} drafter layers"
         )
-    if (
-        config.layer_types
-        and "sliding_attention" in config.layer_types
-        and not config.sliding_window
-    ):
-        problems.append("sliding_attention layers but no sliding_window")
     if problems:
         raise HarnessError(
             f"The drafter (config from {where}) does not fit this target: "
@@ -266,12 +336,13 @@ def check_against_target(config: DrafterConfig, target: TargetShape, where: str)
 
 
 def infer_from_shapes(shapes: Mapping[str, tuple[int, ...]], target: TargetShape) -> DrafterConfig:
-    """Rebuild a config from parameter shapes plus the target config (last resort).
+    """Rebuild the architecture from parameter shapes (last resort, when no config exists).
 
-    block_size and mask_token_id cannot be read from shapes; `complete()` requires them.
+    Nothing else can be read from shapes: block size, mask id, target layer ids and RoPE
+    are left unset for the provenance rules to take from other sources or refuse.
     """
     try:
-        hidden, fc_in = shapes["fc.weight"]
+        hidden, _ = shapes["fc.weight"]
         head_dim = shapes["layers.0.self_attn.q_norm.weight"][0]
         q_out = shapes["layers.0.self_attn.q_proj.weight"][0]
         kv_out = shapes["layers.0.self_attn.k_proj.weight"][0]
@@ -289,13 +360,8 @@ def infer_from_shapes(shapes: Mapping[str, tuple[int, ...]], target: TargetShape
         num_attention_heads=q_out // head_dim,
         num_key_value_heads=kv_out // head_dim,
         head_dim=head_dim,
-        # K is whatever fc takes; the ids themselves come from the default rule.
-        target_layer_ids=tuple(default_target_layer_ids(target.num_layers, fc_in // hidden))
-        if fc_in % hidden == 0
-        else (),
+        target_layer_ids=(),
         block_size=0,
         mask_token_id=-1,
         rms_norm_eps=target.rms_norm_eps,
-        rope_theta=target.rope_theta,
-        num_target_layers=target.num_layers,
     )

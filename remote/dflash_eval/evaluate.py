@@ -5,6 +5,9 @@ Phases (each timed, each reporting progress events):
 2. reference completions g per prompt (cache, else local greedy or SGLang);
 3. target hidden states over prompt + completion (cache, else one forward per prompt);
 4. drafter predictions for the anchors of each completion (batched) and the acceptance walks.
+
+The reference of each prompt is its completion plus `block size` more greedy tokens, so
+that the walk scores every round as z-lab's live loop counts it (metrics.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dflash_eval.completions import (
     Prompt,
     SGLangClient,
     builtin_prompts,
+    first_stop,
+    greedy_reference,
     prompt_sets,
     prompts_hash,
     read_prompts_jsonl,
@@ -32,9 +37,12 @@ from dflash_eval.completions import (
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import LoadedDrafter, load_drafter
-from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
+from dflash_eval.metrics import PromptWalk, Span, summarize, walk_prompt
+from dflash_eval.pickle_policy import PicklePolicy, expand_names
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
+from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
+from dflash_eval.provenance import accepted_defaults, json_value
 from dflash_eval.results import (
     file_identity,
     host_info,
@@ -42,6 +50,7 @@ from dflash_eval.results import (
     utc_now,
     write_results,
 )
+from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
 from dflash_eval.target import (
     DTYPES,
     Target,
@@ -50,6 +59,7 @@ from dflash_eval.target import (
     stop_token_ids,
     target_identity,
 )
+from dflash_eval.urls import redact_url
 from dflash_eval.version import harness_hash
 
 
@@ -71,9 +81,12 @@ class EvalOptions:
     reference_drafter: Path | None = None
     sglang_url: str | None = None
     cache_dir: Path | None = None
-    dtype: str = "float32"
+    dtype: str | None = None  # drafter dtype; None: the profile's, else float32
     target_dtype: str = "auto"
     allow_unsafe_pickle: bool = False
+    safe_globals: list[str] = field(default_factory=list)
+    drafter_profile: Path | None = None
+    accept_default: list[str] = field(default_factory=list)
     chunk: int | None = None
     per_block: bool = False
     step: int | None = None
@@ -82,18 +95,36 @@ class EvalOptions:
 
 @dataclass
 class Sequence:
-    """One prompt with its completion and (after phase 3) its target features."""
+    """One prompt with its reference (the completion and the tokens past its end), where
+    its rounds run, and (after phase 3) its target features."""
 
     prompt: Prompt
     prompt_ids: list[int]
-    completion: list[int] = field(default_factory=list)
+    reference: list[int] = field(default_factory=list)
+    span: Span | None = None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     completion_hit: bool = False
     hidden_hit: bool = False
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt_ids + self.completion
+        return self.prompt_ids + self.reference
+
+    @property
+    def completion(self) -> list[int]:
+        """What the live loop outputs: max_new_tokens tokens, or through the stop token."""
+        assert self.span is not None, "the completion is known once the reference is"
+        return self.tokens[self.span.first_anchor : self.span.end]
+
+
+@dataclass
+class DrafterRun:
+    """One drafter's walks over all sequences, its cost and its decoded samples."""
+
+    walks: list[PromptWalk]
+    blocks: int
+    seconds: float
+    samples: list[dict[str, Any]]
 
 
 def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
@@ -105,6 +136,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     _check_paths(options)
     if any(b < 1 for b in options.ddtree):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
+    if options.max_new_tokens < 1:
+        raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
     prompts = _prompts(options)
     progress.event(
         "start",
@@ -121,9 +154,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
-        drafter = _load(options.checkpoint, options, target, progress, warnings, main=True)
+        drafter = _load(options.checkpoint, options, target, progress, warnings)
         reference = (
-            _load(options.reference_drafter, options, target, progress, warnings, main=False)
+            _load(options.reference_drafter, options, target, progress, warnings, drafter)
             if options.reference_drafter
             else None
         )
@@ -148,13 +181,21 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         "libraries": libraries,
         "device": "cpu",
     }
+    # The reference runs one block past the completion: the larger block when two
+    # drafters share it.
+    extra = max(d.config.block_size for d in (drafter, reference) if d is not None)
     with timer.phase("completions"):
-        _completions(sequences, options, target, stops, shared_key, cache, conversations, progress)
-    for seq in sequences:
-        if len(seq.completion) < 2:
-            count = len(seq.completion)
-            warnings.append(f"prompt {seq.prompt.id}: completion has {count} tokens; no rounds")
-            progress.warn(warnings[-1])
+        _completions(
+            sequences,
+            options,
+            target,
+            stops,
+            extra,
+            shared_key,
+            cache,
+            conversations,
+            progress,
+        )
     layer_ids = sorted(
         set(drafter.config.target_layer_ids)
         | (set(reference.config.target_layer_ids) if reference else set())
@@ -163,23 +204,27 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         _hidden_states(sequences, layer_ids, target, shared_key, cache, progress)
     target.release_body()
 
+    decode = tokenizer_decoder(tokenizer)
     with timer.phase("drafter"):
-        walks, blocks, seconds = _walk_all(drafter, "drafter", sequences, target, options, progress)
-    metrics = summarize(walks, drafter.config.block_size, options.ddtree)
+        run = _walk_all(drafter, "drafter", sequences, target, options, decode, progress)
+    metrics = summarize(run.walks, drafter.config.block_size, options.ddtree)
+    _warn_about_walks(sequences, run.walks, "drafter", warnings, progress)
     reference_block = None
     if reference is not None:
         with timer.phase("reference_drafter"):
-            ref_walks, ref_blocks, ref_seconds = _walk_all(
-                reference, "reference_drafter", sequences, target, options, progress
+            ref_run = _walk_all(
+                reference, "reference_drafter", sequences, target, options, decode, progress
             )
-        reference_metrics = summarize(ref_walks, reference.config.block_size, options.ddtree)
+        reference_metrics = summarize(ref_run.walks, reference.config.block_size, options.ddtree)
+        _warn_about_walks(sequences, ref_run.walks, "reference drafter", warnings, progress)
         reference_block = {
             schema.CHECKPOINT: reference_identity,
-            schema.DRAFTER: _drafter_block(reference, options),
+            schema.DRAFTER: _drafter_block(reference),
             schema.METRICS: reference_metrics,
-            schema.THROUGHPUT: _throughput(ref_blocks, ref_seconds),
+            schema.THROUGHPUT: _throughput(ref_run.blocks, ref_run.seconds),
+            schema.SAMPLES: ref_run.samples,
         }
-    per_prompt = _per_prompt(sequences, walks, options.ddtree, conversations)
+    per_prompt = _per_prompt(sequences, run.walks, options.ddtree, conversations)
     with timer.phase("intervals"):
         by_dataset = intervals(per_prompt, options.ddtree)
     timer.seconds[schema.TOTAL_SECONDS] = time.perf_counter() - started
@@ -188,7 +233,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.KIND_KEY: schema.KIND,
         schema.CREATED_AT: utc_now(),
         schema.CHECKPOINT: checkpoint_identity,
-        schema.DRAFTER: _drafter_block(drafter, options),
+        schema.DRAFTER: _drafter_block(drafter),
         schema.TARGET: {
             "path": str(options.target),
             schema.TARGET_NAME: identity["name"],
@@ -213,7 +258,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         },
         schema.COMPLETIONS: {
             schema.COMPLETIONS_SOURCE: "sglang" if options.sglang_url else "local-greedy",
-            "sglang_url": options.sglang_url,
+            "sglang_url": redact_url(options.sglang_url) if options.sglang_url else None,
+            schema.EXTRA_TOKENS: extra,
         },
         schema.HARNESS: {
             schema.HARNESS_SHA256: harness_hash(),
@@ -223,10 +269,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.HOST: host_info(threads),
         schema.OPTIONS: _options_record(options),
         schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
-        schema.THROUGHPUT: _throughput(blocks, seconds),
+        schema.THROUGHPUT: _throughput(run.blocks, run.seconds),
         schema.METRICS: metrics,
         schema.PER_PROMPT: per_prompt,
         schema.BY_DATASET: by_dataset,
+        schema.SAMPLES: run.samples,
         schema.REFERENCE: reference_block,
         schema.COMPARISON: _comparison(metrics, reference_block),
         schema.WARNINGS: warnings,
@@ -241,12 +288,18 @@ def _check_paths(options: EvalOptions) -> None:
     inputs += [("--reference-drafter", options.reference_drafter)] * bool(options.reference_drafter)
     inputs += [("--prompts", options.prompts)] * bool(options.prompts)
     inputs += [("--drafter-config", options.drafter_config)] * bool(options.drafter_config)
+    inputs += [("--drafter-profile", options.drafter_profile)] * bool(options.drafter_profile)
     for flag, path in inputs:
         if not Path(path).exists():
             raise HarnessError(
                 f"{flag} {path} does not exist on this host. Check the path; checkpoints "
                 "must be staged to the eval host before they can be evaluated."
             )
+    # Malformed drafter options fail now too (they are read again when loading).
+    if options.drafter_profile:
+        read_profile(options.drafter_profile)
+    accepted_defaults(options.accept_default, ())
+    expand_names(options.safe_globals)
     outputs = [("--out", Path(options.out).parent)]
     outputs += [("--cache-dir", options.cache_dir)] * bool(options.cache_dir)
     for flag, directory in outputs:
@@ -266,26 +319,31 @@ def _load(
     target: Target,
     progress: Progress,
     warnings: list[str],
-    main: bool,
+    drafter: LoadedDrafter | None = None,
 ) -> LoadedDrafter:
+    """Load the drafter, or (given the drafter) the reference drafter: flags that describe
+    one checkpoint apply to the drafter only; the reference runs in the drafter's dtype."""
+    main = drafter is None
     role = "drafter" if main else "reference drafter"
     progress.say(f"Loading {role} {path} …")
     loaded = load_drafter(
         path,
         target.shape,
         config_file=options.drafter_config if main else None,
+        profile=read_profile(options.drafter_profile) if main and options.drafter_profile else None,
         block_size=options.block_size if main else None,
         mask_token_id=options.mask_token_id if main else None,
         target_layer_ids=options.target_layer_ids if main else None,
-        allow_unsafe_pickle=options.allow_unsafe_pickle,
-        dtype=DTYPES[options.dtype],
+        dtype=options.dtype if drafter is None else drafter.dtype_offer(),
+        accept_default=options.accept_default,
+        pickle_policy=PicklePolicy(tuple(options.safe_globals), options.allow_unsafe_pickle),
     )
     source = loaded.source
     progress.say(
         f"  {role}: {source.kind}, config from {loaded.config_source}, step {source.step}"
-        f" ({source.step_source}), block size {loaded.config.block_size}, "
-        f"target layers {list(loaded.config.target_layer_ids)}"
+        f" ({source.step_source})"
     )
+    progress.say(f"  {role}: {schema.settings_line(_drafter_block(loaded))}")
     for note in loaded.notes:
         progress.say(f"  {role}: {note}")
     if loaded.ignored_parameters:
@@ -305,29 +363,43 @@ def _checkpoint_identity(loaded: LoadedDrafter, step: int | None) -> dict[str, A
         schema.STEP: step if step is not None else source.step,
         "step_source": "--step" if step is not None else source.step_source,
         "stripped_prefix": source.stripped_prefix,
+        "renamed_parameters": source.renamed_parameters,
         "dropped_entries": source.dropped_entries,
         "ignored_parameters": loaded.ignored_parameters,
+        "pickle": source.pickle.to_dict() if source.pickle else None,
     }
 
 
-def _drafter_block(loaded: LoadedDrafter, options: EvalOptions) -> dict[str, Any]:
+def _drafter_block(loaded: LoadedDrafter) -> dict[str, Any]:
     return {
         "config": loaded.config.to_hf_dict(),
         "config_source": loaded.config_source,
         "config_notes": loaded.notes,
+        schema.SETTINGS: {name: json_value(s.value) for name, s in loaded.settings.items()},
+        schema.SETTINGS_PROVENANCE: loaded.provenance(),
+        schema.ACCEPTED_DEFAULTS: loaded.accepted_defaults(),
+        "profile": loaded.profile.record() if loaded.profile else None,
         "trained_block_size": loaded.trained_block_size,
         "eval_block_size": loaded.config.block_size,
-        "dtype": options.dtype,
+        "dtype": loaded.dtype,
         "parameters": sum(p.numel() for p in loaded.model.parameters()),
     }
 
 
 def _prompts(options: EvalOptions) -> list[Prompt]:
     prompts = read_prompts_jsonl(options.prompts) if options.prompts else builtin_prompts()
-    if options.num_prompts is not None:
-        if options.num_prompts < 1:
-            raise HarnessError(f"--num-prompts must be at least 1, got {options.num_prompts}.")
-        prompts = prompts[: options.num_prompts]
+    wanted = options.num_prompts
+    if wanted is not None:
+        if wanted < 1:
+            raise HarnessError(f"--num-prompts must be at least 1, got {wanted}.")
+        if wanted > len(prompts):
+            source = f"the file {options.prompts}" if options.prompts else "the built-in set"
+            raise HarnessError(
+                f"--num-prompts {wanted} asks for more prompts than {source} holds "
+                f"({len(prompts)}). Pass --num-prompts {len(prompts)} or less, or a --prompts "
+                f"JSONL file with at least {wanted} prompts."
+            )
+        prompts = prompts[:wanted]
     return prompts
 
 
@@ -336,6 +408,7 @@ def _completions(
     options: EvalOptions,
     target: Target,
     stops: list[int],
+    extra: int,
     shared_key: dict[str, Any],
     cache: DiskCache,
     conversations: Conversations,
@@ -350,30 +423,29 @@ def _completions(
         key = {
             **shared_key,
             "kind": "completion",
-            "source": f"sglang {options.sglang_url}" if client else "local-greedy",
+            "source": f"sglang {client.shown}" if client else "local-greedy",
             "prompt_tokens": tokens_digest(seq.prompt_ids),
             "max_new_tokens": options.max_new_tokens,
             "stop_token_ids": stops,
+            # Tokens past the completion's end (max_new_tokens or the stop token): entries
+            # cut at the end, from before this rule, lack this field and so never match.
+            "extra_tokens": extra,
         }
-        cached = cache.get_completion(key)
-        seq.completion_hit = cached is not None
-        if cached is None:
+        reference = cache.get_completion(key)
+        seq.completion_hit = reference is not None
+        if reference is None:
+            args = (seq.prompt_ids, options.max_new_tokens, extra, stops)
             if client is not None:
-                completion = client.complete(seq.prompt_ids, options.max_new_tokens)
+                reference = client.reference(*args)
             else:
-                completion = target.greedy(seq.prompt_ids, options.max_new_tokens, stops)
-            cached = _cut_at_stop(completion, stops)
-            cache.put_completion(key, cached)
-        seq.completion = cached
+                reference = greedy_reference(target.model, *args)
+            cache.put_completion(key, reference)
+        seq.reference = reference
+        first, stop = len(seq.prompt_ids), first_stop(reference, stops)
+        limit = first + options.max_new_tokens
+        seq.span = Span(first, limit, None if stop is None else first + stop)
         conversations.replied(seq.prompt, seq.completion)
         progress.progress("completions", done, total)
-
-
-def _cut_at_stop(completion: list[int], stops: list[int]) -> list[int]:
-    for index, token in enumerate(completion):
-        if token in stops:
-            return completion[: index + 1]
-    return completion
 
 
 def _hidden_states(
@@ -416,45 +488,80 @@ def _walk_all(
     sequences: list[Sequence],
     target: Target,
     options: EvalOptions,
+    decode: Decode,
     progress: Progress,
-) -> tuple[list[PromptWalk], int, float]:
+) -> DrafterRun:
     config = loaded.config
-    dtype = DTYPES[options.dtype]
+    dtype = DTYPES[loaded.dtype]
     head = BorrowedHead.from_target(
         target.embed_weight, target.head_weight, config.mask_token_id, dtype
     )
     predictor_class = PerBlockPredictor if options.per_block else Predictor
     top_k = max([1, *options.ddtree])
-    walks, blocks, seconds = [], 0, 0.0
+    run = DrafterRun([], 0, 0.0, [])
     total = len(sequences)
     progress.progress(phase, 0, total)
     for done, seq in enumerate(sequences, start=1):
-        first_anchor = len(seq.prompt_ids)
+        span = seq.span
+        assert span is not None, "references are made before the walks"
         features = torch.cat([seq.hidden[i] for i in config.target_layer_ids], dim=-1)
         predictor = predictor_class(
             loaded.model,
             head,
             seq.tokens,
             features.to(dtype),
-            first_anchor,
+            span.first_anchor,
             config.block_size,
             top_k,
             chunk=1 if options.per_block else options.chunk,
+            last_anchor=span.limit - 1,  # no round starts at max_new_tokens or later
         )
-        walks.append(
-            walk_prompt(
-                predictor,
-                seq.tokens,
-                first_anchor,
-                config.block_size,
-                options.ddtree,
-                options.max_blocks,
+        walked = walk_prompt(
+            predictor, seq.tokens, span, config.block_size, options.ddtree, options.max_blocks
+        )
+        run.walks.append(walked)
+        if done <= SAMPLE_PROMPTS:
+            run.samples.append(
+                draft_sample(
+                    seq.prompt.id,
+                    seq.tokens,
+                    span.first_anchor,
+                    span.end,
+                    walked.anchors,
+                    [length - 1 for length in walked.lengths],
+                    predictor.draft,
+                    config.block_size,
+                    decode,
+                )
             )
-        )
-        blocks += predictor.blocks_computed
-        seconds += predictor.seconds
+        run.blocks += predictor.blocks_computed
+        run.seconds += predictor.seconds
         progress.progress(phase, done, total)
-    return walks, blocks, seconds
+    return run
+
+
+def _warn_about_walks(
+    sequences: list[Sequence],
+    walks: list[PromptWalk],
+    role: str,
+    warnings: list[str],
+    progress: Progress,
+) -> None:
+    for seq, walked in zip(sequences, walks, strict=True):
+        if not walked.lengths:
+            warnings.append(
+                f"{role}, prompt {seq.prompt.id}: no rounds (the reference has "
+                f"{len(seq.reference)} tokens)"
+            )
+        elif not walked.reference_complete:
+            warnings.append(
+                f"{role}, prompt {seq.prompt.id}: the reference has {len(seq.reference)} "
+                "tokens, too few to score the last rounds exactly (the completion source "
+                "stopped early); τ of this prompt may be underestimated"
+            )
+        else:
+            continue
+        progress.warn(warnings[-1])
 
 
 def _throughput(blocks: int, seconds: float) -> dict[str, Any]:
@@ -473,7 +580,7 @@ def _per_prompt(
 ) -> list[dict[str, Any]]:
     rows = []
     for seq, walked in zip(sequences, walks, strict=True):
-        lengths = walked.lengths
+        assert seq.span is not None, "references are made before the walks"
         rows.append(
             {
                 "id": seq.prompt.id,
@@ -482,24 +589,29 @@ def _per_prompt(
                 schema.PROMPT_ACCEPTANCE: acceptance_counts(walked.slot_correct),
                 "prompt_tokens": len(seq.prompt_ids),
                 "completion_tokens": len(seq.completion),
-                "rounds": len(lengths),
-                "tau": sum(lengths) / len(lengths) if lengths else None,
-                "ddtree_tau": {
-                    str(b): sum(walked.ddtree_lengths[b]) / len(walked.ddtree_lengths[b])
-                    if walked.ddtree_lengths[b]
-                    else None
-                    for b in budgets
-                },
+                "stopped": seq.span.stop is not None and seq.span.stop < seq.span.limit,
+                "reference_tokens": len(seq.reference),
+                "rounds": len(walked.lengths),
+                "tau": _mean(walked.lengths),
+                "ddtree_tau": {str(b): _mean(walked.ddtree_lengths[b]) for b in budgets},
+                "tau_capped": _mean(walked.capped_lengths),
                 "cache": {"completion": seq.completion_hit, "hidden_states": seq.hidden_hit},
             }
         )
     return rows
 
 
+def _mean(lengths: list[int]) -> float | None:
+    return sum(lengths) / len(lengths) if lengths else None
+
+
 def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
     if reference is None:
         return None
     theirs = reference[schema.METRICS]
+    if theirs[schema.BLOCK_SIZE] != metrics[schema.BLOCK_SIZE]:
+        # τ grows with the block: a ratio across block sizes says nothing about the drafter.
+        return {schema.TAU_MACRO: None, schema.TAU_POOLED: None}
     return {
         name: (metrics[name] / theirs[name]) if metrics[name] and theirs[name] else None
         for name in (schema.TAU_MACRO, schema.TAU_POOLED)
@@ -507,4 +619,7 @@ def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> di
 
 
 def _options_record(options: EvalOptions) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
+    record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
+    if options.sglang_url:
+        record["sglang_url"] = redact_url(options.sglang_url)
+    return record

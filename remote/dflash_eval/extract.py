@@ -19,17 +19,18 @@ from safetensors.torch import save_file
 from dflash_eval.config import from_hf_dict
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import EXTRACT_MARKER, read_drafter
+from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.results import file_identity, utc_now
 
 
 def extract(
     checkpoint: Path,
     out_dir: Path,
-    allow_unsafe_pickle: bool = False,
+    pickle_policy: PicklePolicy | None = None,
     config_file: Path | None = None,
 ) -> dict[str, Any]:
     """Write the extracted form of `checkpoint` into `out_dir`; return a summary."""
-    source = read_drafter(checkpoint, allow_unsafe_pickle)
+    source = read_drafter(checkpoint, pickle_policy)
     if source.kind != "training-checkpoint":
         raise HarnessError(
             f"{checkpoint} is already a {source.kind} (safetensors); there is no optimizer "
@@ -65,6 +66,7 @@ def extract(
         "stripped_prefix": source.stripped_prefix,
         "dropped_entries": source.dropped_entries,
         "hints": source.extra_hints,
+        "pickle": source.pickle.to_dict() if source.pickle else None,
         "created_at": utc_now(),
     }
     (partial / EXTRACT_MARKER).write_text(json.dumps(provenance, indent=2) + "\n")

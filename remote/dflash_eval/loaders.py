@@ -1,11 +1,11 @@
-"""Drafter checkpoints (DFLASH.md §5): read any of the three formats, resolve the config,
-and load strictly.
+"""Drafter checkpoints (DFLASH.md §5): read any of the three formats, resolve the config
+and settings (drafter_settings.py), and load strictly.
 
 Formats:
 - training checkpoint: a torch pickle (`checkpoint.pt`) holding `model_state_dict` (maybe
   prefixed `module.`/`draft_model.`, maybe bf16) plus optimizer state, step, config/args;
-  read with `weights_only=True`, anything needing arbitrary unpickling is refused unless
-  the user passes --allow-unsafe-pickle;
+  read under the pickle policy (pickle_policy.py: weights only, plus globals the user
+  names; arbitrary unpickling only with --allow-unsafe-pickle);
 - Hugging Face directory: config.json + *.safetensors (z-lab's published format);
 - extracted (this project's `extract`): model.safetensors + config.json + dflash_extract.json.
 
@@ -16,9 +16,7 @@ mismatch stops the run with the names listed.
 from __future__ import annotations
 
 import json
-import pickle
 import re
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,15 +24,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from dflash_eval.config import (
-    DrafterConfig,
-    TargetShape,
-    complete,
-    from_hf_dict,
-    infer_from_shapes,
-)
+from dflash_eval.config import DrafterConfig, TargetShape, check_against_target
+from dflash_eval.drafter_settings import choose_settings
 from dflash_eval.errors import HarnessError
 from dflash_eval.model import DFlashDrafter, build_drafter, expected_shapes
+from dflash_eval.pickle_policy import PicklePolicy, PickleRecord, load_pickle
+from dflash_eval.profile import DrafterProfile, NameRules
+from dflash_eval.provenance import Offer, Resolved
+from dflash_eval.target import DTYPES
 
 EXTRACT_MARKER = "dflash_extract.json"
 # Wrappers that training code puts in front of parameter names.
@@ -60,28 +57,36 @@ class DrafterSource:
     step_source: str | None
     stripped_prefix: str = ""
     dropped_entries: list[str] = field(default_factory=list)  # optimizer etc., not loaded
-    extra_hints: dict[str, Any] = field(default_factory=dict)  # block_size etc. from args
+    # Training arguments (block_size, mask_token_id…), from `args` or the extract record.
+    extra_hints: dict[str, Any] = field(default_factory=dict)
+    pickle: PickleRecord | None = None  # how a pickled file was read (None: safetensors)
+    renamed_parameters: int = 0  # names changed by the profile's parameter_renames
 
 
-def read_drafter(path: Path, allow_unsafe_pickle: bool = False) -> DrafterSource:
+def read_drafter(
+    path: Path, policy: PicklePolicy | None = None, names: NameRules | None = None
+) -> DrafterSource:
     """Read a drafter checkpoint in any supported format (no config decisions yet)."""
     path = Path(path)
+    policy = policy or PicklePolicy()
     if not path.exists():
         raise HarnessError(
             f"Drafter checkpoint {path} does not exist. Check the path (on the eval host) "
             "or stage the checkpoint first."
         )
-    if path.is_dir():
-        return _read_directory(path, allow_unsafe_pickle)
-    return _read_training_checkpoint(path, allow_unsafe_pickle)
+    source = _read_directory(path, policy) if path.is_dir() else _read_pickle(path, policy)
+    source.stripped_prefix, source.renamed_parameters, source.state_dict = apply_name_rules(
+        source.state_dict, names or NameRules(), path
+    )
+    return source
 
 
-def _read_directory(path: Path, allow_unsafe_pickle: bool) -> DrafterSource:
+def _read_directory(path: Path, policy: PicklePolicy) -> DrafterSource:
     tensors_files = sorted(path.glob("*.safetensors"))
     if not tensors_files:
         pickles = sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
         if len(pickles) == 1:
-            return _read_training_checkpoint(pickles[0], allow_unsafe_pickle)
+            return _read_pickle(pickles[0], policy)
         raise HarnessError(
             f"Drafter directory {path} holds no *.safetensors file (and not exactly one "
             f"*.pt: found {[p.name for p in pickles]}). Expected a Hugging Face DFlash "
@@ -105,7 +110,6 @@ def _read_directory(path: Path, allow_unsafe_pickle: bool) -> DrafterSource:
     step_source = "extract provenance" if step is not None else None
     if step is None:
         step, step_source = _step_from_path(path)
-    stripped, state_dict = strip_prefix(state_dict)
     return DrafterSource(
         path=path,
         kind="extracted" if marker.exists() else "hf-directory",
@@ -114,49 +118,12 @@ def _read_directory(path: Path, allow_unsafe_pickle: bool) -> DrafterSource:
         config_dict=config_dict,
         step=step,
         step_source=step_source,
-        stripped_prefix=stripped,
         extra_hints=provenance.get("hints", {}),
     )
 
 
-def load_pickle(path: Path, allow_unsafe_pickle: bool) -> Any:
-    """torch.load with weights_only=True; the refusal says what the file wanted."""
-    try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:
-            if "mmap" not in str(error):
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        reason = _unpickling_reason(str(error))
-        if not allow_unsafe_pickle:
-            raise HarnessError(
-                f"Refusing to load {path}: it is not a plain weights-only checkpoint "
-                f"({reason}). Unpickling it would run code named inside the file, which "
-                "can do anything on this host. If you trust where the file came from, "
-                "re-run with --allow-unsafe-pickle; better, extract it once on a trusted "
-                "machine (`python -m dflash_eval extract --allow-unsafe-pickle`)."
-            ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
-        raise HarnessError(
-            f"Cannot read {path} ({path.stat().st_size} bytes) as a torch checkpoint: "
-            f"{error}. It is probably truncated or not a checkpoint; compare its size and "
-            "hash with the source and re-stage it."
-        ) from None
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def _unpickling_reason(message: str) -> str:
-    for line in message.splitlines():
-        if "Unsupported global" in line or "Unsupported operand" in line:
-            reason = line.strip().removeprefix("WeightsUnpickler error: ")
-            return reason.split(". Please use")[0]
-    return message.splitlines()[0] if message else "unknown unpickling error"
-
-
-def _read_training_checkpoint(path: Path, allow_unsafe_pickle: bool) -> DrafterSource:
-    obj = load_pickle(path, allow_unsafe_pickle)
+def _read_pickle(path: Path, policy: PicklePolicy) -> DrafterSource:
+    obj, record = load_pickle(path, policy)
     if not isinstance(obj, dict):
         raise HarnessError(
             f"{path} unpickles to a {type(obj).__name__}, not a dict. Expected a training "
@@ -179,20 +146,54 @@ def _read_training_checkpoint(path: Path, allow_unsafe_pickle: bool) -> DrafterS
             f"The state dict in {path} has non-tensor entries: {not_tensors[:10]}. "
             "It is not a drafter state dict."
         )
-    stripped, state_dict = strip_prefix(raw_state)
     step, step_source = _step_from_checkpoint(obj, path)
     return DrafterSource(
         path=path,
         kind="training-checkpoint",
         files=[path],
-        state_dict=state_dict,
+        state_dict=raw_state,
         config_dict=_config_from_checkpoint(obj),
         step=step,
         step_source=step_source,
-        stripped_prefix=stripped,
         dropped_entries=dropped,
         extra_hints=_hints_from_args(obj.get("args")),
+        pickle=record,
     )
+
+
+def apply_name_rules(
+    state_dict: dict[str, torch.Tensor], rules: NameRules, path: Path
+) -> tuple[str, int, dict[str, torch.Tensor]]:
+    """A profile's prefix (when the names carry it), the usual wrapper prefixes, then the
+    profile's renames. Returns (prefix stripped, names renamed, state dict)."""
+    stripped = ""
+    if rules.prefix:
+        carrying = [name for name in state_dict if name.startswith(rules.prefix)]
+        if carrying and len(carrying) != len(state_dict):
+            others = sorted(set(state_dict) - set(carrying))[:5]
+            raise HarnessError(
+                f"The profile's parameter_prefix {rules.prefix!r} is on only {len(carrying)} of "
+                f"the {len(state_dict)} parameter names in {path} (not on e.g. {others}). Fix "
+                "the profile's parameter_prefix."
+            )
+        if carrying:
+            stripped = rules.prefix
+            state_dict = {name[len(stripped) :]: t for name, t in state_dict.items()}
+    wrappers, state_dict = strip_prefix(state_dict)
+    renamed: dict[str, torch.Tensor] = {}
+    count = 0
+    for name, tensor in state_dict.items():
+        new_name = name
+        for pattern, replacement in rules.renames:
+            new_name = re.sub(pattern, replacement, new_name)
+        if new_name in renamed:
+            raise HarnessError(
+                f"The profile's parameter_renames map two parameters of {path} to {new_name!r}. "
+                "Fix the rename patterns."
+            )
+        count += new_name != name
+        renamed[new_name] = tensor
+    return stripped + wrappers, count, renamed
 
 
 def strip_prefix(state_dict: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
@@ -231,10 +232,13 @@ def _config_from_checkpoint(obj: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+TRAINING_ARG_KEYS = ("block_size", "mask_token_id", "target_layer_ids", "num_target_layers")
+
+
 def _hints_from_args(args: Any) -> dict[str, Any]:
-    """Training arguments that pin down what shapes cannot (block size, mask id)."""
+    """Training arguments that pin down what shapes cannot (block size, mask id, layers)."""
     args = _as_plain(args) or {}
-    return {k: args[k] for k in ("block_size", "mask_token_id") if args.get(k) is not None}
+    return {k: args[k] for k in TRAINING_ARG_KEYS if args.get(k) is not None}
 
 
 def _step_from_checkpoint(obj: dict[str, Any], path: Path) -> tuple[int | None, str | None]:
@@ -253,12 +257,26 @@ def _step_from_path(path: Path) -> tuple[int | None, str | None]:
 class LoadedDrafter:
     source: DrafterSource
     config: DrafterConfig
-    config_source: str  # "checkpoint" | "file <path>" | "inferred from shapes + target"
+    config_source: str  # "checkpoint config" | "config file PATH" | "profile …" | "inferred …"
     trained_block_size: int | None
+    settings: dict[str, Resolved]  # block_size, target_layer_ids, … with their sources
+    dtype: str  # "float32" | "bfloat16"
     notes: list[str]
     warnings: list[str]
     ignored_parameters: list[str]
     model: DFlashDrafter
+    profile: DrafterProfile | None = None
+
+    def provenance(self) -> dict[str, str]:
+        return {name: setting.source for name, setting in self.settings.items()}
+
+    def accepted_defaults(self) -> dict[str, str]:
+        return {n: s.accepted_by for n, s in self.settings.items() if s.accepted_by is not None}
+
+    def dtype_offer(self) -> Offer:
+        """This drafter's dtype, for another drafter to be evaluated alike."""
+        setting = self.settings["dtype"]
+        return Offer(setting.source, setting.value, f"{setting.label} (as the drafter)")
 
 
 def load_drafter(
@@ -266,101 +284,52 @@ def load_drafter(
     target: TargetShape,
     *,
     config_file: Path | None = None,
+    profile: DrafterProfile | None = None,
     block_size: int | None = None,
     mask_token_id: int | None = None,
     target_layer_ids: list[int] | None = None,
-    allow_unsafe_pickle: bool = False,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | Offer | None = None,
+    accept_default: tuple[str, ...] | list[str] = (),
+    pickle_policy: PicklePolicy | None = None,
 ) -> LoadedDrafter:
-    """Read, resolve the config (checkpoint → file/flags → inferred), check, load strictly."""
-    source = read_drafter(path, allow_unsafe_pickle)
-    notes: list[str] = []
-    warnings: list[str] = []
-    file_config = _read_config_file(config_file) if config_file else None
-    if source.config_dict is not None:
-        config = from_hf_dict(source.config_dict, f"checkpoint {path}")
-        config_source = "checkpoint"
-        if file_config is not None:
-            _refuse_conflict(config, from_hf_dict(file_config, str(config_file)), path, config_file)
-    elif file_config is not None:
-        config = from_hf_dict(file_config, f"--drafter-config {config_file}")
-        config_source = f"file {config_file}"
-    else:
-        shapes = {name: tuple(t.shape) for name, t in source.state_dict.items()}
-        config = infer_from_shapes(shapes, target)
-        config_source = "inferred from parameter shapes + target config"
-    trained_block_size = config.block_size or source.extra_hints.get("block_size")
-    if not config.block_size and trained_block_size:
-        notes.append(f"block_size {trained_block_size} from the checkpoint's training args")
-    hint_mask = source.extra_hints.get("mask_token_id")
-    if mask_token_id is None and config.mask_token_id < 0 and hint_mask is not None:
-        mask_token_id = int(hint_mask)
-    if block_size is not None and trained_block_size and block_size != trained_block_size:
-        warnings.append(
-            f"--block-size {block_size} differs from the block size the drafter was trained "
-            f"with ({trained_block_size}); τ will not be comparable with other runs"
-        )
-    if (
-        mask_token_id is not None
-        and config.mask_token_id >= 0
-        and mask_token_id != config.mask_token_id
-    ):
-        warnings.append(
-            f"--mask-token-id {mask_token_id} overrides the checkpoint config's "
-            f"{config.mask_token_id}; the drafter was trained with the latter"
-        )
-    overridden_ids = tuple(target_layer_ids or ())
-    if overridden_ids and config.target_layer_ids and overridden_ids != config.target_layer_ids:
-        warnings.append(
-            f"--target-layer-ids {list(overridden_ids)} overrides the checkpoint config's "
-            f"{list(config.target_layer_ids)}; the drafter was trained with the latter"
-        )
-    fc = source.state_dict.get("fc.weight")
-    hint = fc.shape[1] // fc.shape[0] if fc is not None and fc.ndim == 2 else None
-    config, filled = complete(
-        config,
-        target,
-        block_size=block_size if block_size is not None else trained_block_size,
-        mask_token_id=mask_token_id,
-        target_layer_ids=target_layer_ids,
-        where=f"{config_source} ({path})",
-        layer_count_hint=hint,
+    """Read, choose the config and every setting (with provenance), check, load strictly.
+
+    The keyword values are the harness's command-line flags (None: not given); `dtype` may
+    also be another drafter's (an Offer keeping its source).
+    """
+    policy = pickle_policy or PicklePolicy()
+    if profile is not None and profile.safe_globals:
+        policy = PicklePolicy(policy.safe_globals + profile.safe_globals, policy.allow_unsafe)
+    source = read_drafter(path, policy, profile.names if profile else None)
+    command_line = {
+        "block_size": block_size,
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": tuple(target_layer_ids) if target_layer_ids is not None else None,
+        "dtype": dtype,
+    }
+    chosen = choose_settings(
+        source, target, config_file, profile, command_line, tuple(accept_default)
     )
-    notes += filled
+    config = chosen.config
+    check_against_target(config, target, f"{chosen.config_source} ({path})")
     ignored = check_parameters(source.state_dict, config, path)
-    model = build_drafter(config, dtype)
+    torch_dtype = DTYPES[chosen.settings["dtype"].value]
+    model = build_drafter(config, torch_dtype)
     wanted = {k: v for k, v in source.state_dict.items() if k not in ignored}
-    model.load_state_dict({k: v.to(dtype) for k, v in wanted.items()}, strict=True)
+    model.load_state_dict({k: v.to(torch_dtype) for k, v in wanted.items()}, strict=True)
     return LoadedDrafter(
         source=source,
         config=config,
-        config_source=config_source,
-        trained_block_size=int(trained_block_size) if trained_block_size else None,
-        notes=notes,
-        warnings=warnings,
+        config_source=chosen.config_source,
+        trained_block_size=chosen.trained_block_size,
+        settings=chosen.settings,
+        dtype=chosen.settings["dtype"].value,
+        notes=chosen.notes,
+        warnings=chosen.warnings,
         ignored_parameters=ignored,
         model=model,
+        profile=profile,
     )
-
-
-def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise HarnessError(f"Cannot read drafter config {path}: {error}.") from None
-
-
-def _refuse_conflict(
-    from_checkpoint: DrafterConfig, from_file: DrafterConfig, path: Path, file: Path
-) -> None:
-    ours, theirs = vars(from_checkpoint), vars(from_file)
-    differing = [k for k in ours if theirs[k] != ours[k] and theirs[k] not in (None, (), 0, -1)]
-    if differing:
-        details = ", ".join(f"{k}: checkpoint {ours[k]} vs file {theirs[k]}" for k in differing)
-        raise HarnessError(
-            f"The config inside {path} and --drafter-config {file} disagree ({details}). "
-            "The checkpoint's own config is authoritative; drop --drafter-config or fix it."
-        )
 
 
 def check_parameters(

@@ -2,10 +2,20 @@
 
 A round at anchor s (g[s] the last committed token) drafts slots 1..B-1; the target accepts
 the longest prefix equal to g[s+1..]; the round commits acc+1 tokens and the next anchor
-is s+acc+1. The walk starts at the first completion token (anchor = prompt length) and ends
-at the last token of the completion. Only the m = min(B-1, N-1-s) slots that have a known
-g are checked, and the last round commits at most N-1-s tokens (the completion ends there,
-as a live loop capped at max_new_tokens would).
+is s+acc+1. The rounds are those of z-lab's `dflash_generate` (and of the DDTree authors'
+`ddtree_generate`), the loops whose mean acceptance length their benchmarks report:
+
+- the first round is anchored at the first completion token (anchor = prompt length);
+- a round starts while the anchor is below prompt length + max_new_tokens, so the round
+  anchored at the last completion token runs too;
+- no round is capped at the tokens left: the live loop verifies a whole block and may
+  accept past max_new_tokens (its output is cut afterwards, its acceptance lengths are not);
+- the round that commits the first stop token is the last one, and counts in full.
+
+Scoring the last rounds exactly needs the target's greedy tokens up to B-1 past the last
+anchor, past max_new_tokens and past a stop token: the reference ("tokens") is generated
+that much longer (completions.py). The previous convention, capped at the end of the
+completion, is kept as a secondary figure (`capped_*`).
 """
 
 from __future__ import annotations
@@ -14,6 +24,9 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+# The value of metrics.tau_convention (docs/results-schema.md).
+TAU_CONVENTION = "zlab-live-loop"
 
 
 class Predictions(Protocol):
@@ -25,17 +38,47 @@ class Predictions(Protocol):
     def tree(self, anchor: int) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
+@dataclass(frozen=True)
+class Span:
+    """Where the rounds of one completion run, in absolute positions of prompt + reference.
+
+    first_anchor: the first completion token (the prompt length); limit: a round starts
+    only below it (prompt length + max_new_tokens); stop: the position of the first stop
+    token in the reference, if the target emitted one.
+    """
+
+    first_anchor: int
+    limit: int
+    stop: int | None = None
+
+    @property
+    def end(self) -> int:
+        """End (exclusive) of the live loop's output: max_new_tokens, or the stop token."""
+        return self.limit if self.stop is None else min(self.limit, self.stop + 1)
+
+    def needed_tokens(self, block_size: int) -> int:
+        """Reference length (prompt included) that decides every round exactly: B-1 known
+        tokens after the last anchor a round can start at."""
+        last_start = self.limit if self.stop is None else min(self.limit, self.stop)
+        last_anchor = max(last_start - 1, self.first_anchor)
+        return last_anchor + block_size
+
+
 @dataclass
 class PromptWalk:
     """The rounds of one completion."""
 
     lengths: list[int] = field(default_factory=list)  # vanilla acc+1 per round
-    slot_correct: list[list[bool]] = field(default_factory=list)  # per round, slots 1..m
+    anchors: list[int] = field(default_factory=list)  # vanilla round anchors
+    slot_correct: list[list[bool]] = field(default_factory=list)  # per round, slots 1..B-1
     ddtree_lengths: dict[int, list[int]] = field(default_factory=dict)
+    capped_lengths: list[int] = field(default_factory=list)  # the previous convention
+    capped_ddtree_lengths: dict[int, list[int]] = field(default_factory=dict)
+    reference_complete: bool = True  # False: the reference was too short to decide the end
 
 
 def accepted_prefix(draft: Sequence[int], future: Sequence[int]) -> tuple[int, list[bool]]:
-    """(acc, per-slot correctness) for drafts vs the true next tokens (checked slots only)."""
+    """(acc, per-slot correctness) for drafts vs the true next tokens (known slots only)."""
     correct = [d == g for d, g in zip(draft, future, strict=False)]
     acc = next((k for k, ok in enumerate(correct) if not ok), len(correct))
     return acc, correct
@@ -43,47 +86,63 @@ def accepted_prefix(draft: Sequence[int], future: Sequence[int]) -> tuple[int, l
 
 def walk(
     first_anchor: int,
-    num_tokens: int,
+    limit: int,
     round_length: Callable[[int], int],
+    stop: int | None = None,
     max_rounds: int | None = None,
 ) -> list[int]:
-    """Round lengths from anchor `first_anchor` to the end of a num_tokens sequence."""
-    lengths = []
+    """Round lengths: a round starts while the anchor is below `limit` (and fewer than
+    max_rounds ran); the round that commits position `stop` (anchor + length ≥ stop) is
+    the last, as in z-lab's loop, which looks for a stop token after each round."""
+    lengths: list[int] = []
     anchor = first_anchor
-    while anchor < num_tokens - 1 and (max_rounds is None or len(lengths) < max_rounds):
+    while anchor < limit and (max_rounds is None or len(lengths) < max_rounds):
         length = round_length(anchor)
         lengths.append(length)
         anchor += length
+        if stop is not None and stop <= anchor:
+            break
     return lengths
+
+
+def anchors_of(first_anchor: int, lengths: Sequence[int]) -> list[int]:
+    """The anchor of each round of a walk with these round lengths."""
+    anchors = [first_anchor]
+    for length in lengths[:-1]:
+        anchors.append(anchors[-1] + length)
+    return anchors[: len(lengths)]
 
 
 def ddtree_pop_order(
     logprobs: Sequence[Sequence[float]], max_nodes: int
 ) -> dict[tuple[int, ...], int]:
-    """Best-first draft tree (DFLASH.md §4): node = ranks along a path (slot 1, 2, …).
+    """Best-first draft tree (DFLASH.md §4) as the DDTree authors' `build_ddtree_tree`
+    builds it: node = ranks along a path (slot 1, 2, …).
 
     Max-heap on the summed log-prob of the path; start with (slot 1, rank 0); each pop adds
-    the node and pushes its next sibling (same slot, next rank) and first child (next
-    slot, rank 0). Returns node → pop index; the tree of budget b is the nodes with index
-    < b, so one expansion serves every budget ≤ max_nodes.
+    the node and pushes its next sibling (same slot, next rank) and its first child (next
+    slot, rank 0). Exact ties pop the smaller rank tuple first (the heap entries compare
+    (-score, ranks) there), and scores are summed in the same order (a sibling's score is
+    the node's minus its own log-prob plus the sibling's), so even float rounding agrees.
+    Returns node → pop index; the tree of budget b is the nodes with index < b, so one
+    expansion serves every budget ≤ max_nodes (a node of rank r is popped after its r
+    elder siblings, so ranks ≥ b, which a b-wide top-k lacks, never pop among b nodes).
     """
     slots, width = len(logprobs), len(logprobs[0])
     order: dict[tuple[int, ...], int] = {}
-    # Entries: (-path score, tie-break counter, node, score of the node's parent path).
-    heap = [(-logprobs[0][0], 0, (0,), 0.0)]
-    counter = 1
+    first = float(logprobs[0][0])
+    heap: list[tuple[float, tuple[int, ...], float]] = [(-first, (0,), first)]
     while heap and len(order) < max_nodes:
-        negative, _, node, parent_score = heapq.heappop(heap)
-        order[node] = len(order)
-        depth, rank = len(node), node[-1]
+        _, ranks, score = heapq.heappop(heap)
+        order[ranks] = len(order)
+        depth, rank = len(ranks), ranks[-1]
         if rank + 1 < width:
-            sibling_score = parent_score + logprobs[depth - 1][rank + 1]
-            heapq.heappush(heap, (-sibling_score, counter, (*node[:-1], rank + 1), parent_score))
-            counter += 1
+            row = logprobs[depth - 1]
+            sibling = score - float(row[rank]) + float(row[rank + 1])
+            heapq.heappush(heap, (-sibling, (*ranks[:-1], rank + 1), sibling))
         if depth < slots:
-            child_score = -negative + logprobs[depth][0]
-            heapq.heappush(heap, (-child_score, counter, (*node, 0), -negative))
-            counter += 1
+            child = score + float(logprobs[depth][0])
+            heapq.heappush(heap, (-child, (*ranks, 0), child))
     return order
 
 
@@ -123,37 +182,56 @@ def ddtree_depths(
 def walk_prompt(
     predictions: Predictions,
     tokens: Sequence[int],
-    first_anchor: int,
+    span: Span,
     block_size: int,
     budgets: Sequence[int] = (),
     max_rounds: int | None = None,
 ) -> PromptWalk:
-    """Vanilla and DDTree walks over one completion."""
-    result = PromptWalk()
-    num_tokens = len(tokens)
+    """Vanilla and DDTree walks over one completion, in both conventions.
+
+    tokens: prompt + reference. An anchor needs its own token and at least one known
+    token after it, so a reference shorter than span.needed_tokens ends the walk early
+    (reference_complete is then False and the last rounds may be underestimated).
+    """
+    result = PromptWalk(reference_complete=len(tokens) >= span.needed_tokens(block_size))
+    limit = min(span.limit, len(tokens) - 1)
+    capped_last = min(span.end, len(tokens)) - 1  # the previous convention's last token
+    checked: dict[int, tuple[int, list[bool]]] = {}  # anchor → (acc, per-slot correctness)
 
     def vanilla(anchor: int) -> int:
-        future = tokens[anchor + 1 : anchor + block_size]
-        acc, correct = accepted_prefix(predictions.draft(anchor), future)
-        result.slot_correct.append(correct)
-        return min(acc + 1, num_tokens - 1 - anchor)
+        if anchor not in checked:
+            future = tokens[anchor + 1 : anchor + block_size]
+            checked[anchor] = accepted_prefix(predictions.draft(anchor), future)
+        return checked[anchor][0]
 
-    result.lengths = walk(first_anchor, num_tokens, vanilla, max_rounds)
+    result.lengths = walk(span.first_anchor, limit, lambda a: vanilla(a) + 1, span.stop, max_rounds)
+    result.anchors = anchors_of(span.first_anchor, result.lengths)
+    result.slot_correct = [checked[anchor][1] for anchor in result.anchors]
+    result.capped_lengths = walk(
+        span.first_anchor,
+        capped_last,
+        lambda a: min(vanilla(a) + 1, capped_last - a),
+        max_rounds=max_rounds,
+    )
     tree_paths: dict[int, list[int]] = {}  # anchor → path indices, shared by all budgets
 
-    def tree_length(anchor: int, budget: int) -> int:
+    def tree_depth(anchor: int, budget: int) -> int:
         if anchor not in tree_paths:
+            future = tokens[anchor + 1 : anchor + block_size]
             tree_paths[anchor] = ddtree_path_indices(
-                *predictions.tree(anchor),
-                tokens[anchor + 1 : anchor + block_size],
-                max(budgets),
+                *predictions.tree(anchor), future, max(budgets)
             )
-        depth = sum(1 for index in tree_paths[anchor] if index < budget)
-        return min(depth + 1, num_tokens - 1 - anchor)
+        return sum(1 for index in tree_paths[anchor] if index < budget)
 
-    for budget in budgets:
-        result.ddtree_lengths[budget] = walk(
-            first_anchor, num_tokens, lambda anchor, b=budget: tree_length(anchor, b), max_rounds
+    for b in budgets:
+        result.ddtree_lengths[b] = walk(
+            span.first_anchor, limit, lambda a, b=b: tree_depth(a, b) + 1, span.stop, max_rounds
+        )
+        result.capped_ddtree_lengths[b] = walk(
+            span.first_anchor,
+            capped_last,
+            lambda a, b=b: min(tree_depth(a, b) + 1, capped_last - a),
+            max_rounds=max_rounds,
         )
     return result
 
@@ -195,23 +273,36 @@ def summarize(
         )
     return {
         "block_size": block_size,
+        "tau_convention": TAU_CONVENTION,
         "tau_macro": vanilla["macro"],
         "tau_pooled": vanilla["pooled"],
         "rounds": vanilla["rounds"],
         "committed_tokens": vanilla["committed_tokens"],
         "histogram": histogram,
         "per_position": per_position,
-        "ddtree": {
-            str(b): {
-                "tau_macro": t["macro"],
-                "tau_pooled": t["pooled"],
-                "rounds": t["rounds"],
-                "committed_tokens": t["committed_tokens"],
-            }
-            for b in budgets
-            for t in [tau([w.ddtree_lengths[b] for w in walks])]
+        "ddtree": _ddtree_block([w.ddtree_lengths for w in walks], budgets),
+        "capped": {
+            **_tau_block([w.capped_lengths for w in walks]),
+            "ddtree": _ddtree_block([w.capped_ddtree_lengths for w in walks], budgets),
         },
+        "incomplete_references": sum(not w.reference_complete for w in walks),
     }
+
+
+def _tau_block(lengths_per_prompt: Sequence[Sequence[int]]) -> dict[str, Any]:
+    t = tau(lengths_per_prompt)
+    return {
+        "tau_macro": t["macro"],
+        "tau_pooled": t["pooled"],
+        "rounds": t["rounds"],
+        "committed_tokens": t["committed_tokens"],
+    }
+
+
+def _ddtree_block(
+    lengths_per_prompt: Sequence[dict[int, list[int]]], budgets: Sequence[int]
+) -> dict[str, Any]:
+    return {str(b): _tau_block([lengths[b] for lengths in lengths_per_prompt]) for b in budgets}
 
 
 def _rate(hits: int, total: int) -> float | None:

@@ -13,6 +13,13 @@ of one sequence in one pass. The N blocks are laid out as one query sequence, th
 [context; block 0; block 1; …], and a block-structured mask lets block n see context
 positions < s_n and its own block only. The context K/V of each layer is computed once per
 sequence (`context_cache`) and shared by every block.
+
+RoPE and sliding windows follow the reference (z-lab's `dflash/model.py`): the rotary tables
+come from transformers' own rotary embedding for the config (every rope type transformers
+implements; a `partial_rotary_factor` below 1 rotates the leading dimensions only, as the
+Qwen3-family models that support it do), and a `sliding_attention` layer uses the window
+the reference hands to flash-attention for this non-causal attention: a query at position
+p sees keys k with |p − k| < window (behind it in the context, and ahead of it in its block).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_eval.config import DrafterConfig
+from dflash_eval.config import DrafterConfig, qwen3_config
+from dflash_eval.errors import HarnessError
 
 
 class RMSNorm(nn.Module):
@@ -41,15 +49,69 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
-def rotary_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables for absolute positions: [..., head_dim] (computed in fp32, as HF)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)  # [D/2]
-    freqs = positions.float()[..., None] * inv_freq  # [..., D/2]
-    angles = torch.cat([freqs, freqs], dim=-1)  # [..., D]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+# cos/sin tables [..., rotary_dim] for a set of positions, in the activations' dtype.
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+class RotaryTable:
+    """transformers' rotary embedding for the drafter config, as the reference builds it.
+
+    Deliberately not an nn.Module: its inverse frequencies stay float32 and on the CPU
+    whatever the drafter's dtype, and a meta-device build of the drafter leaves them intact.
+    """
+
+    def __init__(self, config: DrafterConfig) -> None:
+        values = {
+            "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_attention_heads,
+            "head_dim": config.head_dim,
+            "num_hidden_layers": config.num_hidden_layers,
+            "max_position_embeddings": config.max_position_embeddings,
+            "rope_parameters": config.rope_parameters(),
+        }
+        hf_config = qwen3_config(values, "the drafter config")
+        with torch.device("cpu"):
+            self.module = _transformers_rotary(hf_config, config.partial_rotary_factor)
+        self.rope_type = config.rope_type
+        self.length_limit = _length_limit(config)
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """Absolute positions [...] → cos, sin [..., rotary_dim]."""
+        if self.length_limit is not None and int(positions.max()) >= self.length_limit:
+            raise HarnessError(
+                f"RoPE type {self.rope_type!r} changes its tables past position "
+                f"{self.length_limit}, and this sequence reaches {int(positions.max())}: the "
+                "cached evaluation would not match the live loop. Use shorter prompts or "
+                "--max-new-tokens."
+            )
+        flat = positions.reshape(1, -1)
+        cos, sin = self.module(torch.empty(0, dtype=dtype), flat)  # [1, T, rotary_dim]
+        shape = (*positions.shape, cos.shape[-1])
+        return cos.reshape(shape), sin.reshape(shape)
+
+
+def _length_limit(config: DrafterConfig) -> int | None:
+    """First position from which the rope type's tables depend on the longest position in a
+    call ("dynamic" grows past max_position_embeddings, "longrope" switches factors past the
+    original length). The live loop and the cached evaluation call with different lengths,
+    so they agree only below it."""
+    if config.rope_type == "dynamic":
+        return config.max_position_embeddings
+    if config.rope_type == "longrope":
+        return int(config.rope_scaling["original_max_position_embeddings"])
+    return None
+
+
+def _transformers_rotary(hf_config, partial_rotary_factor: float) -> nn.Module:
+    """Qwen3's rotary embedding (the reference's); for a partial rotary factor, the Qwen3-
+    family one that honours it (Qwen3-Next: same maths, first head_dim·factor dimensions)."""
+    if partial_rotary_factor == 1.0:
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        return Qwen3RotaryEmbedding(hf_config)
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRotaryEmbedding
+
+    return Qwen3NextRotaryEmbedding(hf_config)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +120,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
+    """Rotate the first cos.shape[-1] dimensions of x; the rest pass through unchanged."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([rotated * cos + rotate_half(rotated) * sin, passed], dim=-1)
 
 
 class DFlashAttention(nn.Module):
@@ -69,7 +136,6 @@ class DFlashAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
         self.window = config.layer_window(layer_index)
         hidden, q_size = config.hidden_size, self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
@@ -80,44 +146,43 @@ class DFlashAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def _keys_values(
-        self, x: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [..., T, H] at absolute positions [..., T] → k, v [..., kv_heads, T, D]."""
+    def _keys_values(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., T, H] with its rope tables [..., T, R] → k, v [..., kv_heads, T, D]."""
         shape = (*x.shape[:-1], self.num_kv_heads, self.head_dim)
         k = self.k_norm(self.k_proj(x).view(shape)).transpose(-2, -3)  # [..., kv, T, D]
         v = self.v_proj(x).view(shape).transpose(-2, -3)  # no norm on V
-        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
+        cos, sin = rope
         return apply_rotary(k, cos.unsqueeze(-3), sin.unsqueeze(-3)), v
 
-    def _queries(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _queries(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         """x [..., T, H] → q [..., heads, T, D]."""
         shape = (*x.shape[:-1], self.num_heads, self.head_dim)
         q = self.q_norm(self.q_proj(x).view(shape)).transpose(-2, -3)
-        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, x.dtype)
+        cos, sin = rope
         return apply_rotary(q, cos.unsqueeze(-3), sin.unsqueeze(-3))
 
-    def context_kv(self, ctx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, ctx: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         """Fused context [S, H] at positions 0..S-1 → k, v [kv_heads, S, D] (cacheable)."""
-        return self._keys_values(ctx, torch.arange(ctx.shape[0]))
+        return self._keys_values(ctx, rope)
 
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rope: Rope,
         ctx_k: torch.Tensor,
         ctx_v: torch.Tensor,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Blocks x [N, B, H] (already input-normed) at positions [N, B] → [N, B, H].
+        """Blocks x [N, B, H] (already input-normed) with the rope tables of their positions
+        [N, B, R] → [N, B, H].
 
         ctx_k/ctx_v [kv, S, D] are the cached context K/V. mask [N·B, S+N·B] (additive:
         0 = may attend, -inf = hidden) is required when N > 1; with N = 1 and no mask every
         key is visible.
         """
         blocks, block_size, _ = x.shape
-        q = self._queries(x, positions)  # [N, heads, B, D]
-        k, v = self._keys_values(x, positions)  # [N, kv, B, D]
+        q = self._queries(x, rope)  # [N, heads, B, D]
+        k, v = self._keys_values(x, rope)  # [N, kv, B, D]
         kv, d = self.num_kv_heads, self.head_dim
         # All blocks as one sequence: queries [1, heads, N·B, D], keys [1, kv, S+N·B, D].
         q = q.transpose(0, 1).reshape(1, self.num_heads, blocks * block_size, d)
@@ -129,13 +194,14 @@ class DFlashAttention(nn.Module):
         out = out[0].reshape(self.num_heads, blocks, block_size, d).permute(1, 2, 0, 3)
         return self.o_proj(out.reshape(blocks, block_size, self.num_heads * d))
 
-    def forward_uncached(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+    def forward_uncached(self, x: torch.Tensor, ctx: torch.Tensor, rope: Rope) -> torch.Tensor:
         """One block x [B, H] anchored at s = len(ctx), computing K/V from [ctx; x] as
-        written in DFLASH.md §2.4 (no cache). Used to check the cached path."""
+        written in DFLASH.md §2.4 (no cache); rope holds the tables of positions 0..s+B-1.
+        Used to check the cached path."""
         start, block_size = ctx.shape[0], x.shape[0]
+        k, v = self._keys_values(torch.cat([ctx, x], dim=0), rope)  # [kv, S+B, D]
+        q = self._queries(x, (rope[0][start:], rope[1][start:]))  # [heads, B, D]
         all_positions = torch.arange(start + block_size)
-        k, v = self._keys_values(torch.cat([ctx, x], dim=0), all_positions)  # [kv, S+B, D]
-        q = self._queries(x, all_positions[start:])  # [heads, B, D]
         mask = window_mask(all_positions[start:], all_positions, self.window)
         out = F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=mask, enable_gqa=True
@@ -146,11 +212,12 @@ class DFlashAttention(nn.Module):
 def window_mask(
     query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None
 ) -> torch.Tensor | None:
-    """Sliding window: a query sees keys less than `window` positions behind it (and the
-    rest of its block ahead of it). None when there is no window."""
+    """Sliding window as the reference applies it (flash-attention's window
+    (window − 1, window − 1) on non-causal attention): a query sees the keys less than
+    `window` positions away from it, behind or ahead. None when there is no window."""
     if window is None:
         return None
-    return (query_positions[:, None] - key_positions[None, :]) < window
+    return (query_positions[:, None] - key_positions[None, :]).abs() < window
 
 
 class DFlashMLP(nn.Module):
@@ -179,16 +246,16 @@ class DFlashLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
+        rope: Rope,
         ctx_k: torch.Tensor,
         ctx_v: torch.Tensor,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, mask)
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_uncached(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.forward_uncached(self.input_layernorm(x), ctx)
+    def forward_uncached(self, x: torch.Tensor, ctx: torch.Tensor, rope: Rope) -> torch.Tensor:
+        x = x + self.self_attn.forward_uncached(self.input_layernorm(x), ctx, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -215,6 +282,7 @@ class DFlashDrafter(nn.Module):
             DFlashLayer(config, index) for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryTable(config)  # shared by every layer, as the reference's
 
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated target hidden states [S, K·H] → fused context [S, H]."""
@@ -222,7 +290,8 @@ class DFlashDrafter(nn.Module):
 
     def context_cache(self, ctx: torch.Tensor) -> ContextCache:
         """K/V of the fused context for every layer, computed once per sequence."""
-        pairs = [layer.self_attn.context_kv(ctx) for layer in self.layers]
+        rope = self.rotary(torch.arange(ctx.shape[0]), ctx.dtype)
+        pairs = [layer.self_attn.context_kv(ctx, rope) for layer in self.layers]
         return ContextCache([k for k, _ in pairs], [v for _, v in pairs])
 
     def forward_blocks(
@@ -237,11 +306,12 @@ class DFlashDrafter(nn.Module):
         context_length = int(anchors.max())  # later context positions are never visible
         positions = anchors[:, None] + torch.arange(block_size)  # [N, B]
         masks = self._block_masks(anchors, positions, context_length, block_embeds.dtype)
+        rope = self.rotary(positions, block_embeds.dtype)
         x = block_embeds
         for index, layer in enumerate(self.layers):
             x = layer(
                 x,
-                positions,
+                rope,
                 cache.keys[index][:, :context_length],
                 cache.values[index][:, :context_length],
                 masks[layer.self_attn.window],
@@ -281,9 +351,10 @@ class DFlashDrafter(nn.Module):
     def forward_uncached(self, ctx: torch.Tensor, block_embed: torch.Tensor) -> torch.Tensor:
         """One block [B, H] anchored at s = len(ctx) (fused context [s, H]), recomputing
         the context K/V in every layer → final-normed hidden states [B, H]."""
+        rope = self.rotary(torch.arange(ctx.shape[0] + block_embed.shape[0]), block_embed.dtype)
         x = block_embed
         for layer in self.layers:
-            x = layer.forward_uncached(x, ctx)
+            x = layer.forward_uncached(x, ctx, rope)
         return self.norm(x)
 
 

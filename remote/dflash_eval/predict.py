@@ -52,9 +52,11 @@ def default_chunk(block_size: int, vocab_size: int, context_length: int, heads: 
 class Predictor:
     """Draft predictions per anchor for one sequence (batched, lazy, chunked).
 
-    tokens: prompt + completion (N tokens); features: [N, K·H] target features (only
-    positions < anchor are ever seen by an anchor); anchors run from `first_anchor` to N-2.
-    top_k: the largest DDTree budget (a tree of b nodes uses at most b ranks per slot).
+    tokens: prompt + reference (N tokens); features: [N, K·H] target features (only
+    positions < anchor are ever seen by an anchor); anchors run from `first_anchor` to
+    `last_anchor` (default N-2, the last with a known next token).
+    top_k: the largest DDTree budget (a tree of b nodes uses at most b ranks per slot;
+    at most the vocabulary, as in the DDTree authors' code).
     """
 
     def __init__(
@@ -67,11 +69,14 @@ class Predictor:
         block_size: int,
         top_k: int,
         chunk: int | None = None,
+        last_anchor: int | None = None,
     ) -> None:
         self.drafter, self.head = drafter, head
         self.tokens = torch.tensor(tokens)
-        self.first_anchor, self.last_anchor = first_anchor, len(tokens) - 2
-        self.block_size, self.top_k = block_size, top_k
+        known_last = len(tokens) - 2
+        self.first_anchor = first_anchor
+        self.last_anchor = known_last if last_anchor is None else min(last_anchor, known_last)
+        self.block_size, self.top_k = block_size, min(top_k, head.head_weight.shape[0])
         self.chunk = chunk or default_chunk(
             block_size,
             head.head_weight.shape[0],
@@ -130,6 +135,11 @@ class Predictor:
         return self.head.embed_weight[block_tokens]
 
 
+# Log-prob slack when deciding which slots a tree can reach: far above the rounding of a
+# float32 cumulative sum, far below any real gap, and a kept slot costs only one top-k.
+REACH_MARGIN = 1e-3
+
+
 @dataclass
 class BlockPrediction:
     draft: list[int]  # greedy token per slot 1..B-1
@@ -146,7 +156,8 @@ def block_predictions(
     top-k only matters for the slots a best-first tree of ≤ k nodes can reach. The best
     path to slot j scores P_j = the sum of the slots' top log-probs up to j; if the k-th
     candidate of slot 1 alone scores more than P_j, the k slot-1 candidates are all popped
-    before any node at depth j, so none is ever popped (exact, not a heuristic).
+    before any node at depth j, so none is ever popped (exact, not a heuristic; a margin
+    keeps slots that float32 rounding of P_j, or an exact tie, could let in).
     """
     blocks, block_size, width = hidden.shape
     slots = block_size - 1
@@ -158,7 +169,8 @@ def block_predictions(
     by_slot, normaliser = logits.view(blocks, slots, -1), normaliser.view(blocks, slots)
     first_values, first_ids = torch.topk(by_slot[:, 0], top_k, dim=-1)  # slot 1: always
     first_logprobs = first_values - normaliser[:, :1]
-    deeper = best_path[:, 1:] >= first_logprobs[:, -1:]  # [N, B-2]: slots 2.. a tree reaches
+    reach = first_logprobs[:, -1:] - REACH_MARGIN
+    deeper = best_path[:, 1:] >= reach  # [N, B-2]: slots 2.. a tree of ≤ k nodes reaches
     values, ids = torch.topk(by_slot[:, 1:][deeper], top_k, dim=-1)
     logprobs = (values - normaliser[:, 1:][deeper][:, None]).tolist()
     ids_list, drafts = ids.tolist(), greedy.view(blocks, slots).tolist()

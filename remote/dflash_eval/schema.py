@@ -10,10 +10,10 @@ Bump SCHEMA_VERSION whenever a key changes meaning or disappears (new keys do no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: τ as z-lab's live loop counts it (metrics.tau_convention)
 KIND = "dflash-eval-results"  # the value of results[KIND_KEY]
 
 # --- top level -----------------------------------------------------------------------------
@@ -37,6 +37,7 @@ BY_DATASET = "by_dataset"  # {BOOTSTRAP, OVERALL, DATASETS}: metrics with confid
 REFERENCE = "reference"  # null, or {CHECKPOINT, DRAFTER, METRICS, THROUGHPUT}
 COMPARISON = "comparison"  # null, or {TAU_MACRO: ratio, TAU_POOLED: ratio}
 WARNINGS = "warnings"
+SAMPLES = "samples"  # decoded samples: the first prompts' target text and drafts
 
 # --- checkpoint identity: results[CHECKPOINT] and results[REFERENCE][CHECKPOINT] -------------
 PATH = "path"
@@ -59,6 +60,7 @@ SOURCE = "source"  # where a named set came from (repo, revision, split, seed, r
 
 # --- results[COMPLETIONS] ----------------------------------------------------------------------
 COMPLETIONS_SOURCE = "source"
+EXTRA_TOKENS = "extra_tokens"  # reference tokens past max_new_tokens (block size): last round
 
 # --- results[HARNESS] --------------------------------------------------------------------------
 HARNESS_SHA256 = "content_sha256"
@@ -80,6 +82,8 @@ ROUNDS = "rounds"
 COMMITTED_TOKENS = "committed_tokens"
 HISTOGRAM = "histogram"
 PER_POSITION = "per_position"  # a list of rows, one per block position k = 1..B-1
+TAU_CONVENTION = "tau_convention"  # "zlab-live-loop": rounds start below max_new_tokens
+CAPPED = "capped"  # the same τ with the last round capped at the completion (schema 1)
 DDTREE = "ddtree"  # {"<budget>": {TAU_MACRO, TAU_POOLED, ROUNDS, COMMITTED_TOKENS}}
 POSITION = "position"
 CONDITIONAL = "conditional"  # P(slot k correct | slots < k correct)
@@ -114,12 +118,30 @@ COMPARABILITY: dict[str, Callable[[dict], Any]] = {
     "block size": lambda r: r[METRICS][BLOCK_SIZE],
     "max new tokens": lambda r: r[PROMPTS][MAX_NEW_TOKENS],
     "completions": lambda r: r[COMPLETIONS][COMPLETIONS_SOURCE],
+    "max blocks": lambda r: r[OPTIONS].get("max_blocks"),
+    "target dtype": lambda r: r[TARGET].get("dtype"),
+    "drafter dtype": lambda r: (r[DRAFTER].get(SETTINGS) or {}).get("dtype"),
+    "thinking": lambda r: r[OPTIONS].get("thinking"),
+    "features": lambda r: r.get("features"),
+    "τ convention": lambda r: r[METRICS].get(TAU_CONVENTION),
     "harness": lambda r: r[HARNESS][HARNESS_SHA256],
-    "thinking": lambda r: r[PROMPTS].get(THINKING, "off"),
 }
 
 POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first positions only
 
+
+# --- results[DRAFTER]: each setting's value and where it came from ---------------------------
+SETTINGS = "settings"
+SETTINGS_PROVENANCE = "provenance"
+ACCEPTED_DEFAULTS = "accepted_defaults"
+DRAFTER_SETTINGS = (
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+    "num_target_layers",
+    "rope",
+    "dtype",
+)
 
 # --- reading -----------------------------------------------------------------------------------
 
@@ -211,6 +233,31 @@ def comparability_key(results: dict) -> dict[str, Any]:
     return {name: read(results) for name, read in COMPARABILITY.items()}
 
 
+def shape_problem(results: Any) -> str | None:
+    """Why `results` cannot be read as a results file of this schema (None: it can). Every
+    reader above must work on it, so a damaged or foreign file is caught once, on loading."""
+    if not isinstance(results, dict) or results.get(KIND_KEY) != KIND:
+        return f"not a dflash-eval results file ({KIND_KEY!r} is not {KIND!r})"
+    if results.get(SCHEMA_VERSION_KEY) != SCHEMA_VERSION:
+        return (
+            f"schema_version {results.get(SCHEMA_VERSION_KEY)!r}, this dflash-ops reads "
+            f"{SCHEMA_VERSION}: compare it with the dflash-ops that wrote it"
+        )
+    try:
+        step(results)
+        run_metrics = metrics(results)
+        for key in (TAU_MACRO, TAU_POOLED):
+            float(run_metrics[key])
+        for budget in budgets(run_metrics):
+            ddtree_tau(run_metrics, budget)
+        conditional_by_position(run_metrics)
+        comparability_key(results)
+        summary_lines(results)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        return f"missing or malformed field ({type(exc).__name__}: {exc})"
+    return None
+
+
 # --- summaries ---------------------------------------------------------------------------------
 
 
@@ -238,6 +285,13 @@ def summary_lines(results: dict) -> list[str]:
         f"τ pooled {_number(run_metrics[TAU_POOLED])}  ({run_metrics[ROUNDS]} rounds, "
         f"{run_metrics[COMMITTED_TOKENS]} tokens, block size {run_metrics[BLOCK_SIZE]})"
     ]
+    capped = run_metrics.get(CAPPED)
+    if capped:
+        lines.append(
+            "  τ as z-lab's live loop counts it (last round uncapped); capped at the "
+            f"completion end: macro {_number(capped[TAU_MACRO])}, "
+            f"pooled {_number(capped[TAU_POOLED])}"
+        )
     if budgets(run_metrics):
         lines.append(
             "DDTree τ: "
@@ -258,6 +312,8 @@ def summary_lines(results: dict) -> list[str]:
             f"reference drafter τ macro {_number(reference[TAU_MACRO])}"
             + (f" (this run: {ratio:.2f}× of it)" if ratio else "")
         )
+    if (results.get(DRAFTER) or {}).get(SETTINGS_PROVENANCE):
+        lines.append(settings_line(results[DRAFTER]))
     lines += _provenance_lines(results)
     lines += [f"WARNING: {warning}" for warning in results.get(WARNINGS) or []]
     return lines
@@ -321,3 +377,35 @@ def _prompt_sets_note(prompts: dict) -> str:
 
 def _number(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def format_setting(name: str, value: Any) -> str:
+    """A setting's value as people read it (layer ids as a list, RoPE in one phrase)."""
+    if isinstance(value, tuple):
+        return str(list(value))
+    if name == "rope" and isinstance(value, Mapping):
+        extras = ", ".join(
+            f"{k} {v}" for k, v in value.items() if k not in ("rope_type", "rope_theta")
+        )
+        theta = value.get("rope_theta")
+        return f"{value.get('rope_type')} (θ {theta:g}{', ' + extras if extras else ''})"
+    return str(value)
+
+
+def settings_line(drafter: Mapping[str, Any]) -> str:
+    """One line for the human summary, from a results JSON `drafter` block."""
+    values, sources = drafter.get(SETTINGS) or {}, drafter.get(SETTINGS_PROVENANCE) or {}
+    accepted = drafter.get(ACCEPTED_DEFAULTS) or {}
+    parts = []
+    for name in DRAFTER_SETTINGS:
+        if name not in sources:
+            continue
+        source = sources[name]
+        if name in accepted:
+            source += f", accepted by {accepted[name]}"
+        parts.append(f"{name} {format_setting(name, _as_tuple(values.get(name)))} ({source})")
+    return "Drafter settings: " + "; ".join(parts)
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value

@@ -17,7 +17,10 @@ def test_reference_drafter_is_evaluated_on_the_same_hidden_states(lab, tmp_path)
     results = quick_eval(lab, tmp_path, reference_drafter=lab.checkpoints[2000])
     ours, theirs = results["metrics"], results["reference"]["metrics"]
     assert results["reference"]["checkpoint"]["step"] == 2000
-    assert theirs["committed_tokens"] == ours["committed_tokens"]
+    # Same completions: the capped walks commit the same tokens (the z-lab walks may not,
+    # their last rounds run past the end by different amounts).
+    assert theirs["capped"]["committed_tokens"] == ours["capped"]["committed_tokens"]
+    assert results["reference"]["samples"][0]["id"] == results["samples"][0]["id"]
     assert results["comparison"]["tau_macro"] == ours["tau_macro"] / theirs["tau_macro"] > 1
     assert "reference_drafter" in results["timings_s"]
     written = json.loads((tmp_path / "r.json").read_text())
@@ -90,7 +93,7 @@ def test_unsupported_drafter_features_are_refused():
     assert from_hf_dict(base, "x").head_dim == 4
     for extra in (
         {"attention_bias": True},
-        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {"rope_scaling": {"rope_type": "made-up", "factor": 4.0}},
         {"dflash_config": {"output_multiplier": 2.0}},
         {"final_logit_softcapping": 30.0},
     ):

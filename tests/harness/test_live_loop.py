@@ -1,14 +1,16 @@
-"""The offline teacher-forced walk equals a live speculative-decoding loop, exactly (T=0, fp32).
+"""The offline walk's *capped* figure equals a live loop capped at max_new_tokens (T=0, fp32).
 
 The live loop below is written independently of the harness's walk: draft a block, let the
-target verify it, accept the agreeing prefix plus the target's bonus token, repeat.
+target verify it, accept the agreeing prefix plus the target's bonus token, repeat; its
+last round commits only the tokens left. That is the harness's secondary `capped`
+convention; test_tau_convention.py checks the main one against z-lab's uncapped loop.
 """
 
 from __future__ import annotations
 
 import torch
 from dflash_eval.loaders import load_drafter
-from dflash_eval.metrics import walk_prompt
+from dflash_eval.metrics import Span, walk_prompt
 from dflash_eval.predict import BorrowedHead, Predictor
 from dflash_eval.target import load_target, load_tokenizer
 from transformers import AutoModelForCausalLM
@@ -71,7 +73,8 @@ def test_offline_walk_equals_live_speculative_decoding(lab):
             config.block_size,
             top_k=1,
         )
-        offline = walk_prompt(predictor, tokens, len(prompt_ids), config.block_size)
-        assert offline.lengths == live_lengths
+        span = Span(len(prompt_ids), len(tokens))
+        offline = walk_prompt(predictor, tokens, span, config.block_size)
+        assert offline.capped_lengths == live_lengths
         accepted_any |= max(live_lengths) > 1
     assert accepted_any, "the trained lab drafter should get some drafts accepted"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from dflash_eval.metrics import ddtree_pop_order, walk_prompt
+from dflash_eval.config import from_hf_dict
+from dflash_eval.metrics import Span, ddtree_pop_order, walk_prompt
 from dflash_eval.predict import (
     BorrowedHead,
     PerBlockPredictor,
@@ -37,9 +38,18 @@ def reference_rope(x: torch.Tensor, positions: list[int], theta: float) -> torch
     return out
 
 
-def reference_block_logits(model, features, tokens, anchor, block_size, embed, head):
-    """Logits [B-1, V] of the block anchored at `anchor`, written out step by step."""
+def reference_block_logits(model, features, tokens, anchor, block_size, embed, head, rope=None):
+    """Logits [B-1, V] of the block anchored at `anchor`, written out step by step.
+
+    `rope(x [T, D], positions)` rotates one head's queries or keys (default: plain RoPE
+    with the config's theta); the sliding window is the reference's (flash-attention's
+    symmetric (w-1, w-1) on this non-causal attention)."""
     config = model.config
+    if rope is None:
+
+        def rope(x, positions):
+            return reference_rope(x, positions, config.rope_theta)
+
     state = {name: p.detach() for name, p in model.named_parameters()}
     eps = config.rms_norm_eps
     ctx = reference_rms(features[:anchor] @ state["fc.weight"].T, state["hidden_norm.weight"], eps)
@@ -58,21 +68,13 @@ def reference_block_logits(model, features, tokens, anchor, block_size, embed, h
         outputs = []
         for h in range(heads):
             g = h // (heads // kv_heads)  # GQA: consecutive query heads share a KV head
-            qh = reference_rope(
-                reference_rms(q[:, h], p("self_attn.q_norm.weight"), eps),
-                query_positions,
-                config.rope_theta,
-            )
-            kh = reference_rope(
-                reference_rms(k[:, g], p("self_attn.k_norm.weight"), eps),
-                key_positions,
-                config.rope_theta,
-            )
+            qh = rope(reference_rms(q[:, h], p("self_attn.q_norm.weight"), eps), query_positions)
+            kh = rope(reference_rms(k[:, g], p("self_attn.k_norm.weight"), eps), key_positions)
             scores = qh @ kh.T / math.sqrt(d)
             if window is not None:
                 for qi, qp in enumerate(query_positions):
                     for ki, kp in enumerate(key_positions):
-                        if qp - kp >= window:
+                        if abs(qp - kp) >= window:
                             scores[qi, ki] = float("-inf")
             outputs.append(torch.softmax(scores, dim=-1) @ v[:, g])
         x = x + torch.cat(outputs, dim=-1) @ p("self_attn.o_proj.weight").T
@@ -118,6 +120,40 @@ def test_batched_forward_matches_plain_reference_with_gqa_and_sliding_window():
         torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=2e-5)
 
 
+def test_a_window_narrower_than_the_block_also_hides_slots_far_ahead():
+    # Window 3 < block 6: slot 0 must not see slots 3.., as in the reference's
+    # flash-attention window; and the context beyond 2 positions back stays hidden.
+    config, model, tokens, features, embed, head = _setup(
+        layer_types=("sliding_attention", "sliding_attention"), sliding_window=3, seed=11
+    )
+    anchors = [4, 13, 21]
+    logits = _batched_logits(model, config, tokens, features, embed, head, anchors)
+    for row, anchor in enumerate(anchors):
+        expected = reference_block_logits(
+            model, features, tokens, anchor, config.block_size, embed, head
+        )
+        torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=2e-5)
+        block = embed[[tokens[anchor]] + [config.mask_token_id] * (config.block_size - 1)]
+        with torch.no_grad():
+            uncached = model.forward_uncached(model.fuse_context(features[:anchor]), block)
+        torch.testing.assert_close(logits[row], uncached[1:] @ head.T, atol=5e-5, rtol=1e-5)
+
+
+def test_sliding_window_rules_are_qwen3configs():
+    base = small_config().to_hf_dict()
+    # The reference reads configs as Qwen3Config, which drops the window unless
+    # use_sliding_window is on: sliding_attention layers then attend to everything.
+    off = {**base, "layer_types": ["sliding_attention"] * 2, "sliding_window": 3}
+    off["use_sliding_window"] = False
+    assert from_hf_dict(off, "x").layer_window(0) is None
+    # Without layer_types, layers from max_window_layers on slide.
+    derived = {**base, "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1}
+    del derived["layer_types"]
+    config = from_hf_dict(derived, "x")
+    assert [config.layer_window(i) for i in range(2)] == [None, 3]
+    assert from_hf_dict(config.to_hf_dict(), "x") == config
+
+
 def test_single_block_forward_matches_plain_reference():
     config, model, tokens, features, embed, head = _setup(seed=3)
     logits = _batched_logits(model, config, tokens, features, embed, head, [11])
@@ -151,8 +187,9 @@ def test_batched_and_per_block_predictions_give_identical_metrics():
     per_block = PerBlockPredictor(
         model, borrowed, tokens, features, first, config.block_size, 4, chunk=1
     )
-    walk_batched = walk_prompt(batched, tokens, first, config.block_size, [2, 4])
-    walk_single = walk_prompt(per_block, tokens, first, config.block_size, [2, 4])
+    span = Span(first, len(tokens))
+    walk_batched = walk_prompt(batched, tokens, span, config.block_size, [2, 4])
+    walk_single = walk_prompt(per_block, tokens, span, config.block_size, [2, 4])
     assert walk_batched == walk_single
     assert max(walk_batched.lengths) > 1
     for anchor in range(first, len(tokens) - 1):

@@ -32,6 +32,18 @@ def test_client_sends_greedy_request_and_reads_output_ids(sglang_url):
     assert request["sampling_params"]["max_new_tokens"] == 4
 
 
+def test_reference_asks_to_ignore_eos_and_keeps_a_block_past_the_stop_token(sglang_url):
+    client = SGLangClient(sglang_url)
+    made_up = made_up_tokens([7, 8, 9], 10 + 4)  # 15, 16, 17, 18, …
+    # No stop token: max_new_tokens and then the extra tokens.
+    assert client.reference([7, 8, 9], 10, 4, stops=[0]) == made_up
+    # A stop token at index 3: the completion ends there, the reference 4 tokens later.
+    assert client.reference([7, 8, 9], 10, 4, stops=[18]) == made_up[: 3 + 1 + 4]
+    for request in StandIn.requests:
+        assert request["sampling_params"]["ignore_eos"] is True
+        assert request["sampling_params"]["max_new_tokens"] == 14
+
+
 def test_server_errors_and_missing_ids_are_explained(sglang_url):
     StandIn.mode = "error"
     with pytest.raises(HarnessError, match="HTTP 500"):
@@ -63,6 +75,26 @@ def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
         sglang_url=sglang_url,
         ddtree=[],
     )
-    assert results["completions"] == {"source": "sglang", "sglang_url": sglang_url}
+    assert results["completions"] == {
+        "source": "sglang",
+        "sglang_url": sglang_url,
+        "extra_tokens": 8,  # the lab drafter's block size
+    }
     assert len(StandIn.requests) == 2
+    assert {r["sampling_params"]["max_new_tokens"] for r in StandIn.requests} == {12 + 8}
     assert [row["completion_tokens"] for row in results["per_prompt"]] == [12, 12]
+    assert [row["reference_tokens"] for row in results["per_prompt"]] == [20, 20]
+
+
+def test_a_url_with_credentials_is_shown_redacted_and_can_come_from_a_file(tmp_path):
+    from dflash_eval.urls import read_url, redact_url
+
+    assert (
+        redact_url("http://user:pw@127.0.0.1:30000/v1?token=t")
+        == "http://***@127.0.0.1:30000/v1?***"
+    )
+    assert redact_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"
+    secret = tmp_path / "url"
+    secret.write_text("http://user:pw@127.0.0.1:30000\n")
+    assert read_url(f"@{secret}") == "http://user:pw@127.0.0.1:30000"
+    assert read_url("http://x") == "http://x"

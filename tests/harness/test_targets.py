@@ -47,4 +47,5 @@ def test_qwen3_5_targets_evaluate_end_to_end(lab, tmp_path, wrapper):
     )
     assert ("vision-language" in results["target"]["family"]) == wrapper
     assert results["metrics"]["rounds"] > 0
-    assert results["metrics"]["committed_tokens"] == 2 * 9  # every completion token but the first
+    # Capped at the completion: every completion token but the first is committed once.
+    assert results["metrics"]["capped"]["committed_tokens"] == 2 * 9

@@ -1,0 +1,184 @@
+"""`fab setup-eval-host`: provision an eval host's venv and deploy the harness, idempotently.
+
+The host keeps a provision record next to the venv (what was asked for, what got installed,
+with which python and uv). A rerun reads the record, the venv's python and its installed
+distributions, uv and the deployed harness in ONE SSH round trip and does nothing when all of
+it still matches; a changed spec upgrades in place, a broken venv is rebuilt, `force`
+recreates it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_eval.version import harness_hash
+
+from dflash_ops.core.inventory import EvalHost, Inventory, VenvSpec
+from dflash_ops.provision.harness import (
+    HARNESS_SOURCE,
+    HarnessDeploy,
+    deploy_harness,
+    deployed_unchanged,
+    short_hash,
+)
+from dflash_ops.provision.packages import (
+    BASE_PACKAGES,
+    Sources,
+    requested,
+    requirement_name,
+    requirements,
+    resolve_sources,
+)
+from dflash_ops.provision.state import RECORD_FORMAT, HostState, host_state, venv_problem
+from dflash_ops.provision.uv import ensure_uv
+from dflash_ops.provision.venv import check_disk, create_venv, install, verify, write_record
+from dflash_ops.provision.wheelhouse import push_wheelhouse
+from dflash_ops.remote.connection import Host, each_eval_host
+from dflash_ops.remote.layout import EvalLayout
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    host: str
+    actions: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    threads: int | None = None
+    torch_cuda: str | None = None
+    harness: HarnessDeploy | None = None
+    uv_method: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.actions)
+
+    def torch_facts(self, versions: dict[str, str], threads: int | None, cuda: str | None) -> None:
+        self.versions = {name: versions.get(name, "?") for name in BASE_PACKAGES}
+        self.threads = threads
+        self.torch_cuda = cuda
+
+
+def setup_eval_hosts(
+    inventory: Inventory,
+    name: str | None = None,
+    force: bool = False,
+    say: Say = print,
+    harness_source: Path = HARNESS_SOURCE,
+) -> list[Outcome]:
+    return [
+        setup_eval_host(host, force, say, harness_source)
+        for host, _ in each_eval_host(inventory, name)
+    ]
+
+
+def setup_eval_host(
+    host: Host, force: bool = False, say: Say = print, harness_source: Path = HARNESS_SOURCE
+) -> Outcome:
+    started = time.monotonic()
+    entry = host.entry
+    assert isinstance(entry, EvalHost)
+    outcome = Outcome(host.name)
+    short = short_hash(harness_hash(harness_source))
+    state = host.probe(host_state(EvalLayout(entry), short))
+    problem = "--force" if force else venv_problem(state, entry)
+    if problem is None:
+        assert state.record is not None
+        torch = state.record.get("torch", {})
+        outcome.torch_facts(state.record["resolved"], torch.get("threads"), torch.get("cuda"))
+    else:
+        say(f"{host.name}: provisioning {entry.venv.path}: {problem}")
+        _provision(host, entry, state, force, outcome, say)
+    if state.harness_complete and state.harness_current == short:
+        outcome.harness = deployed_unchanged(entry, harness_source)
+    else:
+        outcome.harness = deploy_harness(host, entry, harness_source, say)
+        outcome.actions.append(f"harness {short} deployed")
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _provision(
+    host: Host, entry: EvalHost, state: HostState, force: bool, outcome: Outcome, say: Say
+) -> None:
+    spec = entry.venv
+    previous = state.record or {}
+    rebuild = (
+        force
+        or state.python_version is None
+        or state.record is None
+        or previous.get("requested", {}).get("python") != spec.python
+    )
+    if rebuild:
+        check_disk(host, entry)
+    uv, method = ensure_uv(host, entry, state, say)
+    outcome.uv_method = method
+    if method != "present":
+        outcome.actions.append(f"uv installed ({method})")
+    if rebuild:
+        create_venv(host, entry, uv)
+        outcome.actions.append(f"venv created at {spec.path} (python {spec.python})")
+        say(f"{host.name}: venv created at {spec.path}")
+    sources = push_wheelhouse(host, entry) if spec.wheelhouse else resolve_sources(host, spec)
+    say(f"{host.name}: installing {' '.join(requirements(spec))} from {sources.describe()}")
+    changed = [] if rebuild else _changed_packages(spec, previous)
+    reinstall_torch = not rebuild and previous.get("requested", {}).get("torch") != spec.torch
+    summary = install(host, entry, uv, sources, upgrade=changed, reinstall_torch=reinstall_torch)
+    outcome.actions.append(f"packages installed ({summary})")
+    report = verify(host, entry)
+    outcome.torch_facts(report["versions"], report["threads"], report["cuda"])
+    if spec.torch == "cpu" and report["cuda"]:
+        say(
+            f"[yellow]warning:[/] {host.name}: CPU torch was asked but torch "
+            f"{report['versions']['torch']} is a CUDA {report['cuda']} build; pin a +cpu "
+            "version in venv.versions or check the indexes"
+        )
+    write_record(host, entry, _record(spec, sources, uv, method, report))
+
+
+def _changed_packages(spec: VenvSpec, previous: dict) -> list[str]:
+    """Packages added, dropped or whose requirement changed since the recorded install."""
+    now = requirements(spec)
+    before = previous.get("requirements", [])
+    names = {requirement_name(r) for r in now} ^ {requirement_name(r) for r in before}
+    return sorted(names | {requirement_name(r) for r in set(now) ^ set(before)})
+
+
+def _record(spec: VenvSpec, sources: Sources, uv: str, method: str, report: dict) -> dict:
+    """The provision record: what was asked for, from where, and what got installed."""
+    return {
+        "format": RECORD_FORMAT,
+        "requested": requested(spec),
+        "requirements": requirements(spec),
+        "sources": sources.record(),
+        "python": {"path": report["python"], "version": report["python_version"]},
+        "uv": {"path": uv, "method": method},
+        "resolved": report["dists"],
+        "torch": {
+            "version": report["versions"]["torch"],
+            "cuda": report["cuda"],
+            "threads": report["threads"],
+        },
+        "provisioned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def summary(outcome: Outcome) -> str:
+    """One paragraph per host for the task's output."""
+    versions = ", ".join(f"{name} {version}" for name, version in outcome.versions.items())
+    build = f"CUDA {outcome.torch_cuda}" if outcome.torch_cuda else "CPU"
+    harness = short_hash(outcome.harness.digest) if outcome.harness else "?"
+    details = f"{versions}; torch {build} build, {outcome.threads} threads; harness {harness}"
+    if not outcome.changed:
+        return (
+            f"[green]{outcome.host}: nothing to do[/] (venv and harness as recorded; "
+            f"{details}) in {outcome.seconds:.1f}s"
+        )
+    return (
+        f"[green]{outcome.host}: provisioned[/] in {outcome.seconds:.1f}s: "
+        f"{'; '.join(outcome.actions)}\n  {details}"
+    )

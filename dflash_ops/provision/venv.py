@@ -1,0 +1,157 @@
+"""The steps that build the eval venv with uv: check the disk, create the venv, install the
+packages, verify they import, write the provision record.
+
+Everything is created under umask 022 (readable by every user of the host); uv runs with its
+cache in `{workdir}/uv-cache` (or `venv.cache_dir`), which later rebuilds reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from dflash_ops.core.errors import DiskSpaceError, HostError, RemoteCommandError
+from dflash_ops.core.inventory import EvalHost
+from dflash_ops.core.units import parse_size
+from dflash_ops.provision.packages import Sources, requirements
+from dflash_ops.remote import probes
+from dflash_ops.remote.connection import SHARED_UMASK, Host, output_tail, with_umask
+from dflash_ops.remote.layout import EvalLayout
+
+INSTALL_TIMEOUT = 1800  # seconds: a first CPU torch download on a slow link
+MIN_FREE_FLOOR = 256 << 20  # even a rebuild from a full cache writes metadata and scripts
+
+VERIFY_SCRIPT = """
+import importlib.metadata as md, json, sys
+import requests, safetensors, torch, transformers
+print(json.dumps({
+    "python": sys.executable,
+    "python_version": sys.version.split()[0],
+    "versions": {n: md.version(n) for n in ("torch", "transformers", "safetensors", "requests")},
+    "cuda": torch.version.cuda,
+    "threads": torch.get_num_threads(),
+    "dists": {d.metadata["Name"]: d.version for d in md.distributions()},
+}))
+"""
+
+
+def _uv_env(layout: EvalLayout) -> str:
+    return f"UV_CACHE_DIR={shlex.quote(layout.uv_cache)} UV_NO_PROGRESS=1"
+
+
+def check_disk(host: Host, entry: EvalHost) -> None:
+    """Refuse before writing when the venv's or the cache's filesystem is short.
+
+    What the uv cache already holds is not downloaded or unpacked again (the venv hard-links
+    it), so it counts against `venv.min_free`."""
+    layout = EvalLayout(entry)
+    cached = host.run(
+        f"du -sb {shlex.quote(layout.uv_cache)} 2>/dev/null | cut -f1", check=False
+    ).stdout.strip()
+    full = parse_size(entry.venv.min_free)
+    needed = max(full - int(cached or 0), min(full, MIN_FREE_FLOOR))
+    for path, what in ((entry.venv.path, "the venv"), (layout.uv_cache, "the uv cache")):
+        free = host.probe(probes.free_bytes(path))
+        if free < needed:
+            raise DiskSpaceError(
+                host.name, path, needed, free, f"{what} (CPU torch + transformers; venv.min_free)"
+            )
+
+
+def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
+    """A new venv at `venv.path` (what was there goes, unless it is not a venv at all)."""
+    layout = EvalLayout(entry)
+    python = entry.venv.python
+    q = shlex.quote
+    venv = layout.venv
+    result = host.run(
+        with_umask(
+            SHARED_UMASK,
+            f"if [ -e {q(venv)} ] && [ ! -f {q(venv + '/pyvenv.cfg')} ] && "
+            f'[ -n "$(ls -A {q(venv)} 2>/dev/null)" ]; then exit 3; fi; '
+            f"mkdir -p {q(layout.uv_cache)} && rm -rf {q(venv)} && "
+            f"{_uv_env(layout)} {q(uv)} venv --quiet --python {q(python)} {q(venv)}",
+        ),
+        check=False,
+        timeout=INSTALL_TIMEOUT,
+    )
+    if result.exit_code == 3:
+        raise HostError(
+            host.name,
+            f"{venv} exists and is not a venv (no pyvenv.cfg); refusing to delete it. Point "
+            "venv.path at a new directory or remove it yourself.",
+        )
+    if not result.ok:
+        detail = (result.stderr or result.stdout).strip()
+        if "interpreter" in detail.lower() or "python" in detail.lower():
+            raise HostError(
+                host.name,
+                f"uv could not find or download Python {python} for {venv}: "
+                f"{detail.splitlines()[-1] if detail else 'no output'}. Options: install it "
+                f"with the system package manager (e.g. apt install python{python}), set "
+                "venv.python to a version or interpreter path the host has, or give the host "
+                "internet access so uv can download a managed Python.",
+            )
+        raise RemoteCommandError(host.name, "uv venv", result.exit_code, detail)
+
+
+def install(
+    host: Host,
+    entry: EvalHost,
+    uv: str,
+    sources: Sources,
+    upgrade: list[str] = (),
+    reinstall_torch: bool = False,
+) -> str:
+    """`uv pip install` the spec. `upgrade`: packages whose requirement changed (so that
+    dropping a pin moves to the newest version instead of keeping the pinned one)."""
+    layout = EvalLayout(entry)
+    spec = entry.venv
+    argv = [uv, "pip", "install", "--python", layout.python, *sources.uv_args(spec)]
+    for name in upgrade:
+        argv += ["--upgrade-package", name]
+    if reinstall_torch:
+        argv += ["--reinstall-package", "torch"]
+    argv += requirements(spec)
+    command = with_umask(SHARED_UMASK, f"{_uv_env(layout)} {shlex.join(argv)}")
+    result = host.run(command, check=False, timeout=INSTALL_TIMEOUT)
+    if not result.ok:
+        raise HostError(
+            host.name,
+            f"uv pip install into {spec.path} failed (exit {result.exit_code}):\n"
+            f"{output_tail(result.stderr or result.stdout)}\nSources were "
+            f"{sources.describe()}; set venv.find_links / venv.extra_index_url / "
+            "venv.versions, or venv.wheelhouse: true for a host without an index.",
+        )
+    lines = [line.strip() for line in result.stderr.splitlines()]
+    done = [line for line in lines if line.startswith(("Installed", "Uninstalled", "Audited"))]
+    return "; ".join(done) or "nothing to change"
+
+
+def verify(host: Host, entry: EvalHost) -> dict:
+    """Import the packages with the venv's python; their versions, threads, CUDA or not."""
+    result = host.run(
+        f"{shlex.quote(EvalLayout(entry).python)} -c {shlex.quote(VERIFY_SCRIPT)}",
+        check=False,
+        timeout=300,
+    )
+    if not result.ok:
+        raise HostError(
+            host.name,
+            f"the venv {entry.venv.path} does not import torch/transformers/safetensors/"
+            f"requests:\n{output_tail(result.stderr)}\nRerun with --force to rebuild it.",
+        )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def write_record(host: Host, entry: EvalHost, record: dict) -> None:
+    """Replace the provision record atomically (a rerun never reads half of one)."""
+    path = EvalLayout(entry).provision_record
+    text = json.dumps(record, indent=1, sort_keys=True)
+    q = shlex.quote
+    host.run(
+        with_umask(
+            SHARED_UMASK,
+            f"printf '%s\\n' {q(text)} > {q(path + '.tmp')} && mv -f {q(path + '.tmp')} {q(path)}",
+        )
+    )

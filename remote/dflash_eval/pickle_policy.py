@@ -1,0 +1,249 @@
+"""Which pickled checkpoints the harness unpickles (DFLASH.md §5), and how.
+
+A training checkpoint is a torch pickle. Unpickling runs whatever functions the file names,
+so the harness reads it with `torch.load(weights_only=True)`: tensors, containers and plain
+values only. Training scripts often store a little more beside the weights (an
+`argparse.Namespace` of their arguments, a numpy RNG state); those are allowed only when
+the user *names* them (`--safe-globals`), through torch's safe-globals mechanism, which
+admits exactly those classes/functions and nothing else. Arbitrary unpickling stays
+possible only by the explicit `--allow-unsafe-pickle`. Whichever was used is recorded.
+
+Built-in groups (a name a user may give instead of the dotted names, `--safe-globals
+argparse,numpy`), chosen because they only build plain data:
+- `argparse`: `argparse.Namespace` (an object with attributes, nothing else);
+- `numpy`: numpy arrays, scalars and dtypes of every non-object dtype, which is what
+  `numpy.random.get_state()` and numeric training metadata pickle to. Object arrays
+  (whose items could be anything) are deliberately not included.
+Any other dotted name is allowed when named, except names from modules that can run
+commands or code (`os`, `subprocess`, `builtins`…), which no policy here admits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import zipfile
+from _compat_pickle import IMPORT_MAPPING
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval.errors import HarnessError
+
+_NUMPY_DTYPE_CODES = "?bBhHiIlLqQefdgFDG"  # every numeric/bool dtype; not "O" (objects)
+SAFE_GROUPS: dict[str, tuple[str, ...]] = {
+    "argparse": ("argparse.Namespace",),
+    "numpy": (
+        # numpy 1.x and 2.x pickle arrays and scalars under different module paths.
+        "numpy.core.multiarray._reconstruct",
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray.scalar",
+        "numpy._core.multiarray.scalar",
+        "numpy.ndarray",
+        "numpy.dtype",
+    ),
+}
+# Naming a global from these modules would let a checkpoint run commands or arbitrary code.
+NEVER_SAFE_MODULES = frozenset(
+    {
+        "os",
+        "posix",
+        "nt",
+        "sys",
+        "subprocess",
+        "builtins",
+        "__builtin__",
+        "importlib",
+        "runpy",
+        "shutil",
+        "pickle",
+        "marshal",
+        "ctypes",
+        "socket",
+        "code",
+        "pty",
+        "multiprocessing",
+        "signal",
+        "types",
+        "functools",
+        "operator",
+        "codecs",
+        "io",
+    }
+)
+
+WEIGHTS_ONLY = "weights-only"
+WITH_SAFE_GLOBALS = "weights-only + named safe globals"
+FULL_UNPICKLE = "full unpickle (--allow-unsafe-pickle)"
+
+
+@dataclass(frozen=True)
+class PicklePolicy:
+    """What a pickled checkpoint may contain beyond weights."""
+
+    safe_globals: tuple[str, ...] = ()  # group names and/or dotted names, as the user gave them
+    allow_unsafe: bool = False
+
+    def describe(self) -> str:
+        if self.allow_unsafe:
+            return "unsafe allowed (--allow-unsafe-pickle)"
+        return WITH_SAFE_GLOBALS if self.safe_globals else WEIGHTS_ONLY
+
+
+@dataclass
+class PickleRecord:
+    """How one checkpoint was actually read, for the results."""
+
+    policy: str
+    safe_globals: list[str] = field(default_factory=list)  # dotted names admitted
+    loaded_with: str = WEIGHTS_ONLY
+    # Globals the file names beyond torch's own (zip format only; None: not inspectable).
+    file_globals: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "safe_globals": self.safe_globals,
+            "loaded_with": self.loaded_with,
+            "file_globals": self.file_globals,
+        }
+
+
+def expand_names(names: tuple[str, ...] | list[str]) -> list[str]:
+    """Group names replaced by their dotted names; unknown or forbidden names refused."""
+    expanded: list[str] = []
+    for name in names:
+        name = name.strip()
+        if not name:
+            continue
+        if name in SAFE_GROUPS:
+            expanded += SAFE_GROUPS[name]
+            continue
+        module = name.rpartition(".")[0]
+        if not module:
+            raise HarnessError(
+                f"--safe-globals: {name!r} is neither a built-in group "
+                f"({', '.join(sorted(SAFE_GROUPS))}) nor a dotted name such as "
+                "argparse.Namespace. Give the names exactly as the refusal message lists them."
+            )
+        if _never_safe(name):
+            raise HarnessError(
+                f"--safe-globals: {name} is from a module that can run commands or code; no "
+                "pickle policy here admits it. A checkpoint that needs it is not plain data: "
+                "load it only if you trust it completely (--allow-unsafe-pickle)."
+            )
+        expanded.append(name)
+    return list(dict.fromkeys(expanded))
+
+
+def _never_safe(name: str) -> bool:
+    """Whether a dotted global comes from a command/code-running module, under its
+    Python 3 name or the Python 2 name torch's default pickle protocol writes
+    (subprocess is pickled as `commands`)."""
+    top = name.split(".")[0]
+    return top in NEVER_SAFE_MODULES or IMPORT_MAPPING.get(top, top) in NEVER_SAFE_MODULES
+
+
+def _resolve(names: list[str]) -> list[tuple[Any, str]]:
+    """(object, the name the pickle uses) for each name that exists in this environment,
+    plus numpy's dtype classes when numpy dtypes are admitted (BUILD needs them)."""
+    resolved = []
+    for name in names:
+        module_name, _, attribute = name.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+            resolved.append((getattr(module, attribute), name))
+        except (ImportError, AttributeError):
+            continue  # e.g. numpy.core.* under numpy 3: a file naming it fails, loudly
+    if "numpy.dtype" in names:
+        import numpy
+
+        for code in _NUMPY_DTYPE_CODES:
+            cls = type(numpy.dtype(code))
+            resolved.append((cls, f"{cls.__module__}.{cls.__qualname__}"))
+    return resolved
+
+
+def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
+    """torch.load under the policy; a refusal says what the file wanted and how to allow it."""
+    names = expand_names(policy.safe_globals)
+    record = PickleRecord(policy.describe(), names, WITH_SAFE_GLOBALS if names else WEIGHTS_ONLY)
+    record.file_globals = _file_globals(path)
+    try:
+        with torch.serialization.safe_globals(_resolve(names)):
+            return _weights_only_load(path), record
+    except pickle.UnpicklingError as error:
+        if not policy.allow_unsafe:
+            raise HarnessError(_refusal(path, str(error), record.file_globals)) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
+        raise HarnessError(
+            f"Cannot read {path} ({path.stat().st_size} bytes) as a torch checkpoint: "
+            f"{error}. It is probably truncated or not a checkpoint; compare its size and "
+            "hash with the source and re-stage it."
+        ) from None
+    record.loaded_with = FULL_UNPICKLE
+    return torch.load(path, map_location="cpu", weights_only=False), record
+
+
+def _weights_only_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as error:
+        if "mmap" not in str(error):
+            raise
+        # The legacy (non-zip) format cannot be memory-mapped.
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _file_globals(path: Path) -> list[str] | None:
+    """The globals a zip-format checkpoint names beyond torch's own, read without running
+    anything; None for the legacy format or an unreadable file."""
+    try:
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # legacy format, truncated file: the load itself reports those
+        return None
+
+
+def _refusal(path: Path, message: str, file_globals: list[str] | None) -> str:
+    return (
+        f"Refusing to load {path}: it is not a plain weights-only checkpoint "
+        f"({unpickling_reason(message)}). Unpickling it would run code named inside the file, "
+        f"which can do anything on this host. {_named_globals_advice(file_globals)}"
+        "Loading everything (--allow-unsafe-pickle) is only for a file you trust completely; "
+        "better, extract it once on a trusted machine (`python -m dflash_eval extract "
+        "--allow-unsafe-pickle`)."
+    )
+
+
+def _named_globals_advice(file_globals: list[str] | None) -> str:
+    """What --safe-globals would admit this file, from the globals it names (zip only)."""
+    if not file_globals:
+        return ""
+    known = {name for names in SAFE_GROUPS.values() for name in names}
+    groups = sorted(g for g, names in SAFE_GROUPS.items() if set(names) & set(file_globals))
+    others = [name for name in file_globals if name not in known]
+    forbidden = [name for name in others if _never_safe(name)]
+    if forbidden:
+        return f"It names {', '.join(forbidden)}, which can run commands: no policy admits it. "
+    if not others:
+        return (
+            "Everything it names is on the harness's list of harmless globals: re-run with "
+            f"--safe-globals {','.join(groups)}. "
+        )
+    covered = f" (besides what --safe-globals {','.join(groups)} covers)" if groups else ""
+    return (
+        f"It names {', '.join(others)}{covered}, not on the harness's list of harmless "
+        "globals: naming them in --safe-globals trusts exactly those. "
+    )
+
+
+def unpickling_reason(message: str) -> str:
+    """The one line of torch's long refusal that says what the file wanted."""
+    markers = ("Unsupported global", "Unsupported operand", "Can only", "Trying to", "blocked")
+    for line in message.splitlines():
+        if any(marker in line for marker in markers):
+            reason = line.strip().removeprefix("WeightsUnpickler error: ")
+            return reason.split(". Please use")[0]
+    return message.splitlines()[0] if message else "unknown unpickling error"
