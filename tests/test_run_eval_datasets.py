@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dflash_lab import lab as labs
-from dflash_ops import provision
 from dflash_ops.core.inventory import load
+from dflash_ops.provision.setup import setup_eval_hosts
 from tests.conftest import run_fab
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def models_lab(tmp_path_factory):
         labs.trained_models,
     )
     try:
-        provision.setup_eval_hosts(load(built.inventory_path), None, False, say=lambda m: None)
+        setup_eval_hosts(load(built.inventory_path), None, False, say=lambda message: None)
         yield built
     finally:
         assert not built.down()
