@@ -55,6 +55,8 @@ figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
 details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: bold; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre { white-space: pre-wrap; background: #f7f7f7; padding: 0.5em; }
+.sample td, .mono { font-family: ui-monospace, monospace; white-space: pre; }
+.sample { border-left: 3px solid #ddd; padding-left: 1em; margin: 1em 0; }
 """
 
 
@@ -195,8 +197,10 @@ def _sample(sample: Any) -> str:
             header = list(dict.fromkeys(k for v in value for k in v))
             cells = [[_short(v.get(k), 200) for k in header] for v in value]
             parts.append(_table(header, cells, None, [False] * len(cells), set(header)))
-        else:
+        elif "\n" in str(value) or len(str(value)) > 80:
             parts.append(f"<p><b>{_e(key)}</b></p><pre>{_e(_short(value, 4000))}</pre>")
+        else:
+            parts.append(f"<p><b>{_e(key)}</b> <code class='mono'>{_e(str(value))}</code></p>")
     return "<div class='sample'>" + "".join(parts) + "</div>"
 
 
