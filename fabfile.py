@@ -222,6 +222,10 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "per_block": "one drafter pass per block (the unbatched comparison; slow)",
         "reference": "also evaluate the inventory's reference_drafter on the same states",
         "prompts": "local JSONL prompts file (uploaded with the run)",
+        "dataset": "named prompt sets, comma-separated: gsm8k, math500, humaneval, mbpp, "
+        "mt-bench (as z-lab's benchmark formats them; NAME=FILE reads local data files); "
+        "--num-prompts N then draws N from each",
+        "thinking": "'on' or 'off' (default): enable_thinking for chat templates that have it",
         "sglang": "reference completions from the inventory's sglang_url",
         "strip_optimizer": "evaluate a copy without optimizer state (harness extract)",
         "tag": "a label stored with the run (for compare --tag)",
@@ -256,6 +260,8 @@ def run_eval(
     per_block=False,
     reference=False,
     prompts=None,
+    dataset=None,
+    thinking=None,
     sglang=False,
     strip_optimizer=False,
     tag=None,
@@ -288,17 +294,33 @@ def run_eval(
             "no_cache": no_cache,
             "chunk_anchors": chunk_anchors,
             "per_block": per_block,
+            "thinking": thinking,
         },
         drafter_config=drafter_config,
         latest=latest,
         via="pull" if pull else via,
         reference=reference,
         prompts=prompts,
+        dataset=dataset,
         sglang=sglang,
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
     )
+
+
+@ops_task(
+    help={
+        "dataset": "prompt sets, comma-separated (gsm8k, math500, humaneval, mbpp, mt-bench); "
+        "NAME=FILE reads local data files instead of the hub",
+        "refresh": "read the hub again even when the set is cached",
+    }
+)
+def fetch_datasets(c, dataset, refresh=False):
+    """Fetch named prompt sets into the workstation's cache (for run-eval --dataset offline)."""
+    from dflash_ops.ui.eval_commands import fetch_datasets as fetch
+
+    fetch(dataset, refresh)
 
 
 @ops_task()
@@ -345,7 +367,7 @@ def fetch_results(c, inventory=None):
     }
 )
 def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, samples=False, inventory=None):
-    """Table of τ, DDTree τ and acceptance across steps and runs, and PNG plots."""
+    """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     show_comparison(
@@ -356,3 +378,17 @@ def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, samples=Fals
         Path(plots) if plots else None,
         samples,
     )
+
+
+@ops_task(
+    help={
+        "steps": "only these steps, comma-separated",
+        "tag": "only runs with this tag",
+        "out": "where to write the HTML file (default: <results>/report.html)",
+    }
+)
+def report(c, steps=None, tag=None, out=None, inventory=None):
+    """One self-contained HTML report: τ vs step with intervals, per-set table, provenance."""
+    from dflash_ops.ui.eval_commands import write_report
+
+    write_report(load_inventory(inventory).local.results, steps, tag, Path(out) if out else None)

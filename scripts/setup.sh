@@ -22,6 +22,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# Chromium renders the HTML report in one test (tests/test_report.py); without it that test is
+# skipped, saying why. Installed as root where apt-get works; never a reason to stop setup.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing chromium (the report's browser test) with apt-get"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends chromium; } \
+      || echo "setup: chromium could not be installed; the report's browser test will be skipped" >&2
+  else
+    echo "setup: no chromium; the report's browser test will be skipped (apt-get install chromium)" >&2
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip=(.venv/bin/python -m pip install -q)

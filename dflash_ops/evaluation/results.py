@@ -1,4 +1,6 @@
-"""Pulled results on the workstation: load, compare across steps and runs, plot.
+"""Pulled results on the workstation: load, compare across steps and runs (with the 95 %
+confidence intervals the harness computed per prompt set, and whether consecutive steps'
+intervals overlap). Figures are in dflash_ops.evaluation.figures.
 
 Each run lives in `<results>/<run-id>/` (see dflash_ops.evaluation.jobs.fetch): `run.json`
 (where and how it ran, its final state) and, for a successful run, the harness's `results.json`.
@@ -10,6 +12,7 @@ every differing row is flagged. Every results key is read through dflash_eval.sc
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +143,9 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     block = max(row.metrics[schema.BLOCK_SIZE] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
     with_reference = any(schema.reference_metrics(row.results) for row in comparison.rows)
+    with_intervals = any(schema.overall_group(row.results) for row in comparison.rows)
     header = ["run", "step", "host", "τ macro", "τ pooled"]
+    header += ["τ macro 95% CI"] if with_intervals else []
     header += [f"tree-{b}" for b in comparison.budgets]  # DDTree τ at budget b
     header += [f"acc@{k}" for k in positions]
     header += ["ref τ", "vs ref"] if with_reference else []
@@ -159,6 +164,10 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
                 row.run.get("host", "?"),
                 _number(metrics[schema.TAU_MACRO]),
                 _number(metrics[schema.TAU_POOLED]),
+                *(
+                    [_bounds(schema.group_interval(schema.overall_group(row.results)))]
+                    * with_intervals
+                ),
                 *(_number(schema.ddtree_tau(metrics, b)) for b in comparison.budgets),
                 *(_number(per_position.get(k)) for k in positions),
                 *(
@@ -179,72 +188,79 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
-    """τ vs step (a line per metric) and per-position acceptance per step, as PNG files."""
-    import matplotlib
+def _bounds(interval: dict | None) -> str:
+    if not interval:
+        return "-"
+    if interval[schema.LOW] is None:
+        return "[1 unit]"  # a single prompt (or conversation) gives no interval
+    return f"[{interval[schema.LOW]:.3f}, {interval[schema.HIGH]:.3f}]"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    by_step: dict[int, list[RunResult]] = {}
+def _with_interval(interval: dict | None) -> str:
+    return "-" if not interval else f"{interval[schema.VALUE]:.3f} {_bounds(interval)}"
+
+
+ALL_PROMPTS = "all prompts"  # the row of a run's every prompt in the per-set table
+ACCEPTANCE_IN_SETS = (1, 2)  # positions shown in the per-set table (the rest: the JSON)
+
+
+def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the per-prompt-set table: each run's every prompt, then each of
+    its named sets, with 95 % intervals (runs from before intervals are left out)."""
+    header = ["run", "step", "prompt set", "prompts", "τ macro [95% CI]", "τ pooled [95% CI]"]
+    header += [f"tree-{b} [95% CI]" for b in comparison.budgets]
+    header += [f"acc@{k} [95% CI]" for k in ACCEPTANCE_IN_SETS]
+    cells = []
     for row in comparison.rows:
-        if row.run_id not in comparison.differences:
-            by_step.setdefault(row.step or 0, []).append(row)
-    steps = sorted(by_step)
+        for name, group in _groups(row).items():
+            conditional = schema.group_conditional(group)
+            cells.append(
+                [
+                    row.run_id,
+                    str(row.step),
+                    name,
+                    str(group[schema.GROUP_PROMPTS]),
+                    _with_interval(schema.group_interval(group, schema.TAU_MACRO)),
+                    _with_interval(schema.group_interval(group, schema.TAU_POOLED)),
+                    *(_with_interval(schema.group_ddtree(group, b)) for b in comparison.budgets),
+                    *(_with_interval(conditional.get(k)) for k in ACCEPTANCE_IN_SETS),
+                ]
+            )
+    return header, cells
 
-    def mean(values: list[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return sum(present) / len(present) if present else None
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    series = {
-        "τ vanilla (macro)": lambda m: m[schema.TAU_MACRO],
-        "τ vanilla (pooled)": lambda m: m[schema.TAU_POOLED],
-    }
-    for budget in comparison.budgets:
-        series[f"τ DDTree-{budget}"] = lambda m, b=budget: schema.ddtree_tau(m, b)
-    for label, read in series.items():
-        axes.plot(
-            steps,
-            [mean([read(r.metrics) for r in by_step[s]]) for s in steps],
-            marker="o",
-            label=label,
-        )
-    references = [
-        reference[schema.TAU_MACRO]
-        for r in comparison.rows
-        if (reference := schema.reference_metrics(r.results))
+def overlap_notes(comparison: Comparison) -> list[str]:
+    """For each pair of consecutive comparable runs (by step), and each prompt set they
+    share: do their τ macro intervals overlap? Disjoint 95 % intervals mean a real change;
+    overlapping ones mean these prompts cannot tell the two apart."""
+    rows = [
+        row
+        for row in comparison.rows
+        if row.run_id not in comparison.differences and schema.overall_group(row.results)
     ]
-    if references:
-        axes.axhline(mean(references), linestyle="--", color="gray", label="reference drafter")
-    axes.set(xlabel="training step", ylabel="acceptance length τ", title="τ vs step")
-    tau_path = _save(figure, axes, out_dir / "tau_vs_step.png")
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for step in steps:
-        latest = schema.conditional_by_position(by_step[step][-1].metrics)
-        axes.plot(
-            list(latest),
-            list(latest.values()),
-            marker=".",
-            label=f"step {step}",
-        )
-    axes.set(
-        xlabel="block position k",
-        ylabel="P(slot k correct | slots < k correct)",
-        title="per-position acceptance",
-        ylim=(0, 1.02),
-    )
-    return [tau_path, _save(figure, axes, out_dir / "acceptance_per_position.png")]
+    notes = []
+    for before, after in itertools.pairwise(rows):
+        first, second = _groups(before), _groups(after)
+        for name in [n for n in first if n in second]:
+            a = schema.group_interval(first[name])
+            b = schema.group_interval(second[name])
+            verdict = schema.overlaps(a, b)
+            if verdict is None:
+                continue  # a set with one prompt (or conversation) has no interval to compare
+            notes.append(
+                f"step {before.step} → {after.step}, {name}: τ macro {_with_interval(a)} → "
+                f"{_with_interval(b)}: "
+                + (
+                    "intervals overlap: not distinguishable from prompt-to-prompt noise"
+                    if verdict
+                    else "intervals do not overlap: a change beyond prompt-to-prompt noise"
+                )
+            )
+    return notes
 
 
-def _save(figure: Any, axes: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+def _groups(row: RunResult) -> dict[str, dict]:
+    overall = schema.overall_group(row.results)
+    if overall is None:
+        return {}
+    return {ALL_PROMPTS: overall, **schema.dataset_groups(row.results)}

@@ -19,11 +19,13 @@ from typing import Protocol, get_args
 
 from dflash_eval import schema
 
-from dflash_ops.core.arguments import parse_choice
+from dflash_ops.core.arguments import parse_choice, parse_count
 from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.dataset_cache import load_set
+from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
@@ -85,15 +87,30 @@ def build_request(
     harness_options: dict[str, object],
     prompts: str | None,
     drafter_config: str | None = None,
+    dataset: str | None = None,
+    prompt_sets_dir: Path | None = None,
     reference: bool = False,
     sglang: bool = False,
     strip_optimizer: bool = False,
     tag: str | None = None,
     detach: bool = False,
     via: str = "stream",
+    say: Callable[[str], None] = lambda message: None,
 ) -> EvalRequest:
     """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
-    options by run-eval's names (harness_options.OPTIONS); unset ones are not passed."""
+    options by run-eval's names (harness_options.OPTIONS); unset ones are not passed.
+
+    `dataset` names prompt sets (dflash_ops.evaluation.datasets): they are built here, into
+    a prompts file in `prompt_sets_dir` that is uploaded like --prompts, and num_prompts
+    becomes the number of prompts drawn from each set."""
+    if dataset:
+        if prompts:
+            raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
+        harness_options = dict(harness_options)
+        per_set = parse_count("--num-prompts", harness_options.pop("num_prompts", None), 1)
+        prompts = str(
+            dataset_prompts(dataset, per_set, prompt_sets_dir or Path("prompt-sets"), say)
+        )
     for flag, path in (("--prompts", prompts), ("--drafter-config", drafter_config)):
         if path and not Path(path).is_file():
             raise OpsError(f"{flag}: {path} is not a file on this workstation")
@@ -110,6 +127,22 @@ def build_request(
         detach=detach,
         via=parse_choice("--via", via, get_args(Via)),
     )
+
+
+def dataset_prompts(
+    sets: str, per_set: int | None, directory: Path, say: Callable[[str], None]
+) -> Path:
+    """The prompts file of the named sets (`gsm8k,mt-bench`, `gsm8k=PATH`), `per_set` rows
+    of each (all when None)."""
+    records = []
+    for request in parse_sets(sets):
+        loaded = load_set(request, say=say)
+        chosen = prompt_records(loaded, per_set)
+        say(f"{loaded.spec.name}: {len(chosen)} of {len(loaded.rows)} rows")
+        records += chosen
+    path = write_prompts(records, directory)
+    say(f"prompts: {len(records)} from {sets} → {path}")
+    return path
 
 
 class RunReporter(Protocol):

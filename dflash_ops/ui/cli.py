@@ -54,6 +54,22 @@ def compare_command(
     _guarded(lambda: show_comparison(results_root, steps, tag, allow_mixed, plots, samples))
 
 
+@results.command("report")
+@RESULTS
+@click.option("--steps", help="only these steps, comma-separated")
+@click.option("--tag", help="only runs with this tag")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="HTML file (default: RESULTS/report.html)"
+)
+def report_command(
+    results_root: Path, steps: str | None, tag: str | None, out: Path | None
+) -> None:
+    """One self-contained HTML report of the pulled runs."""
+    from dflash_ops.ui.eval_commands import write_report
+
+    _guarded(lambda: write_report(results_root, steps, tag, out))
+
+
 @results.command("list")
 @RESULTS
 def list_command(results_root: Path) -> None:

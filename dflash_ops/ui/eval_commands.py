@@ -12,17 +12,23 @@ from dflash_eval import schema
 
 from dflash_ops.core.arguments import parse_steps
 from dflash_ops.core.inventory import Inventory
-from dflash_ops.evaluation import jobs, results, sweep
+from dflash_ops.evaluation import figures, jobs, results, sweep
+from dflash_ops.evaluation.dataset_cache import load_set
+from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
 from dflash_ops.staging.catalog import resolve_step
+from dflash_ops.ui import report
 from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_view import (
     LiveView,
     PrefixedView,
     comparison_table,
+    dataset_table,
     runs_table,
     show_finished,
 )
+
+PROMPT_SETS_DIR = "prompt-sets"  # under the results directory: the prompts files uploaded
 
 
 def run_eval_command(
@@ -38,6 +44,7 @@ def run_eval_command(
     via: str = "stream",
     reference: bool,
     prompts: str | None,
+    dataset: str | None,
     sglang: bool,
     strip_optimizer: bool,
     tag: str | None,
@@ -53,11 +60,14 @@ def run_eval_command(
         drafter_config=drafter_config,
         via=via,
         prompts=prompts,
+        dataset=dataset,
+        prompt_sets_dir=inventory.local.results / PROMPT_SETS_DIR,
         reference=reference,
         sglang=sglang,
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
+        say=console.print,
     )
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
     if steps_of_sweep is None:
@@ -94,6 +104,14 @@ def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalReques
         )
         raise SystemExit(130) from None
     sweep.require_success(outcomes)
+
+
+def fetch_datasets(sets: str, refresh: bool) -> None:
+    """`fab fetch-datasets`: read named prompt sets into the workstation's cache."""
+    for request in parse_sets(sets):
+        loaded = load_set(request, refresh=refresh, say=console.print)
+        origin = ", ".join(f"{key} {value}" for key, value in loaded.origin.items() if value)
+        console.print(f"{loaded.spec.name}: {len(loaded.rows)} rows ({origin})")
 
 
 def show_status(inventory: Inventory) -> None:
@@ -143,23 +161,50 @@ def show_comparison(
     plots: Path | None = None,
     samples: bool = False,
 ) -> results.Comparison:
-    """`fab compare` / `dflash-ops results compare`: the table, then the plots; incomparable
-    runs are refused unless `allow_mixed` (and then flagged)."""
+    """`fab compare` / `dflash-ops results compare`: the table, the per-set table with
+    confidence intervals and whether consecutive steps' overlap, the plots, and the HTML
+    report (rewritten); incomparable runs are refused unless `allow_mixed` (and then
+    flagged). The report is written first, with such runs flagged, either way."""
     selected = parse_steps(steps)
     comparison = results.compare(results.load_runs(results_root), selected, tag)
     console.print(comparison_table(comparison))
     for run in comparison.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         console.print(f"[yellow]skipped[/] {run.run_id} (step {run.step}): {why}")
+    path = report.write(
+        comparison,
+        results_root / report.REPORT_NAME,
+        results.check_mixed(comparison, allow_mixed=True),
+    )
     mixed = results.check_mixed(comparison, allow_mixed)
     if mixed:
         console.print(f"[yellow]warning:[/] {mixed} (flagged above; left out of the plots)")
+    per_set = dataset_table(comparison)
+    if per_set is not None:
+        console.print(per_set)
+    for note in results.overlap_notes(comparison):
+        console.print(note)
     if samples:
         for run in comparison.rows:
             lines = schema.sample_lines(run.results) or ["(no decoded samples in this run)"]
             console.print(f"[bold]{run.run_id}[/] (step {run.step}):")
             for line in lines:
                 console.print(f"  {line}", markup=False)
-    for path in results.plot(comparison, plots or results_root / "plots"):
-        console.print(f"plot: {path}")
+    for plot in figures.plot(comparison, plots or results_root / "plots"):
+        console.print(f"plot: {plot}")
+    console.print(f"report: {path}")
     return comparison
+
+
+def write_report(
+    results_root: Path, steps: str | None = None, tag: str | None = None, out: Path | None = None
+) -> Path:
+    """`fab report`: the HTML report of the pulled runs (incomparable ones flagged)."""
+    comparison = results.compare(results.load_runs(results_root), parse_steps(steps), tag)
+    path = report.write(
+        comparison,
+        out or results_root / report.REPORT_NAME,
+        results.check_mixed(comparison, allow_mixed=True),
+    )
+    console.print(f"report: {path}")
+    return path

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.results import Comparison, table_rows
+from dflash_ops.evaluation.results import Comparison, dataset_rows, table_rows
 from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui.console import console
@@ -186,4 +186,22 @@ def comparison_table(comparison: Comparison) -> Table:
     for row in cells:
         styled = [*row[:-1], row[-1] if row[-1] == "yes" else f"[bold red]{row[-1]}[/]"]
         table.add_row(*styled)
+    return table
+
+
+def dataset_table(comparison: Comparison) -> Table | None:
+    """τ, DDTree τ and acceptance per prompt set with 95 % intervals (None when no run has
+    intervals)."""
+    header, cells = dataset_rows(comparison)
+    if not cells:
+        return None
+    table = Table(
+        title="per prompt set, with 95 % bootstrap confidence intervals over prompts",
+        title_justify="left",
+    )
+    for column in header:
+        table.add_column(column, justify="left" if column in ("run", "prompt set") else "right")
+    for row in cells:
+        flagged = row[0] in comparison.differences
+        table.add_row(*(f"[red]{cell}[/]" if flagged else cell for cell in row))
     return table

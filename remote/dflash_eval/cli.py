@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
     )
     run.add_argument(
+        "--thinking",
+        choices=["on", "off"],
+        default="off",
+        help="enable_thinking for chat templates that have it (default off, as z-lab's benchmark)",
+    )
+    run.add_argument(
         "--max-new-tokens",
         type=int,
         default=256,
@@ -208,6 +214,7 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         chunk=args.chunk_anchors,
         per_block=args.per_block,
         step=args.step,
+        thinking=args.thinking == "on",
     )
     results = run_eval(options, progress)
     progress.say("\n".join(schema.summary_lines(results)))

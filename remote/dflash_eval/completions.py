@@ -2,8 +2,9 @@
 
 Completions come from local greedy generation with the target (default) or from an SGLang
 server's native `/generate` endpoint (greedy: temperature 0). Prompts are a built-in set of
-coding and reasoning prompts or a JSONL file; the chat template is applied when the
-tokenizer has one, with thinking disabled.
+coding and reasoning prompts or a JSONL file (which may hold named sets built on the
+workstation, multi-turn ones included: conversation.py); the chat template is applied when
+the tokenizer has one, with thinking off unless asked for.
 
 The *reference* is the completion (max_new_tokens tokens, or through the first stop token)
 followed by `extra` (= block size) more greedy tokens, past max_new_tokens and past the stop
@@ -16,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dflash_eval import schema
 from dflash_eval.errors import HarnessError
 from dflash_eval.urls import redact_url
 
@@ -50,8 +52,14 @@ BUILTIN_PROMPTS = (
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt. A later turn of a conversation `follows` the turn before it: its prompt is
+    that turn's conversation, the target's reply to it, then its own `messages`."""
+
     id: str
     messages: tuple[tuple[str, str], ...]  # (role, content) pairs
+    dataset: str | None = None  # the named set it came from
+    follows: str | None = None  # id of the previous turn of its conversation
+    source: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def as_dicts(self) -> list[dict[str, str]]:
         return [{"role": role, "content": content} for role, content in self.messages]
@@ -62,8 +70,10 @@ def builtin_prompts() -> list[Prompt]:
 
 
 def read_prompts_jsonl(path: Path) -> list[Prompt]:
-    """One JSON object per line: {"prompt": str} or {"messages": [{"role", "content"}…]};
-    an optional "id" names it."""
+    """One JSON object per line: {"prompt": str}, {"messages": [{"role", "content"}…]} or
+    {"turns": [str, …]} (a multi-turn conversation: one prompt per user turn, each after
+    the target's replies to the ones before); optional "id", "dataset" (the named set it
+    belongs to) and "source" (where that set came from, recorded in the results)."""
     prompts = []
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -73,41 +83,99 @@ def read_prompts_jsonl(path: Path) -> list[Prompt]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            if "messages" in record:
-                messages = tuple((m["role"], m["content"]) for m in record["messages"])
-            else:
-                messages = (("user", record.get("prompt", record.get("text"))),)
-            if any(not isinstance(content, str) for _, content in messages):
-                raise KeyError("prompt")
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            prompts += _record_prompts(json.loads(line), f"line-{number}")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
             raise HarnessError(
                 f"{path}:{number} is not a prompt: expected a JSON object with a string "
-                '"prompt" (or "text") or a "messages" list of {"role", "content"}.'
+                '"prompt" (or "text"), a "messages" list of {"role", "content"} or a '
+                '"turns" list of strings.'
             ) from None
-        prompts.append(Prompt(str(record.get("id", f"line-{number}")), messages))
     if not prompts:
         raise HarnessError(f"The prompts file {path} holds no prompts.")
     return prompts
 
 
+def _record_prompts(record: dict[str, Any], default_id: str) -> list[Prompt]:
+    """The prompt(s) of one JSONL record: one per user turn."""
+    identity = str(record.get("id", default_id))
+    dataset, source = record.get("dataset"), record.get("source")
+    if dataset is not None and not isinstance(dataset, str):
+        raise TypeError("dataset")
+    if "turns" in record:
+        turns = [(("user", turn),) for turn in record["turns"]]
+        if not turns:
+            raise ValueError("no turns")
+    elif "messages" in record:
+        turns = [tuple((m["role"], m["content"]) for m in record["messages"])]
+    else:
+        turns = [(("user", record.get("prompt", record.get("text"))),)]
+    if any(not isinstance(content, str) for messages in turns for _, content in messages):
+        raise TypeError("prompt")
+    if len(turns) == 1:
+        return [Prompt(identity, turns[0], dataset, source=source)]
+    ids = [f"{identity}#turn-{n}" for n in range(1, len(turns) + 1)]
+    return [
+        Prompt(ids[n], messages, dataset, ids[n - 1] if n else None, source)
+        for n, messages in enumerate(turns)
+    ]
+
+
 def prompts_hash(prompts: list[Prompt]) -> str:
-    canonical = json.dumps([[p.id, p.messages] for p in prompts], ensure_ascii=False)
+    """sha256 of the prompts in order: id and messages, and the set and the turn each
+    follows when given (so plain prompts hash as they always did)."""
+    canonical = json.dumps(
+        [
+            [p.id, p.messages]
+            + ([{"dataset": p.dataset, "follows": p.follows}] if p.dataset or p.follows else [])
+            for p in prompts
+        ],
+        ensure_ascii=False,
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt) -> tuple[list[int], bool]:
+def prompt_sets(prompts: list[Prompt]) -> dict[str, dict[str, Any]]:
+    """Per named set: how many prompts (turns), their hash, and where the set came from
+    (the first record's "source"; the workstation writes the same one on each)."""
+    names = dict.fromkeys(p.dataset for p in prompts if p.dataset)
+    sets = {}
+    for name in names:
+        members = [p for p in prompts if p.dataset == name]
+        sets[name] = {
+            schema.PROMPT_COUNT: len(members),
+            schema.PROMPTS_SHA256: prompts_hash(members),
+            schema.SOURCE: members[0].source,
+        }
+    return sets
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, thinking: bool = False) -> tuple[list[int], bool]:
     """Token ids of the prompt; True when the chat template was applied."""
+    return encode_messages(tokenizer, prompt.messages, thinking)
+
+
+def encode_messages(
+    tokenizer: Any, messages: tuple[tuple[str, str], ...], thinking: bool = False
+) -> tuple[list[int], bool]:
+    """Token ids of a conversation, ready for the assistant's next reply; True when the chat
+    template was applied (`enable_thinking` goes to templates that read it, as z-lab's
+    benchmark passes it; others ignore it)."""
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            prompt.as_dicts(),
+            [{"role": role, "content": content} for role, content in messages],
             tokenize=False,
             add_generation_prompt=True,
-            enable_thinking=False,
+            enable_thinking=thinking,
         )
         return tokenizer(text, add_special_tokens=False)["input_ids"], True
-    text = "\n\n".join(content for _, content in prompt.messages)
+    text = "\n\n".join(content for _, content in messages)
     return tokenizer(text)["input_ids"], False
+
+
+def template_reads_thinking(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template has a thinking switch (`enable_thinking`)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "enable_thinking" in template
 
 
 def first_stop(tokens: list[int], stops: list[int]) -> int | None:

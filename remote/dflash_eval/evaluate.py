@@ -21,17 +21,20 @@ from typing import Any
 import torch
 
 from dflash_eval import schema
+from dflash_eval.by_dataset import acceptance_counts, intervals
 from dflash_eval.cache import DiskCache, tokens_digest
 from dflash_eval.completions import (
     Prompt,
     SGLangClient,
     builtin_prompts,
-    encode_prompt,
     first_stop,
     greedy_reference,
+    prompt_sets,
     prompts_hash,
     read_prompts_jsonl,
+    template_reads_thinking,
 )
+from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import LoadedDrafter, load_drafter
 from dflash_eval.metrics import PromptWalk, Span, summarize, walk_prompt
@@ -87,6 +90,7 @@ class EvalOptions:
     chunk: int | None = None
     per_block: bool = False
     step: int | None = None
+    thinking: bool = False  # enable_thinking for chat templates that have it
 
 
 @dataclass
@@ -161,8 +165,13 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         reference_identity = _checkpoint_identity(reference, None) if reference else None
         identity = target_identity(options.target)
 
-    sequences = [Sequence(p, encode_prompt(tokenizer, p)[0]) for p in prompts]
+    # Later turns of a conversation are encoded once the turn before has its completion.
+    conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
+    sequences = [Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts]
     used_chat_template = bool(getattr(tokenizer, "chat_template", None))
+    if options.thinking and not template_reads_thinking(tokenizer):
+        warnings.append("--thinking on, but the target's chat template has no thinking switch")
+        progress.warn(warnings[-1])
     cache = DiskCache(options.cache_dir)
     libraries = library_versions()
     # What every cached completion and hidden-state entry depends on.
@@ -176,7 +185,17 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     # drafters share it.
     extra = max(d.config.block_size for d in (drafter, reference) if d is not None)
     with timer.phase("completions"):
-        _completions(sequences, options, target, stops, extra, shared_key, cache, progress)
+        _completions(
+            sequences,
+            options,
+            target,
+            stops,
+            extra,
+            shared_key,
+            cache,
+            conversations,
+            progress,
+        )
     layer_ids = sorted(
         set(drafter.config.target_layer_ids)
         | (set(reference.config.target_layer_ids) if reference else set())
@@ -205,6 +224,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             schema.THROUGHPUT: _throughput(ref_run.blocks, ref_run.seconds),
             schema.SAMPLES: ref_run.samples,
         }
+    per_prompt = _per_prompt(sequences, run.walks, options.ddtree, conversations)
+    with timer.phase("intervals"):
+        by_dataset = intervals(per_prompt, options.ddtree)
     timer.seconds[schema.TOTAL_SECONDS] = time.perf_counter() - started
     results = {
         schema.SCHEMA_VERSION_KEY: schema.SCHEMA_VERSION,
@@ -228,6 +250,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             schema.PROMPT_COUNT: len(prompts),
             schema.PROMPTS_SHA256: prompts_hash(prompts),
             "chat_template": used_chat_template,
+            schema.THINKING: "on" if options.thinking else "off",
+            "template_reads_thinking": template_reads_thinking(tokenizer),
+            schema.PROMPT_SETS: prompt_sets(prompts),
             schema.MAX_NEW_TOKENS: options.max_new_tokens,
             "stop_token_ids": stops,
         },
@@ -246,7 +271,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
         schema.THROUGHPUT: _throughput(run.blocks, run.seconds),
         schema.METRICS: metrics,
-        schema.PER_PROMPT: _per_prompt(sequences, run.walks, options.ddtree),
+        schema.PER_PROMPT: per_prompt,
+        schema.BY_DATASET: by_dataset,
         schema.SAMPLES: run.samples,
         schema.REFERENCE: reference_block,
         schema.COMPARISON: _comparison(metrics, reference_block),
@@ -385,12 +411,15 @@ def _completions(
     extra: int,
     shared_key: dict[str, Any],
     cache: DiskCache,
+    conversations: Conversations,
     progress: Progress,
 ) -> None:
     client = SGLangClient(options.sglang_url) if options.sglang_url else None
     total = len(sequences)
     progress.progress("completions", 0, total)
     for done, seq in enumerate(sequences, start=1):
+        if seq.prompt.follows:
+            seq.prompt_ids = conversations.encode(seq.prompt)
         key = {
             **shared_key,
             "kind": "completion",
@@ -415,6 +444,7 @@ def _completions(
         first, stop = len(seq.prompt_ids), first_stop(reference, stops)
         limit = first + options.max_new_tokens
         seq.span = Span(first, limit, None if stop is None else first + stop)
+        conversations.replied(seq.prompt, seq.completion)
         progress.progress("completions", done, total)
 
 
@@ -543,7 +573,10 @@ def _throughput(blocks: int, seconds: float) -> dict[str, Any]:
 
 
 def _per_prompt(
-    sequences: list[Sequence], walks: list[PromptWalk], budgets: list[int]
+    sequences: list[Sequence],
+    walks: list[PromptWalk],
+    budgets: list[int],
+    conversations: Conversations,
 ) -> list[dict[str, Any]]:
     rows = []
     for seq, walked in zip(sequences, walks, strict=True):
@@ -551,6 +584,9 @@ def _per_prompt(
         rows.append(
             {
                 "id": seq.prompt.id,
+                schema.PROMPT_DATASET: seq.prompt.dataset,
+                schema.PROMPT_CONVERSATION: conversations.first_turn(seq.prompt),
+                schema.PROMPT_ACCEPTANCE: acceptance_counts(walked.slot_correct),
                 "prompt_tokens": len(seq.prompt_ids),
                 "completion_tokens": len(seq.completion),
                 "stopped": seq.span.stop is not None and seq.span.stop < seq.span.limit,

@@ -33,6 +33,7 @@ TIMINGS = "timings_s"
 THROUGHPUT = "throughput"
 METRICS = "metrics"
 PER_PROMPT = "per_prompt"
+BY_DATASET = "by_dataset"  # {BOOTSTRAP, OVERALL, DATASETS}: metrics with confidence intervals
 REFERENCE = "reference"  # null, or {CHECKPOINT, DRAFTER, METRICS, THROUGHPUT}
 COMPARISON = "comparison"  # null, or {TAU_MACRO: ratio, TAU_POOLED: ratio}
 WARNINGS = "warnings"
@@ -53,6 +54,9 @@ TARGET_FINGERPRINT = "fingerprint"
 PROMPT_COUNT = "count"
 PROMPTS_SHA256 = "sha256"
 MAX_NEW_TOKENS = "max_new_tokens"
+THINKING = "thinking"  # "on" | "off": what the chat template was asked for (absent before: off)
+PROMPT_SETS = "datasets"  # {name: {PROMPT_COUNT, PROMPTS_SHA256, SOURCE}} of named prompt sets
+SOURCE = "source"  # where a named set came from (repo, revision, split, seed, rows' hash…)
 
 # --- results[COMPLETIONS] ----------------------------------------------------------------------
 COMPLETIONS_SOURCE = "source"
@@ -83,6 +87,29 @@ CAPPED = "capped"  # the same τ with the last round capped at the completion (s
 DDTREE = "ddtree"  # {"<budget>": {TAU_MACRO, TAU_POOLED, ROUNDS, COMMITTED_TOKENS}}
 POSITION = "position"
 CONDITIONAL = "conditional"  # P(slot k correct | slots < k correct)
+
+# --- results[PER_PROMPT] rows (one per prompt; a multi-turn conversation has one per turn) ---
+PROMPT_ID = "id"
+PROMPT_DATASET = "dataset"  # the named set it came from, or null
+PROMPT_CONVERSATION = "conversation"  # id of its conversation's first turn (itself if single)
+PROMPT_TAU = "tau"
+PROMPT_DDTREE_TAU = "ddtree_tau"  # {"<budget>": τ}
+PROMPT_ACCEPTANCE = "acceptance"  # {HITS: [k=1..], TRIALS: [k=1..]}: conditional, per position
+HITS = "hits"
+TRIALS = "trials"
+
+# --- results[BY_DATASET] ---------------------------------------------------------------------
+BOOTSTRAP = "bootstrap"  # {"method", "unit", "resamples", "seed", "level"}
+OVERALL = "overall"  # a group: every prompt
+DATASETS = "datasets"  # {name: group}
+GROUP_PROMPTS = "prompts"
+GROUP_UNITS = "units"  # conversations resampled (= prompts when no set is multi-turn)
+# A group holds TAU_MACRO, TAU_POOLED: intervals; ROUNDS; DDTREE: {"<budget>": {TAU_MACRO:
+# interval}}; PER_POSITION: [{POSITION, CONDITIONAL: interval}]. An interval is {VALUE, LOW, HIGH}
+# (LOW, HIGH null from a single unit: no spread to resample) or null (undefined: no rounds).
+VALUE = "value"
+LOW = "low"
+HIGH = "high"
 
 # What must match for two runs' numbers to be comparable, and how to read it from results.
 COMPARABILITY: dict[str, Callable[[dict], Any]] = {
@@ -150,6 +177,55 @@ def ddtree_tau(run_metrics: dict, budget: str) -> float | None:
 
 def conditional_by_position(run_metrics: dict) -> dict[int, float | None]:
     return {row[POSITION]: row[CONDITIONAL] for row in run_metrics[PER_POSITION]}
+
+
+def overall_group(results: dict) -> dict | None:
+    """Every prompt's metrics with their confidence intervals (None for results written
+    before intervals were)."""
+    block = results.get(BY_DATASET)
+    return block[OVERALL] if block else None
+
+
+def dataset_groups(results: dict) -> dict[str, dict]:
+    """Each named prompt set's metrics with their intervals ({} when there are none)."""
+    block = results.get(BY_DATASET)
+    return block[DATASETS] if block else {}
+
+
+def group_interval(group: dict | None, metric: str = TAU_MACRO) -> dict | None:
+    """A group's TAU_MACRO or TAU_POOLED as {VALUE, LOW, HIGH} (None when undefined)."""
+    return group.get(metric) if group else None
+
+
+def group_ddtree(group: dict | None, budget: str) -> dict | None:
+    """A group's DDTree τ macro at `budget` with its interval."""
+    return (group or {}).get(DDTREE, {}).get(budget, {}).get(TAU_MACRO)
+
+
+def group_conditional(group: dict | None) -> dict[int, dict | None]:
+    """A group's conditional acceptance per block position, each with its interval."""
+    return {row[POSITION]: row[CONDITIONAL] for row in (group or {}).get(PER_POSITION, [])}
+
+
+def bootstrap_settings(results: dict) -> dict | None:
+    block = results.get(BY_DATASET)
+    return block[BOOTSTRAP] if block else None
+
+
+def overlaps(first: dict | None, second: dict | None) -> bool | None:
+    """Whether two intervals share a point (None when either is missing or unbounded)."""
+    if not first or not second or None in (first[LOW], second[LOW]):
+        return None
+    return first[LOW] <= second[HIGH] and second[LOW] <= first[HIGH]
+
+
+def format_interval(interval: dict | None, digits: int = 3) -> str:
+    """'3.210 [2.980, 3.450]', '3.210 [one unit: no interval]', or 'n/a'."""
+    if not interval:
+        return "n/a"
+    if interval[LOW] is None:
+        return f"{interval[VALUE]:.{digits}f} [one unit: no interval]"
+    return f"{interval[VALUE]:.{digits}f} [{interval[LOW]:.{digits}f}, {interval[HIGH]:.{digits}f}]"
 
 
 def comparability_key(results: dict) -> dict[str, Any]:
@@ -228,6 +304,7 @@ def summary_lines(results: dict) -> list[str]:
         "acceptance by position (conditional): "
         + ", ".join(f"{position}:{_number(rate, 2)}" for position, rate in accepted)
     )
+    lines += _interval_lines(results)
     reference = reference_metrics(results)
     if reference:
         ratio = ratio_to_reference(results)
@@ -256,6 +333,31 @@ def sample_lines(results: dict, prompts: int | None = None, rounds: int | None =
     return lines
 
 
+def _interval_lines(results: dict) -> list[str]:
+    """τ with its confidence interval, overall and per named prompt set."""
+    settings = bootstrap_settings(results)
+    if not settings:
+        return []
+    groups = {"all prompts": overall_group(results), **dataset_groups(results)}
+    lines = [
+        f"{settings['level']:.0%} confidence intervals (bootstrap over "
+        f"{settings['unit']}s, {settings['resamples']} resamples, seed {settings['seed']}):"
+    ]
+    for name, group in groups.items():
+        budget = max(group[DDTREE], key=int, default=None)
+        lines.append(
+            f"  {name} ({group[GROUP_PROMPTS]} prompts): "
+            f"τ macro {format_interval(group_interval(group, TAU_MACRO))}, "
+            f"τ pooled {format_interval(group_interval(group, TAU_POOLED))}"
+            + (
+                f", DDTree-{budget} τ {format_interval(group_ddtree(group, budget))}"
+                if budget
+                else ""
+            )
+        )
+    return lines
+
+
 def _provenance_lines(results: dict) -> list[str]:
     """What was evaluated, on what, and how long it took."""
     checkpoint, target = results[CHECKPOINT], results[TARGET]
@@ -264,11 +366,27 @@ def _provenance_lines(results: dict) -> list[str]:
         f"Checkpoint {checkpoint[PATH]} ({checkpoint[SIZE_BYTES]} bytes, "
         f"sha256 {checkpoint[SHA256][:12]}…)",
         f"Target {target[TARGET_NAME]} ({target[TARGET_FAMILY]}), "
-        f"{results[PROMPTS][PROMPT_COUNT]} prompts",
+        f"{results[PROMPTS][PROMPT_COUNT]} prompts" + _prompt_sets_note(results[PROMPTS]),
         f"Drafter: {throughput[BLOCKS]} blocks in {throughput[SECONDS]} s "
         f"({throughput[BLOCKS_PER_S]} blocks/s, {results[HOST][TORCH_THREADS]} threads); "
         f"total {results[TIMINGS][TOTAL_SECONDS]:.1f} s",
     ]
+
+
+def _prompt_sets_note(prompts: dict) -> str:
+    """' (gsm8k 20: openai/gsm8k@1a2b3c4d5e6f, …; thinking off)', or '' for plain prompts."""
+    sets = prompts.get(PROMPT_SETS) or {}
+    if not sets:
+        return ""
+    described = []
+    for name, entry in sets.items():
+        source = entry.get(SOURCE) or {}
+        origin = source.get("repo") or source.get("files") or "?"
+        revision = source.get("revision")
+        described.append(
+            f"{name} {entry[PROMPT_COUNT]}: {origin}" + (f"@{revision[:12]}" if revision else "")
+        )
+    return f" ({'; '.join(described)}; thinking {prompts.get(THINKING, 'off')})"
 
 
 def _number(value: float | None, digits: int = 3) -> str:

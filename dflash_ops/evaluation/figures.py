@@ -1,0 +1,199 @@
+"""Figures of a comparison (matplotlib, headless): τ vs step with its confidence intervals,
+τ per prompt set vs step, per-position acceptance, DDTree τ vs budget.
+
+Only comparable runs are drawn (the flagged ones are left out). Where several runs share a
+step, the line goes through their mean and each run keeps its own interval bar. `plot` saves
+them as PNG files; the HTML report (dflash_ops.ui.report) inlines them as SVG.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dflash_eval import schema
+
+from dflash_ops.evaluation.results import Comparison, RunResult
+
+Read = Callable[[RunResult], dict | float | None]  # an interval dict, or a bare value
+
+
+def build(comparison: Comparison) -> dict[str, Any]:
+    """Name → matplotlib figure; the per-set figure only when some run has named sets."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [row for row in comparison.rows if row.run_id not in comparison.differences]
+    figures = {
+        "tau_vs_step": _tau_vs_step(rows, comparison.budgets),
+        "acceptance_per_position": _acceptance(rows),
+    }
+    names = sorted({name for row in rows for name in schema.dataset_groups(row.results)})
+    if names:
+        figures["tau_by_dataset"] = _by_dataset(rows, names)
+    if comparison.budgets:
+        figures["ddtree_budgets"] = _ddtree(rows, comparison.budgets)
+    return figures
+
+
+def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
+    """The comparison's figures as PNG files in `out_dir` (`fab compare`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [save_png(figure, out_dir / f"{name}.png") for name, figure in build(comparison).items()]
+
+
+def save_png(figure: Any, path: Path) -> Path:
+    _finish(figure)
+    figure.savefig(path, dpi=120)
+    _close(figure)
+    return path
+
+
+def svg_text(figure: Any) -> str:
+    """The figure as an inline `<svg>` element (text kept as text, no external references)."""
+    import matplotlib
+
+    _finish(figure)
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        figure.savefig(buffer, format="svg")
+    _close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _tau_vs_step(rows: list[RunResult], budgets: list[str]) -> Any:
+    series: dict[str, Read] = {
+        "τ vanilla (macro)": lambda r: _interval_or(r, schema.TAU_MACRO),
+        "τ vanilla (pooled)": lambda r: _interval_or(r, schema.TAU_POOLED),
+    }
+    for budget in budgets:
+        series[f"τ DDTree-{budget}"] = lambda r, b=budget: (
+            schema.group_ddtree(schema.overall_group(r.results), b)
+            or schema.ddtree_tau(r.metrics, b)
+        )
+    figure, axes = _axes("τ vs step (bars: 95 % confidence intervals over prompts)")
+    for label, read in series.items():
+        _line_with_intervals(axes, rows, read, label)
+    references = [
+        reference[schema.TAU_MACRO]
+        for row in rows
+        if (reference := schema.reference_metrics(row.results))
+    ]
+    if references:
+        axes.axhline(
+            _mean(references), linestyle="--", color="gray", label="reference drafter (macro)"
+        )
+    axes.set(xlabel="training step", ylabel="acceptance length τ")
+    return figure
+
+
+def _by_dataset(rows: list[RunResult], names: list[str]) -> Any:
+    figure, axes = _axes("τ macro per prompt set vs step (95 % confidence intervals)")
+    for name in names:
+        _line_with_intervals(
+            axes,
+            [row for row in rows if name in schema.dataset_groups(row.results)],
+            lambda r, n=name: schema.group_interval(schema.dataset_groups(r.results)[n]),
+            name,
+        )
+    axes.set(xlabel="training step", ylabel="τ macro")
+    return figure
+
+
+def _acceptance(rows: list[RunResult]) -> Any:
+    figure, axes = _axes("per-position acceptance (latest run of each step)")
+    for step, runs in _by_step(rows).items():
+        latest = schema.conditional_by_position(runs[-1].metrics)
+        axes.plot(list(latest), list(latest.values()), marker=".", label=f"step {step}")
+    axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)")
+    axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.set_ylim(0, 1.02)
+    return figure
+
+
+def _ddtree(rows: list[RunResult], budgets: list[str]) -> Any:
+    figure, axes = _axes("DDTree τ vs tree budget (latest run of each step)")
+    for step, runs in _by_step(rows).items():
+        latest = runs[-1]
+        points = [(int(b), schema.ddtree_tau(latest.metrics, b)) for b in budgets]
+        present = [(b, tau) for b, tau in points if tau is not None]
+        axes.plot(
+            [b for b, _ in present], [tau for _, tau in present], marker="o", label=f"step {step}"
+        )
+        vanilla = latest.metrics[schema.TAU_MACRO]
+        if vanilla is not None:
+            axes.axhline(vanilla, linestyle=":", linewidth=0.8, color=axes.lines[-1].get_color())
+    axes.set_xscale("log", base=2)
+    axes.set_xticks([int(b) for b in budgets], labels=budgets)
+    axes.minorticks_off()
+    axes.set(xlabel="budget b (draft tree nodes; dotted: vanilla τ)", ylabel="DDTree τ macro")
+    return figure
+
+
+def _line_with_intervals(axes: Any, rows: list[RunResult], read: Read, label: str) -> None:
+    """A line through the per-step means, and each run's interval as an error bar."""
+    by_step = _by_step(rows)
+    steps = list(by_step)
+    means = [_mean([_value(read(r)) for r in by_step[s]]) for s in steps]
+    (line,) = axes.plot(steps, means, marker="o", label=label)
+    bars = [(r.step or 0, read(r)) for r in rows]
+    bars = [(step, i) for step, i in bars if isinstance(i, dict) and i[schema.LOW] is not None]
+    if bars:
+        axes.errorbar(
+            [step for step, _ in bars],
+            [i[schema.VALUE] for _, i in bars],
+            yerr=[
+                [i[schema.VALUE] - i[schema.LOW] for _, i in bars],
+                [i[schema.HIGH] - i[schema.VALUE] for _, i in bars],
+            ],
+            fmt="none",
+            ecolor=line.get_color(),
+            capsize=3,
+            alpha=0.8,
+        )
+
+
+def _interval_or(row: RunResult, metric: str) -> dict | float | None:
+    """The run's overall interval for `metric`, else (older results) its bare value."""
+    found = schema.group_interval(schema.overall_group(row.results), metric)
+    return found or row.metrics[metric]
+
+
+def _value(read: dict | float | None) -> float | None:
+    return read[schema.VALUE] if isinstance(read, dict) else read
+
+
+def _by_step(rows: list[RunResult]) -> dict[int, list[RunResult]]:
+    grouped: dict[int, list[RunResult]] = {}
+    for row in rows:
+        grouped.setdefault(row.step or 0, []).append(row)
+    return dict(sorted(grouped.items()))
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _axes(title: str) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4.5))
+    axes = figure.subplots()
+    axes.set_title(title, fontsize=10)
+    return figure, axes
+
+
+def _finish(figure: Any) -> None:
+    for axes in figure.axes:
+        axes.grid(alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=8)
+    figure.tight_layout()
+
+
+def _close(figure: Any) -> None:
+    figure.clear()
