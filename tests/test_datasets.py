@@ -189,7 +189,7 @@ def test_run_eval_flags_with_sets_build_and_upload_the_prompts_file(tmp_path):
     request = build_request(
         step=2000,
         host=None,
-        harness_flags={"--num-prompts": 3, "--max-new-tokens": 24, "--thinking": "on"},
+        harness_options={"num_prompts": 3, "max_new_tokens": 24, "thinking": "on"},
         prompts=None,
         dataset=sets,
         prompt_sets_dir=tmp_path / "sets",
@@ -200,10 +200,10 @@ def test_run_eval_flags_with_sets_build_and_upload_the_prompts_file(tmp_path):
     assert request.harness_args == ["--max-new-tokens", "24", "--thinking", "on"]
     with pytest.raises(OpsError, match="pass one of them"):
         build_request(
-            step=1, host=None, harness_flags={}, prompts=str(request.prompts), dataset=sets
+            step=1, host=None, harness_options={}, prompts=str(request.prompts), dataset=sets
         )
-    with pytest.raises(OpsError, match="--thinking must be 'on' or 'off'"):
-        build_request(step=1, host=None, harness_flags={"--thinking": "yes"}, prompts=None)
+    with pytest.raises(OpsError, match="--thinking: expected one of on, off, found 'yes'"):
+        build_request(step=1, host=None, harness_options={"thinking": "yes"}, prompts=None)
 
 
 def test_fab_fetch_datasets_caches_local_files_and_explains_an_unreachable_hub(tmp_path):
