@@ -51,8 +51,9 @@ def check_url(url: str) -> str:
 class Webhook:
     """Posts JSON payloads to one URL in order, from a daemon thread; `post` never blocks."""
 
-    def __init__(self, url: str, say: Callable[[str], None]) -> None:
+    def __init__(self, url: str, say: Callable[[str], None], backoff_s: float = BACKOFF_S) -> None:
         self._url = check_url(url)
+        self._backoff_s = backoff_s
         self.shown = display_url(url)
         self._say = say
         self._pending: queue.Queue[dict | None] = queue.Queue()
@@ -90,7 +91,7 @@ class Webhook:
         problem = None
         for attempt in range(ATTEMPTS):
             if attempt:
-                self._closing.wait(BACKOFF_S * 2 ** (attempt - 1))
+                self._closing.wait(self._backoff_s * 2 ** (attempt - 1))
             try:
                 answer = requests.post(self._url, json=payload, timeout=POST_TIMEOUT_S)
             except requests.RequestException as exc:
