@@ -23,6 +23,7 @@ from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_view import PrefixedView
 
+STOPPING_WEBHOOK_WAIT_S = 2.0  # after Ctrl-C, for posts still queued: stopping stays prompt
 WEBHOOK_ENV = "DFLASH_WATCH_WEBHOOK"  # keeps a URL with credentials out of argv and history
 
 
@@ -122,10 +123,11 @@ def watch_command(
             outcomes = watch.run()
     except KeyboardInterrupt:
         _show_stopped(view)
-        raise SystemExit(130) from None
-    finally:
         if hook is not None:
-            hook.close()
+            hook.close(STOPPING_WEBHOOK_WAIT_S)
+        raise SystemExit(130) from None
+    if hook is not None:
+        hook.close()
     _require_no_failures(outcomes)
 
 
