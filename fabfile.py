@@ -392,3 +392,98 @@ def report(c, steps=None, tag=None, out=None, inventory=None):
     from dflash_ops.ui.eval_commands import write_report
 
     write_report(load_inventory(inventory).local.results, steps, tag, Path(out) if out else None)
+
+
+# run-eval's options that `fab watch` passes on to every run, with run-eval's help.
+WATCH_RUN_OPTIONS = (
+    "num_prompts", "max_new_tokens", "max_blocks", "block_size", "ddtree", "threads",
+    "drafter_config", "mask_token_id", "target_layer_ids", "accept_default", "dtype",
+    "target_dtype", "safe_globals", "allow_unsafe_pickle", "no_cache", "chunk_anchors",
+    "per_block", "reference", "prompts", "sglang", "strip_optimizer", "via", "tag",
+    "dataset", "thinking",
+)  # fmt: skip
+
+
+@ops_task(
+    help={
+        **{name: run_eval.help[name] for name in WATCH_RUN_OPTIONS},
+        "interval": "time between looks at the trainer, e.g. 90s, 10m, 1h (default 10m)",
+        "retries": "further attempts of a failed step, one per pass, before it is skipped",
+        "once": "one pass, then exit (for cron and tests)",
+        "max_passes": "stop after N passes (default: until Ctrl-C)",
+        "webhook": "POST JSON news of each step to this URL (default: $DFLASH_WATCH_WEBHOOK)",
+        "tag": "a label stored with each run; the watch follows this tag's runs only",
+    }
+)
+def watch(
+    c,
+    interval="10m",
+    retries="2",
+    once=False,
+    max_passes=None,
+    webhook=None,
+    tag=None,
+    num_prompts=None,
+    max_new_tokens=None,
+    max_blocks=None,
+    block_size=None,
+    ddtree=None,
+    threads=None,
+    drafter_config=None,
+    mask_token_id=None,
+    target_layer_ids=None,
+    accept_default=None,
+    dtype=None,
+    target_dtype=None,
+    safe_globals=None,
+    allow_unsafe_pickle=False,
+    no_cache=False,
+    chunk_anchors=None,
+    per_block=False,
+    reference=False,
+    prompts=None,
+    sglang=False,
+    strip_optimizer=False,
+    via="stream",
+    dataset=None,
+    thinking=None,
+    inventory=None,
+):
+    """Follow training: evaluate each new complete checkpoint, every --interval, until Ctrl-C."""
+    from dflash_ops.ui.watch_view import watch_command
+
+    watch_command(
+        load_inventory(inventory),
+        interval=interval,
+        retries=parse_count("--retries", retries),
+        once=once,
+        max_passes=parse_count("--max-passes", max_passes, minimum=1),
+        webhook=webhook,
+        harness_options={
+            "num_prompts": num_prompts,
+            "max_new_tokens": max_new_tokens,
+            "max_blocks": max_blocks,
+            "block_size": block_size,
+            "ddtree": ddtree,
+            "threads": threads,
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": target_layer_ids,
+            "accept_default": accept_default,
+            "dtype": dtype,
+            "target_dtype": target_dtype,
+            "safe_globals": safe_globals,
+            "allow_unsafe_pickle": allow_unsafe_pickle,
+            "no_cache": no_cache,
+            "chunk_anchors": chunk_anchors,
+            "per_block": per_block,
+            "thinking": thinking,
+        },
+        prompts=prompts,
+        dataset=dataset,
+        drafter_config=drafter_config,
+        reference=reference,
+        sglang=sglang,
+        strip_optimizer=strip_optimizer,
+        tag=tag,
+        via=via,
+    )

@@ -2,7 +2,9 @@
 
 Lab up (two eval hosts, a tiny target, drafter checkpoints trained to steps 2000/4000/6000)
 → check-hosts → setup-eval-host → list/stage a checkpoint → a run-eval sweep over all three
-steps spread across both eval hosts → compare (table + plots) → lab down. Each step prints the
+steps spread across both eval hosts, on two named prompt sets (small local files shaped like
+GSM8K and MT-Bench: the hub is never contacted) → compare (table with 95 % intervals, plots,
+the HTML report) → lab down. Each step prints the
 command it runs, so the demo doubles as a walkthrough. The lab is removed at the end, also
 when a step fails or the demo is interrupted; the results and plots are kept.
 """
@@ -33,7 +35,12 @@ def main() -> int:
     env = {**os.environ, "DFLASH_INVENTORY": str(ROOT / "inventory.yaml")}
     if not sys.stdout.isatty():  # a log file or a pipe: room for the wide tables
         env.setdefault("COLUMNS", "200")
-    prompts = str(ROOT / lab.LAB_PROMPTS)
+    env |= {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "DFLASH_DATASETS_CACHE": str(ROOT / "datasets"),
+    }
+    sets = ROOT.parent / f"{ROOT.name}-sets"
     steps = [
         ["lab-up", "--dir", str(ROOT), "--content", "models", "--eval-hosts", "2"],
         ["check-hosts"],
@@ -41,7 +48,15 @@ def main() -> int:
         ["list-checkpoints"],
         ["stage-checkpoint", "--step", "4000", "--to", "eval"],
         ["stage-checkpoint", "--step", "4000", "--to", "eval"],  # again: "already staged"
-        ["run-eval", "--steps", "2000,4000,6000", "--prompts", prompts, "--reference", *HARNESS],
+        [
+            "run-eval",
+            "--steps",
+            "2000,4000,6000",
+            "--dataset",
+            demo_sets(sets),
+            "--reference",
+            *HARNESS,
+        ],
         ["eval-status"],
         ["compare"],
     ]
@@ -57,13 +72,38 @@ def main() -> int:
     finally:
         print(f"\n$ fab lab-down --dir {ROOT}", flush=True)
         subprocess.run([FAB, "lab-down", "--dir", str(ROOT)], env=env)
+        shutil.rmtree(sets, ignore_errors=True)
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s")
     print(f"results (one directory per run): {KEEP}")
-    print(
-        f"plots: {KEEP / 'plots' / 'tau_vs_step.png'}, "
-        f"{KEEP / 'plots' / 'acceptance_per_position.png'}"
-    )
+    print(f"plots: {KEEP / 'plots'}")
+    print(f"report: {KEEP / 'report.html'}")
     return 0
+
+
+def demo_sets(directory: Path) -> str:
+    """`--dataset` for two small local sets, shaped as GSM8K (question/answer) and MT-Bench
+    (two-turn conversations), in text the lab's character-level tokenizer knows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    questions = [
+        "the quick brown fox?",
+        "def add(a, b):",
+        "x = [i * i for",
+        "2 + 2 = 4, and",
+        "for i in range(10):",
+        "the cat sat on the",
+    ]
+    conversations = [
+        {"prompt": ["Why is the sky blue?", "print('hello')"], "prompt_id": 81},
+        {"prompt": ["SELECT name FROM users", "for (int i = 0;"], "prompt_id": 82},
+        {"prompt": ["import os", "def main():"], "prompt_id": 83},
+    ]
+    gsm8k, mt_bench = directory / "gsm8k.parquet", directory / "mt_bench.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": q, "answer": "4"} for q in questions]), gsm8k)
+    pq.write_table(pa.Table.from_pylist(conversations), mt_bench)
+    return f"gsm8k={gsm8k},mt-bench={mt_bench}"
 
 
 if __name__ == "__main__":

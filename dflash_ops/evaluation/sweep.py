@@ -48,10 +48,14 @@ def run_sweep(
     steps: list[int],
     template: EvalRequest,
     reporters: Callable[[str], RunReporter],
+    stop: threading.Event | None = None,
+    on_outcome: Callable[[int, jobs.Run | Exception], None] | None = None,
 ) -> Outcomes:
     """Evaluate `steps` across every eval host in parallel, one run per host at a time. A
     host takes a step it already has staged first, else the next step (and stages it).
-    `reporters(host)` gives the reporter that shows that host's runs."""
+    `reporters(host)` gives the reporter that shows that host's runs. Once `stop` is set no
+    host takes another step; `on_outcome(step, outcome)` is called as each step ends (from
+    its host's thread), so a caller can record progress before the whole sweep is over."""
     infos = [info for info in list_checkpoints(inventory) if info.step in steps]
     staged = {
         name: {
@@ -67,7 +71,7 @@ def run_sweep(
 
     def next_step(name: str) -> int | None:
         with taking:
-            if not pending:
+            if not pending or (stop is not None and stop.is_set()):
                 return None
             step = next((s for s in pending if s in staged[name]), pending[0])
             pending.remove(step)
@@ -82,6 +86,8 @@ def run_sweep(
             except OpsError as exc:
                 reporter.say(f"[red]step {step} failed:[/] {exc}")
                 outcomes[step] = exc
+            if on_outcome is not None:
+                on_outcome(step, outcomes[step])
 
     # Daemon threads: Ctrl-C ends the sweep here; runs already started go on on their hosts.
     threads = [

@@ -1,0 +1,326 @@
+"""`fab watch`: follow training. Every interval, list the trainer's complete checkpoints and
+evaluate the new ones with the sweep machinery (dflash_ops.evaluation.sweep) over the eval
+hosts, with the same request as `fab run-eval` (run.build_request).
+
+State lives beside the results, in `<results>/watch-state.json` (`watch-state-<tag>.json`
+for a tagged series), written atomically after every step:
+
+    {"version": 1, "tag": null,
+     "evaluated": {"2000": "<run id>", …},      # steps done, with the run that did them
+     "attempts": {"4000": 1, …},                # failed attempts of steps not done yet
+     "skipped": {"6000": "<last error>", …}}    # steps that failed 1 + retries times
+
+A step counts as done when the state says so or when a successful run of it (with the same
+tag, when one is given) is among the local results, so a restart — or a `run-eval` by hand —
+never runs a step twice. Each pass first pulls finished runs from the eval hosts and leaves
+alone the steps still running there (launched by a watch that was stopped): they are neither
+re-launched nor counted as failures.
+
+Stopping: `stop()` (or the front door on Ctrl-C) ends the wait between passes at once and
+lets no host take another step; runs already started go on, detached, on their hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from dflash_eval import schema
+
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import jobs, sweep
+from dflash_ops.evaluation.results import load_runs
+from dflash_ops.evaluation.run import EvalRequest, RunReporter
+from dflash_ops.evaluation.webhook import Webhook
+from dflash_ops.remote.connection import each_eval_host
+from dflash_ops.staging.catalog import list_checkpoints
+
+STATE_VERSION = 1
+DEFAULT_INTERVAL_S = 600.0
+DEFAULT_RETRIES = 2
+ERROR_CHARS = 500  # of a failure's message kept in the state and the webhook payload
+# The confidence interval of τ macro over every prompt, where results carry one (written by
+# harnesses with per-dataset intervals; schema.BY_DATASET / OVERALL once those land here).
+INTERVAL_PATH = ("by_dataset", "overall", schema.TAU_MACRO)
+
+
+class WatchError(OpsError):
+    """The watch cannot go on: bad arguments or an unreadable state file."""
+
+
+def parse_interval(text: str | int | float) -> float:
+    """`90s`, `10m`, `1h`, `1h30m` or plain seconds → seconds."""
+    value = str(text).strip().lower()
+    units = {"h": 3600, "m": 60, "s": 1, "": 1}
+    parts = re.fullmatch(r"((?:\d+(?:\.\d+)?[hms])+|\d+(?:\.\d+)?)", value)
+    if not parts:
+        raise WatchError(f"--interval: expected e.g. 90s, 10m, 1h30m or seconds, found {text!r}")
+    return sum(
+        float(number) * units[unit]
+        for number, unit in re.findall(r"(\d+(?:\.\d+)?)([hms]?)", value)
+    )
+
+
+@dataclass
+class WatchState:
+    path: Path
+    tag: str | None
+    evaluated: dict[int, str] = field(default_factory=dict)
+    attempts: dict[int, int] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)
+
+    @staticmethod
+    def file_for(results: Path, tag: str | None) -> Path:
+        if not tag:
+            return results / "watch-state.json"
+        return results / f"watch-state-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.json"
+
+    @classmethod
+    def load(cls, results: Path, tag: str | None) -> WatchState:
+        path = cls.file_for(results, tag)
+        if not path.exists():
+            return cls(path, tag)
+        try:
+            data = json.loads(path.read_text())
+            return cls(
+                path,
+                tag,
+                {int(step): run_id for step, run_id in data["evaluated"].items()},
+                {int(step): int(count) for step, count in data["attempts"].items()},
+                {int(step): str(error) for step, error in data["skipped"].items()},
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WatchError(
+                f"{path}: cannot read the watch state ({exc}). Move it aside to start afresh: "
+                "steps with successful local results are still not evaluated again."
+            ) from None
+
+    def save(self) -> None:
+        """Write the state atomically: a crash leaves the old file or the new, never half."""
+        data = {
+            "version": STATE_VERSION,
+            "tag": self.tag,
+            "evaluated": {str(s): r for s, r in sorted(self.evaluated.items())},
+            "attempts": {str(s): n for s, n in sorted(self.attempts.items())},
+            "skipped": {str(s): e for s, e in sorted(self.skipped.items())},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(data, indent=2) + "\n")
+        partial.replace(self.path)
+
+
+@dataclass
+class WatchOptions:
+    interval_s: float = DEFAULT_INTERVAL_S
+    retries: int = DEFAULT_RETRIES  # further attempts after a step's first failure
+    max_passes: int | None = None  # None: until stopped
+
+
+@dataclass
+class PassOutcome:
+    number: int
+    evaluated: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # given up on in this pass
+    in_flight: list[int] = field(default_factory=list)  # running on a host: left alone
+    error: OpsError | None = None  # the pass itself could not run (e.g. trainer unreachable)
+
+
+class WatchReporter(Protocol):
+    """How a watch shows itself: a view implements this, the watch calls it."""
+
+    def say(self, message: str) -> None:
+        """One line for the user (rich markup allowed)."""
+
+    def host(self, name: str) -> RunReporter:
+        """The reporter for the runs on eval host `name`."""
+
+    def pass_done(self, outcome: PassOutcome, next_in_s: float | None) -> None:
+        """A pass ended; the next starts in `next_in_s` seconds (None: this was the last)."""
+
+
+class Watch:
+    """Evaluates new checkpoints pass after pass; `run()` until stopped or `max_passes`."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        template: EvalRequest,
+        reporter: WatchReporter,
+        options: WatchOptions,
+        webhook: Webhook | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.template = template
+        self.reporter = reporter
+        self.options = options
+        self.webhook = webhook
+        self.state = WatchState.load(inventory.local.results, template.tag)
+        self.stopping = threading.Event()
+        self._recording = threading.Lock()
+
+    def stop(self) -> None:
+        """End the wait at once; hosts take no further step (started runs go on)."""
+        self.stopping.set()
+
+    def run(self) -> list[PassOutcome]:
+        outcomes: list[PassOutcome] = []
+        try:
+            while not self.stopping.is_set():
+                outcomes.append(self.one_pass(len(outcomes) + 1))
+                last = self.options.max_passes is not None and (
+                    len(outcomes) >= self.options.max_passes
+                )
+                if last or self.stopping.is_set():
+                    self.reporter.pass_done(outcomes[-1], None)
+                    break
+                self.reporter.pass_done(outcomes[-1], self.options.interval_s)
+                self.stopping.wait(self.options.interval_s)
+        except KeyboardInterrupt:
+            self.stop()  # the sweep's threads take no further step while the process ends
+            raise
+        return outcomes
+
+    def one_pass(self, number: int) -> PassOutcome:
+        """Pull what finished, then evaluate the complete checkpoints not done yet. A pass
+        that cannot run (trainer or host unreachable) is reported; the next one tries again."""
+        outcome = PassOutcome(number)
+        try:
+            outcome.in_flight = self._pull_finished_and_find_running()
+            todo = self._steps_to_evaluate(set(outcome.in_flight))
+            if todo:
+                hosts = ", ".join(self.inventory.eval_hosts)
+                self.reporter.say(f"pass {number}: evaluating step(s) {_steps(todo)} over {hosts}")
+                sweep.run_sweep(
+                    self.inventory,
+                    todo,
+                    self.template,
+                    self.reporter.host,
+                    stop=self.stopping,
+                    on_outcome=lambda step, result: self._record(outcome, step, result),
+                )
+        except OpsError as exc:
+            outcome.error = exc
+            self.reporter.say(f"[red]watch pass {number} failed:[/] {exc}")
+        return outcome
+
+    def _pull_finished_and_find_running(self) -> list[int]:
+        """Bring home finished runs of this series; the steps of runs still going."""
+        running = []
+        for host, entry in each_eval_host(self.inventory):
+            for run in jobs.list_runs(host, entry):
+                if not self._ours(run.params.get("tag")) or run.step is None:
+                    continue
+                if not run.done:
+                    running.append(run.step)
+                elif jobs.fetch(host, entry, run, self.inventory.local.results):
+                    self.reporter.say(f"{host.name}: pulled {run.run_id} ({run.state})")
+        return sorted(set(running))
+
+    def _steps_to_evaluate(self, in_flight: set[int]) -> list[int]:
+        succeeded = {
+            run.step
+            for run in load_runs(self.inventory.local.results)
+            if run.results and self._ours(run.tag)
+        }
+        done = succeeded | set(self.state.evaluated) | set(self.state.skipped) | in_flight
+        return [
+            info.step
+            for info in list_checkpoints(self.inventory)
+            if info.complete and info.step not in done
+        ]
+
+    def _ours(self, tag: str | None) -> bool:
+        """Whether a run belongs to this watch's series: any run when it has no tag."""
+        return self.template.tag is None or tag == self.template.tag
+
+    def _record(self, outcome: PassOutcome, step: int, result: jobs.Run | Exception) -> None:
+        """Called from a host's thread as each step ends: state first, then the news."""
+        with self._recording:
+            state = self.state
+            if isinstance(result, Exception):
+                error = str(result)[:ERROR_CHARS]
+                state.attempts[step] = attempts = state.attempts.get(step, 0) + 1
+                given_up = attempts > self.options.retries
+                if given_up:
+                    state.skipped[step] = error
+                    state.attempts.pop(step)
+                (outcome.skipped if given_up else outcome.failed).append(step)
+                state.save()
+                self._tell_failure(step, attempts, given_up, error)
+            else:
+                state.evaluated[step] = result.run_id
+                state.attempts.pop(step, None)
+                outcome.evaluated.append(step)
+                state.save()
+                self._notify(self._success_payload(step, result))
+
+    def _tell_failure(self, step: int, attempts: int, given_up: bool, error: str) -> None:
+        allowed = 1 + self.options.retries
+        if given_up:
+            self.reporter.say(
+                f"[red]step {step} skipped[/] after {attempts} failed attempt(s); evaluate it "
+                f"by hand (fab run-eval --step {step}) or remove it from `skipped` in "
+                f"{self.state.path} for the watch to try again"
+            )
+        else:
+            self.reporter.say(
+                f"[yellow]step {step} failed[/] (attempt {attempts} of {allowed}); "
+                "tried again next pass"
+            )
+        self._notify(
+            {
+                **self._payload("skipped" if given_up else "failed", step),
+                "attempts": attempts,
+                "error": error,
+            }
+        )
+
+    def _success_payload(self, step: int, run: jobs.Run) -> dict:
+        payload = {**self._payload("evaluated", step), "run_id": run.run_id, "host": run.host}
+        results_file = self.inventory.local.results / run.run_id / "results.json"
+        try:
+            results = json.loads(results_file.read_text())
+        except (OSError, ValueError):
+            return payload  # the news goes out without numbers rather than not at all
+        payload["tau_macro"] = schema.metrics(results).get(schema.TAU_MACRO)
+        interval = _dig(results, INTERVAL_PATH)
+        if isinstance(interval, dict):
+            payload["tau_macro"] = interval.get("value", payload["tau_macro"])
+            payload["tau_macro_ci"] = [interval.get("low"), interval.get("high")]
+        return payload
+
+    def _payload(self, event: str, step: int) -> dict:
+        return {
+            "source": "dflash-ops watch",
+            "event": event,
+            "tag": self.template.tag,
+            "step": step,
+            "failures": {
+                **{str(s): {"attempts": n} for s, n in sorted(self.state.attempts.items())},
+                **{str(s): {"skipped": True} for s in sorted(self.state.skipped)},
+            },
+        }
+
+    def _notify(self, payload: dict) -> None:
+        if self.webhook is not None:
+            self.webhook.post(payload)
+
+
+def _dig(data: object, path: tuple[str, ...]) -> object:
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps))

@@ -1,0 +1,180 @@
+"""`fab watch`'s front door and view: builds the request as run-eval does, runs the watch
+(dflash_ops.evaluation.watch) and shows it as timestamped lines, each run's lines prefixed by
+its host. Ctrl-C (or SIGTERM, as `systemctl --user stop` sends) stops at once and says how to
+follow the runs still going on their hosts; exit status 130 then, 1 when a step failed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.run import build_request
+from dflash_ops.evaluation.watch import PassOutcome, Watch, WatchOptions, parse_interval
+from dflash_ops.evaluation.webhook import Webhook
+from dflash_ops.ui.console import console
+from dflash_ops.ui.eval_commands import PROMPT_SETS_DIR
+from dflash_ops.ui.eval_view import PrefixedView
+
+STOPPING_WEBHOOK_WAIT_S = 2.0  # after Ctrl-C, for posts still queued: stopping stays prompt
+WEBHOOK_ENV = "DFLASH_WATCH_WEBHOOK"  # keeps a URL with credentials out of argv and history
+
+
+class _TrackedView(PrefixedView):
+    """A host's runs, remembering which have started and not finished (to name on Ctrl-C)."""
+
+    def __init__(self, host: str, running: dict[str, str]) -> None:
+        super().__init__(host)
+        self._running = running
+
+    def follow(self, run_id: str) -> Callable[[dict], None]:
+        self._running[run_id] = self.host
+        return super().follow(run_id)
+
+    def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
+        self._running.pop(run.run_id, None)
+        super().finished(run, summary, local_dir)
+
+
+class WatchView:
+    """Implements dflash_ops.evaluation.watch.WatchReporter with plain, timestamped lines
+    (they read well in a terminal, tmux and the journal alike)."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, str] = {}  # run id → host, for runs started and not finished
+
+    def say(self, message: str) -> None:
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}")
+
+    def host(self, name: str) -> PrefixedView:
+        return _TrackedView(name, self.running)
+
+    def pass_done(self, outcome: PassOutcome, next_in_s: float | None) -> None:
+        parts = [
+            f"{label} {', '.join(map(str, steps))}"
+            for label, steps in (
+                ("evaluated", outcome.evaluated),
+                ("failed", outcome.failed),
+                ("skipped", outcome.skipped),
+                ("still running on a host", outcome.in_flight),
+            )
+            if steps
+        ]
+        if outcome.error is None and not parts:
+            parts = ["nothing new"]
+        elif outcome.error is not None:
+            parts.append("could not look (see above)")
+        after = (
+            f"; next look in {_duration(next_in_s)} (Ctrl-C stops)" if next_in_s is not None else ""
+        )
+        self.say(f"pass {outcome.number}: {'; '.join(parts)}{after}")
+
+
+def watch_command(
+    inventory: Inventory,
+    *,
+    interval: str,
+    retries: int,
+    once: bool,
+    max_passes: int | None,
+    webhook: str | None,
+    harness_options: dict[str, object],
+    prompts: str | None,
+    dataset: str | None,
+    drafter_config: str | None,
+    reference: bool,
+    sglang: bool,
+    strip_optimizer: bool,
+    tag: str | None,
+    via: str,
+) -> None:
+    """`fab watch`."""
+    template = build_request(
+        step=0,
+        host=None,
+        harness_options=harness_options,
+        prompts=prompts,
+        dataset=dataset,
+        prompt_sets_dir=inventory.local.results / PROMPT_SETS_DIR,
+        drafter_config=drafter_config,
+        reference=reference,
+        sglang=sglang,
+        strip_optimizer=strip_optimizer,
+        tag=tag,
+        via=via,
+        say=console.print,
+    )
+    options = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
+    view = WatchView()
+    url = webhook or os.environ.get(WEBHOOK_ENV)
+    hook = Webhook(url, view.say) if url else None
+    watch = Watch(inventory, template, view, options, hook)
+    hosts = ", ".join(inventory.eval_hosts)
+    view.say(
+        f"watching {inventory.trainer_name}'s checkpoints every {_duration(options.interval_s)}; "
+        f"evaluating on {hosts}; state in {watch.state.path}"
+        + (f"; notifying {hook.shown}" if hook else "")
+    )
+    try:
+        with _sigterm_as_interrupt():
+            outcomes = watch.run()
+    except KeyboardInterrupt:
+        _show_stopped(view)
+        if hook is not None:
+            hook.close(STOPPING_WEBHOOK_WAIT_S)
+        raise SystemExit(130) from None
+    if hook is not None:
+        hook.close()
+    _require_no_failures(outcomes)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (what `systemctl --user stop` sends) stops the watch like Ctrl-C, meanwhile."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _show_stopped(view: WatchView) -> None:
+    console.print("\n[yellow]watch stopped[/]: no further step is started.")
+    for run_id, host in sorted(view.running.items()):
+        console.print(f"  run {run_id} goes on on {host}: fab eval-logs --run {run_id} --follow")
+    if view.running:
+        console.print(
+            "  `fab eval-status` lists runs; a restarted watch pulls them when they end and "
+            "does not start them again (or pull now: fab fetch-results)"
+        )
+
+
+def _require_no_failures(outcomes: list[PassOutcome]) -> None:
+    failed = sorted({s for o in outcomes for s in (*o.failed, *o.skipped)})
+    blind = [o.number for o in outcomes if o.error is not None]
+    problems = [f"step(s) {', '.join(map(str, failed))} failed (see above)"] if failed else []
+    if blind:
+        problems.append(f"pass(es) {', '.join(map(str, blind))} could not run")
+    if problems:
+        raise OpsError("watch: " + "; ".join(problems))
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 3600:g} h" if seconds % 3600 == 0 else f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
