@@ -63,6 +63,7 @@ OPTIONS: dict[str, tuple[str, Check]] = {
     "no_cache": ("--no-cache", switch),
     "chunk_anchors": ("--chunk-anchors", count(1)),
     "per_block": ("--per-block", switch),
+    "verify": ("--verify", switch),
 }
 
 
