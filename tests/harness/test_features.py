@@ -177,3 +177,16 @@ def test_the_staging_manifest_sha256_is_trusted_only_while_it_describes_the_file
     manifest.write_text(json.dumps({"size": 699, "sha256": recorded}))
     os.utime(checkpoint, ns=(1_000_000_000, 1_000_000_000))
     assert file_identity([checkpoint], verify=False)["sha256_source"] == "hashed"
+
+
+def test_run_eval_passes_verify_under_the_harness_flag():
+    from dflash_eval.cli import build_parser
+
+    from dflash_ops.evaluation.harness_options import harness_args
+
+    argv = harness_args({"verify": True})
+    assert argv == ["--verify"]
+    parsed = build_parser().parse_args(
+        ["eval", "--checkpoint", "c", "--target", "t", "--out", "o", *argv]
+    )
+    assert parsed.verify
