@@ -220,6 +220,7 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "no_cache": "neither read nor write the harness's completion/hidden-state cache",
         "chunk_anchors": "anchors per batched drafter pass",
         "per_block": "one drafter pass per block (the unbatched comparison; slow)",
+        "verify": "hash the staged checkpoint on the eval host instead of trusting its manifest",
         "reference": "also evaluate the inventory's reference_drafter on the same states",
         "prompts": "local JSONL prompts file (uploaded with the run)",
         "dataset": "named prompt sets, comma-separated: gsm8k, math500, humaneval, mbpp, "
@@ -258,6 +259,7 @@ def run_eval(
     no_cache=False,
     chunk_anchors=None,
     per_block=False,
+    verify=False,
     reference=False,
     prompts=None,
     dataset=None,
@@ -295,6 +297,7 @@ def run_eval(
             "chunk_anchors": chunk_anchors,
             "per_block": per_block,
             "thinking": thinking,
+            "verify": verify,
         },
         drafter_config=drafter_config,
         latest=latest,

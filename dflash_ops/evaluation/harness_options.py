@@ -64,6 +64,7 @@ OPTIONS: dict[str, tuple[str, Check]] = {
     "chunk_anchors": ("--chunk-anchors", count(1)),
     "per_block": ("--per-block", switch),
     "thinking": ("--thinking", choice("on", "off")),
+    "verify": ("--verify", switch),
 }
 
 

@@ -64,6 +64,23 @@ class DiskCache:
             entry = {"key": json.loads(_canonical(key)), "output_ids": output_ids}
             _atomic_write(path, json.dumps(entry).encode())
 
+    def get_record(self, kind: str, key: dict[str, Any]) -> dict[str, Any] | None:
+        """A small JSON record (e.g. the features' provenance and fidelity)."""
+        path = self._path(kind, key, ".json")
+        if path is None or not path.is_file():
+            return None
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return entry["record"] if entry.get("key") == json.loads(_canonical(key)) else None
+
+    def put_record(self, kind: str, key: dict[str, Any], record: dict[str, Any]) -> None:
+        path = self._path(kind, key, ".json")
+        if path is not None:
+            entry = {"key": json.loads(_canonical(key)), "record": record}
+            _atomic_write(path, json.dumps(entry).encode())
+
     def get_hidden(self, key: dict[str, Any]) -> dict[int, torch.Tensor] | None:
         path = self._path("hidden", key, ".safetensors")
         if path is None or not path.is_file():

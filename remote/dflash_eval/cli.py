@@ -150,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="one drafter forward per block (slow; for cross-checking)",
     )
     run.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
+    run.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash the checkpoint even when the staging manifest beside it records its sha256",
+    )
     run.add_argument("--progress-file", type=Path, help="also append the JSON events here")
     run.add_argument("--quiet", action="store_true", help="no events or messages, just the file")
 
@@ -215,6 +220,7 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         per_block=args.per_block,
         step=args.step,
         thinking=args.thinking == "on",
+        verify=args.verify,
     )
     results = run_eval(options, progress)
     progress.say("\n".join(schema.summary_lines(results)))

@@ -34,8 +34,10 @@ from dflash_eval.completions import (
     read_prompts_jsonl,
     template_reads_thinking,
 )
+from dflash_eval.config import TargetShape
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
+from dflash_eval.feature_record import features_record
 from dflash_eval.loaders import LoadedDrafter, load_drafter
 from dflash_eval.metrics import PromptWalk, Span, summarize, walk_prompt
 from dflash_eval.pickle_policy import PicklePolicy, expand_names
@@ -51,14 +53,8 @@ from dflash_eval.results import (
     write_results,
 )
 from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
-from dflash_eval.target import (
-    DTYPES,
-    Target,
-    load_target,
-    load_tokenizer,
-    stop_token_ids,
-    target_identity,
-)
+from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
+from dflash_eval.target_source import DEVICE, TargetSource
 from dflash_eval.urls import redact_url
 from dflash_eval.version import harness_hash
 
@@ -91,6 +87,7 @@ class EvalOptions:
     per_block: bool = False
     step: int | None = None
     thinking: bool = False  # enable_thinking for chat templates that have it
+    verify: bool = False  # hash the checkpoint even when its staging manifest has the sha256
 
 
 @dataclass
@@ -149,20 +146,22 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     warnings: list[str] = []
 
     with timer.phase("load_target"):
-        progress.say(f"Loading target {options.target} …")
-        target = load_target(options.target, options.target_dtype)
+        # The model itself loads only if a completion or hidden state must be computed.
+        target = TargetSource(options.target, options.target_dtype, timer, progress)
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
-        drafter = _load(options.checkpoint, options, target, progress, warnings)
+        drafter = _load(options.checkpoint, options, target.shape, progress, warnings)
         reference = (
-            _load(options.reference_drafter, options, target, progress, warnings, drafter)
+            _load(options.reference_drafter, options, target.shape, progress, warnings, drafter)
             if options.reference_drafter
             else None
         )
     with timer.phase("hash"):
-        checkpoint_identity = _checkpoint_identity(drafter, options.step)
-        reference_identity = _checkpoint_identity(reference, None) if reference else None
+        checkpoint_identity = _checkpoint_identity(drafter, options.step, options.verify)
+        reference_identity = (
+            _checkpoint_identity(reference, None, options.verify) if reference else None
+        )
         identity = target_identity(options.target)
 
     # Later turns of a conversation are encoded once the turn before has its completion.
@@ -179,7 +178,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         "target": identity["fingerprint"],
         "target_dtype": str(target.dtype),
         "libraries": libraries,
-        "device": "cpu",
+        "device": DEVICE,
+        "kernel": target.kernel,
     }
     # The reference runs one block past the completion: the larger block when two
     # drafters share it.
@@ -202,18 +202,23 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     )
     with timer.phase("hidden_states"):
         _hidden_states(sequences, layer_ids, target, shared_key, cache, progress)
+        first = sequences[0]
+        features = features_record(
+            target, first.tokens, first.hidden, layer_ids, shared_key, cache, progress, warnings
+        )
     target.release_body()
+    borrowed = target.embedding_and_head()
 
     decode = tokenizer_decoder(tokenizer)
     with timer.phase("drafter"):
-        run = _walk_all(drafter, "drafter", sequences, target, options, decode, progress)
+        run = _walk_all(drafter, "drafter", sequences, borrowed, options, decode, progress)
     metrics = summarize(run.walks, drafter.config.block_size, options.ddtree)
     _warn_about_walks(sequences, run.walks, "drafter", warnings, progress)
     reference_block = None
     if reference is not None:
         with timer.phase("reference_drafter"):
             ref_run = _walk_all(
-                reference, "reference_drafter", sequences, target, options, decode, progress
+                reference, "reference_drafter", sequences, borrowed, options, decode, progress
             )
         reference_metrics = summarize(ref_run.walks, reference.config.block_size, options.ddtree)
         _warn_about_walks(sequences, ref_run.walks, "reference drafter", warnings, progress)
@@ -239,7 +244,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             schema.TARGET_NAME: identity["name"],
             schema.TARGET_FAMILY: target.family,
             "dtype": str(target.dtype).removeprefix("torch."),
-            "num_layers": target.num_layers,
+            "num_layers": target.shape.num_layers,
             "hidden_size": target.shape.hidden_size,
             "vocab_size": target.shape.vocab_size,
             schema.TARGET_FINGERPRINT: identity["fingerprint"],
@@ -266,6 +271,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             "predictor": "per-block" if options.per_block else "batched",
         },
         schema.LIBRARIES: libraries,
+        schema.FEATURES: {
+            **features,
+            "target_load": target.load_record(),
+            "cache": _cache_counts(sequences),
+        },
         schema.HOST: host_info(threads),
         schema.OPTIONS: _options_record(options),
         schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
@@ -316,7 +326,7 @@ def _check_paths(options: EvalOptions) -> None:
 def _load(
     path: Path,
     options: EvalOptions,
-    target: Target,
+    target_shape: TargetShape,
     progress: Progress,
     warnings: list[str],
     drafter: LoadedDrafter | None = None,
@@ -328,7 +338,7 @@ def _load(
     progress.say(f"Loading {role} {path} …")
     loaded = load_drafter(
         path,
-        target.shape,
+        target_shape,
         config_file=options.drafter_config if main else None,
         profile=read_profile(options.drafter_profile) if main and options.drafter_profile else None,
         block_size=options.block_size if main else None,
@@ -354,12 +364,12 @@ def _load(
     return loaded
 
 
-def _checkpoint_identity(loaded: LoadedDrafter, step: int | None) -> dict[str, Any]:
+def _checkpoint_identity(loaded: LoadedDrafter, step: int | None, verify: bool) -> dict[str, Any]:
     source = loaded.source
     return {
         schema.PATH: str(source.path),
         "format": source.kind,
-        **file_identity(source.files),
+        **file_identity(source.files, verify),
         schema.STEP: step if step is not None else source.step,
         "step_source": "--step" if step is not None else source.step_source,
         "stripped_prefix": source.stripped_prefix,
@@ -406,7 +416,7 @@ def _prompts(options: EvalOptions) -> list[Prompt]:
 def _completions(
     sequences: list[Sequence],
     options: EvalOptions,
-    target: Target,
+    target: TargetSource,
     stops: list[int],
     extra: int,
     shared_key: dict[str, Any],
@@ -438,7 +448,7 @@ def _completions(
             if client is not None:
                 reference = client.reference(*args)
             else:
-                reference = greedy_reference(target.model, *args)
+                reference = greedy_reference(target.target().model, *args)
             cache.put_completion(key, reference)
         seq.reference = reference
         first, stop = len(seq.prompt_ids), first_stop(reference, stops)
@@ -451,7 +461,7 @@ def _completions(
 def _hidden_states(
     sequences: list[Sequence],
     layer_ids: list[int],
-    target: Target,
+    target: TargetSource,
     shared_key: dict[str, Any],
     cache: DiskCache,
     progress: Progress,
@@ -469,7 +479,7 @@ def _hidden_states(
         hidden = cache.get_hidden(key)
         seq.hidden_hit = hidden is not None
         if hidden is None:
-            hidden = target.hidden_features(seq.tokens, layer_ids)
+            hidden = target.target().hidden_features(seq.tokens, layer_ids)
             cache.put_hidden(key, hidden)
         expected = (len(seq.tokens), target.shape.hidden_size)
         if any(tuple(h.shape) != expected for h in hidden.values()):
@@ -486,16 +496,14 @@ def _walk_all(
     loaded: LoadedDrafter,
     phase: str,
     sequences: list[Sequence],
-    target: Target,
+    borrowed: tuple[torch.Tensor, torch.Tensor],  # the target's embedding and LM head
     options: EvalOptions,
     decode: Decode,
     progress: Progress,
 ) -> DrafterRun:
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
-    head = BorrowedHead.from_target(
-        target.embed_weight, target.head_weight, config.mask_token_id, dtype
-    )
+    head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype)
     predictor_class = PerBlockPredictor if options.per_block else Predictor
     top_k = max([1, *options.ddtree])
     run = DrafterRun([], 0, 0.0, [])
@@ -599,6 +607,14 @@ def _per_prompt(
             }
         )
     return rows
+
+
+def _cache_counts(sequences: list[Sequence]) -> dict[str, int]:
+    return {
+        "completion_hits": sum(s.completion_hit for s in sequences),
+        "hidden_state_hits": sum(s.hidden_hit for s in sequences),
+        "prompts": len(sequences),
+    }
 
 
 def _mean(lengths: list[int]) -> float | None:

@@ -38,11 +38,28 @@ REFERENCE = "reference"  # null, or {CHECKPOINT, DRAFTER, METRICS, THROUGHPUT}
 COMPARISON = "comparison"  # null, or {TAU_MACRO: ratio, TAU_POOLED: ratio}
 WARNINGS = "warnings"
 SAMPLES = "samples"  # decoded samples: the first prompts' target text and drafts
+FEATURES = "features"  # where/how the target's hidden states were computed, and their fidelity
+
+# --- results[FEATURES] -------------------------------------------------------------------------
+FEATURES_HOST = "host"
+FEATURES_DEVICE = "device"
+FEATURES_DTYPE = "dtype"
+FEATURES_KERNEL = "kernel"  # {"attention": "sdpa", "linear_attention": "torch fallback" | "fla …"}
+FEATURES_LIBRARIES = "libraries"
+FIDELITY = "fidelity"  # {"status": "measured" | "not needed" | "skipped", "layers": {…}, …}
+FEATURES_IDENTITY = (
+    FEATURES_HOST,
+    FEATURES_DEVICE,
+    FEATURES_DTYPE,
+    FEATURES_KERNEL,
+    FEATURES_LIBRARIES,
+)
 
 # --- checkpoint identity: results[CHECKPOINT] and results[REFERENCE][CHECKPOINT] -------------
 PATH = "path"
 SIZE_BYTES = "size_bytes"
 SHA256 = "sha256"
+SHA256_SOURCE = "sha256_source"  # "hashed" | "staging manifest" (trusted: size and mtime fit)
 STEP = "step"
 
 # --- results[TARGET] ---------------------------------------------------------------------------
@@ -122,7 +139,7 @@ COMPARABILITY: dict[str, Callable[[dict], Any]] = {
     "target dtype": lambda r: r[TARGET].get("dtype"),
     "drafter dtype": lambda r: (r[DRAFTER].get(SETTINGS) or {}).get("dtype"),
     "thinking": lambda r: r[OPTIONS].get("thinking"),
-    "features": lambda r: r.get("features"),
+    "features": lambda r: features_identity(r),
     "τ convention": lambda r: r[METRICS].get(TAU_CONVENTION),
     "harness": lambda r: r[HARNESS][HARNESS_SHA256],
 }
@@ -226,6 +243,13 @@ def format_interval(interval: dict | None, digits: int = 3) -> str:
     if interval[LOW] is None:
         return f"{interval[VALUE]:.{digits}f} [one unit: no interval]"
     return f"{interval[VALUE]:.{digits}f} [{interval[LOW]:.{digits}f}, {interval[HIGH]:.{digits}f}]"
+
+
+def features_identity(results: dict) -> dict | None:
+    """What computed the features (host, device, dtype, kernels, libraries); None for results
+    written before the harness recorded it."""
+    features = results.get(FEATURES)
+    return {name: features.get(name) for name in FEATURES_IDENTITY} if features else None
 
 
 def comparability_key(results: dict) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from torch import nn
 
 from dflash_eval.config import TargetShape
 from dflash_eval.errors import HarnessError
+from dflash_eval.features import ATTENTION_IMPLEMENTATION
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOKENIZER_FILES = (
@@ -47,13 +48,16 @@ def text_config_of(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
+def saved_dtype_name(config: dict[str, Any]) -> str:
+    """The dtype the weights were saved in (bf16 for released Qwen models)."""
+    saved = config.get("dtype") or config.get("torch_dtype")
+    saved = saved or text_config_of(config).get("dtype") or "float32"
+    return saved if saved in DTYPES else "float32"
+
+
 def resolve_dtype(name: str, config: dict[str, Any]) -> torch.dtype:
-    """'auto' = the dtype the weights were saved in (bf16 for released Qwen models)."""
-    if name == "auto":
-        saved = config.get("dtype") or config.get("torch_dtype")
-        saved = saved or text_config_of(config).get("dtype") or "float32"
-        return DTYPES.get(saved, torch.float32)
-    return DTYPES[name]
+    """'auto' = the dtype the weights were saved in."""
+    return DTYPES[saved_dtype_name(config) if name == "auto" else name]
 
 
 def target_identity(path: Path) -> dict[str, Any]:
@@ -189,7 +193,11 @@ def load_target(path: Path, dtype_name: str = "auto") -> Target:
         else transformers.AutoModelForCausalLM
     )
     try:
-        model = loader.from_pretrained(str(path), dtype=dtype)
+        # The attention implementation is named, not left to transformers' default, so that
+        # the cache key and the results can say which one computed the features.
+        model = loader.from_pretrained(
+            str(path), dtype=dtype, attn_implementation=ATTENTION_IMPLEMENTATION
+        )
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise HarnessError(
             f"transformers {transformers.__version__} cannot load the target {path} "
@@ -205,13 +213,9 @@ def load_target(path: Path, dtype_name: str = "auto") -> Target:
             f"{type(head).__name__}). The drafter needs the target's lm_head."
         )
     text = text_config_of(config)
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    family = config.get("model_type", "?")
-    if vision_language:
-        family += " (vision-language wrapper)"
     return Target(
         path=path,
-        family=family,
+        family=family_of(config),
         model=model,
         decoder=decoder,
         embed_weight=decoder.embed_tokens.weight,
@@ -219,7 +223,32 @@ def load_target(path: Path, dtype_name: str = "auto") -> Target:
         num_layers=len(decoder.layers),
         dtype=dtype,
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(text.get("rope_theta", rope.get("rope_theta", 1_000_000.0))),
+        rope_theta=rope_theta_of(config),
+    )
+
+
+def family_of(config: dict[str, Any]) -> str:
+    family = config.get("model_type", "?")
+    if "text_config" in config and "vision_config" in config:
+        family += " (vision-language wrapper)"
+    return family
+
+
+def rope_theta_of(config: dict[str, Any]) -> float:
+    text = text_config_of(config)
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    return float(text.get("rope_theta", rope.get("rope_theta", 1_000_000.0)))
+
+
+def shape_from_config(config: dict[str, Any]) -> TargetShape:
+    """The target's shape as its config states it, before (or without) loading it."""
+    text = text_config_of(config)
+    return TargetShape(
+        num_layers=int(text["num_hidden_layers"]),
+        hidden_size=int(text["hidden_size"]),
+        vocab_size=int(text["vocab_size"]),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta_of(config),
     )
 
 

@@ -76,8 +76,16 @@ def copy_tokenizer(source_dir: Path, target_dir: Path) -> None:
         shutil.copy(source_dir / name, target_dir / name)
 
 
-def save_tiny_qwen3_5(directory: Path, tokenizer_dir: Path, vocab_size: int, wrapper: bool) -> Path:
-    """A tiny Qwen3.5 text model (linear + full attention), or its vision-language wrapper."""
+def save_tiny_qwen3_5(
+    directory: Path,
+    tokenizer_dir: Path,
+    vocab_size: int,
+    wrapper: bool,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """A tiny Qwen3.5 text model (linear + full attention), or its vision-language wrapper,
+    saved in `dtype`."""
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForCausalLM,
@@ -85,7 +93,7 @@ def save_tiny_qwen3_5(directory: Path, tokenizer_dir: Path, vocab_size: int, wra
         Qwen3_5TextConfig,
     )
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     text = Qwen3_5TextConfig(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -115,7 +123,7 @@ def save_tiny_qwen3_5(directory: Path, tokenizer_dir: Path, vocab_size: int, wra
         )
     else:
         model = Qwen3_5ForCausalLM(text)
-    model.save_pretrained(str(directory))
+    model.to(dtype).save_pretrained(str(directory))
     copy_tokenizer(tokenizer_dir, directory)
     return directory
 

@@ -1,0 +1,67 @@
+"""results["features"]: where the hidden states were computed, with what, and how close
+they are to float32 (features.py says why that matters).
+
+The record is made when the first prompt's hidden states are computed and is cached beside
+them under the same key, so a run that finds everything cached reports the provenance and
+fidelity of the features it used (measured where they were computed), without the target.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dflash_eval.cache import DiskCache, tokens_digest
+from dflash_eval.features import fidelity_needed, judge, measure_fidelity, provenance
+from dflash_eval.progress import Progress
+from dflash_eval.target_source import DEVICE, TargetSource
+
+
+def features_record(
+    source: TargetSource,
+    first_tokens: list[int],
+    first_hidden: dict[int, torch.Tensor],
+    layer_ids: list[int],
+    shared_key: dict[str, Any],
+    cache: DiskCache,
+    progress: Progress,
+    warnings: list[str],
+) -> dict[str, Any]:
+    key = {**shared_key, "kind": "features", "tokens": tokens_digest(first_tokens)}
+    key["layer_ids"] = layer_ids
+    record = cache.get_record("features", key)
+    if record is None:
+        choice = source.dtype_choice
+        record = {
+            **provenance(DEVICE, choice.name, choice.source, source.kernel),
+            "fidelity": _fidelity(source, first_tokens, first_hidden, layer_ids),
+        }
+        cache.put_record("features", key, record)
+    fidelity = record["fidelity"]
+    found = judge(fidelity.get("layers") or {})
+    if fidelity["status"] == "skipped":
+        found.append(f"features fidelity not measured: {fidelity['reason']}")
+    for line in found:
+        warnings.append(f"features: {line}")
+        progress.warn(warnings[-1])
+    return record
+
+
+def _fidelity(
+    source: TargetSource,
+    tokens: list[int],
+    hidden: dict[int, torch.Tensor],
+    layer_ids: list[int],
+) -> dict[str, Any]:
+    reason = fidelity_needed(source.config, layer_ids, source.dtype_choice.name)
+    if reason is not None:
+        return {"status": "not needed", "reason": reason}
+    target = source.target()
+    measured = measure_fidelity(
+        target.model,
+        hidden,
+        lambda: target.hidden_features(tokens, layer_ids),
+        source.available_bytes,
+    )
+    return {"prompt_tokens_compared": len(tokens), **measured}

@@ -1,0 +1,95 @@
+"""The target as one run needs it: its config, shape, dtype and kernels at once; the whole
+model only when something must be computed with it; otherwise just its embedding and head.
+
+The dtype is chosen before anything is loaded (features.choose_target_dtype), so the cache
+keys of completions and hidden states are known without the model, and a run whose every
+entry is cached never reads the target's body.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval.config import TargetShape
+from dflash_eval.errors import HarnessError
+from dflash_eval.features import (
+    DtypeChoice,
+    available_memory_bytes,
+    choose_target_dtype,
+    kernel_record,
+    weight_bytes,
+)
+from dflash_eval.progress import Progress, Timer
+from dflash_eval.target import (
+    DTYPES,
+    Target,
+    family_of,
+    load_target,
+    read_target_config,
+    saved_dtype_name,
+    shape_from_config,
+)
+from dflash_eval.target_parts import TargetParts, load_target_parts
+
+DEVICE = "cpu"  # the eval harness computes on CPU; a features host may use CUDA (features_cli)
+
+
+class TargetSource:
+    def __init__(self, path: Path, requested_dtype: str, timer: Timer, progress: Progress) -> None:
+        self.path = Path(path)
+        self.config = read_target_config(self.path)
+        self.shape: TargetShape = shape_from_config(self.config)
+        self.family = family_of(self.config)
+        self.available_bytes = available_memory_bytes()
+        self.dtype_choice: DtypeChoice = choose_target_dtype(
+            requested_dtype,
+            saved_dtype_name(self.config),
+            self.config,
+            weight_bytes(self.path),
+            self.available_bytes,
+            DEVICE,
+        )
+        self.kernel = kernel_record(self.config)
+        self._timer, self._progress = timer, progress
+        self._target: Target | None = None
+        self._parts: TargetParts | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype_choice.name]
+
+    def target(self) -> Target:
+        """The whole model, loaded on first use."""
+        if self._target is None:
+            with self._timer.phase("load_target"):
+                self._progress.say(f"Loading target {self.path} ({self.dtype_choice.name}) …")
+                self._target = load_target(self.path, self.dtype_choice.name)
+            if self._target.shape != self.shape:
+                raise HarnessError(
+                    f"Target {self.path}: the loaded model's shape {self._target.shape} differs "
+                    f"from its config's {self.shape}; the config does not describe the weights."
+                )
+        return self._target
+
+    def release_body(self) -> None:
+        if self._target is not None and self._target.model is not None:
+            self._target.release_body()
+
+    def embedding_and_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the loaded model when there is one, else read alone from the weight files."""
+        if self._target is not None:
+            return self._target.embed_weight, self._target.head_weight
+        if self._parts is None:
+            with self._timer.phase("load_target"):
+                self._parts = load_target_parts(self.path, self.config, self.dtype)
+        return self._parts.embed_weight, self._parts.head_weight
+
+    def load_record(self) -> dict[str, Any]:
+        """What was read of the target: the whole model, or only the named tensors."""
+        if self._target is not None:
+            return {"body_loaded": True, "tensors_read": "all"}
+        read = self._parts.tensors_read if self._parts else []
+        return {"body_loaded": False, "tensors_read": read}
