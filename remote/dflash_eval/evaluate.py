@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dflash_eval import schema
-from dflash_eval.by_dataset import acceptance_counts, intervals
+from dflash_eval import record, schema
+from dflash_eval.by_dataset import intervals
 from dflash_eval.cache import DiskCache, tokens_digest
 from dflash_eval.completions import (
     Prompt,
@@ -44,9 +44,8 @@ from dflash_eval.pickle_policy import PicklePolicy, expand_names
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
-from dflash_eval.provenance import accepted_defaults, json_value
+from dflash_eval.provenance import accepted_defaults
 from dflash_eval.results import (
-    file_identity,
     host_info,
     library_versions,
     utc_now,
@@ -158,9 +157,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             else None
         )
     with timer.phase("hash"):
-        checkpoint_identity = _checkpoint_identity(drafter, options.step, options.verify)
+        checkpoint_identity = record.checkpoint_identity(drafter, options.step, options.verify)
         reference_identity = (
-            _checkpoint_identity(reference, None, options.verify) if reference else None
+            record.checkpoint_identity(reference, None, options.verify) if reference else None
         )
         identity = target_identity(options.target)
 
@@ -224,12 +223,12 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         _warn_about_walks(sequences, ref_run.walks, "reference drafter", warnings, progress)
         reference_block = {
             schema.CHECKPOINT: reference_identity,
-            schema.DRAFTER: _drafter_block(reference),
+            schema.DRAFTER: record.drafter_block(reference),
             schema.METRICS: reference_metrics,
-            schema.THROUGHPUT: _throughput(ref_run.blocks, ref_run.seconds),
+            schema.THROUGHPUT: record.throughput(ref_run.blocks, ref_run.seconds),
             schema.SAMPLES: ref_run.samples,
         }
-    per_prompt = _per_prompt(sequences, run.walks, options.ddtree, conversations)
+    per_prompt = record.per_prompt(sequences, run.walks, options.ddtree, conversations)
     with timer.phase("intervals"):
         by_dataset = intervals(per_prompt, options.ddtree)
     timer.seconds[schema.TOTAL_SECONDS] = time.perf_counter() - started
@@ -238,7 +237,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.KIND_KEY: schema.KIND,
         schema.CREATED_AT: utc_now(),
         schema.CHECKPOINT: checkpoint_identity,
-        schema.DRAFTER: _drafter_block(drafter),
+        schema.DRAFTER: record.drafter_block(drafter),
         schema.TARGET: {
             "path": str(options.target),
             schema.TARGET_NAME: identity["name"],
@@ -274,18 +273,18 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         schema.FEATURES: {
             **features,
             "target_load": target.load_record(),
-            "cache": _cache_counts(sequences),
+            "cache": record.cache_counts(sequences),
         },
         schema.HOST: host_info(threads),
-        schema.OPTIONS: _options_record(options),
+        schema.OPTIONS: record.options_record(options),
         schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
-        schema.THROUGHPUT: _throughput(run.blocks, run.seconds),
+        schema.THROUGHPUT: record.throughput(run.blocks, run.seconds),
         schema.METRICS: metrics,
         schema.PER_PROMPT: per_prompt,
         schema.BY_DATASET: by_dataset,
         schema.SAMPLES: run.samples,
         schema.REFERENCE: reference_block,
-        schema.COMPARISON: _comparison(metrics, reference_block),
+        schema.COMPARISON: record.comparison(metrics, reference_block),
         schema.WARNINGS: warnings,
     }
     write_results(options.out, results)
@@ -353,7 +352,7 @@ def _load(
         f"  {role}: {source.kind}, config from {loaded.config_source}, step {source.step}"
         f" ({source.step_source})"
     )
-    progress.say(f"  {role}: {schema.settings_line(_drafter_block(loaded))}")
+    progress.say(f"  {role}: {schema.settings_line(record.drafter_block(loaded))}")
     for note in loaded.notes:
         progress.say(f"  {role}: {note}")
     if loaded.ignored_parameters:
@@ -362,38 +361,6 @@ def _load(
         warnings.append(f"{role}: {warning}")
         progress.warn(warnings[-1])
     return loaded
-
-
-def _checkpoint_identity(loaded: LoadedDrafter, step: int | None, verify: bool) -> dict[str, Any]:
-    source = loaded.source
-    return {
-        schema.PATH: str(source.path),
-        "format": source.kind,
-        **file_identity(source.files, verify),
-        schema.STEP: step if step is not None else source.step,
-        "step_source": "--step" if step is not None else source.step_source,
-        "stripped_prefix": source.stripped_prefix,
-        "renamed_parameters": source.renamed_parameters,
-        "dropped_entries": source.dropped_entries,
-        "ignored_parameters": loaded.ignored_parameters,
-        "pickle": source.pickle.to_dict() if source.pickle else None,
-    }
-
-
-def _drafter_block(loaded: LoadedDrafter) -> dict[str, Any]:
-    return {
-        "config": loaded.config.to_hf_dict(),
-        "config_source": loaded.config_source,
-        "config_notes": loaded.notes,
-        schema.SETTINGS: {name: json_value(s.value) for name, s in loaded.settings.items()},
-        schema.SETTINGS_PROVENANCE: loaded.provenance(),
-        schema.ACCEPTED_DEFAULTS: loaded.accepted_defaults(),
-        "profile": loaded.profile.record() if loaded.profile else None,
-        "trained_block_size": loaded.trained_block_size,
-        "eval_block_size": loaded.config.block_size,
-        "dtype": loaded.dtype,
-        "parameters": sum(p.numel() for p in loaded.model.parameters()),
-    }
 
 
 def _prompts(options: EvalOptions) -> list[Prompt]:
@@ -570,72 +537,3 @@ def _warn_about_walks(
         else:
             continue
         progress.warn(warnings[-1])
-
-
-def _throughput(blocks: int, seconds: float) -> dict[str, Any]:
-    return {
-        schema.BLOCKS: blocks,
-        schema.SECONDS: round(seconds, 4),
-        schema.BLOCKS_PER_S: round(blocks / seconds, 2) if seconds > 0 else None,
-    }
-
-
-def _per_prompt(
-    sequences: list[Sequence],
-    walks: list[PromptWalk],
-    budgets: list[int],
-    conversations: Conversations,
-) -> list[dict[str, Any]]:
-    rows = []
-    for seq, walked in zip(sequences, walks, strict=True):
-        assert seq.span is not None, "references are made before the walks"
-        rows.append(
-            {
-                "id": seq.prompt.id,
-                schema.PROMPT_DATASET: seq.prompt.dataset,
-                schema.PROMPT_CONVERSATION: conversations.first_turn(seq.prompt),
-                schema.PROMPT_ACCEPTANCE: acceptance_counts(walked.slot_correct),
-                "prompt_tokens": len(seq.prompt_ids),
-                "completion_tokens": len(seq.completion),
-                "stopped": seq.span.stop is not None and seq.span.stop < seq.span.limit,
-                "reference_tokens": len(seq.reference),
-                "rounds": len(walked.lengths),
-                "tau": _mean(walked.lengths),
-                "ddtree_tau": {str(b): _mean(walked.ddtree_lengths[b]) for b in budgets},
-                "tau_capped": _mean(walked.capped_lengths),
-                "cache": {"completion": seq.completion_hit, "hidden_states": seq.hidden_hit},
-            }
-        )
-    return rows
-
-
-def _cache_counts(sequences: list[Sequence]) -> dict[str, int]:
-    return {
-        "completion_hits": sum(s.completion_hit for s in sequences),
-        "hidden_state_hits": sum(s.hidden_hit for s in sequences),
-        "prompts": len(sequences),
-    }
-
-
-def _mean(lengths: list[int]) -> float | None:
-    return sum(lengths) / len(lengths) if lengths else None
-
-
-def _comparison(metrics: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any] | None:
-    if reference is None:
-        return None
-    theirs = reference[schema.METRICS]
-    if theirs[schema.BLOCK_SIZE] != metrics[schema.BLOCK_SIZE]:
-        # τ grows with the block: a ratio across block sizes says nothing about the drafter.
-        return {schema.TAU_MACRO: None, schema.TAU_POOLED: None}
-    return {
-        name: (metrics[name] / theirs[name]) if metrics[name] and theirs[name] else None
-        for name in (schema.TAU_MACRO, schema.TAU_POOLED)
-    }
-
-
-def _options_record(options: EvalOptions) -> dict[str, Any]:
-    record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items()}
-    if options.sglang_url:
-        record["sglang_url"] = redact_url(options.sglang_url)
-    return record
