@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import load
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
@@ -109,3 +110,22 @@ def test_a_careless_drafter_profile_is_one_line(lab, fab, tmp_path, drafter, exp
     result = fab(broken, "check-hosts")
     assert result.returncode == 1
     assert expected in result.stderr, result.stderr
+
+
+def test_an_upload_to_a_full_disk_leaves_nothing_and_says_so(make_lab):
+    """What run-eval does with --prompts and the other files it sends: on a full disk, one
+    clear error and no empty file left behind."""
+    lab = make_lab(steps=(2000,), eval_disk="16m")
+    inventory = load(lab.inventory_path)
+    host = Host(inventory, "eval")
+    disk = lab.data_dir("eval")
+    filler = disk / "filler"
+    try:
+        host.run(f"dd if=/dev/zero of={filler} bs=1M count=64 2>/dev/null; true")
+        target = f"{disk}/prompts.jsonl"
+        with pytest.raises(HostError, match=r"eval: writing .*prompts\.jsonl \(2\.0 MiB\) failed"):
+            host.upload(b"x" * (2 << 20), target)
+        assert not host.run(f"test -e {target}", check=False).ok
+    finally:
+        filler.unlink(missing_ok=True)
+        host.close()
