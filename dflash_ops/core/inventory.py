@@ -74,6 +74,8 @@ class TrainerHost(_SshHost):
     layout: StepPattern = "step_{step}/checkpoint.pt"  # relative to `checkpoints`
     complete_marker: StepPattern | None = None  # relative to `checkpoints`, e.g. step_{step}/DONE
     tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
+    # The training environment's interpreter (with its torch): --weights-only extracts with it.
+    python: str = "python3"
 
 
 class VenvSpec(Strict):
