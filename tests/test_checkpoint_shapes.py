@@ -111,7 +111,7 @@ def test_a_sharded_directory_is_listed_with_its_total_size(directory_lab):
     (info,) = list_checkpoints(inventory)
     total = sum(p.stat().st_size for p in source_dir(lab).iterdir())
     assert info.path == f"{labs.CONTAINER_CHECKPOINTS}/checkpoint-{STEP}"
-    assert info.is_directory and info.size == total and info.complete
+    assert info.directory and info.size == total and info.complete
     assert sorted(m.name for m in info.members) == sorted(p.name for p in source_dir(lab).iterdir())
 
 

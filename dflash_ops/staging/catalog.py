@@ -32,15 +32,12 @@ class CheckpointInfo:
     size: int
     mtime: int
     complete: bool
-    members: tuple[Member, ...] = ()  # a directory's files (empty: a single file)
-
-    @property
-    def is_directory(self) -> bool:
-        return bool(self.members)
+    directory: bool = False  # a directory checkpoint (else a single file)
+    members: tuple[Member, ...] = ()  # a directory's files
 
 
-# What one scan finds per step: total size, newest mtime, a directory's files.
-Found = tuple[int, int, tuple[Member, ...]]
+# What one scan finds per step: total size, newest mtime, a directory's files (None: a file).
+Found = tuple[int, int, tuple[Member, ...] | None]
 
 
 def checkpoint_path(inventory: Inventory, step: int) -> str:
@@ -139,7 +136,7 @@ def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
             if kind == "D":
                 directory = (int(match.group(1)), [])
             else:
-                found[int(match.group(1))] = (int(size), int(mtime), ())
+                found[int(match.group(1))] = (int(size), int(mtime), None)
         elif kind == "M" and marker_regex and (match := marker_regex.match(name)):
             markers.add(int(match.group(1)))
     close_directory()
@@ -166,7 +163,8 @@ def list_checkpoints(inventory: Inventory) -> list[CheckpointInfo]:
             size,
             mtime,
             (step in markers) if uses_marker else step not in unstable,
-            members,
+            members is not None,
+            members or (),
         )
         for step, (size, mtime, members) in sorted(files.items())
     ]

@@ -57,7 +57,7 @@ def staged_path(inventory: Inventory, host: str, step: int, kind: Kind = "file")
 class DestinationState:
     manifest: dict | None
     free: int  # bytes free where the copy goes
-    final_size: int | None = None  # the staged file (file kind), or None
+    final_size: int | None = None  # the staged file or directory (its inode), or None
     partial_size: int | None = None  # file kind: the unfinished transfer
     records: list[dict] = field(default_factory=list)  # set kinds: files verified so far
     sizes: dict[str, int] = field(default_factory=dict)  # set kinds: files in NAME.partial/
@@ -114,6 +114,7 @@ class Destination:
             "manifest": probes.Probe(f"cat -- {q(self.manifest)} 2>/dev/null", _json_dict),
             "free": probes.free_bytes(self.directory),
         }
+        named["final"] = probes.file_stat(self.path)
         if self.is_set:
             named["records"] = probes.Probe(
                 f"cat -- {q(self.partial)}.jsonl 2>/dev/null", _json_lines
@@ -124,7 +125,6 @@ class Destination:
                 _sizes,
             )
         else:
-            named["final"] = probes.file_stat(self.path)
             named["partial"] = probes.file_stat(self.partial)
         return named
 
@@ -153,7 +153,9 @@ class Destination:
     def matches(self, state: DestinationState, identity: Identity, members: tuple) -> bool:
         if not matches(state.manifest, identity, self.kind, members):
             return False
-        return state.final_size == identity.size if self.kind == "file" else True
+        if self.kind == "file":
+            return state.final_size == identity.size
+        return state.final_size is not None  # the directory is there
 
     def resume_offset(self, state: DestinationState, member: Member) -> int | None:
         """None: this member is already verified here; else the bytes to resume from."""
@@ -234,7 +236,7 @@ def staged_status(inventory: Inventory, host: str, infos: list) -> dict[int, str
     side = RemoteSide(Host(inventory, host))
     checks = {}
     for info in infos:
-        kind: Kind = "directory" if info.members else "file"
+        kind: Kind = "directory" if info.directory else "file"
         full = Destination(side, staged_path(inventory, host, info.step, kind), kind)
         extracted = staged_path(inventory, host, info.step, "extracted")
         weights = Destination(side, extracted, "extracted")

@@ -288,6 +288,8 @@ class Pipe:
 
     def cancel(self) -> None:
         """Stop both before they wrote anything (gated) or whatever they were doing."""
+        if not self.gated and self.source.poll() is not None and self.dest.poll() is not None:
+            return
         for proc in (self.source, self.dest):
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -299,6 +301,7 @@ class Pipe:
         _wait(self.source, 5)
         _wait(self.dest, 5)
         self._files.close()
+        self.gated = False  # nothing waits at the gate any more: a second cancel is a no-op
 
     def run(self, total: int, on_progress: ProgressCallback | None = None) -> Moved:
         """Splice the source's stdout into the destination's stdin until the source ends.

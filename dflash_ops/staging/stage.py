@@ -21,11 +21,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from dflash_ops.core.errors import CheckpointError, InventoryError, TransferError
+from dflash_ops.core.errors import CheckpointError, InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
-from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, Result
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
 from dflash_ops.staging.catalog import (
     STABLE_AFTER_S,
@@ -35,7 +34,6 @@ from dflash_ops.staging.catalog import (
 )
 from dflash_ops.staging.destination import Destination, DestinationState, staged_path
 from dflash_ops.staging.disk import Margin, SpaceCheck, margin_of, space_check
-from dflash_ops.staging.lock import DestinationLock
 from dflash_ops.staging.manifest import Identity, Kind, Member, file_manifest, set_manifest
 from dflash_ops.staging.payload import (
     Payload,
@@ -45,20 +43,15 @@ from dflash_ops.staging.payload import (
     weights_of_directory,
 )
 from dflash_ops.staging.relay import (
-    Moved,
     Pipe,
     ProgressCallback,
-    RelayState,
-    digest_in,
     gated,
-    hash_file,
-    hash_stdin,
     sink,
-    stderr_reason,
 )
 from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
-from dflash_ops.staging.sources import Described, Source, TrainerFiles, Via
+from dflash_ops.staging.sources import Described, TrainerFiles, Via
 from dflash_ops.staging.strip import TrainerExtraction, Unavailable
+from dflash_ops.staging.transfer import checked, copy_members, verify_staged
 
 
 @dataclass
@@ -192,6 +185,8 @@ def stage(
         identity = Identity(inventory.trainer_name, path, found.size, found.mtime, step)
         pull = inventory if options.via == "pull" else None
         payload = trainer_payload(identity, found, reader, pull)
+        if context.head is not None and payload.kind != "file":
+            context.head.cancel()  # the guess was wrong: a directory
         if options.weights_only:
             payload = _weights_only(payload, names, context, cleanup)
         return _deliver_all(payload, names, context)
@@ -341,12 +336,13 @@ def _deliver_started(
         records = _verified(payload, dest, state, todo)
         if dest.is_set:
             prepare = dest.prepare_command(payload.members, fresh=not options.resume)
-            _checked(lock.run(prepare), dest, "preparing the copy")
-        moved = _copy_members(payload, dest, todo, lock, early, options)
+            checked(lock.run(prepare), dest, "preparing the copy")
+        progress = (options.on_progress, options.progress_factory)
+        moved = copy_members(payload, dest, todo, lock, early, progress)
         records += moved.records
         payload.require_unchanged()
         manifest = _manifest(payload, dest, records)
-        _checked(lock.run(dest.promote_command(manifest)), dest, "promoting the copy")
+        checked(lock.run(dest.promote_command(manifest)), dest, "promoting the copy")
     options.report(
         f"{dest}: staged and verified (sha256 {manifest['sha256'][:16]}…, "
         f"{format_bytes(moved.count)} moved)"
@@ -385,7 +381,7 @@ def _already(
 ) -> StagedCheckpoint:
     sha = state.manifest["sha256"]
     if options.verify:
-        _verify_staged(payload, dest, state.manifest)
+        verify_staged(payload, dest, state.manifest)
     options.report(
         f"{dest}: already staged (sha256 {sha[:16]}…{', verified again' if options.verify else ''})"
     )
@@ -469,196 +465,3 @@ def _manifest(payload: Payload, dest: Destination, records: list[dict]) -> dict:
     if dest.kind == "file":
         return file_manifest(payload.identity, records[0]["sha256"], via)
     return set_manifest(payload.identity, dest.kind, records, via, payload.extra)
-
-
-def _checked(result: Result, dest: Destination, what: str) -> Result:
-    if result.exit_code != 0:
-        raise TransferError(f"{dest}: {what} failed: {stderr_reason(result.stdout)}")
-    return result
-
-
-# --- moving the members ---------------------------------------------------------------------
-
-
-@dataclass
-class _Moved:
-    count: int = 0
-    records: list[dict] = field(default_factory=list)
-
-
-def _copy_members(
-    payload: Payload,
-    dest: Destination,
-    todo: list[tuple[Member, int]],
-    lock: DestinationLock,
-    early: Pipe | None,
-    options: StageOptions,
-) -> _Moved:
-    """Move every member still to move; each verified one is finished at once (a set's file
-    gets its final name and resume record), so a later interruption keeps it."""
-    total = sum(member.size - offset for member, offset in todo)
-    progress = _SetProgress(options, str(dest), total)
-    moved = _Moved()
-    for member, offset in todo:
-        pipe, early = (early, None) if early is not None else (None, None)
-        sha, count = _transfer(payload, member, dest, offset, lock, pipe, progress.callback())
-        moved.count += count
-        progress.advance(count)
-        record = {**member.record(), "sha256": sha}
-        moved.records.append(record)
-        done = dest.member_done_command(member, record)
-        if done is not None:
-            _checked(lock.run(done), dest, f"finishing {member.name}")
-    return moved
-
-
-class _SetProgress:
-    """One progress total over every file of a copy (what the callbacks see)."""
-
-    def __init__(self, options: StageOptions, label: str, total: int) -> None:
-        self.base, self.total = 0, total
-        self.callbacks = [c for c in (options.on_progress,) if c is not None]
-        if options.progress_factory is not None:
-            self.callbacks.insert(0, options.progress_factory(label, total))
-
-    def callback(self) -> ProgressCallback | None:
-        if not self.callbacks:
-            return None
-
-        def report(state: RelayState) -> None:
-            overall = RelayState(
-                self.base + state.done, self.total, state.source, state.destination
-            )
-            for callback in self.callbacks:
-                callback(overall)
-
-        return report
-
-    def advance(self, count: int) -> None:
-        self.base += count
-
-
-def _transfer(
-    payload: Payload,
-    member: Member,
-    dest: Destination,
-    offset: int,
-    lock: DestinationLock,
-    pipe: Pipe | None,
-    on_progress: ProgressCallback | None,
-) -> tuple[str, int]:
-    """Move one member's bytes, check the stream ended cleanly and the trainer's file did not
-    change, and return the verified sha256 and the bytes moved. The partial is kept when the
-    stream breaks, removed when what arrived cannot be right."""
-    fresh = offset == 0
-    partial = dest.writes_to(member)
-    remaining = member.size - offset
-    with payload.opened(member) as source:
-        if pipe is None:
-            pipe = Pipe(
-                source.side.argv(source.command(offset, hashed=fresh)),
-                dest.side.argv(sink(partial, append=not fresh, hashed=fresh)),
-                gated=False,
-            )
-        moved = pipe.run(remaining, on_progress)
-        _require_clean_end(moved, source, dest, partial, offset, member.size)
-
-        def discard(reason: str) -> TransferError:
-            lock.run(dest.discard_command(member))
-            return TransferError(reason)
-
-        now = payload.after_read(member, moved.source_stat)
-        if payload.reader is not None and (
-            now is None or (now.size, now.mtime) != (member.size, member.mtime)
-        ):
-            raise discard(
-                f"{source.description} changed during the transfer (size/mtime "
-                f"{member.size}/{member.mtime} → {now.size if now else 'gone'}/"
-                f"{now.mtime if now else '-'}); not promoted, partial removed. Wait until the "
-                f"trainer has finished writing it, then rerun."
-            )
-        if moved.count != remaining:
-            raise discard(
-                f"{source.description} sent {moved.count} bytes, expected {remaining}; not "
-                f"promoted, partial removed. Rerun to stage again."
-            )
-        if fresh:
-            source_sha, dest_sha = moved.source_digest, moved.dest_digest
-        else:
-            source_sha, dest_sha = _hash_both(source, dest.side, partial)
-    if not source_sha or source_sha != dest_sha:
-        raise discard(
-            f"{dest}: verification failed: sha256 at the source {source_sha}, of what "
-            f"{dest.side.name} holds {dest_sha}. The partial was corrupt and has been "
-            f"removed; rerun to transfer from scratch."
-        )
-    if member.sha256 and source_sha != member.sha256:
-        raise discard(
-            f"{dest}: sha256 {source_sha} of {member.name} differs from the {member.sha256} "
-            f"it had where it came from; the partial was removed. Rerun to transfer again."
-        )
-    return source_sha, moved.count
-
-
-def _require_clean_end(
-    moved: Moved, source: Source, dest: Destination, partial: str, offset: int, size: int
-) -> None:
-    kept = f"The partial {partial} is kept: rerun to resume."
-    if moved.dest_rc != 0:
-        reason = stderr_reason(moved.dest_err)
-        raise TransferError(
-            f"{dest.side.name}: writing {partial} failed after "
-            f"{format_bytes(offset + moved.count)} of {format_bytes(size)} "
-            f"(exit {moved.dest_rc}: {reason}). "
-            + ("Free space there, then rerun to resume." if "No space" in reason else kept)
-        )
-    if moved.source_rc != 0 or moved.count < size - offset:
-        raise TransferError(
-            f"{source.side.name}: the stream of {source.description} ended after "
-            f"{format_bytes(moved.count)} of {format_bytes(size - offset)} "
-            f"(exit {moved.source_rc}: {stderr_reason(moved.source_err)}). {kept}"
-        )
-
-
-def _hash_both(source: Source, side: Side, path: str) -> tuple[str | None, str | None]:
-    """Whole-file sha256 at both ends, in parallel (after a resume, or for --verify)."""
-
-    def at_source() -> str | None:
-        out = source.side.run(
-            f"set -o pipefail; {{ {source.read(0)}; }} | {{ {hash_stdin()}; }}", check=False
-        )
-        return digest_in(out.stdout)
-
-    def at_dest() -> str | None:
-        return digest_in(side.run(hash_file(path), check=False).stdout)
-
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.submit(at_source), pool.submit(at_dest)
-        return a.result(), b.result()
-
-
-def _verify_staged(payload: Payload, dest: Destination, manifest: dict) -> None:
-    """--verify: hash the staged copy again (and the source, for a file) against the manifest."""
-    recorded = manifest["sha256"]
-    if dest.kind == "file":
-        source_sha, dest_sha = _hash_both(payload.source(payload.members[0]), dest.side, dest.path)
-        if not (source_sha == dest_sha == recorded):
-            raise TransferError(
-                f"{dest}: --verify failed: source sha256 {source_sha}, staged file {dest_sha}, "
-                f"manifest {recorded}. Remove {dest.manifest} and rerun to stage again."
-            )
-        return
-    files = manifest.get("files", [])
-    probe = probes.together(
-        **{
-            f"f{index}": probes.Probe(hash_file(f"{dest.path}/{record['name']}"), digest_in)
-            for index, record in enumerate(files)
-        }
-    )
-    found = probe.parse(dest.side.run(probe.command).stdout)
-    wrong = [r["name"] for i, r in enumerate(files) if found[f"f{i}"] != r["sha256"]]
-    if wrong:
-        raise TransferError(
-            f"{dest}: --verify failed: {', '.join(wrong)} no longer match(es) the manifest. "
-            f"Remove {dest.manifest} and rerun to stage again."
-        )

@@ -42,7 +42,7 @@ def checkpoints_table(inventory: Inventory) -> Table:
         except HostError as exc:
             staged[name] = {info.step: f"[red]? {exc}[/]" for info in infos}
     for info in infos:
-        files = f" ({len(info.members)} files)" if info.is_directory else ""
+        files = f" ({len(info.members)} files)" if info.directory else ""
         table.add_row(
             str(info.step),
             format_bytes(info.size) + files,
