@@ -183,7 +183,7 @@ def test_two_hop_fans_a_directory_out_from_its_verified_local_copy(make_lab):
     assert all(r.already for r in stage(inventory, STEP, options=options()))
 
 
-def test_weights_only_of_a_directory_leaves_the_optimizer_state_behind(directory_lab):
+def test_weights_only_of_a_directory_leaves_the_optimizer_state_behind(directory_lab, fab):
     lab, inventory = directory_lab
     (result,) = stage(inventory, STEP, options=options(weights_only=True))
     staged = step_dir(lab) / "extracted"
@@ -198,6 +198,9 @@ def test_weights_only_of_a_directory_leaves_the_optimizer_state_behind(directory
     optimizer = (source_dir(lab) / "optimizer.pt").stat().st_size
     assert result.moved == result.size == result.source_size - optimizer
     assert staged_status(inventory, "eval", list_checkpoints(inventory))[STEP] == "weights"
+    again = fab(lab.inventory_path, "stage-checkpoint", "--step", str(STEP), "--weights-only")
+    assert again.returncode == 0, again.stderr
+    assert "already staged" in again.stdout and "66% not moved" in again.stdout
 
 
 # --- weights only from a training checkpoint ------------------------------------------------

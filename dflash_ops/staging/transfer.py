@@ -121,6 +121,12 @@ def _transfer(
     fresh = offset == 0
     partial = dest.writes_to(member)
     remaining = member.size - offset
+
+    def discard(reason: str) -> TransferError:
+        """What arrived cannot be right: remove it, and say why."""
+        lock.run(dest.discard_command(member))
+        return TransferError(reason)
+
     with payload.opened(member) as source:
         if pipe is None:
             pipe = Pipe(
@@ -130,10 +136,6 @@ def _transfer(
             )
         moved = pipe.run(remaining, on_progress)
         _require_clean_end(moved, source, dest, partial, offset, member.size)
-
-        def discard(reason: str) -> TransferError:
-            lock.run(dest.discard_command(member))
-            return TransferError(reason)
 
         now = payload.after_read(member, moved.source_stat)
         if payload.reader is not None and (
