@@ -10,7 +10,7 @@ from dflash_ops.staging.catalog import parse_listing
 from dflash_ops.staging.destination import Destination
 from dflash_ops.staging.manifest import Identity, Member, matches, set_digest, set_manifest
 from dflash_ops.staging.sides import LocalSide
-from dflash_ops.staging.strip import harness_keys, weight_members
+from dflash_ops.staging.strip import HARNESS_LOADERS, harness_keys, weight_members
 
 IDENTITY = Identity("trainer", "/ckpt/checkpoint-4000", 300, 1700000000, 4000)
 FILES = (Member("config.json", 100, 1700000000), Member("model.safetensors", 200, 1699999999))
@@ -85,11 +85,11 @@ def test_a_directorys_weight_files():
     assert [m.name for m in kept] == names[:3]
 
 
-def test_the_trainer_script_uses_the_harness_definitions_of_the_weights():
-    from dflash_eval import loaders
+def test_the_trainer_script_uses_the_deployed_harness_definitions_of_the_weights():
+    from dflash_ops import provision
 
+    assert HARNESS_LOADERS == provision.HARNESS_SOURCE / "loaders.py"
     keys = harness_keys()
-    assert keys["state_dict_keys"] == loaders.STATE_DICT_KEYS
-    assert keys["metadata_keys"] == loaders.METADATA_KEYS
-    assert keys["prefixes"] == loaders.PREFIXES
-    assert keys["marker"] == loaders.EXTRACT_MARKER
+    assert "model_state_dict" in keys["state_dict_keys"]
+    assert "module." in keys["prefixes"] and "optimizer_state_dict" not in keys["metadata_keys"]
+    assert keys["marker"] == "dflash_extract.json"  # what the harness's loader looks for

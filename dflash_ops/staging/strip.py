@@ -32,8 +32,15 @@ from dflash_ops.staging.sources import TrainerFiles
 
 # A directory checkpoint's files that hold the drafter: what the harness reads.
 WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json")
-# Where the harness defines what the weights of a training checkpoint are.
-HARNESS_LOADERS = Path(dflash_eval.__file__).resolve().parent / "loaders.py"
+# Where the harness defines what the weights of a training checkpoint are: in the source tree
+# that is deployed to the eval hosts (as dflash_ops.provision.HARNESS_SOURCE), else in the
+# installed package.
+_SOURCE_TREE = Path(__file__).resolve().parents[2] / "remote" / "dflash_eval" / "loaders.py"
+HARNESS_LOADERS = (
+    _SOURCE_TREE
+    if _SOURCE_TREE.is_file()
+    else Path(dflash_eval.__file__).resolve().parent / "loaders.py"
+)
 _HARNESS_NAMES = {
     "state_dict_keys": "STATE_DICT_KEYS",
     "metadata_keys": "METADATA_KEYS",
