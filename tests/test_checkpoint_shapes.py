@@ -203,6 +203,16 @@ def test_weights_only_of_a_directory_leaves_the_optimizer_state_behind(directory
     assert "already staged" in again.stdout and "66% not moved" in again.stdout
 
 
+def test_weights_only_through_the_workstation_copy(directory_lab):
+    lab, inventory = directory_lab
+    workstation, on_eval = stage(inventory, STEP, options=options(two_hop=True, weights_only=True))
+    assert workstation.host == "workstation" and on_eval.host == "eval"
+    local = lab.workstation_dir / "staging" / f"step_{STEP}" / "extracted"
+    assert files_of(local) == files_of(step_dir(lab) / "extracted")
+    assert "optimizer.pt" not in files_of(local)
+    assert workstation.sha256 == on_eval.sha256 and on_eval.kind == "extracted"
+
+
 # --- weights only from a training checkpoint ------------------------------------------------
 
 
@@ -215,6 +225,8 @@ def models_lab(make_lab):
 
 def test_weights_only_without_torch_on_the_trainer_stages_the_whole_file(models_lab):
     lab, inventory = models_lab
+    (plan,) = stage(inventory, STEP, options=options(weights_only=True, dry_run=True))
+    assert plan.plan[0].size == lab.checkpoint_path(STEP).stat().st_size  # an upper bound
     notes: list[str] = []
     (result,) = stage(inventory, STEP, options=options(notes, weights_only=True))
     assert any("cannot extract" in n and "No module named 'torch'" in n for n in notes), notes

@@ -245,8 +245,14 @@ def _weights_only(
     inventory, options, identity = context.inventory, context.options, payload.identity
     hosts = [LocalSide.name] if options.two_hop else names
     targets = [_destination(inventory, host, identity.step, "extracted") for host in hosts]
-    if all(dest.matches(dest.state(), identity, ()) for dest in targets) or options.dry_run:
+    if all(dest.matches(dest.state(), identity, ()) for dest in targets):
         return extracted_payload(payload, None)
+    if options.dry_run:
+        options.report(
+            "--weights-only (dry run): the trainer would extract the weights first; the plan "
+            "shows the whole checkpoint, an upper bound of what moves"
+        )
+        return payload
     python = inventory.trainer.python
     outcome = cleanup.enter_context(TrainerExtraction(payload.reader, payload.root, python))
     if isinstance(outcome, Unavailable):
