@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dflash_ops.core.errors import InventoryError
@@ -170,7 +171,7 @@ class Destination:
 
     # --- writing (under the lock) ---------------------------------------------------------
 
-    def locked(self, note) -> DestinationLock:
+    def locked(self, note: Callable[[str], None]) -> DestinationLock:
         """The lock for this copy (a gone holder's writers are found by the partials); it
         reads the state again as soon as it is taken (`locked_state`)."""
         held = glob_literal(self.partial) + ("/*" if self.is_set else "")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from dflash_ops.core.errors import CheckpointError, TransferError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.remote.probes import FileStat
 from dflash_ops.staging.manifest import Identity, Kind, Member
 from dflash_ops.staging.sides import LocalSide
 from dflash_ops.staging.sources import Described, Pulled, Source, TrainerFiles, plain_source
@@ -56,7 +57,7 @@ class Payload:
         with Pulled(self.pull, self.path_of(member)) as pulled:
             yield pulled
 
-    def after_read(self, member: Member, streamed_stat):
+    def after_read(self, member: Member, streamed_stat: FileStat | None) -> FileStat | None:
         """The trainer's file as it is after the transfer (a pull read a copy: ask again);
         None for the workstation's copy, which is checked by its sha256 instead."""
         if self.reader is None:
