@@ -62,6 +62,8 @@ def main() -> None:
         run(built, size, args.runs, args.via)
     finally:
         problems = built.down()
+        if not problems:
+            root.parent.rmdir()  # the mkdtemp directory the lab was in
         print("lab removed" if not problems else f"lab-down problems: {problems}")
 
 
