@@ -143,6 +143,8 @@ def list_checkpoints(c, inventory=None):
         "verify": "recompute sha256 on both ends even when already staged",
         "margin": "free space to keep beyond the bytes written, e.g. 2g (default: the "
         "inventory's transfer.margin / margin_fraction)",
+        "weights_only": "move only the drafter weights: extracted on the trainer with its own "
+        "python/torch (or a directory's weight files); the whole file if it cannot",
     }
 )
 def stage_checkpoint(
@@ -157,6 +159,7 @@ def stage_checkpoint(
     no_resume=False,
     verify=False,
     margin=None,
+    weights_only=False,
     inventory=None,
 ):
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
@@ -174,6 +177,7 @@ def stage_checkpoint(
         resume=not no_resume,
         verify=verify,
         margin=margin,
+        weights_only=weights_only,
     )
 
 

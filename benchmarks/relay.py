@@ -6,9 +6,13 @@ of `--size` (default 1 GiB), and alternates runs of
     raw:    ssh trainer cat FILE | ssh eval 'cat > FILE'      (the same ssh argv)
     stage:  staging.stage.stage(step, via=rootfs, no resume)    (in-stream sha256 both ends)
 
-printing each run, both median throughputs and their ratio; then a resume after killing the
-source at ~50 %, with the bytes the resume moved. The lab is removed at the end, even on
-failure. Run: `.venv/bin/python benchmarks/relay.py [--runs 3] [--size 1g]`.
+in pairs, the order flipping each pair, so that the noise of a shared machine hits both
+alike. Prints each pair (and its ratio), a resume after killing the source at ~50 % with the
+bytes the resume moved, then the spread of the pairs' ratios and, last, the whole-task ratio:
+median raw time / median stage time. A stage's relay phase runs from the start of its ssh
+processes (which start early, gated, while the control steps run) to its last byte. The lab
+is removed at the end, even on failure.
+Run: `.venv/bin/python benchmarks/relay.py [--runs 5] [--size 1g]`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.units import format_bytes, parse_size
 from dflash_ops.remote.connection import Host
-from dflash_ops.staging import stage as staging
+from dflash_ops.staging import relay
 from dflash_ops.staging.destination import staged_path
 from dflash_ops.staging.stage import StageOptions, stage
 
@@ -38,7 +42,7 @@ STEP = 4000
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--size", default="1g")
     parser.add_argument("--via", default="rootfs", choices=["rootfs", "stream"])
     args = parser.parse_args()
@@ -58,7 +62,42 @@ def main() -> None:
         run(built, size, args.runs, args.via)
     finally:
         problems = built.down()
+        if not problems:
+            root.parent.rmdir()  # the mkdtemp directory the lab was in
         print("lab removed" if not problems else f"lab-down problems: {problems}")
+
+
+class RelayClock:
+    """Times every transfer of a stage from the start of its ssh processes (their handshakes,
+    as in the raw pipe) to its last byte: what is left of a stage is the control steps that
+    did not overlap it."""
+
+    def __init__(self) -> None:
+        self.spans: list[float] = []
+        born, run = relay.Pipe.__init__, relay.Pipe.run
+        clock = self
+
+        def stamped(pipe, *args, **kwargs):
+            pipe.born = time.monotonic()
+            born(pipe, *args, **kwargs)
+
+        def timed(pipe, *args, **kwargs):
+            try:
+                return run(pipe, *args, **kwargs)
+            finally:
+                clock.spans.append(time.monotonic() - pipe.born)
+
+        relay.Pipe.__init__, relay.Pipe.run = stamped, timed
+
+
+def raw_pipe(trainer: Host, evalhost: Host, source: Path, target: Path, size: int) -> float:
+    started = time.monotonic()
+    reader = subprocess.Popen(trainer.ssh_argv(f"cat {source}"), stdout=subprocess.PIPE)
+    writer = subprocess.Popen(evalhost.ssh_argv(f"cat > {target}"), stdin=reader.stdout)
+    reader.stdout.close()
+    if writer.wait() or reader.wait() or target.stat().st_size != size:
+        raise SystemExit("the raw pipe failed")
+    return time.monotonic() - started
 
 
 def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
@@ -67,52 +106,54 @@ def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
     source = built.checkpoint_path(STEP)
     raw_target = built.data_dir("eval") / "raw.bin"
     staged = Path(staged_path(inventory, "eval", STEP))
-    moving: list[float] = []
-    real_move = staging.move
-
-    def timed_move(*args, **kwargs):
-        started = time.monotonic()
-        try:
-            return real_move(*args, **kwargs)
-        finally:
-            moving.append(time.monotonic() - started)
-
-    staging.move = timed_move
+    clock = RelayClock()
     quiet = {"report": lambda message: None, "margin": "64m", "via": via, "resume": False}
 
     def clear() -> None:
         for path in (raw_target, staged, staged.with_name(staged.name + ".manifest.json")):
             path.unlink(missing_ok=True)
 
-    raw_times, stage_times = [], []
-    for index in range(runs):
-        clear()
-        started = time.monotonic()
-        reader = subprocess.Popen(trainer.ssh_argv(f"cat {source}"), stdout=subprocess.PIPE)
-        writer = subprocess.Popen(evalhost.ssh_argv(f"cat > {raw_target}"), stdin=reader.stdout)
-        reader.stdout.close()
-        if writer.wait() or reader.wait() or raw_target.stat().st_size != size:
-            raise SystemExit("the raw pipe failed")
-        raw_times.append(time.monotonic() - started)
-        clear()
+    def staged_once() -> float:
         started = time.monotonic()
         (result,) = stage(inventory, STEP, options=StageOptions(**quiet))
-        stage_times.append(time.monotonic() - started)
         assert result.moved == size and not result.already
+        return time.monotonic() - started
+
+    raw_times, stage_times, relay_times = [], [], []
+    for index in range(runs):
+        order = ("raw", "stage") if index % 2 == 0 else ("stage", "raw")
+        for which in order:
+            clear()
+            if which == "raw":
+                raw_times.append(raw_pipe(trainer, evalhost, source, raw_target, size))
+            else:
+                stage_times.append(staged_once())
+                relay_times.append(clock.spans[-1])
         print(
-            f"run {index + 1}: raw {rate(size, raw_times[-1])}  "
-            f"stage {rate(size, stage_times[-1])} (bytes moving {rate(size, moving[-1])}, "
-            f"control {stage_times[-1] - moving[-1]:.1f} s)",
+            f"pair {index + 1} ({order[0]} first): raw {rate(size, raw_times[-1])}  "
+            f"stage {rate(size, stage_times[-1])} (bytes moving "
+            f"{rate(size, relay_times[-1])}, other {stage_times[-1] - relay_times[-1]:.2f} s)"
+            f"  ratio {raw_times[-1] / stage_times[-1]:.3f}",
             flush=True,
         )
-    raw, whole, relay = (statistics.median(t) for t in (raw_times, stage_times, moving))
+    resume_line(inventory, staged, size, quiet, clear)
+    ratios = sorted(r / s for r, s in zip(raw_times, stage_times, strict=True))
+    control = [s - m for s, m in zip(stage_times, relay_times, strict=True)]
+    raw, whole, moving = (statistics.median(t) for t in (raw_times, stage_times, relay_times))
     print(f"\nraw ssh|ssh pipe     : {rate(size, raw)}")
-    print(f"stage-checkpoint     : {rate(size, whole)}   ratio {raw / whole:.2f}")
     print(
-        f"  its relay phase    : {rate(size, relay)}   ratio {raw / relay:.2f} "
-        f"(without the control round trips)"
+        f"  its relay phase    : {rate(size, moving)}   ratio {raw / moving:.3f} "
+        "(ssh start to last byte)"
     )
+    print(
+        f"pair ratios          : min {ratios[0]:.3f}  median {statistics.median(ratios):.3f}  "
+        f"max {ratios[-1]:.3f}; control outside the relay phase "
+        f"{min(control):.2f}–{max(control):.2f} s"
+    )
+    print(f"stage-checkpoint     : {rate(size, whole)}   whole-task ratio {raw / whole:.3f}")
 
+
+def resume_line(inventory, staged: Path, size: int, quiet: dict, clear) -> None:
     clear()
     killed_at: list[int] = []
 

@@ -95,6 +95,8 @@ class TrainerHost(_SshHost):
     complete_marker: StepPattern | None = None  # relative to `checkpoints`, e.g. step_{step}/DONE
     tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
     drafter: DrafterProfile | None = None  # how to read this trainer's checkpoints
+    # The training environment's interpreter (with its torch): --weights-only extracts with it.
+    python: str = "python3"
 
 
 class VenvSpec(Strict):

@@ -114,6 +114,7 @@ class Host:
         try:
             self.connection.open()
             self.connection.transport.set_keepalive(self.inventory.transfer.keepalive)
+            _no_delay(self.connection.transport.sock)
         except paramiko.BadHostKeyException as exc:
             self._forget_connection()
             raise HostKeyError(
@@ -261,6 +262,13 @@ def each_eval_host(
             yield host, inventory.eval_hosts[host_name]
         finally:
             host.close()
+
+
+def _no_delay(sock: object) -> None:
+    """Send small control messages at once: with Nagle's algorithm each request/answer
+    waits for the peer's delayed ACK (40 ms a round trip). A ProxyCommand is no socket."""
+    if isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _os_reason(exc: BaseException) -> str:

@@ -1,8 +1,10 @@
 """The trainer's checkpoints: which steps exist, their size and time, and which are complete.
 
-One `stat` over the layout's glob in the training environment (host or container) lists
-them; a file is complete when the inventory's marker exists, else when its size stops
-changing.
+A step's checkpoint is a file (`step_{step}/checkpoint.pt`) or a directory (`checkpoint-{step}`:
+a Hugging Face directory, sharded safetensors, …). One command over the layout's glob in the
+training environment (host or container) lists them, a directory with every file in it (its
+size is their total, its mtime the newest); a checkpoint is complete when the inventory's
+marker exists, else when its size stops changing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dflash_ops.core.errors import CheckpointError, InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
+from dflash_ops.staging.manifest import Member
 from dflash_ops.staging.relay import stderr_reason
 
 STABLE_AFTER_S = 2  # a file untouched this long is not being written
@@ -29,6 +32,12 @@ class CheckpointInfo:
     size: int
     mtime: int
     complete: bool
+    directory: bool = False  # a directory checkpoint (else a single file)
+    members: tuple[Member, ...] = ()  # a directory's files
+
+
+# What one scan finds per step: total size, newest mtime, a directory's files (None: a file).
+Found = tuple[int, int, tuple[Member, ...] | None]
 
 
 def checkpoint_path(inventory: Inventory, step: int) -> str:
@@ -52,14 +61,39 @@ def _glob_and_regex(pattern: str) -> tuple[str, re.Pattern]:
     return glob, re.compile(re.escape(before) + r"(\d+)" + re.escape(after) + "$")
 
 
-def _scan(inventory: Inventory) -> tuple[int, dict[int, tuple[int, int]], set[int]]:
-    """One look at the checkpoint dir: remote time, {step: (size, mtime)}, steps with marker."""
+def list_directory_command(quoted_dir: str) -> str:
+    """Every file under a directory, one 'f SIZE MTIME ./NAME' line each."""
+    return f"(cd -- {quoted_dir} && find . -type f -exec stat -c 'f %s %Y %n' {{}} +)"
+
+
+def parse_listing(lines: list[str], where: str) -> tuple[Member, ...]:
+    """'f SIZE MTIME ./NAME' lines → the directory's files, by name. A name that would leave
+    the directory is refused (it would name a path outside the staged copy)."""
+    members = []
+    for line in lines:
+        _, size, mtime, name = line.split(" ", 3)
+        name = name.removeprefix("./")
+        if name.startswith("/") or ".." in name.split("/"):
+            raise CheckpointError(
+                f"{where}: refusing the file name {name!r} (leaves its directory)"
+            )
+        members.append(Member(name, int(size), int(mtime)))
+    return tuple(sorted(members, key=lambda m: m.name))
+
+
+def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
+    """One look at the checkpoint dir: remote time, {step: found}, steps with marker."""
     trainer = inventory.trainer
     env = environment_of(trainer.container)
     glob, regex = _glob_and_regex(trainer.layout)
+    each = (  # a directory: its header line, then its files; a file: its stat
+        'if [ -d "$p" ]; then printf \'D 0 0 %s\\n\' "$p"; '
+        + list_directory_command('"$p"')
+        + "; else stat -c 'F %s %Y %n' -- \"$p\"; fi"
+    )
     command = (
         f"cd -- {shlex.quote(env.host_path(trainer.checkpoints))} || exit 3; date +%s; "
-        f"stat -c 'F %s %Y %n' -- {glob} 2>/dev/null"
+        f'for p in {glob}; do [ -e "$p" ] || continue; {each}; done 2>/dev/null'
     )
     marker_regex = None
     if trainer.complete_marker:
@@ -79,15 +113,34 @@ def _scan(inventory: Inventory) -> tuple[int, dict[int, tuple[int, int]], set[in
         )
     lines = result.stdout.splitlines()
     now = int(lines[0])
-    files: dict[int, tuple[int, int]] = {}
+    found: dict[int, Found] = {}
     markers: set[int] = set()
+    directory: tuple[int, list[str]] | None = None  # (step, its file lines) being read
+
+    def close_directory() -> None:
+        if directory is not None:
+            step, listing = directory
+            members = parse_listing(listing, f"{host.name}:{checkpoint_path(inventory, step)}")
+            size = sum(m.size for m in members)
+            found[step] = (size, max((m.mtime for m in members), default=0), members)
+
     for line in lines[1:]:
         kind, size, mtime, name = line.split(" ", 3)
-        if kind == "F" and (match := regex.match(name)):
-            files[int(match.group(1))] = (int(size), int(mtime))
+        if kind == "f":
+            if directory is not None:
+                directory[1].append(line)
+            continue
+        close_directory()
+        directory = None
+        if kind in "FD" and (match := regex.match(name)):
+            if kind == "D":
+                directory = (int(match.group(1)), [])
+            else:
+                found[int(match.group(1))] = (int(size), int(mtime), None)
         elif kind == "M" and marker_regex and (match := marker_regex.match(name)):
             markers.add(int(match.group(1)))
-    return now, files, markers
+    close_directory()
+    return now, found, markers
 
 
 def list_checkpoints(inventory: Inventory) -> list[CheckpointInfo]:
@@ -96,7 +149,7 @@ def list_checkpoints(inventory: Inventory) -> list[CheckpointInfo]:
     looked at again after STABLE_WINDOW_S)."""
     now, files, markers = _scan(inventory)
     uses_marker = inventory.trainer.complete_marker is not None
-    recent = [s for s, (_, mtime) in files.items() if now - mtime < STABLE_AFTER_S]
+    recent = [s for s, (_, mtime, _) in files.items() if now - mtime < STABLE_AFTER_S]
     unstable: set[int] = set()
     if recent and not uses_marker:
         time.sleep(STABLE_WINDOW_S)
@@ -110,8 +163,10 @@ def list_checkpoints(inventory: Inventory) -> list[CheckpointInfo]:
             size,
             mtime,
             (step in markers) if uses_marker else step not in unstable,
+            members is not None,
+            members or (),
         )
-        for step, (size, mtime) in sorted(files.items())
+        for step, (size, mtime, members) in sorted(files.items())
     ]
 
 

@@ -1,68 +1,67 @@
-"""Where a staged checkpoint lives, what it is a copy of, and how it is promoted.
+"""Where a staged copy lives on one side, how its state is read, and how it is promoted.
 
 Staged layout on an eval host (and in the workstation's `local.staging` in two-hop mode):
 
-    {staging}/step_{N}/checkpoint.pt                 the verified file
+    {staging}/step_{N}/checkpoint.pt                 a single-file checkpoint, verified
     {staging}/step_{N}/checkpoint.pt.manifest.json   source host/path, size, mtime, sha256
     {staging}/step_{N}/checkpoint.pt.partial         an unfinished transfer (resumable)
     {staging}/step_{N}/.checkpoint.pt.lock           flock of the stage in progress
+    {staging}/step_{N}/checkpoint/                   a directory checkpoint (all its files)
+    {staging}/step_{N}/extracted/                    the drafter weights alone (--weights-only)
 
-A staged file is "already staged" when its manifest names the same source path, size and
-mtime as the trainer's file now, and the file has that size: no bytes move.
+A set (directory or extracted) is built in `NAME.partial/`: each file is written as
+`FILE.partial`, renamed to `FILE` once its sha256 verified, and recorded in
+`NAME.partial.jsonl`, so an interrupted stage resumes file by file (and inside the file it
+was writing). When every file verified, the directory is renamed to `NAME` and
+`NAME.manifest.json` written: nothing half-copied ever looks complete.
+
+Reading a destination's state is one round trip; once locked, every further control step
+(state again, a file done, promote) runs through the lock's session.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import STAGED_NAME, EvalLayout
-from dflash_ops.staging.catalog import CheckpointInfo
-from dflash_ops.staging.relay import HASHER_PROBE, LocalSide, RemoteSide, Side
+from dflash_ops.staging.lock import DestinationLock, glob_literal
+from dflash_ops.staging.manifest import Identity, Kind, Member, matches
+from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
+
+STAGED_NAMES: dict[Kind, str] = {
+    "file": STAGED_NAME,
+    "directory": "checkpoint",
+    "extracted": "extracted",
+}
 
 
-@dataclass(frozen=True)
-class Identity:
-    """What a staged copy is a copy of: the trainer's file as it was when read."""
-
-    source_host: str
-    source_path: str
-    size: int
-    mtime: int
-    step: int
-
-
-def staged_path(inventory: Inventory, host: str, step: int) -> str:
+def staged_path(inventory: Inventory, host: str, step: int, kind: Kind = "file") -> str:
+    """Where `kind` of step `step` is staged on `host` (an eval host, or the workstation)."""
     if host == LocalSide.name:
         if inventory.local.staging is None:
             raise InventoryError(f"{inventory.path}: two-hop mode needs local.staging set")
-        return f"{inventory.local.staging}/step_{step}/{STAGED_NAME}"
-    _, entry = inventory.eval_host(host)
-    return EvalLayout(entry).staged_checkpoint(step)
+        step_dir = f"{inventory.local.staging}/step_{step}"
+    else:
+        _, entry = inventory.eval_host(host)
+        step_dir = EvalLayout(entry).staged_checkpoint(step).rpartition("/")[0]
+    return f"{step_dir}/{STAGED_NAMES[kind]}"
 
 
 @dataclass
 class DestinationState:
     manifest: dict | None
-    final_size: int | None
-    partial_size: int | None
-    free: int  # bytes free where the file goes
-
-    def matches(self, identity: Identity) -> bool:
-        m = self.manifest or {}
-        return (
-            self.final_size == identity.size
-            and m.get("size") == identity.size
-            and m.get("mtime") == identity.mtime
-            and m.get("source_path") == identity.source_path
-            and m.get("source_host") == identity.source_host
-            and isinstance(m.get("sha256"), str)
-        )
+    free: int  # bytes free where the copy goes
+    final_size: int | None = None  # the staged file or directory (its inode), or None
+    partial_size: int | None = None  # file kind: the unfinished transfer
+    records: list[dict] = field(default_factory=list)  # set kinds: files verified so far
+    sizes: dict[str, int] = field(default_factory=dict)  # set kinds: files in NAME.partial/
 
 
 def _json_dict(text: str) -> dict | None:
@@ -74,67 +73,216 @@ def _json_dict(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _json_lines(text: str) -> list[dict]:
+    """Records, one JSON object a line; a torn last line (a crash while appending) is skipped."""
+    return [record for line in text.splitlines() if (record := _json_dict(line)) is not None]
+
+
+def _sizes(text: str) -> dict[str, int]:
+    """`find . -type f -exec stat -c '%s %n'` output → {relative name: size}."""
+    found = {}
+    for line in text.splitlines():
+        size, _, name = line.partition(" ")
+        if size.isdigit() and name.startswith("./"):
+            found[name[2:]] = int(size)
+    return found
+
+
 class Destination:
-    def __init__(self, side: Side, path: str) -> None:
-        self.side, self.path = side, path
+    """A staged copy of `kind` at `path` on `side`."""
+
+    def __init__(self, side: Side, path: str, kind: Kind = "file") -> None:
+        self.side, self.path, self.kind = side, path, kind
         self.partial = f"{path}.partial"
         self.manifest = f"{path}.manifest.json"
         directory, _, name = path.rpartition("/")
         self.directory = directory or "/"
-        self.lock = f"{self.directory}/.{name}.lock"
+        self.lock_path = f"{self.directory}/.{name}.lock"
 
     def __str__(self) -> str:
         return f"{self.side.name}:{self.path}"
 
-    def state(self) -> DestinationState:
-        """Manifest, both files, free space and the side's hash tool: one round trip."""
-        probe = probes.together(
-            manifest=probes.Probe(f"cat -- {shlex.quote(self.manifest)} 2>/dev/null", _json_dict),
-            final=probes.file_stat(self.path),
-            partial=probes.file_stat(self.partial),
-            free=probes.free_bytes(self.directory),
-            hasher=probes.Probe(HASHER_PROBE, str),
-        )
-        found = probe.parse(self.side.run(probe.command).stdout)
-        self.side.set_hasher(found["hasher"])
-        final, partial = found["final"], found["partial"]
+    @property
+    def is_set(self) -> bool:
+        return self.kind != "file"
+
+    # --- reading ------------------------------------------------------------------------
+
+    def state_probes(self) -> dict[str, probes.Probe]:
+        """The probes that make up the state (to combine with others in one command)."""
+        q = shlex.quote
+        named = {
+            "manifest": probes.Probe(f"cat -- {q(self.manifest)} 2>/dev/null", _json_dict),
+            "free": probes.free_bytes(self.directory),
+        }
+        named["final"] = probes.file_stat(self.path)
+        if self.is_set:
+            named["records"] = probes.Probe(
+                f"cat -- {q(self.partial)}.jsonl 2>/dev/null", _json_lines
+            )
+            named["sizes"] = probes.Probe(
+                f"cd -- {q(self.partial)} 2>/dev/null && "
+                "find . -type f -exec stat -c '%s %n' {} + 2>/dev/null",
+                _sizes,
+            )
+        else:
+            named["partial"] = probes.file_stat(self.partial)
+        return named
+
+    @staticmethod
+    def state_from(found: dict) -> DestinationState:
+        """The state from the parsed answers of `state_probes`."""
+        final, partial = found.get("final"), found.get("partial")
         return DestinationState(
             found["manifest"],
+            found["free"],
             final.size if final else None,
             partial.size if partial else None,
-            found["free"],
+            found.get("records", []),
+            found.get("sizes", {}),
         )
 
-    def promote(self, manifest: dict) -> None:
-        """Rename the verified partial into place, then write the manifest beside it."""
+    def state_probe(self) -> probes.Probe[DestinationState]:
+        together = probes.together(**self.state_probes())
+        return probes.Probe(together.command, lambda out: self.state_from(together.parse(out)))
+
+    def state(self) -> DestinationState:
+        """Manifest, partial(s) and free space: one round trip."""
+        probe = self.state_probe()
+        return probe.parse(self.side.run(probe.command, check=False).stdout)
+
+    def matches(self, state: DestinationState, identity: Identity, members: tuple) -> bool:
+        if not matches(state.manifest, identity, self.kind, members):
+            return False
+        if self.kind == "file":
+            return state.final_size == identity.size
+        return state.final_size is not None  # the directory is there
+
+    def resume_offset(self, state: DestinationState, member: Member) -> int | None:
+        """None: this member is already verified here; else the bytes to resume from."""
+        if not self.is_set:
+            partial = state.partial_size
+            return partial if partial is not None and partial <= member.size else 0
+        record = next((r for r in state.records if r.get("name") == member.name), None)
+        if record and member.same_file(record) and state.sizes.get(member.name) == member.size:
+            return None
+        partial = state.sizes.get(f"{member.name}.partial")
+        return partial if partial is not None and partial <= member.size else 0
+
+    # --- writing (under the lock) ---------------------------------------------------------
+
+    def locked(self, note: Callable[[str], None]) -> DestinationLock:
+        """The lock for this copy (a gone holder's writers are found by the partials); it
+        reads the state again as soon as it is taken (`locked_state`)."""
+        held = glob_literal(self.partial) + ("/*" if self.is_set else "")
+        first = self.state_probe().command
+        return DestinationLock(self.side, self.lock_path, (held,), note, first)
+
+    def locked_state(self, lock: DestinationLock) -> DestinationState:
+        """The state read when `lock` was taken."""
+        return self.state_probe().parse(lock.first_result.stdout)
+
+    def writes_to(self, member: Member) -> str:
+        """The partial file a member's bytes go to."""
+        return f"{self.partial}/{member.name}.partial" if self.is_set else self.partial
+
+    def prepare_command(self, members: tuple[Member, ...], *, fresh: bool) -> str:
+        """Make the directories the members' partials go to (`fresh`: after removing what an
+        earlier stage left)."""
+        q = shlex.quote
+        directories = sorted({self.writes_to(m).rpartition("/")[0] for m in members})
+        start_over = f"rm -rf -- {q(self.partial)} {q(self.partial)}.jsonl && " if fresh else ""
+        return f"{start_over}mkdir -p -- {' '.join(q(d) for d in directories)}"
+
+    def member_done_command(self, member: Member, record: dict) -> str | None:
+        """Once a member of a set verified: its final name, and its resume record."""
+        if not self.is_set:
+            return None
+        q = shlex.quote
+        final = f"{self.partial}/{member.name}"
+        return (
+            f"mv -f -- {q(self.writes_to(member))} {q(final)} && "
+            f"printf '%s\\n' {q(json.dumps(record, sort_keys=True))} >> {q(self.partial)}.jsonl"
+        )
+
+    def discard_command(self, member: Member) -> str:
+        return f"rm -f -- {shlex.quote(self.writes_to(member))}"
+
+    def promote_command(self, manifest: dict) -> str:
+        """Put the verified copy in place, then its manifest. A set replaces an older copy
+        with two renames, the old manifest removed first: a crash in between leaves no copy
+        that looks staged."""
         q = shlex.quote
         text = json.dumps(manifest, sort_keys=True)
         tmp = f"{self.manifest}.tmp"
-        self.side.run(
-            f"mv -f -- {q(self.partial)} {q(self.path)} && "
+        write_manifest = (
             f"printf '%s\\n' {q(text)} > {q(tmp)} && sync -- {q(tmp)} && "
             f"mv -f -- {q(tmp)} {q(self.manifest)} && sync -- {q(self.directory)}"
         )
+        if not self.is_set:
+            return f"mv -f -- {q(self.partial)} {q(self.path)} && {write_manifest}"
+        old = f"{self.path}.old"
+        return (
+            f"rm -rf -- {q(old)} && rm -f -- {q(self.manifest)} && "
+            f"{{ [ ! -e {q(self.path)} ] || mv -- {q(self.path)} {q(old)}; }} && "
+            f"mv -- {q(self.partial)} {q(self.path)} && sync -- {q(self.path)} && "
+            f"{write_manifest} && rm -rf -- {q(old)} {q(self.partial)}.jsonl"
+        )
 
-    def remove_partial(self) -> None:
-        self.side.run(f"rm -f -- {shlex.quote(self.partial)}")
 
-
-def staged_status(inventory: Inventory, host: str, infos: list[CheckpointInfo]) -> dict[int, str]:
-    """Per step: 'staged' (manifest matches the trainer's file), 'stale' (an older copy),
-    'partial N%' or '' (one small command per step)."""
+def staged_status(inventory: Inventory, host: str, infos: list) -> dict[int, str]:
+    """Per step (`infos`: the catalog's CheckpointInfo list): 'staged' (a manifest matches
+    the trainer's checkpoint), 'weights' (only its extracted weights are), 'stale' (an older
+    copy), 'partial N%' or '' — one round trip for every step."""
     side = RemoteSide(Host(inventory, host))
-    statuses: dict[int, str] = {}
+    checks = {}
     for info in infos:
-        dest = Destination(side, staged_path(inventory, host, info.step))
-        identity = Identity(inventory.trainer_name, info.path, info.size, info.mtime, info.step)
-        state = dest.state()
-        if state.matches(identity):
-            statuses[info.step] = "staged"
-        elif state.final_size is not None:
-            statuses[info.step] = "stale"
-        elif state.partial_size is not None and info.size:
-            statuses[info.step] = f"partial {state.partial_size * 100 // info.size}%"
-        else:
-            statuses[info.step] = ""
-    return statuses
+        kind: Kind = "directory" if info.directory else "file"
+        full = Destination(side, staged_path(inventory, host, info.step, kind), kind)
+        extracted = staged_path(inventory, host, info.step, "extracted")
+        weights = Destination(side, extracted, "extracted")
+        checks[info.step] = (info, full, weights)
+    if not checks:
+        return {}
+    named = {}  # one flat probe: every destination's parts, prefixed
+    for step, (_, full, weights) in checks.items():
+        for which, dest in (("full", full), ("weights", weights)):
+            named.update({f"{which}{step}-{k}": p for k, p in dest.state_probes().items()})
+    probe = probes.together(**named)
+    found = probe.parse(side.run(probe.command, check=False).stdout)
+
+    def state(prefix: str) -> DestinationState:
+        start = f"{prefix}-"
+        return Destination.state_from(
+            {k.removeprefix(start): v for k, v in found.items() if k.startswith(start)}
+        )
+
+    return {
+        step: _status(
+            Identity(inventory.trainer_name, info.path, info.size, info.mtime, step),
+            info.members,
+            (full, state(f"full{step}")),
+            (weights, state(f"weights{step}")),
+        )
+        for step, (info, full, weights) in checks.items()
+    }
+
+
+def _status(
+    identity: Identity,
+    members: tuple,
+    full: tuple[Destination, DestinationState],
+    weights: tuple[Destination, DestinationState],
+) -> str:
+    (full, state), (weights, weights_state) = full, weights
+    if full.matches(state, identity, members):
+        return "staged"
+    if weights.matches(weights_state, identity, ()):
+        return "weights"
+    if state.manifest or state.final_size is not None:
+        return "stale"
+    partial = state.partial_size or 0
+    partial += sum(state.sizes.values())
+    if partial and identity.size:
+        return f"partial {min(partial * 100 // identity.size, 99)}%"
+    return ""

@@ -8,6 +8,10 @@ command lives on until the host notices, minutes later. So the lock file names i
 workstation, or this very process after it gave that lock up — is taken over at once: the
 processes still holding the lock file or the partial open are stopped, then the lock is
 taken, with a note saying so.
+
+While it holds the lock, that command also runs the commands the stage sends it (`run`):
+reading the destination's state, finishing a file, promoting — each a line on its stdin and an
+answer on its stdout, without a new SSH session or Fabric's per-command overhead.
 """
 
 from __future__ import annotations
@@ -18,11 +22,14 @@ import secrets
 import shlex
 import socket
 import time
-from collections.abc import Callable
+from base64 import b64encode
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dflash_ops.core.errors import TransferError
-from dflash_ops.staging.relay import HeldCommand, Side, stderr_reason
+from dflash_ops.remote.connection import Result
+from dflash_ops.staging.relay import stderr_reason
+from dflash_ops.staging.sides import HeldCommand, Side
 
 TAKEOVER_WAIT_S = 10  # how long the new holder waits for the stopped one to let go
 
@@ -77,20 +84,31 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
-def _glob_literal(path: str) -> str:
+def glob_literal(path: str) -> str:
     """`path` as a find(1) -lname pattern that matches only itself."""
     return re.sub(r"([*?\[\]\\])", r"\\\1", path)
 
 
 class DestinationLock:
-    """`with DestinationLock(side, lock_path, partial_path):` around one stage of a file."""
+    """`with DestinationLock(side, lock_path, held_open) as lock:` around one stage of a file
+    or a set; `held_open` are find(1) -lname patterns of what a gone holder's processes may
+    still have open (its partials), `lock.run(command)` runs a command under the lock."""
 
     def __init__(
-        self, side: Side, path: str, partial: str, note: Callable[[str], None] = print
+        self,
+        side: Side,
+        path: str,
+        held_open: Sequence[str],
+        note: Callable[[str], None] = print,
+        first: str | None = None,
     ) -> None:
-        self.side, self.path, self.partial, self.note = side, path, partial, note
+        self.side, self.path, self.note = side, path, note
+        self.held_open = (glob_literal(path), *held_open)
         self.holder = Holder.new()
         self.session: HeldCommand | None = None
+        self.done_mark = f"@@dflash-done-{self.holder.token}"
+        self.first = first  # run as soon as the lock is taken: no round trip of its own
+        self.first_result: Result | None = None
 
     def acquire(self) -> None:
         answer = self._try(wait=0)
@@ -105,6 +123,8 @@ class DestinationLock:
                 answer = self._try(wait=TAKEOVER_WAIT_S)
         if answer == "LOCKED":
             _HELD.add(self.holder.token)
+            if self.first is not None:
+                self.first_result = self._answer()
             return
         if answer.startswith("BUSY"):
             holder = answer.removeprefix("BUSY").strip() or "unknown"
@@ -122,7 +142,7 @@ class DestinationLock:
         command = (
             f'mkdir -p -- "$(dirname -- {quoted})" && exec 9>>{quoted} && '
             f"if {flock}; then printf '%s\\n' {shlex.quote(self.holder.line())} > {quoted}; "
-            f"echo LOCKED; exec cat >/dev/null; "
+            f"echo LOCKED; {self._first()}{self._serve()}; "
             f'else echo "BUSY $(cat -- {quoted})"; fi'
         )
         self.session = self.side.hold(command)
@@ -133,12 +153,50 @@ class DestinationLock:
         self.release()
         return answer or stderr_reason(errors)
 
+    def _first(self) -> str:
+        if self.first is None:
+            return ""
+        return f"( {self.first}\n) </dev/null 2>&1; printf '\\n{self.done_mark} %s\\n' $?; "
+
+    def _serve(self) -> str:
+        """The loop that runs, while the lock is held, each command sent as a base64 line
+        (commands may span lines), in a subshell (fd 9, the lock, stays open), and ends each
+        answer with the done mark and the exit status. EOF ends it, and the lock goes."""
+        return (
+            "while IFS= read -r line; do "
+            '( eval "$(printf %s "$line" | base64 -d)" ) </dev/null 2>&1; '
+            f"printf '\\n{self.done_mark} %s\\n' $?; done"
+        )
+
+    def run(self, command: str) -> Result:
+        """Run `command` on the destination side under the lock: its output (stdout and
+        stderr together) and exit status."""
+        if self.session is None:
+            raise TransferError(f"{self.side.name}: {self.path} is not locked by this stage")
+        self.session.write(b64encode(command.encode()).decode() + "\n")
+        return self._answer()
+
+    def _answer(self) -> Result:
+        """Read a command's output up to the done mark."""
+        lines: list[str] = []
+        while True:
+            line = self.session.readline()
+            if not line:
+                raise TransferError(
+                    f"{self.side.name}: the session holding {self.path} ended while running "
+                    f"a command (connection lost?): {stderr_reason(''.join(lines))}"
+                )
+            if line.startswith(f"{self.done_mark} "):
+                output = "".join(lines)
+                return Result(output.removesuffix("\n"), output, int(line.split()[1]))
+            lines.append(line)
+
     def _stop_leftovers(self) -> None:
-        """Stop whatever still has the lock file or the partial open (the old holder's `cat`
+        """Stop whatever still has the lock file or a partial open (the old holder's session
         and the old transfer's writer), found through /proc: nothing else is touched."""
-        lock, partial = (shlex.quote(_glob_literal(p)) for p in (self.path, self.partial))
+        matches = " -o ".join(f"-lname {shlex.quote(p)}" for p in self.held_open)
         self.side.run(
-            f"find /proc/[0-9]*/fd -maxdepth 1 \\( -lname {lock} -o -lname {partial} \\) "
+            f"find /proc/[0-9]*/fd -maxdepth 1 \\( {matches} \\) "
             "2>/dev/null | cut -d/ -f3 | sort -u | xargs -r kill -TERM 2>/dev/null; true",
             check=False,
         )

@@ -1,19 +1,24 @@
 """The byte mover: a file's bytes from one side to another through the workstation.
 
-A *side* is where commands run: a remote host (OpenSSH for bulk bytes, Fabric for small
-commands) or the workstation itself. A transfer starts one process at each end — `ssh SOURCE
-'read | hash'` and `ssh DEST 'hash > NAME.partial'` — and moves the bytes from the first's
-stdout pipe to the second's stdin pipe with `os.splice`, so they never enter Python; the loop
-only counts them for the progress bar.
+A transfer starts one process at each end — `ssh SOURCE 'read | hash'` and `ssh DEST 'hash >
+NAME.partial'` — and moves the bytes from the first's stdout pipe to the second's stdin pipe
+with `os.splice`, so they never enter Python; the loop only counts them for the progress bar.
+
+Both processes can be started *gated*: each waits for a `go` line on its stdin before it
+touches anything, so their SSH handshakes overlap the control round trips that decide whether
+(and how) to transfer at all; a transfer that turns out not to be needed is cancelled before
+it wrote a byte.
 
 On a fresh transfer each end computes SHA-256 in-stream (no second read): the source sends
 its digest on stderr, the destination prints the digest of what it wrote on stdout after an
-fsync. A resumed transfer appends from the partial's size; its verification is a whole-file
-hash at both ends afterwards (`hash_file`), run in parallel.
+fsync. After its last byte the source also reports the file's size and mtime on stderr, so a
+file that changed while it was read is caught without another round trip. A resumed transfer
+appends from the partial's size; its verification is a whole-file hash at both ends
+afterwards, run in parallel.
 
-The end-of-stream hashing prefers `python3` (hashlib uses OpenSSL's SHA-NI code: several
-times faster than coreutils' sha256sum, which matters when ssh already keeps the CPUs busy),
-then `openssl`, then `sha256sum`.
+The hashing prefers `python3` (hashlib uses OpenSSL's SHA-NI code: several times faster than
+coreutils' sha256sum, which matters when ssh already keeps the CPUs busy), then `openssl`,
+then `sha256sum`; each command picks the first one its host has when it runs.
 """
 
 from __future__ import annotations
@@ -28,11 +33,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
-from dflash_ops.core.errors import TransferError
 from dflash_ops.remote import connection, probes
-from dflash_ops.remote.connection import Host, Result
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -111,6 +113,8 @@ print(h.hexdigest())
 )
 
 
+STAT_MARK = "dflash-stat"
+NO_HASHER = "dflash-relay: none of python3, openssl, sha256sum found; install coreutils"
 HASHER_PROBE = (
     "for t in python3 openssl sha256sum; do command -v $t >/dev/null && { echo $t; break; }; done"
 )
@@ -120,168 +124,72 @@ def _py(script: str, *args: str) -> str:
     return " ".join(["python3", "-c", shlex.quote(script), *map(shlex.quote, args)])
 
 
-# --- sides --------------------------------------------------------------------------------
+def _by_hasher(python: str, other: Callable[[str], str]) -> str:
+    """A command that runs `python` where python3 exists, else `other(tool)` with the first
+    of openssl/sha256sum the host has (the tool is a command printing stdin's digest)."""
+    tools = {"openssl": "openssl dgst -sha256 -r", "sha256sum": "sha256sum"}
+    branches = "".join(f"{name}) {other(tool)};; " for name, tool in tools.items())
+    return (
+        f'case "$({HASHER_PROBE})" in python3) {python};; {branches}'
+        f"*) echo {shlex.quote(NO_HASHER)} >&2; exit 127;; esac"
+    )
 
 
-class Side:
-    """Where commands run. Every command is given to bash (for pipefail), quoted once."""
+# --- the commands at each end ---------------------------------------------------------------
 
-    name: str
 
-    def argv(self, command: str) -> list[str]:
-        raise NotImplementedError
+def hash_stdin() -> str:
+    """A command that prints the SHA-256 of its stdin."""
+    return _by_hasher(_py(PY_HASH), lambda tool: tool)
 
-    def run(self, command: str, *, check: bool = True) -> Result:
-        raise NotImplementedError
 
-    def free_bytes(self, path: str) -> int:
-        return probes.parse_df_avail(self.run(probes.free_bytes(path).command).stdout)
+def hash_file(path: str) -> str:
+    return f"{{ {hash_stdin()}; }} < {shlex.quote(path)}"
 
-    def hold(self, command: str) -> HeldCommand:
-        """Start a long-lived command whose stdin stays open until `close()`."""
-        return ProcessCommand(self.argv(command))
 
-    @cached_property
-    def hasher(self) -> str:
-        """The SHA-256 tool this side has: python3, openssl or sha256sum."""
-        return self.set_hasher(self.run(HASHER_PROBE).stdout)
-
-    def set_hasher(self, probe_output: str) -> str:
-        """Record HASHER_PROBE's answer (it can ride along with another command)."""
-        found = probe_output.split()
-        if not found:
-            raise TransferError(
-                f"{self.name}: none of python3, openssl, sha256sum found; install coreutils"
-            )
-        self.__dict__["hasher"] = found[0]
-        return found[0]
-
-    def hash_stdin(self) -> str:
-        """A command that prints the SHA-256 of its stdin."""
-        return {
-            "python3": _py(PY_HASH),
-            "openssl": "openssl dgst -sha256 -r",
-            "sha256sum": "sha256sum",
-        }[self.hasher]
-
-    def stream_hashed(self, read_command: str, path: str | None = None) -> str:
-        """`read_command`'s bytes to stdout, their digest on stderr after SOURCE_MARK.
-        With `path` (a plain file on this side) python reads the file itself: one pipe less."""
-        if self.hasher == "python3":
-            if path is not None:
-                return f"{_py(PY_SOURCE)} < {shlex.quote(path)}"
-            return f"set -o pipefail; {read_command} | {_py(PY_SOURCE)}"
-        return (
-            f"set -o pipefail; {{ {read_command} | tee /dev/fd/3 | {self.hash_stdin()} | "
+def stream_hashed(read_command: str, path: str | None = None) -> str:
+    """`read_command`'s bytes to stdout, their digest on stderr after SOURCE_MARK.
+    With `path` (a plain file on this side) python reads the file itself: one pipe less."""
+    python = (
+        f"{_py(PY_SOURCE)} < {shlex.quote(path)}"
+        if path is not None
+        else f"{{ {read_command}; }} | {_py(PY_SOURCE)}"
+    )
+    return _by_hasher(
+        python,
+        lambda tool: (
+            f"{{ {{ {read_command}; }} | tee /dev/fd/3 | {tool} | "
             f"sed 's/^/{SOURCE_MARK} /' >&2; }} 3>&1"
-        )
-
-    def sink(self, path: str, *, append: bool, hashed: bool) -> str:
-        """Write stdin to `path`, fsync; print the digest of the bytes written if `hashed`."""
-        if self.hasher == "python3":
-            return _py(PY_SINK, path, "append" if append else "create", "hash" if hashed else "-")
-        quoted = shlex.quote(path)
-        tee = f"tee --output-error=exit {'-a ' if append else ''}-- {quoted}"
-        digest = self.hash_stdin() if hashed else "cat >/dev/null; echo unhashed"
-        return f"set -o pipefail; {tee} | {digest} && sync -- {quoted}"
+        ),
+    )
 
 
-class RemoteSide(Side):
-    def __init__(self, host: Host) -> None:
-        self.host = host
-        self.name = host.name
-
-    def argv(self, command: str) -> list[str]:
-        return self.host.ssh_argv(f"bash -c {shlex.quote(command)}")
-
-    def run(self, command: str, *, check: bool = True) -> Result:
-        return self.host.run(f"bash -c {shlex.quote(command)}", check=check)
-
-    def hold(self, command: str) -> HeldCommand:
-        # A channel on the already-open control connection: no second SSH handshake. If the
-        # workstation dies, the connection and the command's stdin go with it.
-        self.host.open()
-        return ChannelCommand(
-            self.host.connection.transport,
-            f"bash -c {shlex.quote(command)}",
-            self.host.keepalive_window,
-        )
+def source_command(read_command: str, stat_command: str, *, hashed: bool, path: str | None) -> str:
+    """The source end: the bytes (hashed in-stream when `hashed`), then the file's stat on
+    stderr after STAT_MARK (`stat_command` prints 'size mtime kind' or 'missing')."""
+    stream = stream_hashed(read_command, path) if hashed else f"{{ {read_command}; }}"
+    return (
+        f"set -o pipefail; {stream}; rc=$?; "
+        f"{{ {stat_command}; }} 2>/dev/null | sed 's/^/{STAT_MARK} /' >&2; exit $rc"
+    )
 
 
-class LocalSide(Side):
-    """The workstation (two-hop staging)."""
+def sink(path: str, *, append: bool, hashed: bool) -> str:
+    """Write stdin to `path`, fsync; print the digest of the bytes written if `hashed`."""
+    quoted = shlex.quote(path)
+    python = _py(PY_SINK, path, "append" if append else "create", "hash" if hashed else "-")
+    tee = f"tee --output-error=exit {'-a ' if append else ''}-- {quoted}"
 
-    name = "workstation"
+    def other(tool: str) -> str:
+        digest = tool if hashed else "cat >/dev/null; echo unhashed"
+        return f"{{ {tee} | {digest} && sync -- {quoted}; }}"
 
-    def argv(self, command: str) -> list[str]:
-        return ["bash", "-c", command]
-
-    def run(self, command: str, *, check: bool = True) -> Result:
-        done = subprocess.run(self.argv(command), capture_output=True, text=True)
-        result = Result(done.stdout, done.stderr, done.returncode)
-        if check and not result.ok:
-            from dflash_ops.core.errors import RemoteCommandError
-
-            raise RemoteCommandError(self.name, command, done.returncode, done.stderr)
-        return result
+    return f"set -o pipefail; {_by_hasher(python, other)}"
 
 
-# --- long-lived commands (locks) -----------------------------------------------------------
-
-
-class HeldCommand:
-    def readline(self) -> str:
-        raise NotImplementedError
-
-    def errors(self) -> str:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-class ProcessCommand(HeldCommand):
-    def __init__(self, argv: list[str]) -> None:
-        self.process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            process_group=0,
-        )
-
-    def readline(self) -> str:
-        return self.process.stdout.readline()
-
-    def errors(self) -> str:
-        return self.process.stderr.read()
-
-    def close(self) -> None:
-        _close_quietly(self.process)
-        _wait(self.process, 10)
-
-
-class ChannelCommand(HeldCommand):
-    def __init__(self, transport, command: str, close_timeout: float) -> None:
-        self.close_timeout = close_timeout
-        self.channel = transport.open_session()
-        self.channel.exec_command(command)
-        self.stdout = self.channel.makefile("r")
-
-    def readline(self) -> str:
-        return self.stdout.readline()
-
-    def errors(self) -> str:
-        return self.channel.makefile_stderr("r").read().decode(errors="replace")
-
-    def close(self) -> None:
-        """EOF on the command's stdin: it exits and its lock goes. Bounded: over a dead link
-        the exit status never comes back, and waiting for it must not hang the task."""
-        with contextlib.suppress(OSError, EOFError):
-            self.channel.shutdown_write()
-        self.channel.status_event.wait(self.close_timeout)
-        self.channel.close()
+def gated(command: str) -> str:
+    """`command`, once a `go` line arrives on stdin; anything else (EOF) ends it untouched."""
+    return f'IFS= read -r gate && [ "$gate" = go ] || exit 0; {command}'
 
 
 # --- moving bytes -------------------------------------------------------------------------
@@ -300,18 +208,30 @@ class RelayState:
 @dataclass(frozen=True)
 class Moved:
     count: int
-    source_rc: int
+    source_rc: int | None
     source_err: str
-    dest_rc: int
+    dest_rc: int | None
     dest_out: str
     dest_err: str
 
+    def _marked(self, mark: str) -> str | None:
+        for line in reversed(self.source_err.splitlines()):
+            if line.startswith(f"{mark} "):
+                return line.removeprefix(f"{mark} ")
+        return None
+
     @property
     def source_digest(self) -> str | None:
-        for line in reversed(self.source_err.splitlines()):
-            if line.startswith(SOURCE_MARK):
-                return line.split()[1]
-        return None
+        return digest_in(self._marked(SOURCE_MARK) or "")
+
+    @property
+    def source_stat(self) -> probes.FileStat | None:
+        """The source file's size/mtime right after it was read (None: gone, or unknown)."""
+        line = self._marked(STAT_MARK)
+        try:
+            return probes.parse_file_stat(line) if line else None
+        except probes.ProbeParseError:
+            return None
 
     @property
     def dest_digest(self) -> str | None:
@@ -327,32 +247,69 @@ def digest_in(text: str) -> str | None:
 ProgressCallback = Callable[[RelayState], None]
 
 
-def move(
-    source_argv: list[str],
-    dest_argv: list[str],
-    total: int,
-    on_progress: ProgressCallback | None = None,
-) -> Moved:
-    """Run both processes and splice the source's stdout into the destination's stdin until
-    the source ends. On any interruption (Ctrl-C included) the source is stopped and the
-    destination is left to write and fsync what it has received, so the partial keeps every
-    byte that arrived."""
-    with (
-        tempfile.TemporaryFile() as source_err,
-        tempfile.TemporaryFile() as dest_out,
-        tempfile.TemporaryFile() as dest_err,
-    ):
+class Pipe:
+    """A source process and a destination process, started at once; `run` splices one into
+    the other. Gated (`gated=True`): both wait for `open_gate()` (or exit on `cancel()`)."""
+
+    def __init__(self, source_argv: list[str], dest_argv: list[str], *, gated: bool) -> None:
+        self.gated = gated
+        # The processes' stderr/stdout: files that live as long as the Pipe does.
+        self._files = contextlib.ExitStack()
+        self.source_err, self.dest_out, self.dest_err = (
+            self._files.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
+            for _ in range(3)
+        )
         # Own process groups: a terminal's Ctrl-C reaches only us, and we stop them in order.
-        source = subprocess.Popen(
+        self.source = subprocess.Popen(
             source_argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=source_err,
+            stderr=self.source_err,
             process_group=0,
         )
-        dest = subprocess.Popen(
-            dest_argv, stdin=subprocess.PIPE, stdout=dest_out, stderr=dest_err, process_group=0
+        self.dest = subprocess.Popen(
+            dest_argv,
+            stdin=subprocess.PIPE,
+            stdout=self.dest_out,
+            stderr=self.dest_err,
+            process_group=0,
         )
+
+    def open_gate(self) -> None:
+        if not self.gated:
+            return
+        with contextlib.suppress(BrokenPipeError):  # one ended already: `run` says why
+            self.source.stdin.write(b"go\n")
+            self.source.stdin.close()
+        with contextlib.suppress(BrokenPipeError):
+            self.dest.stdin.write(b"go\n")
+            self.dest.stdin.flush()
+        self.gated = False
+
+    def cancel(self) -> None:
+        """Stop both before they wrote anything (gated) or whatever they were doing."""
+        if not self.gated and self.source.poll() is not None and self.dest.poll() is not None:
+            return
+        for proc in (self.source, self.dest):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for stream in (self.source.stdin, self.source.stdout, self.dest.stdin):
+            if stream is not None:
+                with contextlib.suppress(BrokenPipeError):
+                    stream.close()
+        _wait(self.source, 5)
+        _wait(self.dest, 5)
+        self._files.close()
+        self.gated = False  # nothing waits at the gate any more: a second cancel is a no-op
+
+    def run(self, total: int, on_progress: ProgressCallback | None = None) -> Moved:
+        """Splice the source's stdout into the destination's stdin until the source ends.
+        On any interruption (Ctrl-C included) the source is stopped and the destination is
+        left to write and fsync what it has received, so the partial keeps every byte that
+        arrived."""
+        self.open_gate()
+        source, dest = self.source, self.dest
         count = 0
         try:
             src_fd, dst_fd = source.stdout.fileno(), dest.stdin.fileno()
@@ -373,35 +330,53 @@ def move(
                     state.done = count
                     on_progress(state)
         except BaseException:
-            _stop(source, dest)
+            self._stop()
             raise
         source.stdout.close()
         _close_quietly(dest)
         source_rc = _wait(source, 30)
         dest_rc = _wait(dest, 120)
+        with self._files:
+            return Moved(
+                count,
+                source_rc,
+                _text(self.source_err),
+                dest_rc,
+                _text(self.dest_out),
+                _text(self.dest_err),
+            )
 
-        def text(f) -> str:
-            f.seek(0)
-            return f.read().decode(errors="replace")
+    def _stop(self) -> None:
+        """Interrupted: kill the reader, let the writer finish what it got, then make sure."""
+        if self.source.poll() is None:
+            os.killpg(self.source.pid, signal.SIGTERM)
+        self.source.stdout.close()
+        _close_quietly(self.dest)
+        if _wait(self.dest, 15) is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.dest.pid, signal.SIGTERM)
+        _wait(self.source, 5)
+        self._files.close()
 
-        return Moved(count, source_rc, text(source_err), dest_rc, text(dest_out), text(dest_err))
+
+def move(
+    source_argv: list[str],
+    dest_argv: list[str],
+    total: int,
+    on_progress: ProgressCallback | None = None,
+) -> Moved:
+    """Start both processes and move the bytes (see `Pipe.run`)."""
+    return Pipe(source_argv, dest_argv, gated=False).run(total, on_progress)
+
+
+def _text(file) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace")
 
 
 def _close_quietly(dest: subprocess.Popen) -> None:
     with contextlib.suppress(BrokenPipeError):
         dest.stdin.close()
-
-
-def _stop(source: subprocess.Popen, dest: subprocess.Popen) -> None:
-    """Interrupted: kill the reader, let the writer finish what it got, then make sure."""
-    for proc in (source,):
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    source.stdout.close()
-    _close_quietly(dest)
-    if _wait(dest, 15) is None:
-        os.killpg(dest.pid, signal.SIGTERM)
-    _wait(source, 5)
 
 
 def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
@@ -414,5 +389,6 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
 
 
 def stderr_reason(text: str) -> str:
-    """Why a side failed: its last stderr line that is not the source's digest."""
+    """Why a side failed: its last stderr line that is not one of the stream's own marks."""
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(STAT_MARK))
     return connection.stderr_reason(text, skip_prefix=SOURCE_MARK)

@@ -1,8 +1,11 @@
-"""Where the bytes of a checkpoint come from: a command that streams them from an offset.
+"""Where the bytes of a checkpoint come from: a command that streams a file from an offset.
 
-The trainer's file is read in its training environment (streamed out of the container, read
-through the container's host-side rootfs, or first copied out of the container into a
+The trainer's files are read in their training environment (streamed out of the container,
+read through the container's host-side rootfs, or first copied out of the container into a
 private temporary directory); the two-hop copy is read from the workstation's staging dir.
+`TrainerFiles` maps a path of the training environment to the commands that reach it for one
+`--via`, and describes a checkpoint — a file, or a directory with every file in it — in one
+round trip.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
-from dflash_ops.remote.layout import STAGED_NAME
-from dflash_ops.staging.catalog import checkpoint_path
-from dflash_ops.staging.destination import Identity
-from dflash_ops.staging.relay import HASHER_PROBE, RemoteSide, Side, stderr_reason
+from dflash_ops.staging.catalog import list_directory_command, parse_listing
+from dflash_ops.staging.manifest import Member
+from dflash_ops.staging.relay import source_command, stderr_reason
+from dflash_ops.staging.sides import RemoteSide, Side
 
 Via = Literal["stream", "pull", "rootfs"]
 
@@ -30,22 +33,17 @@ class Source:
     side: Side
     description: str  # for messages: where the bytes come from
     read: Callable[[int], str]  # offset → command writing the file's bytes from there on
-    stat_command: str
+    stat_command: str  # prints 'size mtime kind' or 'missing'
     label: str = ""
     file: str | None = None  # the path, when it is a plain file this side's shell can open
-    now: int = 0  # the side's clock at the last stat
 
     def stat(self) -> probes.FileStat | None:
-        """Size/mtime (and, in the same round trip, the side's clock and hash tool)."""
-        probe = probes.together(
-            hasher=probes.Probe(HASHER_PROBE, str),
-            now=probes.Probe("date +%s", int),
-            stat=probes.Probe(self.stat_command, probes.parse_file_stat),
-        )
-        found = probe.parse(self.side.run(probe.command).stdout)
-        self.side.set_hasher(found["hasher"])
-        self.now = found["now"]
-        return found["stat"]
+        return probes.parse_file_stat(self.side.run(self.stat_command).stdout)
+
+    def command(self, offset: int, *, hashed: bool) -> str:
+        """The bytes from `offset` (hashed in-stream when `hashed`), then the file's stat."""
+        path = self.file if offset == 0 else None
+        return source_command(self.read(offset), self.stat_command, hashed=hashed, path=path)
 
 
 def plain_source(side: Side, path: str, label: str) -> Source:
@@ -60,38 +58,113 @@ def plain_source(side: Side, path: str, label: str) -> Source:
     )
 
 
-def trainer_source(inventory: Inventory, step: int, via: Via) -> Source:
-    trainer = inventory.trainer
-    side = RemoteSide(Host(inventory, inventory.trainer_name))
-    path = checkpoint_path(inventory, step)
-    env = environment_of(trainer.container)
-    if via == "rootfs":
-        rootfs = env.host_rootfs()
-        if rootfs is None:
-            raise InventoryError(
-                f"{inventory.path}: --via rootfs needs the trainer's container to name its "
-                f"host-side rootfs (container.rootfs for pct, or kind: rootfs); found "
-                f"{env.description}"
+@dataclass(frozen=True)
+class Described:
+    """A checkpoint as the trainer sees it now (one round trip)."""
+
+    now: int  # the trainer's clock
+    stat: probes.FileStat | None  # None: it does not exist
+    members: tuple[Member, ...]  # a directory's files (empty for a file)
+    marker: bool | None  # the completeness marker exists (None: the inventory names none)
+
+    @property
+    def is_directory(self) -> bool:
+        return self.stat is not None and self.stat.kind == "directory"
+
+    @property
+    def size(self) -> int:
+        return sum(m.size for m in self.members) if self.is_directory else self.stat.size
+
+    @property
+    def mtime(self) -> int:
+        if self.is_directory:
+            return max((m.mtime for m in self.members), default=self.stat.mtime)
+        return self.stat.mtime
+
+
+class TrainerFiles:
+    """The trainer's files as one `--via` reaches them: through the container (stream, pull)
+    or through its host-side rootfs."""
+
+    def __init__(self, inventory: Inventory, via: Via) -> None:
+        self.inventory, self.via = inventory, via
+        self.side = RemoteSide(Host(inventory, inventory.trainer_name))
+        self.env = environment_of(inventory.trainer.container)
+        self.rootfs: str | None = None
+        if via == "rootfs":
+            self.rootfs = self.env.host_rootfs()
+            if self.rootfs is None:
+                raise InventoryError(
+                    f"{inventory.path}: --via rootfs needs the trainer's container to name its "
+                    f"host-side rootfs (container.rootfs for pct, or kind: rootfs); found "
+                    f"{self.env.description}"
+                )
+
+    @property
+    def description(self) -> str:
+        return f"rootfs {self.rootfs}" if self.rootfs else self.env.description
+
+    def host_path(self, path: str) -> str:
+        """How a command given to `wrap` spells the training environment's `path`."""
+        if self.rootfs:
+            return f"{self.rootfs.rstrip('/')}/{path.lstrip('/')}"
+        return self.env.host_path(path)
+
+    def wrap(self, command: str) -> str:
+        """A trainer-host command running `command` where the files are."""
+        return command if self.rootfs else self.env.wrap(command)
+
+    def source(self, path: str) -> Source:
+        """The file at `path` (in the training environment)."""
+        if self.rootfs:
+            return plain_source(self.side, self.host_path(path), "rootfs")
+        env = self.env
+        return Source(
+            self.side,
+            f"{self.side.name}:{path} ({env.description})",
+            lambda offset: env.stream_command(path, offset),
+            env.run_command(probes.file_stat_command("{}"), path),
+            "stream",
+        )
+
+    def describe(self, path: str, marker: str | None) -> Described:
+        """The checkpoint at `path` — stat, a directory's files, the marker — and the clock."""
+        q = shlex.quote(self.host_path(path))
+        named = {
+            "now": probes.Probe("date +%s", int),
+            "stat": probes.Probe(probes.file_stat_command(q), probes.parse_file_stat),
+            "files": probes.Probe(
+                f"if [ -d {q} ]; then {list_directory_command(q)}; fi 2>/dev/null", str.splitlines
+            ),
+        }
+        if marker is not None:
+            quoted_marker = shlex.quote(self.host_path(marker))
+            named["marker"] = probes.Probe(
+                f"test -e {quoted_marker} && echo yes || echo no", lambda out: "yes" in out
             )
-        return plain_source(side, f"{rootfs.rstrip('/')}/{path.lstrip('/')}", "rootfs")
-    return Source(
-        side,
-        f"{side.name}:{path} ({env.description})",
-        lambda offset: env.stream_command(path, offset),
-        env.run_command(probes.file_stat_command("{}"), path),
-        "stream",
-    )
+        probe = probes.together(**named)
+        result = self.side.run(self.wrap(probe.command), check=False)
+        if not result.ok:
+            raise TransferError(
+                f"{self.side.name}: cannot look at {path} in {self.description}: "
+                f"{stderr_reason(result.stderr)}"
+            )
+        found = probe.parse(result.stdout)
+        where = f"{self.side.name}:{path}"
+        stat = found["stat"]
+        members = parse_listing(found["files"], where) if stat and stat.kind == "directory" else ()
+        return Described(found["now"], stat, members, found.get("marker"))
 
 
 class Pulled:
-    """Copy the checkpoint out of the container (`pct pull`, `docker cp`) into a fresh private
+    """Copy a file out of the container (`pct pull`, `docker cp`) into a fresh private
     directory under the trainer's tmp_dir, and remove that directory afterwards.
 
     A fresh `mktemp -d` directory (mode 0700) per pull: a fixed file name in a shared tmp_dir
     could be a symlink planted by another user, which the copy (as root) would follow."""
 
-    def __init__(self, inventory: Inventory, identity: Identity) -> None:
-        self.identity = identity
+    def __init__(self, inventory: Inventory, path: str) -> None:
+        self.path = path  # in the training environment
         self.side = RemoteSide(Host(inventory, inventory.trainer_name))
         self.env = environment_of(inventory.trainer.container)
         self.tmp_dir = inventory.trainer.tmp_dir
@@ -110,17 +183,15 @@ class Pulled:
                 f"`tmp_dir` in the inventory."
             )
         self.directory = made.stdout.strip()
-        path = f"{self.directory}/{STAGED_NAME}"
-        command = self.env.pull_command(self.identity.source_path, path)
-        result = self.side.run(command, check=False)
+        copy = f"{self.directory}/{self.path.rpartition('/')[2]}"
+        result = self.side.run(self.env.pull_command(self.path, copy), check=False)
         if not result.ok:
             self.__exit__()
             raise TransferError(
-                f"{self.side.name}: copying {self.identity.source_path} out of "
-                f"{self.env.description} to {path} failed: {stderr_reason(result.stderr)}; "
-                f"nothing was staged."
+                f"{self.side.name}: copying {self.path} out of {self.env.description} to "
+                f"{copy} failed: {stderr_reason(result.stderr)}; nothing was staged."
             )
-        return plain_source(self.side, path, "pulled")
+        return plain_source(self.side, copy, "pulled")
 
     def __exit__(self, *exc) -> None:
         if self.directory:

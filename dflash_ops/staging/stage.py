@@ -1,19 +1,27 @@
 """Stage a checkpoint: plan every hop (space, resume offset), move the bytes, verify, promote.
 
-`stage` copies the trainer's file to each eval host (through the workstation's staging dir
-first in two-hop mode). Each hop checks free space before writing, resumes a partial,
-verifies the sha256 of both ends, and promotes the partial with its manifest only then.
+`stage` copies the trainer's checkpoint — a file, or a directory with every file in it — to
+each eval host (through the workstation's staging dir first in two-hop mode); with
+`weights_only`, only the drafter weights travel (extracted on the trainer, see strip.py).
+Each hop checks free space before writing, resumes what an interrupted stage left (file by
+file, and inside the file it was writing), verifies the sha256 of both ends of every file,
+and promotes the copy with its manifest only then.
+
+Few control round trips, overlapping the transfer's own SSH handshakes: the processes that
+move the first file start gated while the destination's state is read (and are stopped
+unused if nothing needs moving); every step after the lock — state again, a file done,
+promote — runs through the lock's session, and the source reports the file's stat after its
+last byte, in-band.
 """
 
 from __future__ import annotations
 
-import shlex
-import time
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
-from dflash_ops.core.errors import CheckpointError, InventoryError, TransferError
+from dflash_ops.core.errors import CheckpointError, InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote.connection import Host
@@ -24,24 +32,26 @@ from dflash_ops.staging.catalog import (
     list_checkpoints,
     resolve_step,
 )
-from dflash_ops.staging.destination import (
-    Destination,
-    DestinationState,
-    Identity,
-    staged_path,
-)
+from dflash_ops.staging.destination import Destination, DestinationState, staged_path
 from dflash_ops.staging.disk import Margin, SpaceCheck, margin_of, space_check
-from dflash_ops.staging.lock import DestinationLock
-from dflash_ops.staging.relay import (
-    LocalSide,
-    ProgressCallback,
-    RemoteSide,
-    Side,
-    digest_in,
-    move,
-    stderr_reason,
+from dflash_ops.staging.manifest import Identity, Kind, Member, file_manifest, set_manifest
+from dflash_ops.staging.payload import (
+    Payload,
+    extracted_payload,
+    from_copy,
+    trainer_payload,
+    weights_of_directory,
 )
-from dflash_ops.staging.sources import Pulled, Source, Via, plain_source, trainer_source
+from dflash_ops.staging.relay import (
+    Pipe,
+    ProgressCallback,
+    gated,
+    sink,
+)
+from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
+from dflash_ops.staging.sources import Described, TrainerFiles, Via
+from dflash_ops.staging.strip import TrainerExtraction, Unavailable
+from dflash_ops.staging.transfer import checked, copy_members, verify_staged
 
 
 @dataclass
@@ -50,30 +60,35 @@ class HopPlan:
     destination: Destination
     size: int
     already: bool
-    offset: int
+    offset: int  # bytes already there (resumed)
     space: SpaceCheck | None
+    files: int = 1  # files still to move
 
     def describe(self) -> str:
         if self.already:
             return f"{self.source} → {self.destination}: already staged"
         resume = f", resume from {format_bytes(self.offset)}" if self.offset else ""
+        files = f" in {self.files} files" if self.files > 1 else ""
         space = f"\n    disk: {self.space.describe()}" if self.space else ""
         return (
             f"{self.source} → {self.destination}: "
-            f"{format_bytes(self.size - self.offset)} to move{resume}{space}"
+            f"{format_bytes(self.size - self.offset)} to move{files}{resume}{space}"
         )
 
 
 @dataclass(frozen=True)
 class StagedCheckpoint:
     host: str  # inventory host name, or 'workstation' for the two-hop copy
-    path: str
-    sha256: str
-    size: int
+    path: str  # the staged file, or directory (directory and extracted kinds)
+    sha256: str  # of the file; of a set: over its files' sha256 (manifest.set_digest)
+    size: int  # bytes of the copy
     step: int
     moved: int  # bytes sent in this run (0: already staged)
     already: bool
     plan: tuple[HopPlan, ...] = ()  # the hops this copy took (or, dry run, would take)
+    kind: Kind = "file"
+    source_size: int = 0  # the trainer's checkpoint (more than `size` for extracted weights)
+    files: tuple[dict, ...] = ()  # a set: every file's name, size, mtime, sha256
 
 
 @dataclass
@@ -84,9 +99,48 @@ class StageOptions:
     verify: bool = False
     dry_run: bool = False
     margin: str | None = None
+    weights_only: bool = False
     on_progress: ProgressCallback | None = None
     report: Callable[[str], None] = print
     progress_factory: Callable[[str, int], ProgressCallback] | None = None
+
+
+@dataclass
+class _HeadStart:
+    """The first destination's transfer, started before the checkpoint is even described, on
+    the guess that it is a single file (the usual layout), and that destination's state, read
+    while the trainer is asked: taken by the first delivery when the guess holds."""
+
+    dest: Destination
+    pipe: Pipe | None
+    state: DestinationState | None = None
+
+    def take(
+        self, dest: Destination, payload: Payload
+    ) -> tuple[Pipe | None, DestinationState | None]:
+        if (dest.side.name, dest.path, dest.kind) != (
+            self.dest.side.name,
+            self.dest.path,
+            self.dest.kind,
+        ) or (payload.reader is None or self.state is None):
+            return None, None
+        pipe, state, self.pipe, self.state = self.pipe, self.state, None, None
+        return pipe, state
+
+    def cancel(self) -> None:
+        if self.pipe is not None:
+            self.pipe.cancel()
+            self.pipe = None
+
+
+@dataclass
+class _Context:
+    inventory: Inventory
+    options: StageOptions
+    margin: Margin
+    found: Described | None = None
+    head: _HeadStart | None = None
+    complete_checked: bool = field(default=False)
 
 
 def stage(
@@ -115,263 +169,305 @@ def stage(
         )
     if latest or step is None:
         step = resolve_step(inventory, step, latest=True).step
-    source = trainer_source(inventory, step, options.via)
-    found = source.stat()
-    if found is None:
-        resolve_step(inventory, step, latest=False)  # raises with the available steps
-        raise CheckpointError(f"{source.description}: not found")
-    identity = Identity(
-        inventory.trainer_name, checkpoint_path(inventory, step), found.size, found.mtime, step
-    )
-    results: list[StagedCheckpoint] = []
-    if options.two_hop:
-        local = Destination(LocalSide(), staged_path(inventory, LocalSide.name, step))
-        copy = _deliver(inventory, source, identity, local, margin, options, None)
-        results.append(copy)
-        source = plain_source(LocalSide(), local.path, "staging")
-        expected = copy.sha256
-    else:
-        expected = None
-    destinations = [
-        Destination(RemoteSide(Host(inventory, name)), staged_path(inventory, name, step))
-        for name in names
-    ]
-    for destination in destinations:
-        results.append(
-            _deliver(inventory, source, identity, destination, margin, options, expected)
+    reader = TrainerFiles(inventory, options.via)
+    path = checkpoint_path(inventory, step)
+    context = _Context(inventory, options, margin)
+    with contextlib.ExitStack() as cleanup:
+        if not options.weights_only:
+            first = LocalSide.name if options.two_hop else names[0]
+            first_dest = _destination(inventory, first, step, "file")
+            context.head = _head_start(reader, path, first_dest, options)
+            cleanup.callback(context.head.cancel)
+        found = context.found = _describe(reader, path, _marker_path(inventory, step), context)
+        if found.stat is None:
+            resolve_step(inventory, step, latest=False)  # raises with the available steps
+            raise CheckpointError(f"{reader.side.name}:{path} ({reader.description}): not found")
+        identity = Identity(inventory.trainer_name, path, found.size, found.mtime, step)
+        pull = inventory if options.via == "pull" else None
+        payload = trainer_payload(identity, found, reader, pull)
+        if context.head is not None and payload.kind != "file":
+            context.head.cancel()  # the guess was wrong: a directory
+        if options.weights_only:
+            payload = _weights_only(payload, names, context, cleanup)
+        return _deliver_all(payload, names, context)
+
+
+def _head_start(
+    reader: TrainerFiles, path: str, dest: Destination, options: StageOptions
+) -> _HeadStart:
+    """Start the transfer to the first destination, gated, on the guess that `path` is a
+    file (a dry run or a pull starts nothing)."""
+    pipe = None
+    if not options.dry_run and options.via != "pull":
+        source = reader.source(path)
+        pipe = Pipe(
+            source.side.argv(gated(source.command(0, hashed=True))),
+            dest.side.argv(gated(sink(dest.partial, append=False, hashed=True))),
+            gated=True,
         )
+    return _HeadStart(dest, pipe)
+
+
+def _describe(reader: TrainerFiles, path: str, marker: str | None, context: _Context) -> Described:
+    """The trainer's checkpoint, and meanwhile the first destination's state (two hosts, two
+    threads, while the head start's SSH handshakes run)."""
+    head = context.head
+    if head is None:
+        return reader.describe(path, marker)
+    with ThreadPoolExecutor(2) as pool:
+        described = pool.submit(reader.describe, path, marker)
+        state = pool.submit(head.dest.state)
+        found = described.result()
+        head.state = state.result()
+    return found
+
+
+def _marker_path(inventory: Inventory, step: int) -> str | None:
+    marker = inventory.trainer.complete_marker
+    if marker is None:
+        return None
+    return f"{inventory.trainer.checkpoints.rstrip('/')}/{marker.format(step=step)}"
+
+
+def _destination(inventory: Inventory, host: str, step: int, kind: Kind) -> Destination:
+    side: Side = LocalSide() if host == LocalSide.name else RemoteSide(Host(inventory, host))
+    return Destination(side, staged_path(inventory, host, step, kind), kind)
+
+
+def _weights_only(
+    payload: Payload, names: list[str], context: _Context, cleanup: contextlib.ExitStack
+) -> Payload:
+    """The drafter weights of the checkpoint: a directory's weight files, or what the trainer
+    extracts from a training checkpoint (only when a destination still lacks them); the whole
+    file when the trainer cannot extract."""
+    if payload.kind == "directory":
+        return weights_of_directory(payload)
+    inventory, options, identity = context.inventory, context.options, payload.identity
+    hosts = [LocalSide.name] if options.two_hop else names
+    targets = [_destination(inventory, host, identity.step, "extracted") for host in hosts]
+    if all(dest.matches(dest.state(), identity, ()) for dest in targets):
+        return extracted_payload(payload, None)
+    if options.dry_run:
+        options.report(
+            "--weights-only (dry run): the trainer would extract the weights first; the plan "
+            "shows the whole checkpoint, an upper bound of what moves"
+        )
+        return payload
+    python = inventory.trainer.python
+    outcome = cleanup.enter_context(TrainerExtraction(payload.reader, payload.root, python))
+    if isinstance(outcome, Unavailable):
+        options.report(
+            f"--weights-only: {outcome.reason}. Copying the whole checkpoint instead; its "
+            "optimizer state can be stripped on the eval host (`fab run-eval "
+            "--strip-optimizer`)."
+        )
+        return payload
+    saved = identity.size - outcome.size
+    options.report(
+        f"{payload.reader.side.name}: drafter weights extracted in "
+        f"{payload.reader.env.description}: {format_bytes(outcome.size)} of "
+        f"{format_bytes(identity.size)} ({format_bytes(saved)} less to move)"
+    )
+    return extracted_payload(payload, outcome)
+
+
+def _deliver_all(payload: Payload, names: list[str], context: _Context) -> list[StagedCheckpoint]:
+    inventory, step = context.inventory, payload.identity.step
+    results: list[StagedCheckpoint] = []
+    if context.options.two_hop:
+        copy = _deliver(
+            payload, _destination(inventory, LocalSide.name, step, payload.kind), context
+        )
+        results.append(copy)
+        payload = from_copy(payload, copy.path, list(copy.files), copy.sha256)
+    for name in names:
+        dest = _destination(inventory, name, step, payload.kind)
+        results.append(_deliver(payload, dest, context))
     return results
 
 
-def _deliver(
-    inventory: Inventory,
-    source: Source,
-    identity: Identity,
-    dest: Destination,
-    margin: Margin,
-    options: StageOptions,
-    expected_sha: str | None,
-) -> StagedCheckpoint:
-    state = dest.state()
-    if state.matches(identity):
-        sha = state.manifest["sha256"]
-        if options.verify:
-            _verify_staged(source, dest, dest.path, sha)
-        options.report(
-            f"{dest}: already staged (sha256 {sha[:16]}…"
-            f"{', verified again' if options.verify else ''})"
-        )
-        hop = HopPlan(source.description, dest, identity.size, True, 0, None)
-        return StagedCheckpoint(
-            dest.side.name, dest.path, sha, identity.size, identity.step, 0, True, (hop,)
-        )
-    hops = _plan_hops(inventory, source, identity, dest, state, margin, options)
-    if options.dry_run:
-        return StagedCheckpoint(
-            dest.side.name, dest.path, "", identity.size, identity.step, 0, False, hops
-        )
-    for hop in hops:
-        hop.space.require()
-    if inventory.trainer.complete_marker or source.now - identity.mtime < STABLE_AFTER_S:
-        _require_complete(inventory, identity)
-    with DestinationLock(dest.side, dest.lock, dest.partial, options.report):
-        state = dest.state()  # another run may have finished or grown the partial meanwhile
-        if state.matches(identity):
-            sha = state.manifest["sha256"]
-            options.report(f"{dest}: already staged (by another run)")
-            return StagedCheckpoint(
-                dest.side.name, dest.path, sha, identity.size, identity.step, 0, True, hops
-            )
-        offset = _resume_offset(state, identity, options)
-        if options.via == "pull" and source.label == "stream":
-            with Pulled(inventory, identity) as pulled:
-                sha, moved = _transfer(pulled, source, identity, dest, offset, options)
-        else:
-            origin = source if expected_sha is None else None
-            sha, moved = _transfer(source, origin, identity, dest, offset, options)
-        if expected_sha and sha != expected_sha:
-            dest.remove_partial()
-            raise TransferError(
-                f"{dest}: sha256 {sha} differs from the staging copy's {expected_sha}; the "
-                f"partial was removed. Rerun to transfer again."
-            )
-        dest.promote(
-            {
-                **asdict(identity),
-                "sha256": sha,
-                "staged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "staged_via": source.description,
-            }
-        )
-    options.report(f"{dest}: staged and verified (sha256 {sha[:16]}…, {format_bytes(moved)} moved)")
-    return StagedCheckpoint(
-        dest.side.name, dest.path, sha, identity.size, identity.step, moved, False, hops
+def _deliver(payload: Payload, dest: Destination, context: _Context) -> StagedCheckpoint:
+    early, state = context.head.take(dest, payload) if context.head else (None, None)
+    if early is None:
+        early = _start_early(payload, dest, context.options)
+    try:
+        return _deliver_started(payload, dest, context, early, state or dest.state())
+    finally:
+        if early is not None and early.gated:  # never used: stop it untouched
+            early.cancel()
+
+
+def _start_early(payload: Payload, dest: Destination, options: StageOptions) -> Pipe | None:
+    """The first file's transfer, gated, so its SSH handshakes overlap the control steps."""
+    if options.dry_run or payload.pull is not None or not payload.members:
+        return None
+    first = payload.members[0]
+    source = payload.source(first)
+    return Pipe(
+        source.side.argv(gated(source.command(0, hashed=True))),
+        dest.side.argv(gated(sink(dest.writes_to(first), append=False, hashed=True))),
+        gated=True,
     )
 
 
-def _plan_hops(
-    inventory: Inventory,
-    source: Source,
-    identity: Identity,
+def _deliver_started(
+    payload: Payload,
     dest: Destination,
+    context: _Context,
+    early: Pipe | None,
     state: DestinationState,
-    margin: Margin,
-    options: StageOptions,
+) -> StagedCheckpoint:
+    options, identity = context.options, payload.identity
+    if dest.matches(state, identity, payload.members):
+        return _already(payload, dest, state, options)
+    if not payload.members:
+        raise CheckpointError(
+            f"{dest}: its copy of {identity.source_path} changed while the stage ran; rerun"
+        )
+    hops = _plan_hops(payload, dest, state, context)
+    if options.dry_run:
+        return _result(payload, dest, "", 0, already=False, plan=hops)
+    for hop in hops:
+        hop.space.require()
+    _require_complete(payload, context)
+    with dest.locked(options.report) as lock:
+        state = dest.locked_state(lock)  # another run may have been here meanwhile
+        if dest.matches(state, identity, payload.members):
+            options.report(f"{dest}: already staged (by another run)")
+            return _result(payload, dest, state.manifest["sha256"], 0, True, hops, state.manifest)
+        todo = _todo(payload, dest, state, options.resume)
+        if early is not None and (not todo or todo[0] != (payload.members[0], 0)):
+            early.cancel()
+            early = None
+        records = _verified(payload, dest, state, todo)
+        if dest.is_set:
+            prepare = dest.prepare_command(payload.members, fresh=not options.resume)
+            checked(lock.run(prepare), dest, "preparing the copy")
+        progress = (options.on_progress, options.progress_factory)
+        moved = copy_members(payload, dest, todo, lock, early, progress)
+        records += moved.records
+        payload.require_unchanged()
+        manifest = _manifest(payload, dest, records)
+        checked(lock.run(dest.promote_command(manifest)), dest, "promoting the copy")
+    options.report(
+        f"{dest}: staged and verified (sha256 {manifest['sha256'][:16]}…, "
+        f"{format_bytes(moved.count)} moved)"
+    )
+    return _result(payload, dest, manifest["sha256"], moved.count, False, hops, manifest)
+
+
+def _result(
+    payload: Payload,
+    dest: Destination,
+    sha256: str,
+    moved: int,
+    already: bool,
+    plan: tuple[HopPlan, ...],
+    manifest: dict | None = None,
+) -> StagedCheckpoint:
+    files = tuple((manifest or {}).get("files", ()))
+    size = sum(f["size"] for f in files) if files else payload.size
+    return StagedCheckpoint(
+        dest.side.name,
+        dest.path,
+        sha256,
+        size,
+        payload.identity.step,
+        moved,
+        already,
+        plan,
+        dest.kind,
+        payload.identity.size,
+        files,
+    )
+
+
+def _already(
+    payload: Payload, dest: Destination, state: DestinationState, options: StageOptions
+) -> StagedCheckpoint:
+    sha = state.manifest["sha256"]
+    if options.verify:
+        verify_staged(payload, dest, state.manifest)
+    options.report(
+        f"{dest}: already staged (sha256 {sha[:16]}…{', verified again' if options.verify else ''})"
+    )
+    hop = HopPlan(payload.description, dest, payload.identity.size, True, 0, None)
+    return _result(payload, dest, sha, 0, True, (hop,), state.manifest)
+
+
+def _todo(
+    payload: Payload, dest: Destination, state: DestinationState, resume: bool
+) -> list[tuple[Member, int]]:
+    """The members still to move, each with the offset its transfer resumes from."""
+    if not resume:
+        return [(member, 0) for member in payload.members]
+    offsets = [(member, dest.resume_offset(state, member)) for member in payload.members]
+    return [(member, offset) for member, offset in offsets if offset is not None]
+
+
+def _verified(payload: Payload, dest: Destination, state: DestinationState, todo) -> list[dict]:
+    """The records of the members a resumed set already holds (verified earlier)."""
+    pending = {member.name for member, _ in todo}
+    latest = {r["name"]: r for r in state.records if "name" in r}
+    return [latest[m.name] for m in payload.members if m.name not in pending]
+
+
+def _plan_hops(
+    payload: Payload, dest: Destination, state: DestinationState, context: _Context
 ) -> tuple[HopPlan, ...]:
     """The writes this copy makes, each with its free-space check: the copy out of the
-    container first when pulling, then the destination (from its resume offset)."""
-    offset = _resume_offset(state, identity, options)
+    container first when pulling, then the destination (from its resume offsets)."""
+    todo = _todo(payload, dest, state, context.options.resume)
+    to_write = sum(member.size - offset for member, offset in todo)
     space = space_check(
         dest.side.name,
         dest.directory,
         state.free,
-        identity.size - offset,
-        margin,
-        f"step {identity.step}",
+        to_write,
+        context.margin,
+        f"step {payload.identity.step}",
     )
-    hops = [HopPlan(source.description, dest, identity.size, False, offset, space)]
-    if options.via == "pull" and source.label == "stream":
-        tmp_dir = inventory.trainer.tmp_dir
+    size = payload.size
+    hops = [HopPlan(payload.description, dest, size, False, size - to_write, space, len(todo))]
+    if payload.pull is not None and payload.reader is not None:
+        trainer = payload.reader.side
+        tmp_dir = context.inventory.trainer.tmp_dir
+        largest = max((member.size for member, _ in todo), default=0)  # pulled one at a time
         pull_space = space_check(
-            source.side.name,
+            trainer.name,
             tmp_dir,
-            source.side.free_bytes(tmp_dir),
-            identity.size,
-            margin,
-            f"copy out of {environment_of(inventory.trainer.container).description}",
+            trainer.free_bytes(tmp_dir),
+            largest,
+            context.margin,
+            f"copy out of {payload.reader.env.description}",
         )
-        pull = HopPlan(
-            source.description,
-            Destination(source.side, tmp_dir),
-            identity.size,
-            False,
-            0,
-            pull_space,
-        )
-        hops.insert(0, pull)
+        pull_dest = Destination(trainer, tmp_dir)
+        hops.insert(0, HopPlan(payload.description, pull_dest, largest, False, 0, pull_space))
     return tuple(hops)
 
 
-def _resume_offset(state: DestinationState, identity: Identity, options: StageOptions) -> int:
-    partial = state.partial_size
-    if options.resume and partial is not None and partial <= identity.size:
-        return partial
-    return 0
-
-
-def _require_complete(inventory: Inventory, identity: Identity) -> None:
-    info = next((c for c in list_checkpoints(inventory) if c.step == identity.step), None)
-    if info is not None and not info.complete:
-        how = (
-            f"its marker {inventory.trainer.complete_marker} is missing"
-            if inventory.trainer.complete_marker
-            else "its size is still changing"
-        )
+def _require_complete(payload: Payload, context: _Context) -> None:
+    """Refuse a checkpoint the trainer may still be writing (once per stage)."""
+    if context.complete_checked or payload.reader is None:
+        return
+    inventory, found, identity = context.inventory, context.found, payload.identity
+    incomplete = None
+    if found.marker is False:
+        incomplete = f"its marker {inventory.trainer.complete_marker} is missing"
+    elif found.marker is None and found.now - identity.mtime < STABLE_AFTER_S:
+        info = next((c for c in list_checkpoints(inventory) if c.step == identity.step), None)
+        if info is not None and not info.complete:
+            incomplete = "its size is still changing"
+    if incomplete:
         raise CheckpointError(
             f"{inventory.trainer_name}: step {identity.step} at {identity.source_path} looks "
-            f"incomplete ({how}): is it still being written? Wait for it and retry."
+            f"incomplete ({incomplete}): is it still being written? Wait for it and retry."
         )
+    context.complete_checked = True
 
 
-def _transfer(
-    source: Source,
-    origin: Source | None,
-    identity: Identity,
-    dest: Destination,
-    offset: int,
-    options: StageOptions,
-) -> tuple[str, int]:
-    """Move the bytes, check the stream ended cleanly and the trainer's file (`origin`; None
-    for the verified staging copy) did not change, and return the verified sha256 and the
-    bytes moved. The partial is kept when the stream breaks."""
-    fresh = offset == 0
-    if fresh:
-        source_command = source.side.stream_hashed(source.read(0), source.file)
-    else:
-        source_command = f"set -o pipefail; {source.read(offset)}"
-    sink = dest.side.sink(dest.partial, append=not fresh, hashed=fresh)
-    remaining = identity.size - offset
-    callback = options.on_progress
-    if options.progress_factory is not None:
-        callback = _chain(options.progress_factory(str(dest), remaining), callback)
-    moved = move(source.side.argv(source_command), dest.side.argv(sink), remaining, callback)
-    kept = f"The partial {dest.partial} is kept: rerun to resume."
-    if moved.dest_rc != 0:
-        reason = stderr_reason(moved.dest_err)
-        raise TransferError(
-            f"{dest.side.name}: writing {dest.partial} failed after "
-            f"{format_bytes(offset + moved.count)} of {format_bytes(identity.size)} "
-            f"(exit {moved.dest_rc}: {reason}). "
-            + ("Free space there, then rerun to resume." if "No space" in reason else kept)
-        )
-    if moved.source_rc != 0 or moved.count < remaining:
-        raise TransferError(
-            f"{source.side.name}: the stream of {source.description} ended after "
-            f"{format_bytes(moved.count)} of {format_bytes(remaining)} "
-            f"(exit {moved.source_rc}: {stderr_reason(moved.source_err)}). {kept}"
-        )
-    now = origin.stat() if origin else None
-    if origin and (now is None or (now.size, now.mtime) != (identity.size, identity.mtime)):
-        dest.remove_partial()
-        raise TransferError(
-            f"{origin.description} changed during the transfer (size/mtime "
-            f"{identity.size}/{identity.mtime} → {now.size if now else 'gone'}/"
-            f"{now.mtime if now else '-'}); not promoted, partial removed. Wait until the "
-            f"trainer has finished writing it, then rerun."
-        )
-    if moved.count != remaining:
-        dest.remove_partial()
-        raise TransferError(
-            f"{source.description} sent {moved.count} bytes, expected {remaining}; not "
-            f"promoted, partial removed. Rerun to stage again."
-        )
-    if fresh:
-        source_sha, dest_sha = moved.source_digest, moved.dest_digest
-    else:
-        source_sha, dest_sha = _hash_both(source, dest.side, dest.partial)
-    if not source_sha or source_sha != dest_sha:
-        dest.remove_partial()
-        raise TransferError(
-            f"{dest}: verification failed: sha256 at the source {source_sha}, of what "
-            f"{dest.side.name} holds {dest_sha}. The partial was corrupt and has been "
-            f"removed; rerun to transfer from scratch."
-        )
-    return source_sha, moved.count
-
-
-def _chain(first: ProgressCallback, second: ProgressCallback | None) -> ProgressCallback:
-    if second is None:
-        return first
-
-    def both(state) -> None:
-        first(state)
-        second(state)
-
-    return both
-
-
-def _hash_both(source: Source, side: Side, path: str) -> tuple[str | None, str | None]:
-    """Whole-file sha256 at both ends, in parallel (after a resume, or for --verify)."""
-
-    def at_source() -> str | None:
-        out = source.side.run(
-            f"set -o pipefail; {source.read(0)} | {source.side.hash_stdin()}", check=False
-        )
-        return digest_in(out.stdout)
-
-    def at_dest() -> str | None:
-        out = side.run(f"{side.hash_stdin()} < {shlex.quote(path)}", check=False)
-        return digest_in(out.stdout)
-
-    with ThreadPoolExecutor(2) as pool:
-        a, b = pool.submit(at_source), pool.submit(at_dest)
-        return a.result(), b.result()
-
-
-def _verify_staged(source: Source, dest: Destination, path: str, recorded: str) -> None:
-    source_sha, dest_sha = _hash_both(source, dest.side, path)
-    if not (source_sha == dest_sha == recorded):
-        raise TransferError(
-            f"{dest}: --verify failed: source sha256 {source_sha}, staged file {dest_sha}, "
-            f"manifest {recorded}. Remove {dest.manifest} and rerun to stage again."
-        )
+def _manifest(payload: Payload, dest: Destination, records: list[dict]) -> dict:
+    via = payload.description
+    if dest.kind == "file":
+        return file_manifest(payload.identity, records[0]["sha256"], via)
+    return set_manifest(payload.identity, dest.kind, records, via, payload.extra)

@@ -45,9 +45,10 @@ def checkpoints_table(inventory: Inventory) -> Table:
         except HostError as exc:
             staged[name] = {info.step: f"[red]? {exc}[/]" for info in infos}
     for info in infos:
+        files = f" ({len(info.members)} files)" if info.directory else ""
         table.add_row(
             str(info.step),
-            format_bytes(info.size),
+            format_bytes(info.size) + files,
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.mtime)),
             "[green]yes[/]" if info.complete else "[yellow]no (being written?)[/]",
             *(_styled(staged[name][info.step]) for name in inventory.eval_hosts),
@@ -60,6 +61,8 @@ def checkpoints_table(inventory: Inventory) -> Table:
 def _styled(status: str) -> str:
     if status == "staged":
         return "[green]✓ staged[/]"
+    if status == "weights":
+        return "[green]✓ weights only[/]"
     if status == "stale":
         return "[yellow]stale copy[/]"
     return status or "-"
@@ -77,6 +80,7 @@ def run_stage(
     resume: bool,
     verify: bool,
     margin: str | None,
+    weights_only: bool = False,
 ) -> list[StagedCheckpoint]:
     parse_choice("--via", via, get_args(Via))
     if step is None and not latest:
@@ -89,6 +93,7 @@ def run_stage(
             verify=verify,
             dry_run=dry_run,
             margin=margin,
+            weights_only=weights_only,
             report=console.print,
             progress_factory=factory,
         )
@@ -97,6 +102,8 @@ def run_stage(
         console.print("[bold]plan (dry run, nothing written):[/]")
         for hop in (hop for staged in results for hop in staged.plan):
             console.print(f"  {hop.describe()}")
+    elif weights_only:
+        console.print(_weights_summary(results))
     return results
 
 
@@ -124,3 +131,17 @@ def transfer_bars() -> Iterator[Callable[[str, int], ProgressCallback]]:
             return advance
 
         yield factory
+
+
+def _weights_summary(results: list[StagedCheckpoint]) -> str:
+    """What --weights-only saved: the copy's size against the trainer's checkpoint."""
+    extracted = [r for r in results if r.kind == "extracted"]
+    if not extracted:
+        return "[yellow]the whole checkpoint was staged (see above why)[/]"
+    copy = extracted[0]
+    saved = copy.source_size - copy.size
+    share = saved * 100 // copy.source_size if copy.source_size else 0
+    return (
+        f"weights only: {format_bytes(copy.size)} staged of a {format_bytes(copy.source_size)} "
+        f"checkpoint ({format_bytes(saved)}, {share}% not moved)"
+    )
