@@ -12,7 +12,6 @@ that the walk scores every round as z-lab's live loop counts it (metrics.py).
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +19,16 @@ from typing import Any
 
 import torch
 
-from dflash_eval import record, schema
+from dflash_eval import inputs, record, schema
 from dflash_eval.by_dataset import intervals
 from dflash_eval.cache import DiskCache, tokens_digest
 from dflash_eval.completions import (
     Prompt,
     SGLangClient,
-    builtin_prompts,
     first_stop,
     greedy_reference,
     prompt_sets,
     prompts_hash,
-    read_prompts_jsonl,
     template_reads_thinking,
 )
 from dflash_eval.config import TargetShape
@@ -40,11 +37,10 @@ from dflash_eval.errors import HarnessError
 from dflash_eval.feature_record import features_record
 from dflash_eval.loaders import LoadedDrafter, load_drafter
 from dflash_eval.metrics import PromptWalk, Span, summarize, walk_prompt
-from dflash_eval.pickle_policy import PicklePolicy, expand_names
+from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
-from dflash_eval.provenance import accepted_defaults
 from dflash_eval.results import (
     host_info,
     library_versions,
@@ -129,12 +125,12 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     if options.threads:
         torch.set_num_threads(options.threads)
     threads = torch.get_num_threads()
-    _check_paths(options)
+    inputs.check_paths(options)
     if any(b < 1 for b in options.ddtree):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
-    prompts = _prompts(options)
+    prompts = inputs.load_prompts(options)
     progress.event(
         "start",
         checkpoint=str(options.checkpoint),
@@ -291,37 +287,6 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     return results
 
 
-def _check_paths(options: EvalOptions) -> None:
-    """Fail in a second, not after loading a large target, when an input is missing."""
-    inputs = [("--checkpoint", options.checkpoint), ("--target", options.target)]
-    inputs += [("--reference-drafter", options.reference_drafter)] * bool(options.reference_drafter)
-    inputs += [("--prompts", options.prompts)] * bool(options.prompts)
-    inputs += [("--drafter-config", options.drafter_config)] * bool(options.drafter_config)
-    inputs += [("--drafter-profile", options.drafter_profile)] * bool(options.drafter_profile)
-    for flag, path in inputs:
-        if not Path(path).exists():
-            raise HarnessError(
-                f"{flag} {path} does not exist on this host. Check the path; checkpoints "
-                "must be staged to the eval host before they can be evaluated."
-            )
-    # Malformed drafter options fail now too (they are read again when loading).
-    if options.drafter_profile:
-        read_profile(options.drafter_profile)
-    accepted_defaults(options.accept_default, ())
-    expand_names(options.safe_globals)
-    outputs = [("--out", Path(options.out).parent)]
-    outputs += [("--cache-dir", options.cache_dir)] * bool(options.cache_dir)
-    for flag, directory in outputs:
-        try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=directory).close()
-        except OSError as error:
-            raise HarnessError(
-                f"{flag}: cannot write in {directory} ({error.strerror}). Choose a writable "
-                "directory (and check free space) before a long run, not after it."
-            ) from None
-
-
 def _load(
     path: Path,
     options: EvalOptions,
@@ -361,23 +326,6 @@ def _load(
         warnings.append(f"{role}: {warning}")
         progress.warn(warnings[-1])
     return loaded
-
-
-def _prompts(options: EvalOptions) -> list[Prompt]:
-    prompts = read_prompts_jsonl(options.prompts) if options.prompts else builtin_prompts()
-    wanted = options.num_prompts
-    if wanted is not None:
-        if wanted < 1:
-            raise HarnessError(f"--num-prompts must be at least 1, got {wanted}.")
-        if wanted > len(prompts):
-            source = f"the file {options.prompts}" if options.prompts else "the built-in set"
-            raise HarnessError(
-                f"--num-prompts {wanted} asks for more prompts than {source} holds "
-                f"({len(prompts)}). Pass --num-prompts {len(prompts)} or less, or a --prompts "
-                f"JSONL file with at least {wanted} prompts."
-            )
-        prompts = prompts[:wanted]
-    return prompts
 
 
 def _completions(
