@@ -329,12 +329,12 @@ def sharded_models(lab, config) -> dict[str, dict]:
 
 
 def test_a_sharded_directory_resumed_after_a_kill_is_evaluated_by_run_eval(make_lab, fab):
-    from dflash_ops import provision
+    from dflash_ops.provision.setup import setup_eval_hosts
 
     lab = make_lab(sharded_models, steps=(STEP,), eval_disk="3g")
     set_trainer(lab, layout=DIRECTORY_LAYOUT)
     inventory = load_inventory(lab.inventory_path)
-    provision.setup_eval_hosts(inventory, None, False, say=lambda message: None)
+    setup_eval_hosts(inventory, None, False, say=lambda message: None)
     first_shard = source_dir(lab) / "model-00001-of-00002.safetensors"
     config = (source_dir(lab) / "config.json").stat().st_size
     kill = killed_at(config + first_shard.stat().st_size + 1)  # inside the second shard

@@ -81,7 +81,7 @@ def test_a_staged_file_corrupted_on_the_eval_host_fails_the_run(models_lab):
         file.write(bytes([byte[0] ^ 0x01]))
     result = run_fab(inventory_path, "run-eval", "--step", "4000", *QUICK)
     assert result.returncode == 1
-    assert "the staged file changed or is corrupt" in result.stderr
+    assert "the staged checkpoint changed or is corrupt" in result.stderr
     assert "--verify" in result.stderr
     compare = run_fab(inventory_path, "compare", "--steps", "4000")
     assert compare.returncode == 1 and "no successful runs to compare" in compare.stderr

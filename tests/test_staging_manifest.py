@@ -86,9 +86,9 @@ def test_a_directorys_weight_files():
 
 
 def test_the_trainer_script_uses_the_deployed_harness_definitions_of_the_weights():
-    from dflash_ops import provision
+    from dflash_ops.provision.harness import HARNESS_SOURCE
 
-    assert HARNESS_LOADERS == provision.HARNESS_SOURCE / "loaders.py"
+    assert HARNESS_LOADERS == HARNESS_SOURCE / "loaders.py"
     keys = harness_keys()
     assert "model_state_dict" in keys["state_dict_keys"]
     assert "module." in keys["prefixes"] and "optimizer_state_dict" not in keys["metadata_keys"]

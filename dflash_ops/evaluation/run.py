@@ -10,11 +10,12 @@ rich); nothing here imports a view.
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol, get_args
 
 from dflash_eval import schema
@@ -255,15 +256,28 @@ def conclude(
 
 
 def _require_staged_bytes(results: dict, staged: StagedCheckpoint, directory: Path) -> None:
-    """The sha256 the harness computed of the checkpoint must be the one staging verified:
-    otherwise the file changed (or rotted) on the eval host after it was staged, and the
-    numbers belong to unknown weights. The pulled run is marked so `compare` skips it."""
-    found = results[schema.CHECKPOINT][schema.SHA256]
-    if found == staged.sha256:
+    """The sha256 the harness computed of each checkpoint file must be the one staging
+    verified: otherwise the file changed (or rotted) on the eval host after it was staged,
+    and the numbers belong to unknown weights. The pulled run is marked so `compare` skips it."""
+    if staged.files:  # a directory (or extracted set): its files by name
+        expected = {record["name"]: record["sha256"] for record in staged.files}
+        base = staged.path
+    else:
+        expected = {PurePosixPath(staged.path).name: staged.sha256}
+        base = str(PurePosixPath(staged.path).parent)
+    read = {
+        posixpath.relpath(record[schema.PATH], base): record[schema.SHA256]
+        for record in results[schema.CHECKPOINT].get("files", [])
+    }
+    changed = sorted(
+        name for name, sha in read.items() if name in expected and expected[name] != sha
+    )
+    if not changed:
         return
     problem = (
-        f"the harness read sha256 {found[:16]}… from {staged.host}:{staged.path}, but staging "
-        f"verified {staged.sha256[:16]}…: the staged file changed or is corrupt"
+        f"the harness read other bytes than staging verified in {staged.host}:{staged.path} "
+        f"({', '.join(changed)}: sha256 {read[changed[0]][:16]}…, staged "
+        f"{expected[changed[0]][:16]}…): the staged checkpoint changed or is corrupt"
     )
     run_file = directory / "run.json"
     run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "problem": problem}))
