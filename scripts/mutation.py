@@ -124,12 +124,9 @@ class Site:
     dropped: bool = False  # the change removes `statement`
 
 
-def _is_docstring(statement: ast.stmt) -> bool:
-    return (
-        isinstance(statement, ast.Expr)
-        and isinstance(statement.value, ast.Constant)
-        and isinstance(statement.value.value, str)
-    )
+def _is_inert(statement: ast.stmt) -> bool:
+    """A docstring or `...`: a constant as a statement, nothing to drop."""
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
 
 
 def _expression_sites(node: ast.AST) -> Iterator[Callable[[], None]]:
@@ -185,7 +182,7 @@ def sites(tree: ast.Module, scopes: tuple[str, ...]) -> list[Site]:
     def visit_body(owner: ast.AST, name: str, qualname: str, droppable: bool) -> None:
         body = getattr(owner, name)
         for index, statement in enumerate(body):
-            if _is_docstring(statement):
+            if _is_inert(statement):
                 continue
             if droppable and isinstance(statement, DROPPABLE) and in_scope(qualname):
 
