@@ -79,11 +79,11 @@ def test_a_disabled_cache_writes_nothing_and_never_hits(tmp_path, monkeypatch):
 
 
 def test_a_cache_root_that_does_not_exist_yet_is_created_with_its_parents(tmp_path):
-    cache = DiskCache(tmp_path / "not" / "yet")
-    cache.put_hidden(KEY, hidden_states())
-    cache.put_completion(KEY, [1])
-    assert cache.get_hidden(KEY) is not None
-    assert cache.get_completion(KEY) == [1]
+    for_completions, for_hidden = DiskCache(tmp_path / "a" / "b"), DiskCache(tmp_path / "c" / "d")
+    for_completions.put_completion(KEY, [1])
+    for_hidden.put_hidden(KEY, hidden_states())
+    assert for_completions.get_completion(KEY) == [1]
+    assert for_hidden.get_hidden(KEY) is not None
 
 
 def test_entries_are_rewritten_in_place_and_leave_no_partials(tmp_path):
