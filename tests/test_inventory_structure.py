@@ -257,6 +257,11 @@ def test_several_errors_are_one_line_each(tmp_path):
     ]
 
 
+def test_path_is_not_a_key_of_the_file(tmp_path):
+    message = error_for(tmp_path, {**minimal(), "path": "/elsewhere.yaml"})
+    assert message == "path: unknown key at the top level"
+
+
 def test_top_level_typos_list_what_is_allowed_without_path(tmp_path):
     message = error_for(tmp_path, {**minimal(), "hots": {}})
     assert message == (

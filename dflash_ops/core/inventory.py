@@ -369,8 +369,7 @@ def _resolve(model: type[BaseModel], loc: tuple) -> tuple[list, type[BaseModel] 
         names.append(part)
         field = current.model_fields.get(str(part)) if current else None
         nested = _models_in(field.annotation) if field else []
-        tagged = len(nested) > 1 and all("kind" in m.model_fields for m in nested)
-        if tagged and parts:  # a tagged union: the next loc entry is the tag
+        if len(nested) > 1 and parts:  # a tagged union: the next loc entry is the tag
             tag = parts.pop(0)
             nested = [m for m in nested if get_args(m.model_fields["kind"].annotation) == (tag,)]
         if parts:
