@@ -286,10 +286,8 @@ def test_a_control_character_is_named_with_its_offset(tmp_path):
 
 
 def test_a_file_that_is_not_text(tmp_path):
-    message = error_for(tmp_path, b"hosts:\xff\xfe\n")
-    assert message == (
-        "expected UTF-8 YAML text, found byte 0xff at offset 6: is this the inventory file?"
-    )
+    message = error_for(tmp_path, b"# inventory\nhosts:\xff\xfe\n")
+    assert message == "line 2: expected UTF-8 text, found the byte 0xff; save the file as UTF-8"
 
 
 def test_an_unreadable_path(tmp_path):

@@ -146,9 +146,9 @@ def provisioned(provisioned_once: Provisioned) -> Iterator[Provisioned]:
     if "eval: nothing to do" not in repaired.stdout:
         check = run_fab(provisioned_once.inventory_path, "setup-eval-host", timeout=300)
         assert "eval: nothing to do" in check.stdout, check.stdout + check.stderr
-    harness = provision.harness_dir(provisioned_once.entry)
+    harness = EvalLayout(provisioned_once.entry).harness_root
     current = provisioned_once.remote(f"readlink {harness}/current").strip()
-    assert current == provision.short_hash(provision.harness_hash())
+    assert current == short_hash(harness_hash())
 
 
 def test_fresh_host_gets_uv_venv_cpu_torch_and_harness(provisioned):

@@ -1,11 +1,11 @@
 """Drafter configs: where each field is read from, what is refused, and how a config is
-checked against the target. Every config here names its target_layer_ids, so nothing
-depends on the default layer rule (its own tests live with the loader's)."""
+checked against the target. (How missing settings are filled, and from where, is the
+provenance rules' business: tests/harness/test_provenance.py.)"""
 
 from __future__ import annotations
 
 import pytest
-from dflash_eval.config import DrafterConfig, TargetShape, check_against_target, complete
+from dflash_eval.config import DrafterConfig, TargetShape, check_against_target
 from dflash_eval.config import from_hf_dict as parse
 from dflash_eval.errors import HarnessError
 
@@ -35,12 +35,6 @@ def misfit(config: DrafterConfig) -> str:
     return str(caught.value)
 
 
-def completed(config: DrafterConfig, **kwargs) -> tuple[DrafterConfig, list[str]]:
-    values = {"block_size": None, "mask_token_id": None, "target_layer_ids": None}
-    values.update(kwargs)
-    return complete(config, TARGET, where="the test config", **values)
-
-
 # --- parsing --------------------------------------------------------------------------------
 
 
@@ -58,7 +52,8 @@ def test_defaults_of_a_bare_config():
     config = parse(BASE, "x")
     assert config.head_dim == 16 and config.target_layer_ids == ()
     assert (config.block_size, config.mask_token_id) == (0, -1)
-    assert (config.rms_norm_eps, config.rope_theta) == (1e-6, 1_000_000.0)
+    assert (config.rms_norm_eps, config.rope_theta, config.rope_type) == (1e-6, 10_000.0, "default")
+    assert config.max_position_embeddings == 32768  # Qwen3Config's, as the reference gets
     assert config.layer_types is None and config.sliding_window is None
     assert config.num_target_layers is None and config.vocab_size is None
 
@@ -104,10 +99,6 @@ def test_missing_required_fields_are_listed():
     [
         ({"attention_bias": True}, "attention_bias=true"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-        ({"rope_scaling": {"type": "linear"}}, "rope_type='linear'"),
-        ({"rope_parameters": {"rope_type": "yarn"}}, "rope_type='yarn'"),
-        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor != 1"),
-        ({"rope_parameters": {"partial_rotary_factor": 0.5}}, "partial_rotary_factor != 1"),
         ({"input_embedding_scale": 2}, "input_embedding_scale=2"),
         ({"dflash_config": {"output_multiplier": 0.5}}, "output_multiplier=0.5"),
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
@@ -124,8 +115,6 @@ def test_features_at_their_neutral_values_are_accepted():
     neutral = {
         "attention_bias": False,
         "hidden_act": "silu",
-        "rope_scaling": {"rope_type": "default"},
-        "partial_rotary_factor": 1.0,
         "input_embedding_scale": 1,
         "output_multiplier": 1.0,
         "final_logit_softcapping": None,
@@ -147,33 +136,7 @@ def test_layer_windows():
     assert small_config().layer_window(1) is None
 
 
-# --- completing and checking against the target -----------------------------------------------
-
-
-def test_a_complete_config_is_kept_as_it_is():
-    config = small_config(num_target_layers=6)
-    assert completed(config) == (config, [])
-
-
-def test_flags_fill_and_override_with_notes():
-    config = small_config(block_size=0, mask_token_id=-1)
-    filled, notes = completed(config, block_size=8, mask_token_id=0, target_layer_ids=[2, 4])
-    assert (filled.block_size, filled.mask_token_id, filled.target_layer_ids) == (8, 0, (2, 4))
-    assert filled.num_target_layers == 6  # from the target
-    assert notes == [
-        "target_layer_ids [2, 4] from --target-layer-ids",
-        "mask_token_id 0 from --mask-token-id",
-    ]
-
-
-def test_a_missing_mask_id_or_block_size_stops():
-    no_mask = small_config(mask_token_id=-1)
-    with pytest.raises(HarnessError, match="has no mask_token_id"):
-        completed(no_mask)
-    for size in (0, 1):
-        with pytest.raises(HarnessError, match="has no block_size"):
-            completed(small_config(block_size=size))
-    assert completed(small_config(block_size=2))[0].block_size == 2
+# --- checking against the target ------------------------------------------------------------
 
 
 def test_a_config_that_fits_passes():
@@ -191,10 +154,6 @@ def test_a_config_that_fits_passes():
         ({"mask_token_id": 101}, "mask_token_id 101 outside the target vocab (0..100)"),
         ({"mask_token_id": -2}, "mask_token_id -2 outside the target vocab"),
         ({"layer_types": ("full_attention",)}, "layer_types has 1 entries for 2 drafter layers"),
-        (
-            {"layer_types": ("sliding_attention", "full_attention")},
-            "sliding_attention layers but no sliding_window",
-        ),
     ],
 )
 def test_each_misfit_alone_is_named(changes, problem):
