@@ -228,11 +228,6 @@ def load(explicit: str | os.PathLike | None = None) -> Inventory:
         ) from None
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise InventoryError(
-            f"{path}: expected UTF-8 YAML text, found byte 0x{exc.object[exc.start]:02x} at "
-            f"offset {exc.start}: is this the inventory file?"
-        ) from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
