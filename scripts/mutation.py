@@ -53,25 +53,41 @@ class Target:
 
 
 HARNESS = "tests/harness"
+# Harness tests that run whole evaluations on the lab models: not the modules' fast tests.
+SLOW_HARNESS = (
+    "--deselect",
+    f"{HARNESS}/test_provenance.py::test_results_record_provenance_and_clean_loads_have_no_warnings",
+    "--deselect",
+    f"{HARNESS}/test_provenance.py::test_command_line_flags_reach_the_loader_and_the_summary",
+    "--deselect",
+    f"{HARNESS}/test_provenance.py::test_the_reference_drafter_runs_in_the_drafters_dtype",
+    "--deselect",
+    f"{HARNESS}/test_pickle_policy.py::test_results_record_the_pickle_policy",
+    "--deselect",
+    f"{HARNESS}/test_cache.py::test_changed_run_inputs_miss_and_unchanged_ones_hit",
+)
+LOADER_TESTS = (
+    f"{HARNESS}/test_loaders.py",
+    f"{HARNESS}/test_loader_formats.py",
+    f"{HARNESS}/test_pickle_policy.py",
+    f"{HARNESS}/test_provenance.py",
+)
 TARGETS = (
     Target("metrics", "remote/dflash_eval/metrics.py", (f"{HARNESS}/test_metrics.py",)),
     Target(
         "cache",
         "remote/dflash_eval/cache.py",
-        (f"{HARNESS}/test_cache.py", f"{HARNESS}/test_cache_keys.py", "-k", "not run_inputs"),
+        (f"{HARNESS}/test_cache_keys.py", f"{HARNESS}/test_cache.py", *SLOW_HARNESS),
     ),
-    Target(
-        "loaders",
-        "remote/dflash_eval/loaders.py",
-        (f"{HARNESS}/test_loaders.py", f"{HARNESS}/test_loader_formats.py"),
-    ),
+    Target("loaders", "remote/dflash_eval/loaders.py", (*LOADER_TESTS, *SLOW_HARNESS)),
     Target(
         "config",
         "remote/dflash_eval/config.py",
         (
-            f"{HARNESS}/test_loaders.py",
-            f"{HARNESS}/test_loader_formats.py",
             f"{HARNESS}/test_drafter_config.py",
+            f"{HARNESS}/test_rope.py",
+            *LOADER_TESTS,
+            *SLOW_HARNESS,
         ),
     ),
     Target(
