@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from dflash_lab import lab as labs
+from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.provision.setup import setup_eval_hosts
@@ -127,8 +128,14 @@ def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_for_run(
-    inventory_path: Path, host_name: str = "eval", state: str = "running", timeout: float = 120
+    inventory_path: Path,
+    host_name: str = "eval",
+    state: str = "running",
+    timeout: float = 120,
+    launcher: subprocess.Popen | None = None,
 ) -> jobs.Run:
+    """The newest run in `state` on the host, polled; with `launcher` (the `fab` that starts
+    it), a launcher that ended first fails the wait at once with its output."""
     inventory = load(inventory_path)
     host, entry = Host(inventory, host_name), inventory.eval_hosts[host_name]
     deadline = time.monotonic() + timeout
@@ -137,6 +144,9 @@ def wait_for_run(
             runs = [run for run in jobs.list_runs(host, entry) if run.state == state]
             if runs:
                 return runs[-1]
+            if launcher is not None and launcher.poll() is not None:
+                out, err = launcher.communicate()
+                raise AssertionError(f"fab ended (exit {launcher.returncode}) first:\n{out}{err}")
             time.sleep(0.5)
     finally:
         host.close()
@@ -188,7 +198,7 @@ def test_harness_killed_mid_run_fails_loudly(inventory_path):
     running = start_fab(
         inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--max-new-tokens", "400"
     )
-    run = wait_for_run(inventory_path)
+    run = wait_for_run(inventory_path, launcher=running)
     inventory = load(inventory_path)
     host = Host(inventory, "eval")
     pid_file = f"{jobs.run_dir(inventory.eval_hosts['eval'], run.run_id)}/pid"
@@ -204,7 +214,7 @@ def test_harness_killed_mid_run_fails_loudly(inventory_path):
 
 def test_workstation_killed_mid_run_then_fetch(inventory_path):
     running = start_fab(inventory_path, "run-eval", "--step", "6000", "--host", "eval", *QUICK)
-    run = wait_for_run(inventory_path)
+    run = wait_for_run(inventory_path, launcher=running)
     with paused(inventory_path, run):  # the workstation goes while the run certainly runs
         running.send_signal(signal.SIGKILL)
         running.wait(timeout=30)
@@ -329,7 +339,7 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
 
 def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
     running = start_fab(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
-    run = wait_for_run(inventory_path)
+    run = wait_for_run(inventory_path, launcher=running)
     with paused(inventory_path, run):  # Ctrl-C lands while the run certainly runs
         running.send_signal(signal.SIGINT)
         stdout, _ = running.communicate(timeout=60)
@@ -416,11 +426,17 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     assert served.returncode == 0, served.stdout + served.stderr
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     assert [request["path"] for request in requests] == ["/generate", "/generate"]
-    assert {request["sampling_params"]["max_new_tokens"] for request in requests} == {24}
+    # The reference runs one block past --max-new-tokens (the live loop's last round).
+    asked = {request["sampling_params"]["max_new_tokens"] for request in requests}
+    assert asked == {24 + BLOCK_SIZE}
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
     redacted = url.replace("http://", "http://***@")
-    assert results["completions"] == {"source": "sglang", "sglang_url": redacted}
+    assert results["completions"] == {
+        "source": "sglang",
+        "sglang_url": redacted,
+        "extra_tokens": BLOCK_SIZE,
+    }
     for pulled_file in run_file.parent.iterdir():
         assert "s3cret" not in pulled_file.read_text(errors="replace"), pulled_file.name
     assert "s3cret" not in served.stdout + served.stderr
