@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint mutation clean
 setup: $(BIN)/fab
 
 $(BIN)/fab: pyproject.toml scripts/setup.sh
@@ -19,6 +19,11 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# Not part of `test`/CI: which behaviour of the number- and data-critical modules no fast test
+# pins down (scripts/mutation.py; equivalent mutants in scripts/mutation-equivalents.yaml).
+mutation: setup
+	$(BIN)/python scripts/mutation.py --fail-under 90
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -8,6 +8,7 @@ checks the lab's routes before the first connection (see dflash_ops.remote.route
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +22,36 @@ from dflash_ops.core.inventory import load as load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 FAB = Path(sys.executable).parent / "fab"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shuffle",
+        type=int,
+        metavar="SEED",
+        help="run the tests in a shuffled order (modules, and tests within each module; a "
+        "module's tests stay together so its lab is built once): order dependence shows",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = config.getoption("--shuffle")
+    return None if seed is None else f"shuffled with seed {seed} (--shuffle {seed} repeats it)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seed = config.getoption("--shuffle")
+    if seed is None:
+        return
+    shuffler = random.Random(seed)
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    order = list(modules.values())
+    shuffler.shuffle(order)
+    for module_items in order:
+        shuffler.shuffle(module_items)
+    items[:] = [item for module_items in order for item in module_items]
 
 
 @pytest.fixture(autouse=True)

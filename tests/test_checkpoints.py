@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -46,18 +45,24 @@ def test_a_growing_file_is_not_complete(make_lab):
     inventory = load_inventory(lab.inventory_path)
     growing = lab.checkpoint_path(2000)
 
-    stop = threading.Event()
+    stop, writing = threading.Event(), threading.Event()
 
     def writer():
+        # Appends until told to stop: the listing's two looks (STABLE_WINDOW_S apart) see
+        # different sizes. The interval paces the writes (the trainer's disk is small); it
+        # synchronises nothing: the test starts once the file is growing and stops it itself.
         with growing.open("ab") as out:
-            while not stop.is_set():
+            while True:
                 out.write(b"x" * 4096)
                 out.flush()
-                time.sleep(0.05)
+                writing.set()
+                if stop.wait(0.02):
+                    return
 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
+        assert writing.wait(30)
         (info,) = list_checkpoints(inventory)
         assert not info.complete
         with pytest.raises(CheckpointError, match="looks incomplete"):
@@ -110,9 +115,7 @@ def test_pct_stream_stages_verifies_and_writes_a_manifest(make_lab):
     assert not target.with_name("checkpoint.pt.partial").exists()
 
     mtime_before = target.stat().st_mtime_ns
-    started = time.monotonic()
-    (again,) = stage(inventory, 4000, options=quiet())
-    assert time.monotonic() - started < 3
+    (again,) = stage(inventory, 4000, options=quiet())  # (how fast: benchmarks, not here)
     assert again.already and again.moved == 0 and again.sha256 == source_sha
     assert target.stat().st_mtime_ns == mtime_before
 

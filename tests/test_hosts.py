@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import shlex
 import subprocess
-import time
 
 import pytest
 
@@ -78,12 +77,10 @@ def test_a_missing_identity_file_is_named_not_blamed_on_the_host(inventory, tmp_
         host.run("true")
 
 
-def test_unreachable_host_fails_fast(inventory):
+def test_unreachable_host_is_reported_as_refused(inventory):
     host = Host(with_host(inventory, "eval", port=2), "eval")  # nothing listens on port 2
-    started = time.monotonic()
     with pytest.raises(UnreachableError, match=r"eval: cannot connect to .*:2: connection refused"):
         host.run("true")
-    assert time.monotonic() - started < 5
 
 
 PAYLOAD = bytes(range(256)) * 64

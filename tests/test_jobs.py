@@ -1,14 +1,15 @@
 """Detached runs on a real lab eval host: launch, busy refusal, follow, cancel, kill, fetch.
 
 The command run here is a small Python script that behaves like the harness (JSON events on
-stdout, text on stderr, a results file); run-eval's own tests run the real harness.
+stdout, text on stderr, a results file); run-eval's own tests run the real harness. A run
+that a test needs "still running" is *gated*: it blocks on a FIFO in its run directory until
+the test opens the gate (or stops the run), so no test depends on how fast anything runs.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import time
 
 import pytest
 
@@ -17,22 +18,33 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
 
 FAKE_HARNESS = """
-import json, sys, time
-steps = int(sys.argv[1])
+import json, os, sys
+steps, outcome, gated = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "gated"
+if gated:
+    os.mkfifo("gate")  # before the first event: whoever saw an event can open the gate
 for i in range(steps):
     print(json.dumps({"event": "progress", "phase": "drafter", "done": i + 1, "total": steps}),
           flush=True)
     print(f"working {i}", file=sys.stderr, flush=True)
-    time.sleep(0.2)
-if sys.argv[2] == "fail":
+if gated:
+    open("gate").read()  # blocks until the test writes to the gate and closes it
+if outcome == "fail":
     print("boom: the drafter exploded", file=sys.stderr)
     sys.exit(3)
 open("results.json", "w").write(json.dumps({"ok": True}))
 """
 
 
-def fake(steps: int, outcome: str = "ok") -> str:
-    return f"python3 -c {shlex.quote(FAKE_HARNESS)} {steps} {outcome}"
+def fake(steps: int, outcome: str = "ok", gated: bool = False) -> str:
+    gate = "gated" if gated else "free"
+    return f"python3 -c {shlex.quote(FAKE_HARNESS)} {steps} {outcome} {gate}"
+
+
+def open_gate(host, entry, run_id: str) -> None:
+    """Let a gated run finish. Call it only after the run printed an event (the gate exists
+    then); `timeout` only bounds a broken test, it is not a wait."""
+    gate = shlex.quote(f"{jobs.run_dir(entry, run_id)}/gate")
+    host.run(f"timeout 60 sh -c {shlex.quote(f'printf go > {gate}')}")
 
 
 @pytest.fixture
@@ -40,6 +52,10 @@ def eval_host(lab):
     inv = load(lab.inventory_path)
     host, entry = Host(inv, "eval"), inv.eval_hosts["eval"]
     yield host, entry
+    for run in jobs.list_runs(host, entry):  # a gated run left by a failed test: stop it
+        if not run.done:
+            jobs.cancel(host, entry, run)
+            jobs.wait_finished(host, entry, run.run_id)
     host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))}")
     host.close()
 
@@ -66,7 +82,7 @@ def test_run_is_followed_fetched_once(eval_host, tmp_path):
 def test_busy_host_refuses_a_second_run(eval_host):
     host, entry = eval_host
     first = jobs.new_run_id(2000, "eval")
-    jobs.launch(host, entry, first, fake(15), {"step": 2000})
+    jobs.launch(host, entry, first, fake(1, gated=True), {"step": 2000})
     with pytest.raises(jobs.JobError, match=rf"eval is busy with run {first} \(step 2000"):
         jobs.launch(host, entry, jobs.new_run_id(4000, "eval"), fake(1), {"step": 4000})
     run = next(r for r in jobs.list_runs(host, entry) if r.run_id == first)
@@ -80,7 +96,7 @@ def test_lock_is_the_last_word_even_when_the_listing_misses_a_run(eval_host, mon
     """Two launches racing past the listing: the flock in the wrapper refuses the second."""
     host, entry = eval_host
     holder = jobs.new_run_id(2000, "eval")
-    jobs.launch(host, entry, holder, fake(15), {"step": 2000})
+    jobs.launch(host, entry, holder, fake(1, gated=True), {"step": 2000})
     loser = jobs.new_run_id(4000, "eval")
     with monkeypatch.context() as patch:
         patch.setattr(jobs, "list_runs", lambda h, e: [])  # the first run not visible yet
@@ -88,6 +104,7 @@ def test_lock_is_the_last_word_even_when_the_listing_misses_a_run(eval_host, mon
             jobs.launch(host, entry, loser, fake(1), {"step": 4000})
     assert loser not in [r.run_id for r in jobs.list_runs(host, entry)]  # its dir was removed
     jobs.cancel(host, entry, next(r for r in jobs.list_runs(host, entry) if r.run_id == holder))
+    assert jobs.wait_finished(host, entry, holder).state == "cancelled"
 
 
 def test_failed_and_killed_runs_report_exit_code_and_log(eval_host):
@@ -99,7 +116,7 @@ def test_failed_and_killed_runs_report_exit_code_and_log(eval_host):
     assert "boom: the drafter exploded" in jobs.log_tail(host, entry, failing)
 
     killed = jobs.new_run_id(4000, "eval")
-    jobs.launch(host, entry, killed, fake(50), {"step": 4000})
+    jobs.launch(host, entry, killed, fake(1, gated=True), {"step": 4000})
     pid = host.run(f"cat {shlex.quote(jobs.run_dir(entry, killed))}/pid").stdout.strip()
     host.run(f"kill -KILL {pid}")
     run = jobs.wait_finished(host, entry, killed)
@@ -110,7 +127,7 @@ def test_run_survives_the_workstation_reader(eval_host, tmp_path):
     """Stopping the local reader (Ctrl-C, closed laptop) leaves the remote run going."""
     host, entry = eval_host
     run_id = jobs.new_run_id(2000, "eval")
-    jobs.launch(host, entry, run_id, fake(8), {"step": 2000})
+    jobs.launch(host, entry, run_id, fake(8, gated=True), {"step": 2000})
 
     def interrupt(line: str) -> None:
         raise KeyboardInterrupt
@@ -118,10 +135,10 @@ def test_run_survives_the_workstation_reader(eval_host, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         jobs.follow(host, entry, run_id, "events.jsonl", interrupt)
     assert next(r for r in jobs.list_runs(host, entry) if r.run_id == run_id).state == "running"
-    deadline = time.monotonic() + 30
-    while (run := jobs.wait_finished(host, entry, run_id)).state == "running":
-        assert time.monotonic() < deadline
-    assert run.state == "succeeded"
+    open_gate(host, entry, run_id)
+    lines: list[str] = []
+    run = jobs.follow(host, entry, run_id, "events.jsonl", lines.append)  # until it exits
+    assert run.state == "succeeded" and len(list(jobs.parse_events(lines))) == 8
     assert jobs.fetch(host, entry, run, tmp_path) is not None
 
 

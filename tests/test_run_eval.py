@@ -1,5 +1,10 @@
 """`fab run-eval` and the job tasks end to end on a lab with a tiny target, trained drafter
-checkpoints and provisioned eval hosts: the real harness, over real SSH."""
+checkpoints and provisioned eval hosts: the real harness, over real SSH.
+
+The lab is shared by the module; after each test its runs, pulled results and staged
+checkpoints are put back as the lab was built (and checked). A test that needs a run to be
+still going when it acts pauses the harness process (SIGSTOP) instead of hoping it is slow.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
 from dflash_lab import lab as labs
+from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.provision.setup import setup_eval_hosts
@@ -46,11 +54,32 @@ def models_lab(tmp_path_factory):
         assert not built.down()
 
 
+def staged_entries(inventory_path: Path) -> dict[str, list[str]]:
+    """What each eval host's staging directory holds (names, sorted)."""
+    inventory = load(inventory_path)
+    found = {}
+    for name, entry in inventory.eval_hosts.items():
+        host = Host(inventory, name)
+        try:
+            staging = shlex.quote(EvalLayout(entry).staging)
+            found[name] = host.run(f"ls -A {staging} 2>/dev/null || true").stdout.split()
+        finally:
+            host.close()
+    return found
+
+
+@pytest.fixture(scope="module")
+def as_built(models_lab) -> dict[str, list[str]]:
+    return staged_entries(models_lab.inventory_path)
+
+
 @pytest.fixture
-def inventory_path(models_lab):
-    """The lab's inventory; runs and pulled results are cleared after each test."""
+def inventory_path(models_lab, as_built):
+    """The lab's inventory. After the test: no run left going, runs, pulled results and
+    checkpoints staged by the test removed, and the staging checked to be as built."""
     yield models_lab.inventory_path
     inventory = load(models_lab.inventory_path)
+    staged_now = staged_entries(models_lab.inventory_path)
     for name, entry in inventory.eval_hosts.items():
         host = Host(inventory, name)
         for run in jobs.list_runs(host, entry):  # nothing may stay running into the next test
@@ -58,8 +87,28 @@ def inventory_path(models_lab):
                 jobs.cancel(host, entry, run)
                 jobs.wait_finished(host, entry, run.run_id)
         host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))}")
+        staging = EvalLayout(entry).staging
+        for added in set(staged_now[name]) - set(as_built[name]):
+            host.run(f"rm -rf -- {shlex.quote(f'{staging}/{added}')}")
         host.close()
     subprocess.run(["rm", "-rf", str(inventory.local.results)], check=True)
+    assert staged_entries(models_lab.inventory_path) == as_built
+
+
+@contextmanager
+def paused(inventory_path: Path, run: jobs.Run, host_name: str = "eval") -> Iterator[str]:
+    """Hold a run's harness process still (SIGSTOP) so that it is certainly running while
+    the test acts; it continues on exit. Yields the run directory."""
+    inventory = load(inventory_path)
+    host = Host(inventory, host_name)
+    directory = jobs.run_dir(inventory.eval_hosts[host_name], run.run_id)
+    pid = f"$(cat {shlex.quote(directory)}/pid)"
+    try:
+        host.run(f"kill -STOP {pid}")
+        yield directory
+    finally:
+        host.run(f"kill -CONT {pid} 2>/dev/null || true")
+        host.close()
 
 
 def fab_eval(inventory_path: Path, *args: str, timeout: float = 300):
@@ -79,8 +128,14 @@ def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_for_run(
-    inventory_path: Path, host_name: str = "eval", state: str = "running", timeout: float = 120
+    inventory_path: Path,
+    host_name: str = "eval",
+    state: str = "running",
+    timeout: float = 120,
+    launcher: subprocess.Popen | None = None,
 ) -> jobs.Run:
+    """The newest run in `state` on the host, polled; with `launcher` (the `fab` that starts
+    it), a launcher that ended first fails the wait at once with its output."""
     inventory = load(inventory_path)
     host, entry = Host(inventory, host_name), inventory.eval_hosts[host_name]
     deadline = time.monotonic() + timeout
@@ -89,10 +144,24 @@ def wait_for_run(
             runs = [run for run in jobs.list_runs(host, entry) if run.state == state]
             if runs:
                 return runs[-1]
+            if launcher is not None and launcher.poll() is not None:
+                out, err = launcher.communicate()
+                raise AssertionError(f"fab ended (exit {launcher.returncode}) first:\n{out}{err}")
             time.sleep(0.5)
     finally:
         host.close()
     raise AssertionError(f"no {state} run on {host_name} within {timeout} s")
+
+
+def wait_on_host(inventory_path: Path, condition: str, host_name: str = "eval") -> None:
+    """Return once the shell `condition` holds on the host (checked there; `timeout` only
+    bounds a broken test)."""
+    inventory = load(inventory_path)
+    host = Host(inventory, host_name)
+    try:
+        host.run(f"timeout 120 sh -c {shlex.quote(f'until {condition}; do sleep 0.1; done')}")
+    finally:
+        host.close()
 
 
 def pulled(inventory_path: Path) -> list[Path]:
@@ -129,7 +198,7 @@ def test_harness_killed_mid_run_fails_loudly(inventory_path):
     running = start_fab(
         inventory_path, "run-eval", "--step", "4000", "--host", "eval", "--max-new-tokens", "400"
     )
-    run = wait_for_run(inventory_path)
+    run = wait_for_run(inventory_path, launcher=running)
     inventory = load(inventory_path)
     host = Host(inventory, "eval")
     pid_file = f"{jobs.run_dir(inventory.eval_hosts['eval'], run.run_id)}/pid"
@@ -145,9 +214,10 @@ def test_harness_killed_mid_run_fails_loudly(inventory_path):
 
 def test_workstation_killed_mid_run_then_fetch(inventory_path):
     running = start_fab(inventory_path, "run-eval", "--step", "6000", "--host", "eval", *QUICK)
-    run = wait_for_run(inventory_path)
-    running.send_signal(signal.SIGKILL)
-    running.wait(timeout=30)
+    run = wait_for_run(inventory_path, launcher=running)
+    with paused(inventory_path, run):  # the workstation goes while the run certainly runs
+        running.send_signal(signal.SIGKILL)
+        running.wait(timeout=30)
     finished = wait_for_run(inventory_path, state="succeeded")
     assert finished.run_id == run.run_id
     fetched = fab_eval(inventory_path, "fetch-results")
@@ -156,7 +226,6 @@ def test_workstation_killed_mid_run_then_fetch(inventory_path):
 
 
 def test_detach_reattach_cancel_and_busy(inventory_path):
-    # A long run holds the host for the busy check (a quick one could end before it).
     long = fab_eval(
         inventory_path,
         "run-eval",
@@ -170,10 +239,14 @@ def test_detach_reattach_cancel_and_busy(inventory_path):
     )
     assert long.returncode == 0, long.stderr
     victim = wait_for_run(inventory_path, state="running")
-    busy = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
-    assert busy.returncode == 1 and f"eval is busy with run {victim.run_id}" in busy.stderr
-    cancelled = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
-    assert f"run {victim.run_id} on eval: cancelled" in cancelled.stdout
+    with paused(inventory_path, victim) as directory:  # it holds the host for the busy check
+        busy = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
+        assert busy.returncode == 1 and f"eval is busy with run {victim.run_id}" in busy.stderr
+        canceller = start_fab(inventory_path, "eval-cancel", "--run", victim.run_id)
+        # The cancel marks the run, then sends SIGTERM; the paused harness takes it on resume.
+        wait_on_host(inventory_path, f"test -f {shlex.quote(directory)}/cancelled")
+    cancelled, _ = canceller.communicate(timeout=120)
+    assert f"run {victim.run_id} on eval: cancelled" in cancelled
     nothing = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
     assert nothing.returncode == 1 and "already cancelled" in nothing.stderr
 
@@ -266,9 +339,10 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
 
 def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
     running = start_fab(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
-    run = wait_for_run(inventory_path)
-    running.send_signal(signal.SIGINT)
-    stdout, _ = running.communicate(timeout=60)
+    run = wait_for_run(inventory_path, launcher=running)
+    with paused(inventory_path, run):  # Ctrl-C lands while the run certainly runs
+        running.send_signal(signal.SIGINT)
+        stdout, _ = running.communicate(timeout=60)
     assert running.returncode == 130
     assert f"detached: run {run.run_id} goes on on eval" in " ".join(stdout.split())
     assert f"fab eval-logs --run {run.run_id} --follow" in stdout.replace("\n", "")
@@ -352,15 +426,16 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     assert served.returncode == 0, served.stdout + served.stderr
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     assert [request["path"] for request in requests] == ["/generate", "/generate"]
-    # 24 tokens and one block (8) more: the last round is scored as z-lab counts it
-    assert {request["sampling_params"]["max_new_tokens"] for request in requests} == {24 + 8}
+    # The reference runs one block past --max-new-tokens (the live loop's last round).
+    asked = {request["sampling_params"]["max_new_tokens"] for request in requests}
+    assert asked == {24 + BLOCK_SIZE}
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
     redacted = url.replace("http://", "http://***@")
     assert results["completions"] == {
         "source": "sglang",
         "sglang_url": redacted,
-        "extra_tokens": 8,
+        "extra_tokens": BLOCK_SIZE,
     }
     for pulled_file in run_file.parent.iterdir():
         assert "s3cret" not in pulled_file.read_text(errors="replace"), pulled_file.name

@@ -233,11 +233,21 @@ def load(explicit: str | os.PathLike | None = None) -> Inventory:
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" line {where.line + 1}, column {where.column + 1}" if where else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InventoryError(f"{path}:{line}: not valid YAML: {problem}") from None
+        raise InventoryError(f"{path}: {_yaml_problem(exc)}") from None
     return parse(raw, path)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """'line L, column C: not valid YAML: what' (a reader error has no line: its offset)."""
+    where = getattr(exc, "problem_mark", None)
+    if where is not None:
+        problem = getattr(exc, "problem", None) or str(exc)
+        return f"line {where.line + 1}, column {where.column + 1}: not valid YAML: {problem}"
+    if isinstance(exc, yaml.reader.ReaderError):
+        return (
+            f"offset {exc.position}: not valid YAML: character #x{exc.character:04x} ({exc.reason})"
+        )
+    return f"not valid YAML: {exc}"
 
 
 def parse(raw: Any, path: Path) -> Inventory:
@@ -250,6 +260,12 @@ def parse(raw: Any, path: Path) -> Inventory:
             f"{path}: hosts: expected a mapping of host names to host entries, "
             f"found {_describe(raw_hosts)}"
         )
+    for name in raw_hosts:
+        if not isinstance(name, str):
+            raise InventoryError(
+                f"{path}: hosts: expected host names that are strings, found {_describe(name)}; "
+                f'quote it: "{name}"'
+            )
     hosts = {name: _parse_host(name, entry, path) for name, entry in raw_hosts.items()}
     roles = [host.role for host in hosts.values()]
     if roles.count("trainer") != 1:
@@ -281,7 +297,7 @@ def _parse_host(name: str, entry: Any, path: Path) -> HostEntry:
     if not isinstance(entry, dict):
         raise InventoryError(f"{path}: hosts.{name}: expected a mapping, found {_describe(entry)}")
     role = entry.get("role")
-    model = _HOST_MODELS.get(role)  # type: ignore[arg-type]
+    model = _HOST_MODELS.get(role) if isinstance(role, str) else None
     if model is None:
         raise InventoryError(
             f"{path}: hosts.{name}.role: expected one of {', '.join(_HOST_MODELS)}, "
@@ -314,6 +330,13 @@ def _explain(error: dict, prefix: tuple, model: type[BaseModel]) -> str:
     if kind == "union_tag_invalid":
         expected = error["ctx"]["expected_tags"].replace("'", "")
         return f"{key}.kind: expected one of {expected}, found {_describe(error['ctx']['tag'])}"
+    if kind == "union_tag_not_found":
+        kinds = ", ".join(_tags_of(inner, names[-1]) if inner else [])
+        return f"{key}.kind: required key is missing (one of {kinds})"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{key}: expected a mapping, found {_describe(found)}"
+    if kind == "list_type":
+        return f"{key}: expected a list, found {_describe(found)}"
     if kind == "string_type" and isinstance(found, int | float):
         return f'{key}: expected a string, found {_describe(found)}; quote it: "{found}"'
     expected = error["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
@@ -323,6 +346,13 @@ def _explain(error: dict, prefix: tuple, model: type[BaseModel]) -> str:
 def _keys_of(model: type[BaseModel]) -> list[str]:
     # Inventory.path is where the file was read from, not a key of it.
     return [name for name in model.model_fields if not (model is Inventory and name == "path")]
+
+
+def _tags_of(model: type[BaseModel], name: str) -> list[str]:
+    """The `kind` values a tagged-union field accepts (pct, rootfs, docker …)."""
+    field = model.model_fields.get(name)
+    members = _models_in(field.annotation) if field else []
+    return [tag for m in members for tag in get_args(m.model_fields["kind"].annotation)]
 
 
 def _resolve(model: type[BaseModel], loc: tuple) -> tuple[list, type[BaseModel] | None]:
@@ -353,6 +383,8 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 def _describe(value: Any) -> str:
     if value is None:
         return "nothing"
+    if isinstance(value, dict | list) and not value:
+        return "an empty mapping" if isinstance(value, dict) else "an empty list"
     kind = {
         bool: "a boolean",
         int: "a number",

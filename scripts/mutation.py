@@ -1,0 +1,502 @@
+"""Mutation check (`make mutation`): which behaviour of the modules where a silent bug would
+change numbers or lose data does no test pin down?
+
+One small AST change at a time — a flipped comparison, ±1 on an integer, `and`/`or`
+swapped, `not` dropped, `+`/`-` swapped, True/False swapped, a statement dropped, a return
+value replaced by None — is applied to a copy of the tree in a temporary directory, and the
+module's own fast tests run against it (`pytest -x -q`, in a forked child of a process that
+has already imported torch & co., under a timeout). A mutant the tests do not notice
+*survives*. The score is killed / (mutants − equivalent ones); equivalent mutants (no input
+can tell them apart) are listed once, with the reason, in mutation-equivalents.yaml.
+
+Not mutated: strings, annotations, docstrings, and expressions inside f-strings (they only
+shape messages). A module may be restricted to some functions/classes (`scopes`). When a
+module has more mutants than `--max-mutants`, a fixed-seed sample of that many is run.
+
+    python scripts/mutation.py [--module NAME ...] [--max-mutants N] [--seed S] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import importlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENTS = Path(__file__).with_name("mutation-equivalents.yaml")
+# Imported once here so that each forked test run starts with them loaded.
+PRELOAD = ("pytest", "torch", "safetensors.torch", "transformers", "yaml", "pydantic", "fabric")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A module to mutate and the fast tests that own it (pytest arguments)."""
+
+    name: str
+    path: str
+    tests: tuple[str, ...]
+    scopes: tuple[str, ...] = ()  # qualnames (functions, classes) to mutate; () = all
+
+
+HARNESS = "tests/harness"
+# Harness tests that run whole evaluations on the lab models: not the modules' fast tests.
+SLOW_HARNESS = (
+    "--deselect",
+    f"{HARNESS}/test_provenance.py::test_results_record_provenance_and_clean_loads_have_no_warnings",
+    "--deselect",
+    f"{HARNESS}/test_provenance.py::test_command_line_flags_reach_the_loader_and_the_summary",
+    "--deselect",
+    f"{HARNESS}/test_provenance.py::test_the_reference_drafter_runs_in_the_drafters_dtype",
+    "--deselect",
+    f"{HARNESS}/test_pickle_policy.py::test_results_record_the_pickle_policy",
+    "--deselect",
+    f"{HARNESS}/test_cache.py::test_changed_run_inputs_miss_and_unchanged_ones_hit",
+)
+LOADER_TESTS = (
+    f"{HARNESS}/test_loaders.py",
+    f"{HARNESS}/test_loader_formats.py",
+    f"{HARNESS}/test_pickle_policy.py",
+    f"{HARNESS}/test_provenance.py",
+)
+TARGETS = (
+    Target("metrics", "remote/dflash_eval/metrics.py", (f"{HARNESS}/test_metrics.py",)),
+    Target(
+        "cache",
+        "remote/dflash_eval/cache.py",
+        (f"{HARNESS}/test_cache_keys.py", f"{HARNESS}/test_cache.py", *SLOW_HARNESS),
+    ),
+    Target("loaders", "remote/dflash_eval/loaders.py", (*LOADER_TESTS, *SLOW_HARNESS)),
+    Target(
+        "config",
+        "remote/dflash_eval/config.py",
+        (
+            f"{HARNESS}/test_drafter_config.py",
+            f"{HARNESS}/test_rope.py",
+            *LOADER_TESTS,
+            *SLOW_HARNESS,
+        ),
+    ),
+    Target(
+        "inventory",
+        "dflash_ops/core/inventory.py",
+        (
+            "tests/test_inventory_structure.py",
+            "tests/test_inventory.py",
+            # The same check through the real `fab` process: slow, and not the module's own.
+            "--deselect",
+            "tests/test_inventory.py::test_typo_via_fab_is_one_clear_line",
+        ),
+    ),
+    Target(
+        "relay hashing",
+        "dflash_ops/staging/relay.py",
+        ("tests/test_relay_hashing.py",),
+        scopes=("_py", "Side", "LocalSide", "Moved", "move", "_close_quietly", "stderr_reason"),
+    ),
+    Target(
+        "staging destination",
+        "dflash_ops/staging/destination.py",
+        ("tests/test_staging_destination.py",),
+        scopes=("staged_path", "DestinationState", "_json_dict", "Destination"),
+    ),
+)
+
+
+# --- generating mutants -----------------------------------------------------------------
+
+FLIPPED = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
+DROPPABLE = (ast.Expr, ast.Assign, ast.AugAssign, ast.Raise, ast.If, ast.Continue, ast.Break)
+# Fields that hold types or documentation, never behaviour.
+SKIPPED_FIELDS = {"annotation", "returns", "decorator_list", "type_comment"}
+
+
+@dataclass
+class Site:
+    """One possible change: where it is, and a function that makes it on its tree."""
+
+    qualname: str
+    line: int
+    statement: ast.stmt  # whose text identifies the change
+    apply: Callable[[], None]
+    dropped: bool = False  # the change removes `statement`
+
+
+def _is_inert(statement: ast.stmt) -> bool:
+    """A docstring or `...`: a constant as a statement, nothing to drop."""
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)
+
+
+def _expression_sites(node: ast.AST) -> Iterator[Callable[[], None]]:
+    """The changes that can be made to one expression node, in place."""
+    if isinstance(node, ast.Compare):
+        for index, op in enumerate(node.ops):
+            flipped = FLIPPED.get(type(op))
+            if flipped is not None:
+
+                def flip(i: int = index, new: type = flipped) -> None:
+                    node.ops[i] = new()
+
+                yield flip
+    elif isinstance(node, ast.BoolOp):
+        other = ast.Or if isinstance(node.op, ast.And) else ast.And
+        yield lambda: setattr(node, "op", other())
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        # `not x` → `not not x`: the negation dropped, the value still a bool.
+        yield lambda: setattr(node, "operand", ast.UnaryOp(ast.Not(), node.operand))
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+        if not any(_is_text(side) for side in (node.left, node.right)):
+            other = ast.Sub if isinstance(node.op, ast.Add) else ast.Add
+            yield lambda: setattr(node, "op", other())
+    elif isinstance(node, ast.Constant) and type(node.value) is bool:
+        yield lambda: setattr(node, "value", not node.value)
+    elif isinstance(node, ast.Constant) and type(node.value) is int:
+        yield lambda: setattr(node, "value", node.value + 1)
+        yield lambda: setattr(node, "value", node.value - 1)
+
+
+def _is_text(node: ast.AST) -> bool:
+    return isinstance(node, ast.JoinedStr) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str | bytes)
+    )
+
+
+def _return_sites(node: ast.Return) -> Iterator[Callable[[], None]]:
+    value = node.value
+    if value is None or (isinstance(value, ast.Constant) and value.value is None):
+        return
+    if isinstance(value, ast.Constant) and type(value.value) is bool:
+        return  # the bool flip above covers it
+    yield lambda: setattr(node, "value", ast.Constant(None))
+
+
+def sites(tree: ast.Module, scopes: tuple[str, ...]) -> list[Site]:
+    """Every change in `tree` within `scopes`, in a fixed order (so index k names one)."""
+    found: list[Site] = []
+
+    def in_scope(qualname: str) -> bool:
+        return not scopes or any(qualname == s or qualname.startswith(f"{s}.") for s in scopes)
+
+    def visit_body(owner: ast.AST, name: str, qualname: str, droppable: bool) -> None:
+        body = getattr(owner, name)
+        for index, statement in enumerate(body):
+            if _is_inert(statement):
+                continue
+            if droppable and isinstance(statement, DROPPABLE) and in_scope(qualname):
+
+                def drop(b: list = body, i: int = index) -> None:
+                    b[i] = ast.Pass()
+
+                found.append(Site(qualname, statement.lineno, statement, drop, dropped=True))
+            visit_statement(statement, qualname)
+
+    def visit_statement(statement: ast.stmt, qualname: str) -> None:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            inner = statement.name if qualname == "<module>" else f"{qualname}.{statement.name}"
+            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                for default in (*statement.args.defaults, *statement.args.kw_defaults):
+                    if default is not None:
+                        visit_expression(default, qualname, statement)
+            # Statements directly in a class body declare fields: change them, never drop.
+            droppable = not isinstance(statement, ast.ClassDef)
+            visit_body(statement, "body", inner, droppable)
+            return
+        if isinstance(statement, ast.If) and _is_main_guard(statement):
+            return
+        if isinstance(statement, ast.Return) and in_scope(qualname):
+            for change in _return_sites(statement):
+                found.append(Site(qualname, statement.lineno, statement, change))
+        for name, value in ast.iter_fields(statement):
+            if name in SKIPPED_FIELDS:
+                continue
+            if name in ("body", "orelse", "finalbody") and isinstance(value, list):
+                visit_body(statement, name, qualname, droppable=True)
+            elif name == "handlers":
+                for handler in value:
+                    visit_body(handler, "body", qualname, droppable=True)
+            elif name == "cases":
+                for case in value:
+                    visit_body(case, "body", qualname, droppable=True)
+            elif isinstance(value, ast.AST):
+                visit_expression(value, qualname, statement)
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        visit_expression(item, qualname, statement)
+
+    def visit_expression(node: ast.AST, qualname: str, statement: ast.stmt) -> None:
+        if isinstance(node, ast.JoinedStr):
+            return
+        if in_scope(qualname):
+            for change in _expression_sites(node):
+                found.append(Site(qualname, node.lineno, statement, change))
+        for name, child in ast.iter_fields(node):
+            if name in SKIPPED_FIELDS:
+                continue
+            children = child if isinstance(child, list) else [child]
+            for item in children:
+                if isinstance(item, ast.AST):
+                    visit_expression(item, qualname, statement)
+
+    visit_body(tree, "body", "<module>", droppable=True)
+    return found
+
+
+def _is_main_guard(statement: ast.If) -> bool:
+    return "__name__" in ast.unparse(statement.test)
+
+
+def header(statement: ast.stmt) -> str:
+    """A statement's text as it identifies a mutant: compound statements by their header."""
+    if isinstance(statement, ast.If | ast.While):
+        keyword = "if" if isinstance(statement, ast.If) else "while"
+        return f"{keyword} {ast.unparse(statement.test)}:"
+    if isinstance(statement, ast.For):
+        return f"for {ast.unparse(statement.target)} in {ast.unparse(statement.iter)}:"
+    if isinstance(statement, ast.With):
+        return f"with {', '.join(ast.unparse(item) for item in statement.items)}:"
+    if isinstance(statement, ast.Try):
+        return "try:"
+    return ast.unparse(statement)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    target: Target
+    index: int  # position in sites()
+    qualname: str
+    line: int
+    before: str
+    after: str
+    occurrence: int = 1  # the n-th identical change in this function
+
+    @property
+    def id(self) -> str:
+        suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
+        return f"{self.target.path}::{self.qualname}::{self.before} ⇒ {self.after}{suffix}"
+
+
+def mutants_of(target: Target, source: str) -> list[Mutant]:
+    count = len(sites(ast.parse(source), target.scopes))
+    result: list[Mutant] = []
+    seen: dict[tuple, int] = {}
+    for index in range(count):
+        tree = ast.parse(source)
+        site = sites(tree, target.scopes)[index]
+        before = header(site.statement)
+        site.apply()
+        after = "pass" if site.dropped else header(site.statement)
+        key = (site.qualname, before, after)
+        seen[key] = seen.get(key, 0) + 1
+        result.append(Mutant(target, index, site.qualname, site.line, before, after, seen[key]))
+    return result
+
+
+def mutated_source(mutant: Mutant, source: str) -> str:
+    tree = ast.parse(source)
+    sites(tree, mutant.target.scopes)[mutant.index].apply()
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+# --- running the tests ------------------------------------------------------------------
+
+
+def copy_tree(destination: Path) -> Path:
+    """The repository's files (tracked and new, not ignored) copied without bytecode."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (entry.decode() for entry in listed)):
+        source = ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def module_name(path: str) -> str:
+    """remote/dflash_eval/cache.py → dflash_eval.cache (pytest puts remote/ on the path)."""
+    return path.removeprefix("remote/").removesuffix(".py").replace("/", ".")
+
+
+def run_tests(
+    tree: Path, tests: tuple[str, ...], timeout: int, log: Path, module: str | None = None
+) -> str:
+    """'passed', 'failed' or 'timeout': pytest in a forked child, output in `log`. With
+    `module`, also 'not-imported' unless the tests imported it from `tree`."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 3
+        try:
+            os.setpgid(0, 0)
+            signal.alarm(timeout)  # the default action ends the child: a hung mutant
+            os.chdir(tree)
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            import pytest
+
+            args = [*tests, "-x", "-q", "-p", "no:cacheprovider", "--rootdir", str(tree)]
+            code = int(pytest.main(args))
+            loaded = sys.modules.get(module) if module else None
+            if module and not (loaded and str(loaded.__file__).startswith(f"{tree}/")):
+                code = 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)  # anything the tests started and left behind
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM:
+        return "timeout"
+    if module and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 4:
+        return "not-imported"
+    return "passed" if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else "failed"
+
+
+@dataclass
+class Score:
+    target: Target
+    generated: int = 0
+    equivalent: int = 0
+    tested: int = 0
+    killed: int = 0
+    timeouts: int = 0
+    survivors: list[Mutant] = field(default_factory=list)
+
+    @property
+    def percent(self) -> float | None:
+        return 100.0 * self.killed / self.tested if self.tested else None
+
+
+def check_target(
+    target: Target, equivalents: dict[str, str], max_mutants: int, seed: int, work: Path
+) -> Score:
+    source = (ROOT / target.path).read_text()
+    mutants = mutants_of(target, source)
+    score = Score(target, generated=len(mutants))
+    candidates = [m for m in mutants if m.id not in equivalents]
+    score.equivalent = len(mutants) - len(candidates)
+    if len(candidates) > max_mutants:
+        candidates = sorted(random.Random(seed).sample(candidates, max_mutants), key=_order)
+    tree = copy_tree(work / target.name.replace(" ", "-"))
+    module = tree / target.path
+    log = work / f"{target.name.replace(' ', '-')}.log"
+    module.write_text(ast.unparse(ast.parse(source)) + "\n")  # the same printer as mutants
+    started = time.monotonic()
+    baseline = run_tests(tree, target.tests, 600, log, module_name(target.path))
+    if baseline == "not-imported":
+        raise SystemExit(f"{target.name}: the tests did not import {target.path} from the copy")
+    if baseline != "passed":
+        raise SystemExit(f"{target.name}: its tests fail without any mutant:\n{log.read_text()}")
+    timeout = max(30, int(10 * (time.monotonic() - started)))
+    for number, mutant in enumerate(candidates, 1):
+        module.write_text(mutated_source(mutant, source))
+        outcome = run_tests(tree, target.tests, timeout, log)
+        score.tested += 1
+        score.killed += outcome != "passed"
+        score.timeouts += outcome == "timeout"
+        if outcome == "passed":
+            score.survivors.append(mutant)
+        if sys.stdout.isatty():
+            print(f"\r  {target.name}: {number}/{len(candidates)}", end="", flush=True)
+    print(f"\r  {target.name}: {score.tested} mutants run, {score.killed} killed", flush=True)
+    return score
+
+
+def _order(mutant: Mutant) -> int:
+    return mutant.index
+
+
+# --- reporting --------------------------------------------------------------------------
+
+
+def load_equivalents() -> dict[str, str]:
+    entries = yaml.safe_load(EQUIVALENTS.read_text()) or []
+    return {entry["id"]: entry["why"] for entry in entries}
+
+
+def report(scores: list[Score], stale: list[str]) -> None:
+    print("\nSurviving mutants (no test noticed the change):")
+    for score in scores:
+        for mutant in score.survivors:
+            print(f"  {mutant.target.path}:{mutant.line}  {_short(mutant.id.split('::', 1)[1])}")
+    for entry in stale:
+        print(f"  (listed as equivalent but no longer generated: {_short(entry)})")
+    print(f"\n{'module':<22}{'mutants':>8}{'equiv':>7}{'run':>6}{'killed':>8}{'score':>8}")
+    for s in scores:
+        percent = f"{s.percent:.0f} %" if s.percent is not None else "-"
+        print(
+            f"{s.target.name:<22}{s.generated:>8}{s.equivalent:>7}{s.tested:>6}"
+            f"{s.killed:>8}{percent:>8}"
+        )
+
+
+def _short(text: str, width: int = 160) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module", action="append", help="only these (by name); repeatable")
+    parser.add_argument("--max-mutants", type=int, default=150, help="per module (sampled)")
+    parser.add_argument("--seed", type=int, default=16, help="for the sample")
+    parser.add_argument("--fail-under", type=float, default=0, help="exit 1 below this score")
+    parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    args = parser.parse_args(argv)
+    chosen = [t for t in TARGETS if not args.module or t.name in args.module]
+    if not chosen:
+        parser.error(f"no such module; choose from {', '.join(t.name for t in TARGETS)}")
+    equivalents = load_equivalents()
+    if args.list:
+        for target in chosen:
+            for mutant in mutants_of(target, (ROOT / target.path).read_text()):
+                mark = "  (equivalent)" if mutant.id in equivalents else ""
+                print(f"{mutant.line:>5}  {mutant.id}{mark}")
+        return 0
+    sys.dont_write_bytecode = True  # a mutant must never be shadowed by a cached .pyc
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    scores = []
+    with tempfile.TemporaryDirectory(prefix="dflash-mutation-") as work:
+        for target in chosen:
+            scores.append(
+                check_target(target, equivalents, args.max_mutants, args.seed, Path(work))
+            )
+    generated = {m.id for t in chosen for m in mutants_of(t, (ROOT / t.path).read_text())}
+    paths = {t.path for t in chosen}
+    stale = [k for k in equivalents if k.split("::")[0] in paths and k not in generated]
+    report(scores, stale)
+    low = [s for s in scores if s.percent is not None and s.percent < args.fail_under]
+    return 1 if low else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Drafter configs: where each field is read from, what is refused, and how a config is
+checked against the target. (How missing settings are filled, and from where, is the
+provenance rules' business: tests/harness/test_provenance.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from dflash_eval.config import DrafterConfig, TargetShape, check_against_target
+from dflash_eval.config import from_hf_dict as parse
+from dflash_eval.errors import HarnessError
+
+from .helpers import small_config
+
+TARGET = TargetShape(
+    num_layers=6, hidden_size=64, vocab_size=101, rms_norm_eps=1e-6, rope_theta=10_000.0
+)
+BASE = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+def refused(raw: dict) -> str:
+    with pytest.raises(HarnessError) as caught:
+        parse(raw, "the test config")
+    return str(caught.value)
+
+
+def misfit(config: DrafterConfig) -> str:
+    with pytest.raises(HarnessError) as caught:
+        check_against_target(config, TARGET, "the test config")
+    return str(caught.value)
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+def test_a_published_config_round_trips():
+    config = small_config(
+        num_target_layers=6,
+        vocab_size=101,
+        layer_types=("sliding_attention", "full_attention"),
+        sliding_window=8,
+    )
+    assert parse(config.to_hf_dict(), "x") == config
+
+
+def test_defaults_of_a_bare_config():
+    config = parse(BASE, "x")
+    assert config.head_dim == 16 and config.target_layer_ids == ()
+    assert (config.block_size, config.mask_token_id) == (0, -1)
+    assert (config.rms_norm_eps, config.rope_theta, config.rope_type) == (1e-6, 10_000.0, "default")
+    assert config.max_position_embeddings == 32768  # Qwen3Config's, as the reference gets
+    assert config.layer_types is None and config.sliding_window is None
+    assert config.num_target_layers is None and config.vocab_size is None
+
+
+def test_dflash_fields_at_the_top_level_or_under_dflash_config():
+    top = parse({**BASE, "target_layer_ids": [1, 3], "mask_token_id": 0, "block_size": 8}, "x")
+    assert (top.target_layer_ids, top.mask_token_id, top.block_size) == ((1, 3), 0, 8)
+    nested = {
+        **BASE,
+        "target_layer_ids": [9],
+        "mask_token_id": 9,
+        "dflash_config": {"target_layer_ids": [2, 4], "mask_token_id": 5, "block_size": 7},
+    }
+    inner = parse(nested, "x")  # dflash_config wins for ids and mask
+    assert (inner.target_layer_ids, inner.mask_token_id, inner.block_size) == ((2, 4), 5, 7)
+    assert parse({**BASE, "block_size": 6, "dflash_config": {"block_size": 7}}, "x").block_size == 6
+
+
+@pytest.mark.parametrize("key", ["draft_config", "model_config", "drafter_config"])
+def test_a_config_nested_one_level_down_is_found(key):
+    raw = {key: {**BASE, "head_dim": 8}, "dflash_config": {"target_layer_ids": [1]}, "lr": 1}
+    config = parse(raw, "x")
+    assert config.head_dim == 8 and config.target_layer_ids == (1,)
+    assert parse({key: {"lr": 1}, **BASE}, "x").head_dim == 16  # no hidden_size: not a config
+
+
+def test_rope_theta_from_any_of_its_places():
+    assert parse({**BASE, "rope_theta": 5.0}, "x").rope_theta == 5.0
+    assert parse({**BASE, "rope_parameters": {"rope_theta": 7.0}}, "x").rope_theta == 7.0
+    scaling = {"rope_type": "default", "rope_theta": 9.0}
+    assert parse({**BASE, "rope_scaling": scaling}, "x").rope_theta == 9.0
+    assert parse({**BASE, "rms_norm_eps": 1e-5}, "x").rms_norm_eps == 1e-5
+
+
+def test_missing_required_fields_are_listed():
+    message = refused({"hidden_size": 64, "num_hidden_layers": 2})
+    assert "lacks intermediate_size, num_attention_heads, num_key_value_heads" in message
+    assert "the test config" in message and "--drafter-config" in message
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"attention_bias": True}, "attention_bias=true"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"input_embedding_scale": 2}, "input_embedding_scale=2"),
+        ({"dflash_config": {"output_multiplier": 0.5}}, "output_multiplier=0.5"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+        ({"dflash_config": {"conv_kernel_size": 4}}, "conv_kernel_size (a DFlash-2 drafter)"),
+        ({"selector_rank": 8}, "selector_rank (a DFlash-2 drafter)"),
+    ],
+)
+def test_each_unsupported_feature_is_named(extra, named):
+    message = refused({**BASE, **extra})
+    assert f"does not implement: {named}." in message
+
+
+def test_features_at_their_neutral_values_are_accepted():
+    neutral = {
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "input_embedding_scale": 1,
+        "output_multiplier": 1.0,
+        "final_logit_softcapping": None,
+    }
+    assert parse({**BASE, **neutral}, "x").hidden_size == 64
+
+
+def test_several_unsupported_features_are_named_together():
+    message = refused({**BASE, "attention_bias": True, "hidden_act": "relu"})
+    assert "attention_bias=true, hidden_act='relu'" in message
+
+
+# --- layers ---------------------------------------------------------------------------------
+
+
+def test_layer_windows():
+    config = small_config(layer_types=("sliding_attention", "full_attention"), sliding_window=8)
+    assert [config.layer_window(i) for i in (0, 1)] == [8, None]
+    assert small_config().layer_window(1) is None
+
+
+# --- checking against the target ------------------------------------------------------------
+
+
+def test_a_config_that_fits_passes():
+    check_against_target(small_config(target_layer_ids=(0, 5), mask_token_id=0), TARGET, "x")
+    check_against_target(small_config(mask_token_id=100, num_target_layers=6), TARGET, "x")
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"hidden_size": 32}, "drafter hidden_size 32 != target hidden_size 64"),
+        ({"target_layer_ids": (1, 6)}, "target_layer_ids [6] outside the target's 0..5"),
+        ({"target_layer_ids": (-1, 3)}, "target_layer_ids [-1] outside the target's 0..5"),
+        ({"num_target_layers": 8}, "trained for a 8-layer target, this target has 6 layers"),
+        ({"mask_token_id": 101}, "mask_token_id 101 outside the target vocab (0..100)"),
+        ({"mask_token_id": -2}, "mask_token_id -2 outside the target vocab"),
+        ({"layer_types": ("full_attention",)}, "layer_types has 1 entries for 2 drafter layers"),
+    ],
+)
+def test_each_misfit_alone_is_named(changes, problem):
+    message = misfit(small_config(**changes))
+    assert problem in message and message.count(";") == 0
+    assert "Check that --target is the model the drafter was trained for" in message
+
+
+def test_several_misfits_are_named_together():
+    message = misfit(small_config(hidden_size=32, mask_token_id=500))
+    assert "embedding and LM head); mask_token_id 500 outside" in message
