@@ -302,3 +302,66 @@ def test_an_eval_host_is_chosen_by_name_or_alone(tmp_path):
     assert list(inv.eval_hosts) == ["eval"]
     with pytest.raises(InventoryError, match="no eval host named 'trainer'; eval hosts: eval"):
         inv.eval_host("trainer")
+
+
+# --- rules added with the hostile-input work (their fab-level tests need a lab) -------------
+
+
+@pytest.mark.parametrize("address", ["kpro6", "ct129.lan", "10.231.0.2", "fe80::1%veth0", "a_b"])
+def test_plain_addresses_are_accepted(tmp_path, address):
+    assert load(tmp_path, with_host("eval", address=address)).hosts["eval"].address == address
+
+
+@pytest.mark.parametrize("address", ["host;rm -rf ~", "-oProxyCommand=x", "a b", "$(id)", ""])
+def test_addresses_a_shell_would_read_are_refused(tmp_path, address):
+    message = error_for(tmp_path, with_host("eval", address=address))
+    assert message.startswith("hosts.eval.address: expected a host name, ssh-config alias or IP")
+
+
+@pytest.mark.parametrize(
+    ("layout", "why"),
+    [
+        ("step_{step/checkpoint.pt", " (unbalanced braces)"),
+        ("step_{steps}/checkpoint.pt", ""),
+        ("step_{step}/{step}.pt", ""),
+        ("checkpoint.pt", ""),
+    ],
+)
+def test_a_layout_names_the_step_once_and_nothing_else(tmp_path, layout, why):
+    message = error_for(tmp_path, with_host("trainer", layout=layout))
+    expected = "a path with {step} exactly once and no other {…} placeholder" + why
+    assert message.startswith(f"hosts.trainer.layout: expected {expected}, found ")
+    marker = load(tmp_path, with_host("trainer", complete_marker="step_{step}/DONE"))
+    assert marker.trainer.complete_marker == "step_{step}/DONE"
+
+
+def test_drafter_profile_bounds(tmp_path):
+    profile = {"block_size": 2, "num_target_layers": 1, "mask_token_id": 0}
+    loaded = load(tmp_path, with_host("trainer", drafter=profile)).trainer.drafter
+    assert (loaded.block_size, loaded.num_target_layers, loaded.mask_token_id) == (2, 1, 0)
+    for key, bad, bound in (
+        ("block_size", 1, 2),
+        ("num_target_layers", 0, 1),
+        ("mask_token_id", -1, 0),
+    ):
+        message = error_for(tmp_path, with_host("trainer", drafter={key: bad}))
+        assert message == (
+            f"hosts.trainer.drafter.{key}: expected greater than or equal to {bound}, "
+            f"found {bad} (a number)"
+        )
+
+
+def test_keepalive_default_and_bound(tmp_path):
+    assert load(tmp_path, minimal()).transfer.keepalive == 15
+    assert load(tmp_path, {**minimal(), "transfer": {"keepalive": 1}}).transfer.keepalive == 1
+    message = error_for(tmp_path, {**minimal(), "transfer": {"keepalive": 0}})
+    assert message == "transfer.keepalive: expected greater than or equal to 1, found 0 (a number)"
+
+
+def test_a_duplicate_key_names_both_lines(tmp_path):
+    text = yaml.safe_dump(minimal()) + "hosts: {}\n"
+    first = text.splitlines().index("hosts:") + 1
+    second = len(text.splitlines())
+    message = error_for(tmp_path, text)
+    assert message.startswith(f"line {second}, column 1: not valid YAML: duplicate key 'hosts'")
+    assert f"(first at line {first})" in message
