@@ -5,7 +5,15 @@ provenance rules' business: tests/harness/test_provenance.py.)"""
 from __future__ import annotations
 
 import pytest
-from dflash_eval.config import DrafterConfig, TargetShape, check_against_target
+from dflash_eval.config import (
+    DrafterConfig,
+    TargetShape,
+    check_against_target,
+    default_target_layer_ids,
+    infer_from_shapes,
+    stated_settings,
+    states_rope,
+)
 from dflash_eval.config import from_hf_dict as parse
 from dflash_eval.errors import HarnessError
 
@@ -100,6 +108,7 @@ def test_missing_required_fields_are_listed():
         ({"attention_bias": True}, "attention_bias=true"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"input_embedding_scale": 2}, "input_embedding_scale=2"),
+        ({"input_embedding_scale": 0}, "input_embedding_scale=0"),
         ({"dflash_config": {"output_multiplier": 0.5}}, "output_multiplier=0.5"),
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
         ({"dflash_config": {"conv_kernel_size": 4}}, "conv_kernel_size (a DFlash-2 drafter)"),
@@ -152,7 +161,7 @@ def test_a_config_that_fits_passes():
         ({"target_layer_ids": (-1, 3)}, "target_layer_ids [-1] outside the target's 0..5"),
         ({"num_target_layers": 8}, "trained for a 8-layer target, this target has 6 layers"),
         ({"mask_token_id": 101}, "mask_token_id 101 outside the target vocab (0..100)"),
-        ({"mask_token_id": -2}, "mask_token_id -2 outside the target vocab"),
+        ({"mask_token_id": -1}, "mask_token_id -1 outside the target vocab"),
         ({"layer_types": ("full_attention",)}, "layer_types has 1 entries for 2 drafter layers"),
     ],
 )
@@ -165,3 +174,57 @@ def test_each_misfit_alone_is_named(changes, problem):
 def test_several_misfits_are_named_together():
     message = misfit(small_config(hidden_size=32, mask_token_id=500))
     assert "embedding and LM head); mask_token_id 500 outside" in message
+
+
+# --- what a config states, defaults, and shapes ---------------------------------------------
+
+
+def test_stated_settings_are_only_what_the_config_says():
+    assert stated_settings(BASE) == {}
+    nested = {"draft_config": {**BASE, "block_size": 6, "num_target_layers": 36}}
+    assert stated_settings(nested) == {"block_size": 6, "num_target_layers": 36}
+    flat = {**BASE, "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 0}}
+    assert stated_settings(flat) == {"target_layer_ids": (1, 3), "mask_token_id": 0}
+
+
+def test_whether_a_config_states_its_rope():
+    assert not states_rope(BASE)
+    assert states_rope({**BASE, "rope_theta": 1e6})
+    assert states_rope({"model_config": {**BASE, "rope_parameters": {"rope_theta": 5.0}}})
+
+
+def test_the_defaults_are_qwen3s_and_configs_are_hashable():
+    from transformers import Qwen3Config
+
+    config = small_config()
+    assert config.max_position_embeddings == Qwen3Config().max_position_embeddings
+    assert config.rope_theta == Qwen3Config().rope_parameters["rope_theta"]
+    assert len({small_config(), small_config()}) == 1  # usable as a key, equal → same hash
+
+
+def test_the_reference_default_layer_rule():
+    assert default_target_layer_ids(6, 1) == [3]
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_target_layer_ids(6, 2) == [1, 3]
+
+
+def test_the_architecture_is_read_back_from_parameter_shapes():
+    from dflash_eval.model import DFlashDrafter
+
+    config = small_config(head_dim=8, intermediate_size=80, num_hidden_layers=3)
+    shapes = {name: tuple(t.shape) for name, t in DFlashDrafter(config).state_dict().items()}
+    inferred = infer_from_shapes(shapes, TARGET)
+    assert (
+        inferred.hidden_size,
+        inferred.intermediate_size,
+        inferred.num_hidden_layers,
+        inferred.num_attention_heads,
+        inferred.num_key_value_heads,
+        inferred.head_dim,
+    ) == (64, 80, 3, 4, 2, 8)
+    assert inferred.rms_norm_eps == TARGET.rms_norm_eps
+    # What shapes cannot tell stays unset for the provenance rules.
+    assert (inferred.target_layer_ids, inferred.block_size, inferred.mask_token_id) == ((), 0, -1)
+    del shapes["layers.0.mlp.gate_proj.weight"]
+    with pytest.raises(HarnessError, match=r"'layers\.0\.mlp\.gate_proj\.weight' is absent"):
+        infer_from_shapes(shapes, TARGET)
