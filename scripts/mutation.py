@@ -122,7 +122,7 @@ TARGETS = (
     Target(
         "staging manifest",
         "dflash_ops/staging/manifest.py",
-        ("tests/test_staging_manifest.py",),
+        ("tests/test_staging_manifest_matching.py", "tests/test_staging_manifest.py"),
     ),
 )
 

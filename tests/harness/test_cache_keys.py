@@ -115,3 +115,32 @@ def test_a_missing_or_unreadable_entry_is_a_miss(tmp_path):
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / f"{key_digest(KEY)}.safetensors").write_bytes(b"not safetensors")
     assert cache.get_hidden(KEY) is None
+
+
+def test_records_round_trip_per_kind_and_key(tmp_path):
+    cache = DiskCache(tmp_path)
+    assert cache.get_record("features", KEY) is None
+    cache.put_record("features", KEY, {"fidelity": 0.5})
+    assert cache.get_record("features", dict(reversed(KEY.items()))) == {"fidelity": 0.5}
+    assert cache.get_record("other", KEY) is None
+    assert cache.get_record("features", {**KEY, "tokens": "t2"}) is None
+
+
+def test_a_record_whose_stored_key_differs_or_is_damaged_is_a_miss(tmp_path):
+    cache = DiskCache(tmp_path)
+    cache.put_record("features", KEY, {"fidelity": 0.5})
+    path = tmp_path / "features" / f"{key_digest(KEY)}.json"
+    entry = json.loads(path.read_text())
+    entry["key"]["layer_ids"] = [9]
+    path.write_text(json.dumps(entry))
+    assert cache.get_record("features", KEY) is None
+    path.write_text("{not json")
+    assert cache.get_record("features", KEY) is None
+
+
+def test_a_disabled_cache_keeps_no_records(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cache = DiskCache(None)
+    cache.put_record("features", KEY, {"fidelity": 0.5})
+    assert cache.get_record("features", KEY) is None
+    assert list(tmp_path.iterdir()) == []
