@@ -330,9 +330,17 @@ def wait_for_state(lab: labs.Lab, state: str, count: int = 1) -> list[jobs.Run]:
 def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
     trainer.only(2000)
     watching = start_fab(watch_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
+    # Interrupt once the watch itself says the run started (the host may show it running
+    # while the launch is still confirming it): that is the case this test is about.
+    seen = []
+    for line in watching.stdout:
+        seen.append(line)
+        if " started (" in line:
+            break
     [run] = wait_for_state(watch_lab, "running")
     watching.send_signal(signal.SIGINT)
-    stdout, _ = watching.communicate(timeout=60)
+    rest, _ = watching.communicate(timeout=60)
+    stdout = "".join(seen) + rest
     assert watching.returncode == 130
     flat = " ".join(stdout.split())
     assert "watch stopped" in flat
