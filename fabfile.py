@@ -13,6 +13,7 @@ from invoke.exceptions import Exit
 from dflash_lab import lab
 from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.evaluation.harness_options import pick as pick_harness_options
 from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
@@ -283,26 +284,7 @@ def run_eval(
         steps=steps,
         all_new=all_new,
         host=host,
-        harness_options={
-            "num_prompts": num_prompts,
-            "max_new_tokens": max_new_tokens,
-            "max_blocks": max_blocks,
-            "block_size": block_size,
-            "ddtree": ddtree,
-            "threads": threads,
-            "mask_token_id": mask_token_id,
-            "target_layer_ids": target_layer_ids,
-            "accept_default": accept_default,
-            "dtype": dtype,
-            "target_dtype": target_dtype,
-            "safe_globals": safe_globals,
-            "allow_unsafe_pickle": allow_unsafe_pickle,
-            "no_cache": no_cache,
-            "chunk_anchors": chunk_anchors,
-            "per_block": per_block,
-            "thinking": thinking,
-            "verify": verify,
-        },
+        harness_options=pick_harness_options(locals()),
         drafter_config=drafter_config,
         latest=latest,
         via="pull" if pull else via,
@@ -466,25 +448,7 @@ def watch(
         once=once,
         max_passes=parse_count("--max-passes", max_passes, minimum=1),
         webhook=webhook,
-        harness_options={
-            "num_prompts": num_prompts,
-            "max_new_tokens": max_new_tokens,
-            "max_blocks": max_blocks,
-            "block_size": block_size,
-            "ddtree": ddtree,
-            "threads": threads,
-            "mask_token_id": mask_token_id,
-            "target_layer_ids": target_layer_ids,
-            "accept_default": accept_default,
-            "dtype": dtype,
-            "target_dtype": target_dtype,
-            "safe_globals": safe_globals,
-            "allow_unsafe_pickle": allow_unsafe_pickle,
-            "no_cache": no_cache,
-            "chunk_anchors": chunk_anchors,
-            "per_block": per_block,
-            "thinking": thinking,
-        },
+        harness_options=pick_harness_options(locals()),
         prompts=prompts,
         dataset=dataset,
         drafter_config=drafter_config,

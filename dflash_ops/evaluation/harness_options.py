@@ -68,6 +68,12 @@ OPTIONS: dict[str, tuple[str, Check]] = {
 }
 
 
+def pick(values: Mapping[str, object]) -> dict[str, object]:
+    """The harness options among a task's keyword values (`fab run-eval`'s and `fab watch`'s
+    share them: one list, here)."""
+    return {name: values[name] for name in OPTIONS if name in values}
+
+
 def harness_args(values: Mapping[str, object]) -> list[str]:
     """The harness argv for run-eval's option values (unset ones keep the harness's default)."""
     unknown = set(values) - set(OPTIONS)
