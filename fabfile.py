@@ -13,6 +13,7 @@ from invoke.exceptions import Exit
 from dflash_lab import lab
 from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.core.inventory import with_bwlimit
 from dflash_ops.evaluation.harness_options import pick as pick_harness_options
 from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
@@ -128,6 +129,12 @@ def list_checkpoints(c, inventory=None):
     console.print(checkpoints_table(load_inventory(inventory)))
 
 
+BWLIMIT_HELP = (
+    "bytes per second a transfer may move, e.g. 200m (= 200 MiB/s); 'none' for no limit "
+    "(default: the inventory's transfer.bwlimit)"
+)
+
+
 @ops_task(
     help={
         "step": "training step to stage",
@@ -146,6 +153,7 @@ def list_checkpoints(c, inventory=None):
         "inventory's transfer.margin / margin_fraction)",
         "weights_only": "move only the drafter weights: extracted on the trainer with its own "
         "python/torch (or a directory's weight files); the whole file if it cannot",
+        "bwlimit": BWLIMIT_HELP,
     }
 )
 def stage_checkpoint(
@@ -161,6 +169,7 @@ def stage_checkpoint(
     verify=False,
     margin=None,
     weights_only=False,
+    bwlimit=None,
     inventory=None,
 ):
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
@@ -168,7 +177,7 @@ def stage_checkpoint(
 
     step = parse_count("--step", step)
     run_stage(
-        load_inventory(inventory),
+        with_bwlimit(load_inventory(inventory), bwlimit),
         step=step,
         latest=latest,
         to=[name.strip() for name in to.split(",")] if to else None,
@@ -205,6 +214,7 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "latest": "evaluate the trainer's latest complete checkpoint",
         "via": "how staging reads the trainer's file: stream (default), rootfs or pull",
         "pull": "copy the checkpoint out of the container first (same as --via pull)",
+        "bwlimit": BWLIMIT_HELP,
         "steps": "several steps, comma-separated: spread over all eval hosts in parallel",
         "all_new": "every complete checkpoint without a successful result yet (a sweep)",
         "host": "eval host (default: the only one)",
@@ -244,6 +254,7 @@ def run_eval(
     latest=False,
     via="stream",
     pull=False,
+    bwlimit=None,
     steps=None,
     all_new=False,
     host=None,
@@ -279,7 +290,7 @@ def run_eval(
     from dflash_ops.ui.eval_commands import run_eval_command
 
     run_eval_command(
-        load_inventory(inventory),
+        with_bwlimit(load_inventory(inventory), bwlimit),
         step=parse_count("--step", step) or 0,
         steps=steps,
         all_new=all_new,

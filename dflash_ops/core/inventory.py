@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
 
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.strict import Strict
+from dflash_ops.core.units import MIN_BWLIMIT, format_bytes, parse_bwlimit
 from dflash_ops.remote.containers import Container
 
 DEFAULT_INVENTORY = "inventory.yaml"
@@ -50,6 +51,9 @@ class _SshHost(Strict):
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: int = Field(default=10, ge=1)
+    # `sudo`: every command on the host runs through `sudo -n` (a non-root login whose
+    # passwordless sudo reaches what needs root: pct, root-only checkpoints, root's dirs).
+    become: Literal["sudo"] | None = None
 
 
 def _step_pattern(value: str) -> str:
@@ -140,13 +144,27 @@ class LocalSettings(Strict):
     results: Path = Path("results")
 
 
+def _bandwidth(value: Any) -> int | None:
+    try:
+        return parse_bwlimit(value)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"a bandwidth in bytes per second of at least {format_bytes(MIN_BWLIMIT)}/s, e.g. "
+            "200m (= 200 MiB/s), or none"
+        ) from None
+
+
 class TransferSettings(Strict):
-    """Free space kept beyond what a transfer writes: max(margin, margin_fraction × bytes)."""
+    """Free space kept beyond what a transfer writes: max(margin, margin_fraction × bytes);
+    how fast a transfer may read (bytes per second; None: as fast as the links go)."""
 
     margin: str | int = "1g"
     margin_fraction: float = Field(default=0.02, ge=0, le=1)
     # Seconds between SSH keepalives; a link silent for KEEPALIVE_COUNT of them is dead.
     keepalive: int = Field(default=15, ge=1)
+    # Bytes per second a transfer may move ("200m"): gentle to the training host's disk and
+    # links. --bwlimit overrides it (`with_bwlimit`).
+    bwlimit: Annotated[int | None, BeforeValidator(_bandwidth)] = None
 
 
 class Inventory(Strict):
@@ -185,6 +203,19 @@ class Inventory(Strict):
                 f"{self.path}: no eval host named {name!r}; eval hosts: {', '.join(hosts)}"
             )
         return name, hosts[name]
+
+
+def with_bwlimit(inventory: Inventory, bwlimit: str | None) -> Inventory:
+    """The inventory with `--bwlimit` in place of `transfer.bwlimit` (None: unchanged;
+    'none' or 0: no limit)."""
+    if bwlimit is None:
+        return inventory
+    try:
+        rate = parse_bwlimit(bwlimit)
+    except ValueError as exc:
+        raise InventoryError(f"--bwlimit: {exc}") from None
+    transfer = inventory.transfer.model_copy(update={"bwlimit": rate})
+    return inventory.model_copy(update={"transfer": transfer})
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -27,3 +27,27 @@ def parse_size(text: str | int) -> int:
         return int(float(value) * factor)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (expected e.g. 512m, 2g or a byte count)") from None
+
+
+MIN_BWLIMIT = 64 * 1024  # below this a 15 GB checkpoint takes days: surely a typo
+UNLIMITED = ("", "0", "none", "off", "unlimited")
+
+
+def parse_bwlimit(text: str | int | None) -> int | None:
+    """A transfer's bandwidth limit in bytes per second: '200m' (binary units, as
+    `parse_size`; an optional '/s' is allowed) -> 209715200; None, 0 or 'none' -> no limit."""
+    if text is None or str(text).strip().lower() in UNLIMITED:
+        return None
+    try:
+        rate = parse_size(str(text).strip().lower().removesuffix("/s"))
+    except ValueError:
+        raise ValueError(
+            f"not a bandwidth: {text!r} (expected bytes per second, e.g. 200m or 50m/s; "
+            "'none' for no limit)"
+        ) from None
+    if rate < MIN_BWLIMIT:
+        raise ValueError(
+            f"bandwidth {text!r} is {format_bytes(rate)}/s, under the smallest useful limit of "
+            f"{format_bytes(MIN_BWLIMIT)}/s (units are bytes per second: 200m = 200 MiB/s)"
+        )
+    return rate

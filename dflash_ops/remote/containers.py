@@ -16,6 +16,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from dflash_ops.core.strict import Strict
+from dflash_ops.remote.priority import low_priority
 from dflash_ops.remote.probes import Probe
 
 
@@ -24,6 +25,9 @@ class HostItself(Strict):
 
     kind: Literal["host"] = "host"
     tool: ClassVar[str | None] = None  # the host-side command this kind needs (check-hosts)
+    # Whether the reader inside sets its own low priority: `wrap` may start it in a process
+    # tree of its own (docker exec asks the daemon), out of reach of the host shell's nice.
+    own_priority: ClassVar[bool] = False
 
     @property
     def description(self) -> str:
@@ -55,10 +59,14 @@ class HostItself(Strict):
         return self.wrap(command_for.format(*quoted))
 
     def stream_command(self, in_container: str, offset: int = 0) -> str:
-        """Write the file's bytes from `offset` on to stdout."""
-        if offset:
-            return self.run_command(f"tail -c +{offset + 1} -- {{}}", in_container)
-        return self.run_command("cat -- {}", in_container)
+        """Write the file's bytes from `offset` on to stdout. Inside a container the reader
+        runs at low priority itself (see dflash_ops.remote.priority); on the host the caller
+        lowers the whole command's."""
+        path = shlex.quote(self.host_path(in_container))
+        read = f"tail -c +{offset + 1} -- {path}" if offset else f"cat -- {path}"
+        if self.own_priority:
+            read = low_priority(read, announce=self.description)
+        return self.wrap(read)
 
 
 def _running(output: str) -> bool:
@@ -73,6 +81,9 @@ class PctContainer(HostItself):
     id: int
     rootfs: str | None = None  # host-side path of its filesystem, if reading it directly is wanted
     tool: ClassVar[str | None] = "pct"
+    # lxc-attach forks from the caller, so priorities are inherited; set again inside all the
+    # same, as the reader's own, so they hold whatever pct does in between.
+    own_priority: ClassVar[bool] = True
 
     @property
     def description(self) -> str:
@@ -112,6 +123,7 @@ class DockerContainer(HostItself):
     kind: Literal["docker"]
     name: str
     tool: ClassVar[str | None] = "docker"
+    own_priority: ClassVar[bool] = True
 
     @property
     def description(self) -> str:

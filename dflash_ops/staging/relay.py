@@ -16,6 +16,11 @@ file that changed while it was read is caught without another round trip. A resu
 appends from the partial's size; its verification is a whole-file hash at both ends
 afterwards, run in parallel.
 
+With a bandwidth limit (`transfer.bwlimit`, `--bwlimit`) the splice loop is paced by a token
+bucket (`Pace`): it asks for no more bytes than the limit allows so far, and the pipes' back
+pressure slows the reader on the trainer to the same rate. The copy stays a plain stream, so an
+interrupted paced copy resumes like any other.
+
 The hashing prefers `python3` (hashlib uses OpenSSL's SHA-NI code: several times faster than
 coreutils' sha256sum, which matters when ssh already keeps the CPUs busy), then `openssl`,
 then `sha256sum`; each command picks the first one its host has when it runs.
@@ -31,10 +36,11 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dflash_ops.remote import connection, probes
+from dflash_ops.remote import connection, priority, probes
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -192,6 +198,72 @@ def gated(command: str) -> str:
     return f'IFS= read -r gate && [ "$gate" = go ] || exit 0; {command}'
 
 
+# --- pacing -------------------------------------------------------------------------------
+
+# A paced splice moves at most this share of a second's worth of bytes at once (within
+# [MIN_PIECE, CHUNK]): small enough that the rate is even, large enough to stay cheap.
+PIECE_SECONDS = 0.05
+MIN_PIECE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Paced:
+    """What the pacing of one transfer did: the limit, the bytes it let through, over how
+    many seconds, and how long it held the stream back in all."""
+
+    limit: int  # bytes per second
+    sent: int
+    seconds: float
+    waited: float
+
+    @property
+    def rate(self) -> float:
+        """The average rate, measured over the whole paced stream (waits included)."""
+        return self.sent / self.seconds if self.seconds > 0 else 0.0
+
+
+class Pace:
+    """A token bucket of `limit` bytes per second. It starts empty and holds at most one
+    piece, so over any stretch since it started no more than `limit` × seconds bytes pass:
+    the average never exceeds the limit, not even in the first second."""
+
+    def __init__(
+        self,
+        limit: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.limit = limit
+        self.piece = max(MIN_PIECE, min(CHUNK, int(limit * PIECE_SECONDS)))
+        self._clock, self._sleep = clock, sleep
+        self.started = self._last = clock()
+        self._tokens = 0.0
+        self.sent = 0
+        self.waited = 0.0
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.piece, self._tokens + (now - self._last) * self.limit)
+        self._last = now
+
+    def allowance(self) -> int:
+        """Bytes that may go now (≥ 1); first waits until a whole piece is allowed."""
+        self._refill()
+        while self._tokens < self.piece:
+            wait = (self.piece - self._tokens) / self.limit
+            self._sleep(wait)
+            self.waited += wait
+            self._refill()
+        return int(self._tokens)
+
+    def spent(self, count: int) -> None:
+        self._tokens -= count
+        self.sent += count
+
+    def report(self) -> Paced:
+        return Paced(self.limit, self.sent, self._clock() - self.started, self.waited)
+
+
 # --- moving bytes -------------------------------------------------------------------------
 
 
@@ -213,6 +285,7 @@ class Moved:
     dest_rc: int | None
     dest_out: str
     dest_err: str
+    paced: Paced | None = None  # how a bandwidth limit held the stream back (None: no limit)
 
     def _marked(self, mark: str) -> str | None:
         for line in reversed(self.source_err.splitlines()):
@@ -237,6 +310,11 @@ class Moved:
     def dest_digest(self) -> str | None:
         return digest_in(self.dest_out)
 
+    @property
+    def priorities(self) -> list[str]:
+        """What the source's readers said they ran at ('trainer: nice 19, ionice idle')."""
+        return priority.announced(self.source_err)
+
 
 def digest_in(text: str) -> str | None:
     """The last sha256 hex digest a hashing command printed (None: it printed none)."""
@@ -249,10 +327,19 @@ ProgressCallback = Callable[[RelayState], None]
 
 class Pipe:
     """A source process and a destination process, started at once; `run` splices one into
-    the other. Gated (`gated=True`): both wait for `open_gate()` (or exit on `cancel()`)."""
+    the other, at most `bwlimit` bytes per second when given. Gated (`gated=True`): both wait
+    for `open_gate()` (or exit on `cancel()`)."""
 
-    def __init__(self, source_argv: list[str], dest_argv: list[str], *, gated: bool) -> None:
+    def __init__(
+        self,
+        source_argv: list[str],
+        dest_argv: list[str],
+        *,
+        gated: bool,
+        bwlimit: int | None = None,
+    ) -> None:
         self.gated = gated
+        self.bwlimit = bwlimit
         # The processes' stderr/stdout: files that live as long as the Pipe does.
         self._files = contextlib.ExitStack()
         self.source_err, self.dest_out, self.dest_err = (
@@ -318,13 +405,16 @@ class Pipe:
                 with contextlib.suppress(OSError):
                     fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
             state = RelayState(0, total, source, dest)
+            pace = Pace(self.bwlimit) if self.bwlimit else None
             while True:
                 try:
-                    n = os.splice(src_fd, dst_fd, CHUNK)
+                    n = os.splice(src_fd, dst_fd, pace.allowance() if pace else CHUNK)
                 except BrokenPipeError:
                     break  # the destination ended (disk full, killed): its status says why
                 if n == 0:
                     break
+                if pace is not None:
+                    pace.spent(n)
                 count += n
                 if on_progress is not None:
                     state.done = count
@@ -344,6 +434,7 @@ class Pipe:
                 dest_rc,
                 _text(self.dest_out),
                 _text(self.dest_err),
+                pace.report() if pace else None,
             )
 
     def _stop(self) -> None:
@@ -364,9 +455,10 @@ def move(
     dest_argv: list[str],
     total: int,
     on_progress: ProgressCallback | None = None,
+    bwlimit: int | None = None,
 ) -> Moved:
     """Start both processes and move the bytes (see `Pipe.run`)."""
-    return Pipe(source_argv, dest_argv, gated=False).run(total, on_progress)
+    return Pipe(source_argv, dest_argv, gated=False, bwlimit=bwlimit).run(total, on_progress)
 
 
 def _text(file) -> str:
@@ -390,5 +482,6 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
 
 def stderr_reason(text: str) -> str:
     """Why a side failed: its last stderr line that is not one of the stream's own marks."""
-    text = "\n".join(line for line in text.splitlines() if not line.startswith(STAT_MARK))
+    marks = (STAT_MARK, priority.MARK)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(marks))
     return connection.stderr_reason(text, skip_prefix=SOURCE_MARK)

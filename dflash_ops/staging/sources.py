@@ -20,6 +20,7 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
+from dflash_ops.remote.priority import low_priority
 from dflash_ops.staging.catalog import list_directory_command, parse_listing
 from dflash_ops.staging.manifest import Member
 from dflash_ops.staging.relay import source_command, stderr_reason
@@ -36,6 +37,7 @@ class Source:
     stat_command: str  # prints 'size mtime kind' or 'missing'
     label: str = ""
     file: str | None = None  # the path, when it is a plain file this side's shell can open
+    gentle: bool = False  # the trainer's disk: read at low priority (remote.priority)
 
     def stat(self) -> probes.FileStat | None:
         return probes.parse_file_stat(self.side.run(self.stat_command).stdout)
@@ -43,10 +45,17 @@ class Source:
     def command(self, offset: int, *, hashed: bool) -> str:
         """The bytes from `offset` (hashed in-stream when `hashed`), then the file's stat."""
         path = self.file if offset == 0 else None
-        return source_command(self.read(offset), self.stat_command, hashed=hashed, path=path)
+        command = source_command(self.read(offset), self.stat_command, hashed=hashed, path=path)
+        return self.gently(command, announce=True)
+
+    def gently(self, command: str, *, announce: bool = False) -> str:
+        """`command` (a bash command reading this file) at low priority, if this is gentle."""
+        if not self.gentle:
+            return command
+        return low_priority(command, shell="bash", announce=self.side.name if announce else None)
 
 
-def plain_source(side: Side, path: str, label: str) -> Source:
+def plain_source(side: Side, path: str, label: str, *, gentle: bool = False) -> Source:
     q = shlex.quote(path)
     return Source(
         side,
@@ -55,6 +64,7 @@ def plain_source(side: Side, path: str, label: str) -> Source:
         probes.file_stat_command(q),
         label,
         path,
+        gentle,
     )
 
 
@@ -117,7 +127,7 @@ class TrainerFiles:
     def source(self, path: str) -> Source:
         """The file at `path` (in the training environment)."""
         if self.rootfs:
-            return plain_source(self.side, self.host_path(path), "rootfs")
+            return plain_source(self.side, self.host_path(path), "rootfs", gentle=True)
         env = self.env
         return Source(
             self.side,
@@ -125,6 +135,7 @@ class TrainerFiles:
             lambda offset: env.stream_command(path, offset),
             env.run_command(probes.file_stat_command("{}"), path),
             "stream",
+            gentle=True,
         )
 
     def describe(self, path: str, marker: str | None) -> Described:
@@ -184,14 +195,15 @@ class Pulled:
             )
         self.directory = made.stdout.strip()
         copy = f"{self.directory}/{self.path.rpartition('/')[2]}"
-        result = self.side.run(self.env.pull_command(self.path, copy), check=False)
+        pull = low_priority(self.env.pull_command(self.path, copy), shell="bash")
+        result = self.side.run(pull, check=False)
         if not result.ok:
             self.__exit__()
             raise TransferError(
                 f"{self.side.name}: copying {self.path} out of {self.env.description} to "
                 f"{copy} failed: {stderr_reason(result.stderr)}; nothing was staged."
             )
-        return plain_source(self.side, copy, "pulled")
+        return plain_source(self.side, copy, "pulled", gentle=True)
 
     def __exit__(self, *exc) -> None:
         if self.directory:

@@ -204,6 +204,7 @@ def _head_start(
             source.side.argv(gated(source.command(0, hashed=True))),
             dest.side.argv(gated(sink(dest.partial, append=False, hashed=True))),
             gated=True,
+            bwlimit=reader.inventory.transfer.bwlimit,
         )
     return _HeadStart(dest, pipe)
 
@@ -289,7 +290,7 @@ def _deliver_all(payload: Payload, names: list[str], context: _Context) -> list[
 def _deliver(payload: Payload, dest: Destination, context: _Context) -> StagedCheckpoint:
     early, state = context.head.take(dest, payload) if context.head else (None, None)
     if early is None:
-        early = _start_early(payload, dest, context.options)
+        early = _start_early(payload, dest, context)
     try:
         return _deliver_started(payload, dest, context, early, state or dest.state())
     finally:
@@ -297,9 +298,9 @@ def _deliver(payload: Payload, dest: Destination, context: _Context) -> StagedCh
             early.cancel()
 
 
-def _start_early(payload: Payload, dest: Destination, options: StageOptions) -> Pipe | None:
+def _start_early(payload: Payload, dest: Destination, context: _Context) -> Pipe | None:
     """The first file's transfer, gated, so its SSH handshakes overlap the control steps."""
-    if options.dry_run or payload.pull is not None or not payload.members:
+    if context.options.dry_run or payload.pull is not None or not payload.members:
         return None
     first = payload.members[0]
     source = payload.source(first)
@@ -307,6 +308,7 @@ def _start_early(payload: Payload, dest: Destination, options: StageOptions) -> 
         source.side.argv(gated(source.command(0, hashed=True))),
         dest.side.argv(gated(sink(dest.writes_to(first), append=False, hashed=True))),
         gated=True,
+        bwlimit=context.inventory.transfer.bwlimit,
     )
 
 
@@ -344,14 +346,16 @@ def _deliver_started(
             prepare = dest.prepare_command(payload.members, fresh=not options.resume)
             checked(lock.run(prepare), dest, "preparing the copy")
         progress = (options.on_progress, options.progress_factory)
-        moved = copy_members(payload, dest, todo, lock, early, progress)
+        bwlimit = context.inventory.transfer.bwlimit
+        moved = copy_members(payload, dest, todo, lock, early, progress, bwlimit)
         records += moved.records
         payload.require_unchanged()
         manifest = _manifest(payload, dest, records)
         checked(lock.run(dest.promote_command(manifest)), dest, "promoting the copy")
+    gentle = moved.gentleness()
     options.report(
         f"{dest}: staged and verified (sha256 {manifest['sha256'][:16]}…, "
-        f"{format_bytes(moved.count)} moved)"
+        f"{format_bytes(moved.count)} moved{'; ' + gentle if gentle else ''})"
     )
     return _result(payload, dest, manifest["sha256"], moved.count, False, hops, manifest)
 

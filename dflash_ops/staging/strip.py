@@ -25,6 +25,7 @@ from pathlib import Path
 import dflash_eval
 
 from dflash_ops.core.errors import CheckpointError
+from dflash_ops.remote.priority import low_priority
 from dflash_ops.staging import strip_script
 from dflash_ops.staging.manifest import Member
 from dflash_ops.staging.relay import stderr_reason
@@ -130,7 +131,8 @@ class TrainerExtraction:
             f'printf "%s\\n" "$d"; {q(self.python)} -c {q(script)} {q(keys)} '
             f'{q(env.host_path(self.checkpoint))} "$d"'
         )
-        result = self.files.side.run(env.wrap(command), check=False)
+        # It reads the whole checkpoint: gently (dflash_ops.remote.priority).
+        result = self.files.side.run(env.wrap(low_priority(command)), check=False)
         lines = result.stdout.splitlines()
         self.directory = lines[0] if lines and lines[0].startswith("/") else None
         where = f"{self.files.side.name}: {env.description}"

@@ -20,6 +20,7 @@ from dflash_ops.staging.manifest import Member
 from dflash_ops.staging.payload import Payload
 from dflash_ops.staging.relay import (
     Moved,
+    Paced,
     Pipe,
     ProgressCallback,
     RelayState,
@@ -46,6 +47,26 @@ def checked(result: Result, dest: Destination, what: str) -> Result:
 class Copied:
     count: int = 0
     records: list[dict] = field(default_factory=list)
+    paced: list[Paced] = field(default_factory=list)  # each paced transfer's pacing
+    priorities: list[str] = field(default_factory=list)  # what the readers ran at
+
+    def add(self, moved: Moved) -> None:
+        self.count += moved.count
+        if moved.paced is not None:
+            self.paced.append(moved.paced)
+        self.priorities += [p for p in moved.priorities if p not in self.priorities]
+
+    def gentleness(self) -> str:
+        """How the copy spared the trainer, for its summary line ('' if it did not)."""
+        parts = []
+        if self.paced:
+            sent = sum(p.sent for p in self.paced)
+            seconds = sum(p.seconds for p in self.paced)
+            average = format_bytes(sent / seconds if seconds > 0 else 0)
+            parts.append(f"bwlimit {format_bytes(self.paced[0].limit)}/s (average {average}/s)")
+        if self.priorities:
+            parts.append("reader at " + "; ".join(self.priorities))
+        return ", ".join(parts)
 
 
 def copy_members(
@@ -55,17 +76,21 @@ def copy_members(
     lock: DestinationLock,
     early: Pipe | None,
     progress: tuple[ProgressCallback | None, ProgressFactory | None],
+    bwlimit: int | None = None,
 ) -> Copied:
-    """Move every member still to move; each verified one is finished at once (a set's file
-    gets its final name and resume record), so a later interruption keeps it."""
+    """Move every member still to move, at most `bwlimit` bytes per second; each verified one
+    is finished at once (a set's file gets its final name and resume record), so a later
+    interruption keeps it."""
     total = sum(member.size - offset for member, offset in todo)
     progress = _SetProgress(*progress, str(dest), total)
     moved = Copied()
     for member, offset in todo:
         pipe, early = (early, None) if early is not None else (None, None)
-        sha, count = _transfer(payload, member, dest, offset, lock, pipe, progress.callback())
-        moved.count += count
-        progress.advance(count)
+        sha, one = _transfer(
+            payload, member, dest, offset, lock, pipe, progress.callback(), bwlimit
+        )
+        moved.add(one)
+        progress.advance(one.count)
         record = {**member.record(), "sha256": sha}
         moved.records.append(record)
         done = dest.member_done_command(member, record)
@@ -114,9 +139,10 @@ def _transfer(
     lock: DestinationLock,
     pipe: Pipe | None,
     on_progress: ProgressCallback | None,
-) -> tuple[str, int]:
+    bwlimit: int | None,
+) -> tuple[str, Moved]:
     """Move one member's bytes, check the stream ended cleanly and the trainer's file did not
-    change, and return the verified sha256 and the bytes moved. The partial is kept when the
+    change, and return the verified sha256 and what was moved. The partial is kept when the
     stream breaks, removed when what arrived cannot be right."""
     fresh = offset == 0
     partial = dest.writes_to(member)
@@ -133,6 +159,7 @@ def _transfer(
                 source.side.argv(source.command(offset, hashed=fresh)),
                 dest.side.argv(sink(partial, append=not fresh, hashed=fresh)),
                 gated=False,
+                bwlimit=bwlimit,
             )
         moved = pipe.run(remaining, on_progress)
         _require_clean_end(moved, source, dest, partial, offset, member.size)
@@ -167,7 +194,7 @@ def _transfer(
             f"{dest}: sha256 {source_sha} of {member.name} differs from the {member.sha256} "
             f"it had where it came from; the partial was removed. Rerun to transfer again."
         )
-    return source_sha, moved.count
+    return source_sha, moved
 
 
 def _require_clean_end(
@@ -194,9 +221,8 @@ def _hash_both(source: Source, side: Side, path: str) -> tuple[str | None, str |
     """Whole-file sha256 at both ends, in parallel (after a resume, or for --verify)."""
 
     def at_source() -> str | None:
-        out = source.side.run(
-            f"set -o pipefail; {{ {source.read(0)}; }} | {{ {hash_stdin()}; }}", check=False
-        )
+        command = f"set -o pipefail; {{ {source.read(0)}; }} | {{ {hash_stdin()}; }}"
+        out = source.side.run(source.gently(command), check=False)
         return digest_in(out.stdout)
 
     def at_dest() -> str | None:

@@ -102,9 +102,17 @@ def run_stage(
         console.print("[bold]plan (dry run, nothing written):[/]")
         for hop in (hop for staged in results for hop in staged.plan):
             console.print(f"  {hop.describe()}")
+        console.print(f"  {gentleness_plan(inventory)}")
     elif weights_only:
         console.print(_weights_summary(results))
     return results
+
+
+def gentleness_plan(inventory: Inventory) -> str:
+    """How a stage will spare the trainer (what each transfer then reports it did)."""
+    limit = inventory.transfer.bwlimit
+    pace = f"at most {format_bytes(limit)}/s" if limit else "no bwlimit"
+    return f"each transfer: {pace}; the trainer's reader at nice 19, ionice idle where they exist"
 
 
 @contextmanager
