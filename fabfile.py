@@ -52,6 +52,8 @@ LAB_DIR_HELP = f"lab directory (default: $DFLASH_LAB_DIR, else {lab.DEFAULT_ROOT
         "trainer_disk": "size of the trainer's disk (tmpfs)",
         "eval_disk": "size of each eval host's disk (tmpfs)",
         "workstation_disk": "size of the workstation's staging disk (tmpfs)",
+        "sudo_hosts": "hosts that log in as a non-root user with `become: sudo`, "
+        "comma-separated (root only: the lab makes that user)",
     }
 )
 def lab_up(
@@ -63,6 +65,7 @@ def lab_up(
     trainer_disk="256m",
     eval_disk="3g",
     workstation_disk="256m",
+    sudo_hosts=None,
 ):
     """Build the local lab: sshd hosts in network namespaces, disks, keys, inventory."""
     config = lab.LabConfig(
@@ -73,6 +76,7 @@ def lab_up(
         trainer_disk=trainer_disk,
         eval_disk=eval_disk,
         workstation_disk=workstation_disk,
+        sudo_hosts=tuple(name.strip() for name in sudo_hosts.split(",")) if sudo_hosts else (),
     )
     built = lab.up(config, lab.content_generator(content))
     console.print(

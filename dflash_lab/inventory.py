@@ -42,6 +42,8 @@ def write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict])
             "threads": max(1, (os.cpu_count() or 1) // config.eval_hosts),
             **eval_settings[name],
         }
+    for name in config.sudo_hosts:
+        hosts[name].update(user=lab.sudo_user, become="sudo")
     document = {
         "lab": str(lab.root / STATE_FILE),
         "ssh_config": str(lab.root / "ssh_config"),

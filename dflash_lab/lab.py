@@ -30,7 +30,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from dflash_lab import disks, network, sshd, teardown
+from dflash_lab import disks, network, sshd, teardown, users
 from dflash_lab.container import make_container
 from dflash_lab.content import (
     ContentGenerator,
@@ -136,6 +136,15 @@ class Lab:
     def start_sshd(self, host: str) -> None:
         sshd.start(self, host)
 
+    @property
+    def sudo_user(self) -> str | None:
+        """The non-root login of the `sudo_hosts` (None: the lab has none)."""
+        return self.state.users[0] if self.state.users else None
+
+    def set_sudo_rights(self, granted: bool) -> None:
+        """Give the sudo login its passwordless sudo, or take it away (tests put it back)."""
+        users.set_sudo_rights(self, granted)
+
     def in_namespace(self, host: str, argv: list[str]) -> list[str]:
         """argv to run a local command inside the host's network namespace (as that host
         would); unchanged in loopback mode."""
@@ -162,6 +171,13 @@ def up(config: LabConfig, content: ContentGenerator | None = None) -> Lab:
     if root.exists() and any(root.iterdir()):
         raise LabError(f"{root} exists and is not empty; choose another --dir or remove it")
     _require_tools(as_root=os.geteuid() == 0)
+    unknown = sorted(set(config.sudo_hosts) - set(config.disks))
+    if unknown:
+        raise LabError(f"sudo_hosts: no lab host named {', '.join(unknown)}")
+    if config.sudo_hosts:
+        if os.geteuid() != 0:
+            raise LabError("sudo_hosts need root: the lab makes a user of this machine")
+        users.require_tools()
     root.mkdir(parents=True, exist_ok=True)
     state = LabState(root=str(root), mode="netns" if os.geteuid() == 0 else "loopback")
     lab = Lab(state)
@@ -188,6 +204,8 @@ def _build(lab: Lab, config: LabConfig, content: ContentGenerator) -> None:
         lab.host_dir(name).mkdir(parents=True)
         sshd.make_key(lab.host_dir(name) / sshd.HOST_KEY, f"lab-{name}")
     _add_hosts(lab, list(config.disks))
+    if config.sudo_hosts:
+        users.make_sudo_user(lab)
     for name, size in config.disks.items():
         _prepare_host(lab, name, size)
     workstation = lab.workstation_dir

@@ -56,6 +56,8 @@ def write_config(lab: Lab, name: str, bin_dir: Path) -> None:
         # its own tools (the pct stand-in on the trainer) come first on PATH.
         f"SetEnv HOME={record.data_dir}/home PATH={path} DFLASH_LAB_HOST={name}",
     ]
+    for user in lab.state.users:  # its own copy of the key: sshd reads it as the user
+        lines += [f"Match User {user}", "    AuthorizedKeysFile %h/.ssh/authorized_keys"]
     (host_dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
 

@@ -35,6 +35,9 @@ class LabConfig:
     steps: tuple[int, ...] = (2000, 4000, 6000)
     checkpoint_size: str = "4m"  # for the random-bytes content
     content: str = "random"  # "random" (bytes) or "models" (tiny target + trained drafters)
+    # Hosts whose inventory entry logs in as the lab's non-root user with `become: sudo`
+    # (root only; see dflash_lab/users.py).
+    sudo_hosts: tuple[str, ...] = ()
 
     @property
     def eval_names(self) -> list[str]:
@@ -67,6 +70,8 @@ class LabState:
     namespaces: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     created_run_sshd: bool = False
+    users: list[str] = field(default_factory=list)  # machine users made for the lab
+    files: list[str] = field(default_factory=list)  # files outside the lab's root (sudoers)
 
     def save(self) -> None:
         path = Path(self.root) / STATE_FILE

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_lab import disks, network, processes, sshd
+from dflash_lab import disks, network, processes, sshd, users
 from dflash_lab.state import LabState
 from dflash_lab.system import attempt
 from dflash_ops.remote.routes import network_namespaces
@@ -48,6 +48,7 @@ def down(lab: Lab) -> list[str]:
             attempt(problems, f"delete netns {netns}", lambda n=netns: network.delete_namespace(n))
         problems += _processes_left(inodes, stubborn)
     _remove_run_sshd(state)
+    users.remove(lab, problems)
     problems += [f"{thing} is still there" for thing in _on_the_machine(lab)]
     if not problems:
         shutil.rmtree(lab.root, ignore_errors=True)
@@ -104,7 +105,7 @@ def _on_the_machine(lab: Lab) -> list[str]:
         for name, record in state.hosts.items()
         if sshd.running(lab, name)
     ]
-    return found
+    return found + users.leftovers(lab)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from dflash_ops.core.inventory import (
 )
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, host_error_row
+from dflash_ops.remote.connection import Host, host_error_row, sudo_advice
 from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.disk import local_free_bytes
@@ -103,6 +103,12 @@ def check_host(host: Host) -> Iterator[Row]:
         return
     yield Row(name, "host key", Status.OK, f"matches {host.known_hosts}")
     yield Row(name, "authenticated", Status.OK, f"as {host.connection.user}")
+    if host.becomes_root:
+        sudo = _sudo_row(host)
+        yield sudo
+        if sudo.status is Status.FAIL:
+            yield Row(name, "remaining checks", Status.SKIPPED, "every command needs sudo")
+            return
     try:
         if isinstance(entry, TrainerHost):
             yield from _check_trainer(host, entry)
@@ -113,8 +119,25 @@ def check_host(host: Host) -> Iterator[Row]:
         yield Row(name, "remaining checks", Status.FAIL, host_error_row(exc))
 
 
+def _sudo_row(host: Host) -> Row:
+    """`become: sudo`: can the login user run a command through `sudo -n` (no password)?"""
+    answer = host.run("sudo -n true", check=False, as_login_user=True)
+    if answer.ok:
+        return Row(host.name, "sudo", Status.OK, "`sudo -n` works: commands run as root")
+    reason = answer.stderr.strip().splitlines()[-1] if answer.stderr.strip() else "no output"
+    return Row(host.name, "sudo", Status.FAIL, sudo_advice(host.entry.user, reason))
+
+
 def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
     env = environment_of(entry.container)
+    if env.tool == "pct" and not host.becomes_root and entry.user not in (None, "root"):
+        yield Row(
+            host.name,
+            "root for pct",
+            Status.WARN,
+            f"`pct` needs root and the login user is {entry.user}: set `become: sudo` on "
+            "this host (with passwordless sudo)",
+        )
     status = env.status()
     if status is not None:
         answer = host.run(status.command, check=False)

@@ -3,6 +3,10 @@
 Both are built from the same inventory entry (user, port, key, known_hosts, timeout), so a
 transfer goes exactly where the control commands went. Host keys are always verified: an
 unknown or changed key is refused, never added.
+
+With `become: sudo` every command on the host — control commands, the relay's reader and
+writer, held commands, uploads — runs as `sudo -n -- bash -c 'COMMAND'` (`login_command`):
+non-interactive, so a missing NOPASSWD rule is an error that says so, never a prompt.
 """
 
 from __future__ import annotations
@@ -70,6 +74,41 @@ class Host:
     @property
     def known_hosts(self) -> Path:
         return Path(self.entry.known_hosts).expanduser()
+
+    # --- who runs the commands --------------------------------------------------------------
+
+    @property
+    def becomes_root(self) -> bool:
+        return self.entry.become == "sudo"
+
+    def login_command(self, command: str) -> str:
+        """`command` as the login shell must be given it: through `sudo -n` with `become`."""
+        if not self.becomes_root:
+            return command
+        return f"sudo -n -- bash -c {shlex.quote(command)}"
+
+    def root_hint(self) -> str:
+        """For a message about something denied: what to do when the login is not root."""
+        if self.becomes_root or self.entry.user in (None, "root"):
+            return ""
+        return (
+            f" The login user {self.entry.user} is not root: if this needs root (pct, "
+            f"root-only files), set `become: sudo` on hosts.{self.name} in "
+            f"{self.inventory.path} and give {self.entry.user} passwordless sudo there."
+        )
+
+    def _require_sudo(self, result: Result) -> None:
+        """`sudo -n` itself failed (no NOPASSWD rule, no sudo): not the command's fault."""
+        if not self.becomes_root or result.exit_code not in (1, 127):
+            return
+        reasons = [
+            line.strip()
+            for line in result.stderr.splitlines()
+            if (line.startswith("sudo: ") or "sudo: command not found" in line)
+            and "unable to resolve host" not in line  # a warning: the command still ran
+        ]
+        if reasons:
+            raise HostError(self.name, sudo_advice(self.entry.user, reasons[0]))
 
     # --- control plane (Fabric) -----------------------------------------------------------
 
@@ -182,18 +221,27 @@ class Host:
             return self.entry.address
         return f"[{self.entry.address}]:{self.entry.port}"
 
-    def run(self, command: str, *, check: bool = True, timeout: float | None = None) -> Result:
-        """Run a shell command; output is captured, never echoed."""
+    def run(
+        self,
+        command: str,
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        as_login_user: bool = False,
+    ) -> Result:
+        """Run a shell command (under sudo with `become`, unless `as_login_user`); output is
+        captured, never echoed."""
         self.open()
+        line = command if as_login_user else self.login_command(command)
         try:
-            raw = self.connection.run(
-                command, hide=True, warn=True, in_stream=False, timeout=timeout
-            )
+            raw = self.connection.run(line, hide=True, warn=True, in_stream=False, timeout=timeout)
         except paramiko.SSHException as exc:
             raise UnreachableError(
                 self.name, f"lost the SSH session to {self.target}: {exc}"
             ) from None
         result = Result(raw.stdout, raw.stderr, raw.exited)
+        if not as_login_user:
+            self._require_sudo(result)
         if check and not result.ok:
             raise RemoteCommandError(self.name, command, result.exit_code, result.stderr)
         return result
@@ -204,7 +252,10 @@ class Host:
         quoted = shlex.quote(remote)
         self.run(f"umask {'077' if private else '022'} && : > {quoted}")
         try:
-            self.connection.put(io.BytesIO(data), remote)
+            if self.becomes_root:
+                self._write_through_sudo(data, quoted)
+            else:
+                self.connection.put(io.BytesIO(data), remote)
         except (OSError, paramiko.SSHException) as exc:
             self.run(f"rm -f -- {quoted}", check=False)
             free = format_bytes(self.probe(probes.free_bytes(remote)))
@@ -214,6 +265,20 @@ class Host:
                 f"{exc or type(exc).__name__}; {free} free there. Free space on {self.name} "
                 "and retry.",
             ) from None
+
+    def _write_through_sudo(self, data: bytes, quoted: str) -> None:
+        """SFTP writes as the login user: under `become`, the bytes go to `cat` run by sudo."""
+        channel = self.connection.transport.open_session()
+        try:
+            channel.exec_command(self.login_command(f"cat > {quoted}"))
+            channel.sendall(data)
+            channel.shutdown_write()
+            code = channel.recv_exit_status()
+            if code != 0:
+                error = channel.makefile_stderr("r").read().decode(errors="replace")
+                raise OSError(f"cat exited {code}: {stderr_reason(error)}")
+        finally:
+            channel.close()
 
     def probe(self, probe: Probe[T]) -> T:
         return probe.parse(self.run(probe.command).stdout)
@@ -248,7 +313,7 @@ class Host:
         argv += ["-p", str(self.entry.port)]
         if self.entry.user:
             argv += ["-l", self.entry.user]
-        return [*argv, self.entry.address, "--", command]
+        return [*argv, self.entry.address, "--", self.login_command(command)]
 
 
 def each_eval_host(
@@ -315,6 +380,17 @@ def with_umask(mask: str, command: str) -> str:
     """`command` under an explicit umask, so the modes of what it creates on the host are the
     ones we chose and not whatever the login's umask happens to be."""
     return f"umask {mask}; {command}"
+
+
+def sudo_advice(user: str | None, reason: str) -> str:
+    """What `become: sudo` needs, when `sudo -n` said `reason`."""
+    who = user or "the login user"
+    return (
+        f"`become: sudo` needs passwordless sudo for {who}, but `sudo -n` said: {reason}. "
+        f"Add a NOPASSWD rule on the host (as root: `echo '{who} ALL=(root) NOPASSWD: ALL' > "
+        f"/etc/sudoers.d/dflash-ops && chmod 0440 /etc/sudoers.d/dflash-ops`, check with "
+        f"`visudo -c`), or log in as root and drop `become`."
+    )
 
 
 def host_error_row(exc: HostError) -> str:

@@ -101,6 +101,11 @@ def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
         command += f"; stat -c 'M 0 0 %n' -- {marker_glob} 2>/dev/null"
     host = Host(inventory, inventory.trainer_name)
     result = host.run(env.wrap(command + "; true"), check=False)
+    if result.exit_code == 3 and "Permission denied" in result.stderr:
+        raise CheckpointError(
+            f"{host.name}: permission denied entering the checkpoint directory "
+            f"{trainer.checkpoints} in {env.description}.{host.root_hint()}"
+        )
     if result.exit_code == 3:
         raise CheckpointError(
             f"{host.name}: checkpoint directory {trainer.checkpoints} not found in "
@@ -109,7 +114,7 @@ def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
     if not result.ok:
         raise CheckpointError(
             f"{host.name}: listing {trainer.checkpoints} in {env.description} failed: "
-            f"{stderr_reason(result.stderr)}"
+            f"{stderr_reason(result.stderr)}.{host.root_hint()}"
         )
     lines = result.stdout.splitlines()
     now = int(lines[0])

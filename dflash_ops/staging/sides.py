@@ -53,7 +53,7 @@ class RemoteSide(Side):
         self.host.open()
         return ChannelCommand(
             self.host.connection.transport,
-            f"bash -c {shlex.quote(command)}",
+            self.host.login_command(f"bash -c {shlex.quote(command)}"),
             self.host.keepalive_window,
         )
 

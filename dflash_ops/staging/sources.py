@@ -158,7 +158,7 @@ class TrainerFiles:
         if not result.ok:
             raise TransferError(
                 f"{self.side.name}: cannot look at {path} in {self.description}: "
-                f"{stderr_reason(result.stderr)}"
+                f"{stderr_reason(result.stderr)}.{self.side.host.root_hint()}"
             )
         found = probe.parse(result.stdout)
         where = f"{self.side.name}:{path}"
