@@ -1,0 +1,127 @@
+"""`become: sudo`: a lab whose trainer and eval host log in as a non-root user with passwordless
+sudo. Every command there — control commands, the relay's reader and writer, the held lock,
+uploads — must run through `sudo -n`; without `become`, or without the sudo rule, the task
+must fail with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_lab import lab as labs
+from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.remote.connection import Host
+
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0, reason="the lab makes a machine user for the sudo login: needs root"
+    ),
+    pytest.mark.skipif(shutil.which("sudo") is None, reason="sudo is not installed"),
+]
+
+STEP = 2000
+
+
+@pytest.fixture(scope="module")
+def sudo_lab(tmp_path_factory):
+    config = labs.LabConfig(
+        root=tmp_path_factory.mktemp("lab") / "lab", steps=(STEP,), sudo_hosts=("trainer", "eval")
+    )
+    built = labs.up(config)
+    # The checkpoints are root's alone, as on a trainer whose training runs as root.
+    built.container_path("/workspace/checkpoints").chmod(0o700)
+    yield built
+    problems = built.down()
+    assert not problems, problems
+    assert built.sudo_user is not None
+    with pytest.raises(KeyError):
+        pwd.getpwnam(built.sudo_user)
+
+
+def without_become(lab: labs.Lab, tmp_path: Path) -> Path:
+    """The lab's inventory, each host still logging in as the non-root user, without sudo."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    for host in document["hosts"].values():
+        host.pop("become", None)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_the_lab_logs_in_as_a_non_root_user_whose_commands_run_as_root(sudo_lab):
+    inventory = load_inventory(sudo_lab.inventory_path)
+    host = Host(inventory, "trainer")
+    try:
+        assert inventory.trainer.user == sudo_lab.sudo_user != "root"
+        assert host.run("id -un", as_login_user=True).stdout.strip() == sudo_lab.sudo_user
+        assert host.run("id -un").stdout.strip() == "root"
+        # The command reaches bash under sudo exactly as written: quotes, $, ;, newlines.
+        odd = "printf '%s|' \"a b\" '$HOME' 'x;y' \"$(echo 'c\nd')\""
+        assert host.run(odd).stdout == "a b|$HOME|x;y|c\nd|"
+    finally:
+        host.close()
+
+
+def test_stage_reads_a_root_only_checkpoint_dir_and_writes_as_root_with_become(sudo_lab, fab):
+    done = fab(sudo_lab.inventory_path, "stage-checkpoint", "--step", str(STEP))
+    assert done.returncode == 0, done.stdout + done.stderr
+    staged = sudo_lab.data_dir("eval") / "eval" / "checkpoints" / f"step_{STEP}"
+    copy = staged / "checkpoint.pt"
+    assert copy.read_bytes() == sudo_lab.checkpoint_path(STEP).read_bytes()
+    assert (copy.stat().st_uid, copy.with_suffix(".pt.manifest.json").stat().st_uid) == (0, 0)
+    again = fab(sudo_lab.inventory_path, "stage-checkpoint", "--step", str(STEP))
+    assert again.returncode == 0 and "already staged" in again.stdout
+
+
+def test_without_become_the_stage_fails_saying_to_set_it(sudo_lab, fab, tmp_path):
+    done = fab(without_become(sudo_lab, tmp_path), "stage-checkpoint", "--step", str(STEP))
+    assert done.returncode == 1
+    message = " ".join(done.stderr.split())
+    assert f"The login user {sudo_lab.sudo_user} is not root" in message
+    assert "set `become: sudo` on hosts.trainer" in message
+    assert "Traceback" not in done.stderr
+
+
+def test_check_hosts_warns_that_pct_needs_root_without_become(sudo_lab, fab, tmp_path):
+    done = fab(without_become(sudo_lab, tmp_path), "check-hosts")
+    output = " ".join(done.stdout.split())
+    assert "root for pct" in output and "set `become: sudo`" in output
+
+
+def test_check_hosts_reports_missing_sudo_rights_and_the_rule_to_add(sudo_lab, fab):
+    sudo_lab.set_sudo_rights(False)
+    try:
+        done = fab(sudo_lab.inventory_path, "check-hosts")
+        staged = fab(sudo_lab.inventory_path, "stage-checkpoint", "--step", str(STEP))
+    finally:
+        sudo_lab.set_sudo_rights(True)
+    assert done.returncode == 1
+    output = " ".join(done.stdout.split())
+    assert "sudo │ ✗ FAIL" in output
+    assert "a password is required" in output
+    assert f"'{sudo_lab.sudo_user} ALL=(root) NOPASSWD: ALL'" in output
+    assert "required check(s) failed: trainer sudo; eval sudo" in done.stderr
+    assert staged.returncode == 1
+    assert "`become: sudo` needs passwordless sudo" in staged.stderr
+    assert "Traceback" not in staged.stderr
+
+
+def test_an_upload_under_become_is_written_by_root(sudo_lab):
+    inventory = load_inventory(sudo_lab.inventory_path)
+    root_only = sudo_lab.data_dir("eval") / "root-only"
+    root_only.mkdir(mode=0o700)
+    host = Host(inventory, "eval")
+    try:
+        host.upload(b"settings\n", f"{root_only}/run.json", private=True)
+        written = root_only / "run.json"
+        assert written.read_bytes() == b"settings\n"
+        assert (written.stat().st_uid, written.stat().st_mode & 0o777) == (0, 0o600)
+    finally:
+        host.close()
+        shutil.rmtree(root_only)
