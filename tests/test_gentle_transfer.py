@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from dflash_lab.system import wait_for
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import parse, with_bwlimit
 from dflash_ops.core.units import MIN_BWLIMIT, parse_bwlimit
 from dflash_ops.remote.connection import Host
+from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.priority import MARK, NICENESS, announced, low_priority
 from dflash_ops.staging.relay import Pace, Pipe, RelayState, sink
 from dflash_ops.staging.sides import RemoteSide
@@ -330,3 +332,30 @@ def test_the_in_stream_hasher_on_the_trainer_runs_at_low_priority_too(make_lab):
     with pytest.raises(Inspected):
         stage(inventory, 2000, options=StageOptions(report=lambda _: None, on_progress=look))
     assert seen == [(NICENESS, "idle")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the pct stand-in (a chroot) needs root")
+def test_inside_the_container_the_reader_lowers_its_own_priority(lab, inventory):
+    """Without the host-side wrapper around it (docker exec would not inherit it): the read
+    command alone. A FIFO keeps the reader waiting, in plain sight, until the test writes."""
+    env = environment_of(inventory.trainer.container)
+    fifo = lab.container_path("/workspace/gentle.fifo")
+    os.mkfifo(fifo)
+    host = Host(inventory, "trainer")
+    reader = subprocess.Popen(
+        host.ssh_argv(env.stream_command("/workspace/gentle.fifo")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        pids = wait_for(lambda: processes_reading("/workspace/gentle.fifo"), "the reader")
+        assert [priority_of(pid) for pid in pids] == [(NICENESS, "idle")]
+        with open(fifo, "wb") as writer:
+            writer.write(b"bytes")
+        out, err = reader.communicate(timeout=30)
+        assert out == b"bytes"
+        assert announced(err.decode()) == ["pct container 200: nice 19, ionice idle"]
+    finally:
+        reader.kill()
+        reader.wait()
+        fifo.unlink()
