@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shlex
 import shutil
 from pathlib import Path
 
@@ -15,17 +16,59 @@ import pytest
 import yaml
 
 from dflash_lab import lab as labs
+from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.inventory import Inventory, parse
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.remote.connection import Host
 
-pytestmark = [
-    pytest.mark.skipif(
-        os.geteuid() != 0, reason="the lab makes a machine user for the sudo login: needs root"
-    ),
-    pytest.mark.skipif(shutil.which("sudo") is None, reason="sudo is not installed"),
-]
-
 STEP = 2000
+
+
+def parsed(**trainer) -> Inventory:
+    raw = {
+        "hosts": {
+            "trainer": {"role": "trainer", "address": "t", "checkpoints": "/c", **trainer},
+            "eval": {
+                "role": "eval",
+                "address": "e",
+                "workdir": "/w",
+                "venv": {"path": "/v"},
+                "target_model": "/m",
+            },
+        }
+    }
+    return parse(raw, Path("inv.yaml"))
+
+
+def test_become_is_sudo_or_nothing():
+    assert parsed().trainer.become is None
+    assert parsed(user="ops", become="sudo").trainer.become == "sudo"
+    with pytest.raises(InventoryError, match=r"hosts\.trainer\.become: expected 'sudo'"):
+        parsed(become="su")
+
+
+def test_only_a_become_host_wraps_its_commands_in_sudo_and_keeps_them_whole():
+    command = "printf '%s' \"$HOME\" | wc -c; echo 'a b'"
+    plain = Host(parsed(user="ops"), "trainer")
+    assert plain.login_command(command) == command
+    wrapped = Host(parsed(user="ops", become="sudo"), "trainer").login_command(command)
+    assert wrapped == f"sudo -n -- bash -c {shlex.quote(command)}"
+    assert shlex.split(wrapped)[-1] == command
+
+
+def test_the_root_hint_speaks_only_to_a_non_root_login_without_become():
+    assert "set `become: sudo` on hosts.trainer" in Host(parsed(user="ops"), "trainer").root_hint()
+    assert Host(parsed(user="root"), "trainer").root_hint() == ""
+    assert Host(parsed(user="ops", become="sudo"), "trainer").root_hint() == ""
+
+
+# --- on a lab whose hosts log in as a non-root user with passwordless sudo --------------------
+
+needs_root_and_sudo = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("sudo") is None,
+    reason="the lab makes a machine user for the sudo login (needs root) with sudo rights "
+    "(needs the sudo package)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +97,7 @@ def without_become(lab: labs.Lab, tmp_path: Path) -> Path:
     return path
 
 
+@needs_root_and_sudo
 def test_the_lab_logs_in_as_a_non_root_user_whose_commands_run_as_root(sudo_lab):
     inventory = load_inventory(sudo_lab.inventory_path)
     host = Host(inventory, "trainer")
@@ -68,6 +112,7 @@ def test_the_lab_logs_in_as_a_non_root_user_whose_commands_run_as_root(sudo_lab)
         host.close()
 
 
+@needs_root_and_sudo
 def test_stage_reads_a_root_only_checkpoint_dir_and_writes_as_root_with_become(sudo_lab, fab):
     done = fab(sudo_lab.inventory_path, "stage-checkpoint", "--step", str(STEP))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -79,6 +124,7 @@ def test_stage_reads_a_root_only_checkpoint_dir_and_writes_as_root_with_become(s
     assert again.returncode == 0 and "already staged" in again.stdout
 
 
+@needs_root_and_sudo
 def test_without_become_the_stage_fails_saying_to_set_it(sudo_lab, fab, tmp_path):
     done = fab(without_become(sudo_lab, tmp_path), "stage-checkpoint", "--step", str(STEP))
     assert done.returncode == 1
@@ -88,12 +134,14 @@ def test_without_become_the_stage_fails_saying_to_set_it(sudo_lab, fab, tmp_path
     assert "Traceback" not in done.stderr
 
 
+@needs_root_and_sudo
 def test_check_hosts_warns_that_pct_needs_root_without_become(sudo_lab, fab, tmp_path):
     done = fab(without_become(sudo_lab, tmp_path), "check-hosts")
     output = " ".join(done.stdout.split())
     assert "root for pct" in output and "set `become: sudo`" in output
 
 
+@needs_root_and_sudo
 def test_check_hosts_reports_missing_sudo_rights_and_the_rule_to_add(sudo_lab, fab):
     sudo_lab.set_sudo_rights(False)
     try:
@@ -112,6 +160,7 @@ def test_check_hosts_reports_missing_sudo_rights_and_the_rule_to_add(sudo_lab, f
     assert "Traceback" not in staged.stderr
 
 
+@needs_root_and_sudo
 def test_an_upload_under_become_is_written_by_root(sudo_lab):
     inventory = load_inventory(sudo_lab.inventory_path)
     root_only = sudo_lab.data_dir("eval") / "root-only"
