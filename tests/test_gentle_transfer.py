@@ -250,8 +250,9 @@ def test_a_dry_run_plan_names_the_limit(lab, fab):
     assert "each transfer: at most 5.0 MiB/s" in " ".join(done.stdout.split())
 
 
-def test_a_bad_bwlimit_flag_is_one_clear_line(lab, fab):
-    done = fab(lab.inventory_path, "stage-checkpoint", "--step", "4000", "--bwlimit", "12")
+@pytest.mark.parametrize("task", ["stage-checkpoint", "run-eval"])
+def test_a_bad_bwlimit_flag_is_one_clear_line(lab, fab, task):
+    done = fab(lab.inventory_path, task, "--step", "4000", "--bwlimit", "12")
     assert done.returncode == 1
     assert "--bwlimit: bandwidth '12' is 12 B/s" in done.stderr
     assert "Traceback" not in done.stderr
