@@ -385,6 +385,8 @@ def with_umask(mask: str, command: str) -> str:
 def sudo_advice(user: str | None, reason: str) -> str:
     """What `become: sudo` needs, when `sudo -n` said `reason`."""
     who = user or "the login user"
+    if "command not found" in reason:
+        return f"`become: sudo` needs sudo, which is not installed ({reason}): install it."
     return (
         f"`become: sudo` needs passwordless sudo for {who}, but `sudo -n` said: {reason}. "
         f"Add a NOPASSWD rule on the host (as root: `echo '{who} ALL=(root) NOPASSWD: ALL' > "
