@@ -36,11 +36,11 @@ import shlex
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from dflash_ops.remote import connection, priority, probes
+from dflash_ops.staging.pace import Pace, Paced
 
 CHUNK = 1 << 20
 PIPE_SIZE = 1 << 20
@@ -196,72 +196,6 @@ def sink(path: str, *, append: bool, hashed: bool) -> str:
 def gated(command: str) -> str:
     """`command`, once a `go` line arrives on stdin; anything else (EOF) ends it untouched."""
     return f'IFS= read -r gate && [ "$gate" = go ] || exit 0; {command}'
-
-
-# --- pacing -------------------------------------------------------------------------------
-
-# A paced splice moves at most this share of a second's worth of bytes at once (within
-# [MIN_PIECE, CHUNK]): small enough that the rate is even, large enough to stay cheap.
-PIECE_SECONDS = 0.05
-MIN_PIECE = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Paced:
-    """What the pacing of one transfer did: the limit, the bytes it let through, over how
-    many seconds, and how long it held the stream back in all."""
-
-    limit: int  # bytes per second
-    sent: int
-    seconds: float
-    waited: float
-
-    @property
-    def rate(self) -> float:
-        """The average rate, measured over the whole paced stream (waits included)."""
-        return self.sent / self.seconds if self.seconds > 0 else 0.0
-
-
-class Pace:
-    """A token bucket of `limit` bytes per second. It starts empty and holds at most one
-    piece, so over any stretch since it started no more than `limit` × seconds bytes pass:
-    the average never exceeds the limit, not even in the first second."""
-
-    def __init__(
-        self,
-        limit: int,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.limit = limit
-        self.piece = max(MIN_PIECE, min(CHUNK, int(limit * PIECE_SECONDS)))
-        self._clock, self._sleep = clock, sleep
-        self.started = self._last = clock()
-        self._tokens = 0.0
-        self.sent = 0
-        self.waited = 0.0
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.piece, self._tokens + (now - self._last) * self.limit)
-        self._last = now
-
-    def allowance(self) -> int:
-        """Bytes that may go now (≥ 1); first waits until a whole piece is allowed."""
-        self._refill()
-        while self._tokens < self.piece:
-            wait = (self.piece - self._tokens) / self.limit
-            self._sleep(wait)
-            self.waited += wait
-            self._refill()
-        return int(self._tokens)
-
-    def spent(self, count: int) -> None:
-        self._tokens -= count
-        self.sent += count
-
-    def report(self) -> Paced:
-        return Paced(self.limit, self.sent, self._clock() - self.started, self.waited)
 
 
 # --- moving bytes -------------------------------------------------------------------------

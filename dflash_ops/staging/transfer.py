@@ -17,10 +17,10 @@ from dflash_ops.remote.connection import Result
 from dflash_ops.staging.destination import Destination
 from dflash_ops.staging.lock import DestinationLock
 from dflash_ops.staging.manifest import Member
+from dflash_ops.staging.pace import Paced
 from dflash_ops.staging.payload import Payload
 from dflash_ops.staging.relay import (
     Moved,
-    Paced,
     Pipe,
     ProgressCallback,
     RelayState,
