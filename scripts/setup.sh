@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# make setup: system tools the lab needs, then .venv with the project, its extras and CPU torch.
+# make setup: system tools the lab needs (sudo: its non-root `become: sudo` login), then .venv with the project, its extras and CPU torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_tools=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client ip:iproute2)
+need_tools=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client ip:iproute2 sudo:sudo)
 missing=()
 for pair in "${need_tools[@]}"; do
   tool=${pair%%:*} pkg=${pair##*:}
