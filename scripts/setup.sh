@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make setup: system tools the lab needs (sudo: its non-root `become: sudo` login), then .venv with the project, its extras and CPU torch.
+# make setup: system tools the lab needs (sudo for its non-root `become: sudo` login), then
+# .venv with the project, its extras and CPU torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
