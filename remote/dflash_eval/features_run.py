@@ -158,7 +158,11 @@ def _inputs(
     inputs = {
         "format": feature_set.FORMAT,
         "shared_key": pipeline.shared_key(identity["fingerprint"], target, library_versions()),
-        "target": {"fingerprint": identity["fingerprint"], "name": identity["name"]},
+        "target": {
+            "fingerprint": identity["fingerprint"],
+            "name": identity["name"],
+            "content_fingerprint": feature_set.content_fingerprint(identity),
+        },
         "layer_ids": sorted(set(options.layers)),
         "block_size": options.block_size,
         "max_new_tokens": options.max_new_tokens,
