@@ -14,9 +14,11 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from dflash_eval.errors import HarnessError
 from dflash_eval.features_run import FeaturesOptions, run_features
 from dflash_eval.progress import Progress
+from dflash_eval.target_source import features_device
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 
@@ -286,3 +288,11 @@ def test_a_missing_incomplete_or_corrupt_set_is_refused(lab, lab_set, tmp_path):
     (broken / "feature-set.json").unlink()
     with pytest.raises(HarnessError, match=r"has no feature-set\.json"):
         quick_eval(lab, tmp_path, features=broken)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a GPU")
+def test_without_a_gpu_auto_is_the_cpu_and_cuda_is_refused_with_advice(lab, tmp_path):
+    assert features_device("auto") == "cpu"
+    with pytest.raises(HarnessError, match=r"no CUDA device.*venv\.torch: cuda"):
+        _extract(lab, tmp_path / "set", device="cuda")
+    assert not (tmp_path / "set.partial").exists()
