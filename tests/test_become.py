@@ -174,3 +174,20 @@ def test_an_upload_under_become_is_written_by_root(sudo_lab):
     finally:
         host.close()
         shutil.rmtree(root_only)
+
+
+@needs_root_and_sudo
+def test_a_download_under_become_reads_a_root_only_file_and_says_when_it_is_missing(sudo_lab):
+    """What fetch-results pulls from a run directory the login user may not read."""
+    inventory = load_inventory(sudo_lab.inventory_path)
+    root_only = sudo_lab.data_dir("eval") / "root-only-results"
+    root_only.mkdir(mode=0o700)
+    payload = bytes(range(256)) * 64  # binary, with every byte value
+    (root_only / "results.json").write_bytes(payload)
+    host = Host(inventory, "eval")
+    try:
+        assert host.download(f"{root_only}/results.json") == payload
+        assert host.download(f"{root_only}/absent.json") is None
+    finally:
+        host.close()
+        shutil.rmtree(root_only)

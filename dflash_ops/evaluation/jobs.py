@@ -362,14 +362,11 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
     remote = run_dir(entry, run.run_id)
     for name in RUN_FILES:
         try:
-            host.connection.get(f"{remote}/{name}", str(partial / name))
-        except FileNotFoundError:
-            # paramiko creates the local file before it finds the remote one missing: a
-            # failed run has no results.json, and an empty one must not stand in for it.
-            (partial / name).unlink(missing_ok=True)
-            continue
+            data = host.download(f"{remote}/{name}")
         except OSError as exc:
             raise RemoteCommandError(host.name, f"get {remote}/{name}", 1, str(exc)) from None
+        if data is not None:  # a failed run has no results.json: none is written here either
+            (partial / name).write_bytes(data)
     summary = {
         "run_id": run.run_id,
         "host": host.name,

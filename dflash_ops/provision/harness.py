@@ -147,8 +147,7 @@ def _upload(host: Host, layout: EvalLayout, source: Path, files: list[str], dige
     staging = f"{base}/.incoming-{short}"
     tarball = f"{base}/.incoming-{short}.tar"
     host.run(with_umask(SHARED_UMASK, f"mkdir -p {q(base)}"))
-    host.open()
-    host.connection.put(_archive(source, files), tarball)
+    host.upload(_archive(source, files).getvalue(), tarball)
     python = layout.python
     script = (
         "set -e; "

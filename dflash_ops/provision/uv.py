@@ -231,8 +231,7 @@ def push_uv(host: Host, target: str, machine: list[str]) -> None:
             "binary would not run there. Install uv on the host (pip install uv) and rerun.",
         )
     binary = workstation_uv()
-    host.open()
-    host.connection.put(str(binary), target + ".part")
+    host.upload(binary.read_bytes(), target + ".part")
     host.run(
         f"chmod 755 {shlex.quote(target + '.part')} && "
         f"mv -f {shlex.quote(target + '.part')} {shlex.quote(target)}"

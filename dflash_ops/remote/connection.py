@@ -280,6 +280,32 @@ class Host:
         finally:
             channel.close()
 
+    def download(self, remote: str) -> bytes | None:
+        """The bytes of the file `remote`; None when it does not exist. Under `become` they
+        come from `cat` run by sudo (SFTP would read as the login user)."""
+        self.open()
+        if not self.becomes_root:
+            buffer = io.BytesIO()
+            try:
+                self.connection.get(remote, buffer)
+            except FileNotFoundError:
+                return None
+            return buffer.getvalue()
+        quoted = shlex.quote(remote)
+        channel = self.connection.transport.open_session()
+        try:
+            channel.exec_command(self.login_command(f"[ -e {quoted} ] || exit 3; cat {quoted}"))
+            data = channel.makefile("rb").read()
+            code = channel.recv_exit_status()
+            if code == 3:
+                return None
+            if code != 0:
+                error = channel.makefile_stderr("r").read().decode(errors="replace")
+                raise OSError(f"reading {remote}: cat exited {code}: {stderr_reason(error)}")
+            return data
+        finally:
+            channel.close()
+
     def probe(self, probe: Probe[T]) -> T:
         return probe.parse(self.run(probe.command).stdout)
 
