@@ -84,6 +84,7 @@ def test_a_run_inherits_what_it_leaves_out_from_the_trainer(tmp_path):
     assert (v5.trainer.checkpoints, v5.trainer.layout) == ("/v5", "ckpt-{step}.pt")
     assert v5.trainer.drafter.block_size == 16  # the run's profile replaces the trainer's
     assert (v4.training_run, v5.training_run) == ("v4", "v5")
+    assert v5.for_run("v5") == v5  # choosing again (as staging does) changes nothing
     assert inventory.trainer.checkpoint_dirs() == {None: "/ckpt", "v4": "/ckpt", "v5": "/v5"}
 
 
