@@ -322,27 +322,36 @@ def test_prune_keeps_the_newest_steps_of_each_run(make_lab, fab):
 
 def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(make_lab, fab):
     lab = make_lab(labs.trained_models, eval_hosts=1, steps=(2000, 4000))
-    # v5's step 4000 is other weights than v4's: v4's step 2000, under v5's name.
-    add_v5_checkpoints(lab, {4000: lab.checkpoint_path(2000)})
+    # v5's steps are other weights than v4's same steps: v4's, swapped.
+    add_v5_checkpoints(lab, {2000: lab.checkpoint_path(4000), 4000: lab.checkpoint_path(2000)})
     inventory = runs_inventory(lab, "runs.yaml")
     setup_eval_hosts(inventories.load(inventory), None, False, say=lambda message: None)
-    for run in ("v4", "v5"):
-        done = fab(inventory, "run-eval", "--run", run, "--step", "4000", *QUICK, timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
-    pulled = {}
+    first = fab(inventory, "run-eval", "--run", "v4", "--step", "4000", *QUICK, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    # v4's result of step 4000 is not v5's: the watch of v5 evaluates both its steps, ...
+    watched = fab(inventory, "watch", "--run", "v5", "--once", *QUICK, timeout=600)
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    assert "pass 1: evaluated 2000, 4000" in " ".join(watched.stdout.split())
+    assert "watch-state@v5.json" in " ".join(watched.stdout.split())
+    # ... and v5's result of step 2000 is not v4's: v4's new steps are 2000 alone.
+    sweep = fab(inventory, "run-eval", "--run", "v4", "--all-new", *QUICK, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert "sweep: steps 2000 over eval" in sweep.stdout
+    pulled: dict[tuple, dict] = {}
     for path in inventories.load(inventory).local.results.glob("*/results.json"):
         checkpoint = json.loads(path.read_text())[schema.CHECKPOINT]
-        pulled[checkpoint[schema.TRAINING_RUN]] = checkpoint
-    assert sorted(pulled) == ["v4", "v5"]
-    assert pulled["v4"][schema.STEP] == pulled["v5"][schema.STEP] == 4000
-    assert pulled["v4"][schema.SHA256] != pulled["v5"][schema.SHA256]
-    assert "/checkpoints/v5/step_4000/" in pulled["v5"][schema.PATH]
+        pulled[checkpoint[schema.TRAINING_RUN], checkpoint[schema.STEP]] = checkpoint
+    assert sorted(pulled) == [("v4", 2000), ("v4", 4000), ("v5", 2000), ("v5", 4000)]
+    assert pulled["v4", 4000][schema.SHA256] != pulled["v5", 4000][schema.SHA256]
+    assert "/checkpoints/v5/step_4000/" in pulled["v5", 4000][schema.PATH]
 
     compared = fab(inventory, "compare")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     table = compared.stdout.split("per prompt set")[0]  # the comparison, not the per-set table
-    rows = [line.split("│") for line in table.splitlines() if "│ 4000 " in line]
-    assert sorted(cells[2].strip() for cells in rows) == ["v4", "v5"]
+    rows = [line.split("│") for line in table.splitlines() if "-step" in line]
+    assert [(cells[2].strip(), cells[3].strip()) for cells in rows] == [
+        ("v4", "2000"), ("v4", "4000"), ("v5", "2000"), ("v5", "4000"),
+    ]  # fmt: skip
     page = (inventories.load(inventory).local.results / "report.html").read_text()
     assert "(v4 step 4000)" in page and "(v5 step 4000)" in page
     only = fab(inventory, "compare", "--run", "v5")
