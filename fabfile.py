@@ -125,12 +125,18 @@ def deploy_harness(c, host=None, inventory=None):
         console.print(f"{deployed.path} (sha256 {deployed.digest})")
 
 
-@ops_task()
-def list_checkpoints(c, inventory=None):
+RUN_HELP = (
+    "training run (the trainer's `runs` in the inventory); default: the trainer's own "
+    "checkpoints, else its only run"
+)
+
+
+@ops_task(help={"run": RUN_HELP})
+def list_checkpoints(c, inventory=None, run=None):
     """List the trainer's checkpoints: size, mtime, completeness, staged on each eval host."""
     from dflash_ops.ui.staging_view import checkpoints_table
 
-    console.print(checkpoints_table(load_inventory(inventory)))
+    console.print(checkpoints_table(load_inventory(inventory).for_run(run)))
 
 
 BWLIMIT_HELP = (
@@ -158,6 +164,7 @@ BWLIMIT_HELP = (
         "weights_only": "move only the drafter weights: extracted on the trainer with its own "
         "python/torch (or a directory's weight files); the whole file if it cannot",
         "bwlimit": BWLIMIT_HELP,
+        "run": RUN_HELP,
     }
 )
 def stage_checkpoint(
@@ -175,13 +182,14 @@ def stage_checkpoint(
     weights_only=False,
     bwlimit=None,
     inventory=None,
+    run=None,
 ):
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
     from dflash_ops.ui.staging_view import run_stage
 
     step = parse_count("--step", step)
     run_stage(
-        with_bwlimit(load_inventory(inventory), bwlimit),
+        with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
         step=step,
         latest=latest,
         to=[name.strip() for name in to.split(",")] if to else None,
@@ -201,14 +209,20 @@ def stage_checkpoint(
         "keep_last": "keep the newest N steps of each training run (default 2)",
         "keep_steps": "also keep these steps, comma-separated",
         "yes": "really remove (default: show what would go)",
+        "run": "only this training run's staged steps (default: every run's)",
     }
 )
-def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=None):
+def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=None, run=None):
     """Remove old staged checkpoints (and their extracted copies) by policy; dry run by default."""
     from dflash_ops.ui.prune_view import run_prune
 
     run_prune(
-        load_inventory(inventory), host=host, keep_last=keep_last, keep_steps=keep_steps, yes=yes
+        load_inventory(inventory),
+        host=host,
+        keep_last=keep_last,
+        keep_steps=keep_steps,
+        yes=yes,
+        run=run,
     )
 
 
@@ -250,6 +264,7 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "strip_optimizer": "evaluate a copy without optimizer state (harness extract)",
         "tag": "a label stored with the run (for compare --tag)",
         "detach": "start the run and return; follow later with eval-logs --follow",
+        "run": RUN_HELP,
     }
 )
 def run_eval(
@@ -289,12 +304,13 @@ def run_eval(
     tag=None,
     detach=False,
     inventory=None,
+    run=None,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
     from dflash_ops.ui.eval_commands import run_eval_command
 
     run_eval_command(
-        with_bwlimit(load_inventory(inventory), bwlimit),
+        with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
         step=parse_count("--step", step) or 0,
         steps=steps,
         all_new=all_new,
@@ -368,19 +384,24 @@ def fetch_results(c, inventory=None):
         "allow_mixed": "show incomparable runs (flagged) instead of refusing",
         "plots": "directory for the PNG plots (default: <results>/plots)",
         "samples": "also print each run's decoded drafts next to the target's text",
+        "run": "only this training run's results (default: every run's, grouped by run)",
     }
 )
-def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, samples=False, inventory=None):
+def compare(
+    c, steps=None, tag=None, allow_mixed=False, plots=None, samples=False, inventory=None, run=None
+):
     """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
     from dflash_ops.ui.eval_commands import show_comparison
 
+    inv = load_inventory(inventory)
     show_comparison(
-        load_inventory(inventory).local.results,
+        inv.local.results,
         steps,
         tag,
         allow_mixed,
         Path(plots) if plots else None,
         samples,
+        inv.require_run(run),
     )
 
 
@@ -389,13 +410,15 @@ def compare(c, steps=None, tag=None, allow_mixed=False, plots=None, samples=Fals
         "steps": "only these steps, comma-separated",
         "tag": "only runs with this tag",
         "out": "where to write the HTML file (default: <results>/report.html)",
+        "run": "only this training run's results (default: every run's, grouped by run)",
     }
 )
-def report(c, steps=None, tag=None, out=None, inventory=None):
+def report(c, steps=None, tag=None, out=None, inventory=None, run=None):
     """One self-contained HTML report: τ vs step with intervals, per-set table, provenance."""
     from dflash_ops.ui.eval_commands import write_report
 
-    write_report(load_inventory(inventory).local.results, steps, tag, Path(out) if out else None)
+    inv = load_inventory(inventory)
+    write_report(inv.local.results, steps, tag, Path(out) if out else None, inv.require_run(run))
 
 
 # run-eval's options that `fab watch` passes on to every run, with run-eval's help.
@@ -404,7 +427,7 @@ WATCH_RUN_OPTIONS = (
     "drafter_config", "mask_token_id", "target_layer_ids", "accept_default", "dtype",
     "target_dtype", "safe_globals", "allow_unsafe_pickle", "no_cache", "chunk_anchors",
     "per_block", "reference", "prompts", "sglang", "strip_optimizer", "via", "tag",
-    "dataset", "thinking",
+    "dataset", "thinking", "run",
 )  # fmt: skip
 
 
@@ -452,12 +475,13 @@ def watch(
     dataset=None,
     thinking=None,
     inventory=None,
+    run=None,
 ):
     """Follow training: evaluate each new complete checkpoint, every --interval, until Ctrl-C."""
     from dflash_ops.ui.watch_view import watch_command
 
     watch_command(
-        load_inventory(inventory),
+        load_inventory(inventory).for_run(run),
         interval=interval,
         retries=parse_count("--retries", retries),
         once=once,

@@ -116,7 +116,13 @@ def fab_eval(inventory_path: Path, *args: str, timeout: float = 300):
 
 
 def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "DFLASH_INVENTORY": str(inventory_path), "COLUMNS": "200"}
+    # The checkout's own packages first, as run_fab does (else the venv's dflash_eval runs).
+    env = {
+        **os.environ,
+        "DFLASH_INVENTORY": str(inventory_path),
+        "COLUMNS": "200",
+        "PYTHONPATH": f"{REPO / 'remote'}:{REPO}",
+    }
     return subprocess.Popen(
         [str(FAB), *args],
         cwd=REPO,

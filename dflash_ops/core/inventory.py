@@ -12,7 +12,7 @@ import os
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
@@ -91,16 +91,53 @@ class DrafterProfile(Strict):
     safe_globals: list[str] | None = None  # named pickle globals (e.g. argparse, numpy)
 
 
+# A training run's name is a directory of every staging area ({staging}/NAME/step_N): one
+# path component a shell reads literally, and never the name of a default-run step directory.
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_STEP_DIRECTORY = re.compile(r"step_\d+")
+
+
+def _run_name(value: str) -> str:
+    if not _RUN_NAME.fullmatch(value) or _STEP_DIRECTORY.fullmatch(value):
+        raise ValueError(
+            "a training run name: a letter or digit, then letters, digits and . - _ (at most "
+            "64), not step_N"
+        )
+    return value
+
+
+RunName = Annotated[str, AfterValidator(_run_name)]
+
+
+class TrainingRun(Strict):
+    """One training run on the trainer (`--run NAME`): where its checkpoints are and how to
+    read them. A field left out is the trainer's own."""
+
+    checkpoints: str | None = None  # directory inside the training environment
+    layout: StepPattern | None = None
+    complete_marker: StepPattern | None = None
+    drafter: DrafterProfile | None = None
+
+
 class TrainerHost(_SshHost):
     role: Literal["trainer"]
     container: Container | None = None
-    checkpoints: str  # directory inside the training environment
+    # Directory inside the training environment: the default run's checkpoints. It may be
+    # left out when `runs` names the runs (each with its own checkpoints).
+    checkpoints: str | None = None
     layout: StepPattern = "step_{step}/checkpoint.pt"  # relative to `checkpoints`
     complete_marker: StepPattern | None = None  # relative to `checkpoints`, e.g. step_{step}/DONE
     tmp_dir: str = "/var/tmp"  # host-side scratch for `pct pull`
     drafter: DrafterProfile | None = None  # how to read this trainer's checkpoints
     # The training environment's interpreter (with its torch): --weights-only extracts with it.
     python: str = "python3"
+    runs: dict[RunName, TrainingRun] = Field(default_factory=dict)  # name → training run
+
+    def checkpoint_dirs(self) -> dict[str | None, str]:
+        """Every checkpoints directory to look at, by run (None: the trainer's own)."""
+        own = {None: self.checkpoints} if self.checkpoints else {}
+        runs = {name: run.checkpoints or self.checkpoints for name, run in self.runs.items()}
+        return {**own, **{name: path for name, path in runs.items() if path}}
 
 
 class VenvSpec(Strict):
@@ -176,6 +213,9 @@ class Inventory(Strict):
     transfer: TransferSettings = TransferSettings()
     ssh_config: str | None = None  # OpenSSH client config; default ~/.ssh/config
     lab: Path | None = None  # set by the lab: its state file, checked before any connection
+    # The training run chosen with --run (None: the trainer's own checkpoints); not a key in
+    # the file: `for_run` sets it.
+    training_run: str | None = None
 
     @property
     def trainer_name(self) -> str:
@@ -184,6 +224,45 @@ class Inventory(Strict):
     @property
     def trainer(self) -> TrainerHost:
         return self.hosts[self.trainer_name]  # type: ignore[return-value]
+
+    def require_run(self, name: str | None) -> str | None:
+        """`name` when the trainer lists that training run (None passes): else what it lists."""
+        runs = self.trainer.runs
+        if name is None or name in runs:
+            return name
+        where = f"hosts.{self.trainer_name}.runs"
+        listed = f"its runs: {', '.join(runs)}" if runs else f"it lists none ({where})"
+        raise InventoryError(
+            f"{self.path}: no training run named {name!r} on {self.trainer_name}; {listed}"
+        )
+
+    def for_run(self, name: str | None) -> Inventory:
+        """This inventory as training run `name` sees it: the trainer's checkpoints, layout,
+        completeness marker and drafter profile are the run's (each the trainer's own where
+        the run leaves it out), and `training_run` is set. None: the trainer's own
+        checkpoints, unchanged; without those, its only run (several: an error naming them)."""
+        trainer = self.trainer
+        if name is None:
+            if trainer.checkpoints is not None:
+                return self
+            if len(trainer.runs) > 1:
+                raise InventoryError(
+                    f"{self.path}: {self.trainer_name} has several training runs "
+                    f"({', '.join(trainer.runs)}) and no checkpoints of its own: pick one "
+                    "with --run NAME"
+                )
+            name = next(iter(trainer.runs))
+        run = trainer.runs[self.require_run(name)]
+        chosen = trainer.model_copy(
+            update={
+                "checkpoints": run.checkpoints or trainer.checkpoints,
+                "layout": run.layout or trainer.layout,
+                "complete_marker": run.complete_marker or trainer.complete_marker,
+                "drafter": run.drafter or trainer.drafter,
+            }
+        )
+        hosts = {**self.hosts, self.trainer_name: chosen}
+        return self.model_copy(update={"hosts": hosts, "training_run": name})
 
     @property
     def eval_hosts(self) -> dict[str, EvalHost]:
@@ -216,6 +295,9 @@ def with_bwlimit(inventory: Inventory, bwlimit: str | None) -> Inventory:
         raise InventoryError(f"--bwlimit: {exc}") from None
     transfer = inventory.transfer.model_copy(update={"bwlimit": rate})
     return inventory.model_copy(update={"transfer": transfer})
+
+
+_NOT_KEYS = ("path", "training_run")  # Inventory fields that the file does not set
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -306,8 +388,9 @@ def parse(raw: Any, path: Path) -> Inventory:
         )
     if "eval" not in roles:
         raise InventoryError(f"{path}: hosts: expected at least one host with role: eval")
-    if "path" in raw:
-        raise InventoryError(f"{path}: path: unknown key at the top level")
+    for not_a_key in _NOT_KEYS:
+        if not_a_key in raw:
+            raise InventoryError(f"{path}: {not_a_key}: unknown key at the top level")
     document = {**raw, "hosts": hosts, "path": path}
     try:
         inventory = Inventory.model_validate(document, strict=False)
@@ -323,6 +406,23 @@ def parse(raw: Any, path: Path) -> Inventory:
     return inventory.model_copy(update={"local": local})
 
 
+def _require_checkpoints(name: str, trainer: TrainerHost, path: Path) -> None:
+    """The trainer names its checkpoints directory, or every run names its own."""
+    if trainer.checkpoints is not None:
+        return
+    if not trainer.runs:
+        raise InventoryError(
+            f"{path}: hosts.{name}.checkpoints: required key is missing (or list training "
+            "runs under `runs`, each with its `checkpoints`)"
+        )
+    for run_name, run in trainer.runs.items():
+        if run.checkpoints is None:
+            raise InventoryError(
+                f"{path}: hosts.{name}.runs.{run_name}.checkpoints: required key is missing "
+                f"(the trainer has no `checkpoints` of its own to default to)"
+            )
+
+
 def _parse_host(name: str, entry: Any, path: Path) -> HostEntry:
     where = ("hosts", name)
     if not isinstance(entry, dict):
@@ -335,9 +435,12 @@ def _parse_host(name: str, entry: Any, path: Path) -> HostEntry:
             f"found {_describe(role)}"
         )
     try:
-        return model.model_validate(entry)  # type: ignore[return-value]
+        host = model.model_validate(entry)
     except ValidationError as exc:
         raise _inventory_error(path, exc, where, model) from None
+    if isinstance(host, TrainerHost):
+        _require_checkpoints(name, host, path)
+    return host  # type: ignore[return-value]
 
 
 def _inventory_error(
@@ -375,8 +478,9 @@ def _explain(error: dict, prefix: tuple, model: type[BaseModel]) -> str:
 
 
 def _keys_of(model: type[BaseModel]) -> list[str]:
-    # Inventory.path is where the file was read from, not a key of it.
-    return [name for name in model.model_fields if not (model is Inventory and name == "path")]
+    # Inventory.path is where the file was read from, training_run what --run chose: neither
+    # is a key of the file.
+    return [name for name in model.model_fields if not (model is Inventory and name in _NOT_KEYS)]
 
 
 def _tags_of(model: type[BaseModel], name: str) -> list[str]:
@@ -394,9 +498,13 @@ def _resolve(model: type[BaseModel], loc: tuple) -> tuple[list, type[BaseModel] 
     current: type[BaseModel] | None = model
     while parts:
         part = parts.pop(0)
+        if part == "[key]":  # pydantic's marker of an error in a mapping's key
+            continue
         names.append(part)
         field = current.model_fields.get(str(part)) if current else None
         nested = _models_in(field.annotation) if field else []
+        if field and get_origin(field.annotation) is dict and parts:
+            names.append(parts.pop(0))  # a mapping of models: the next loc entry is its key
         if len(nested) > 1 and parts:  # a tagged union: the next loc entry is the tag
             tag = parts.pop(0)
             nested = [m for m in nested if get_args(m.model_fields["kind"].annotation) == (tag,)]

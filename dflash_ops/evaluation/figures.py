@@ -1,9 +1,10 @@
 """Figures of a comparison (matplotlib, headless): τ vs step with its confidence intervals,
 τ per prompt set vs step, per-position acceptance, DDTree τ vs budget.
 
-Only comparable runs are drawn (the flagged ones are left out). Where several runs share a
-step, the line goes through their mean and each run keeps its own interval bar. `plot` saves
-them as PNG files; the HTML report (dflash_ops.ui.report) inlines them as SVG.
+Only comparable runs are drawn (the flagged ones are left out). Each training run has its
+own lines (named after it); where several evaluations of one run share a step, the line goes
+through their mean and each keeps its own interval bar. `plot` saves them as PNG files; the
+HTML report (dflash_ops.ui.report) inlines them as SVG.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ def _tau_vs_step(rows: list[RunResult], budgets: list[str]) -> Any:
             or schema.ddtree_tau(r.metrics, b)
         )
     figure, axes = _axes("τ vs step (bars: 95 % confidence intervals over prompts)")
-    for label, read in series.items():
-        _line_with_intervals(axes, rows, read, label)
+    for run, run_rows in _by_run(rows).items():
+        for label, read in series.items():
+            _line_with_intervals(axes, run_rows, read, _run_label(run, label))
     references = [
         reference[schema.TAU_MACRO]
         for row in rows
@@ -92,22 +94,23 @@ def _tau_vs_step(rows: list[RunResult], budgets: list[str]) -> Any:
 
 def _by_dataset(rows: list[RunResult], names: list[str]) -> Any:
     figure, axes = _axes("τ macro per prompt set vs step (95 % confidence intervals)")
-    for name in names:
-        _line_with_intervals(
-            axes,
-            [row for row in rows if name in schema.dataset_groups(row.results)],
-            lambda r, n=name: schema.group_interval(schema.dataset_groups(r.results)[n]),
-            name,
-        )
+    for run, run_rows in _by_run(rows).items():
+        for name in names:
+            _line_with_intervals(
+                axes,
+                [row for row in run_rows if name in schema.dataset_groups(row.results)],
+                lambda r, n=name: schema.group_interval(schema.dataset_groups(r.results)[n]),
+                _run_label(run, name),
+            )
     axes.set(xlabel="training step", ylabel="τ macro")
     return figure
 
 
 def _acceptance(rows: list[RunResult]) -> Any:
     figure, axes = _axes("per-position acceptance (latest run of each step)")
-    for step, runs in _by_step(rows).items():
-        latest = schema.conditional_by_position(runs[-1].metrics)
-        axes.plot(list(latest), list(latest.values()), marker=".", label=f"step {step}")
+    for label, row in _latest_of_each_step(rows):
+        latest = schema.conditional_by_position(row.metrics)
+        axes.plot(list(latest), list(latest.values()), marker=".", label=label)
     axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)")
     axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set_ylim(0, 1.02)
@@ -116,13 +119,10 @@ def _acceptance(rows: list[RunResult]) -> Any:
 
 def _ddtree(rows: list[RunResult], budgets: list[str]) -> Any:
     figure, axes = _axes("DDTree τ vs tree budget (latest run of each step)")
-    for step, runs in _by_step(rows).items():
-        latest = runs[-1]
+    for label, latest in _latest_of_each_step(rows):
         points = [(int(b), schema.ddtree_tau(latest.metrics, b)) for b in budgets]
         present = [(b, tau) for b, tau in points if tau is not None]
-        axes.plot(
-            [b for b, _ in present], [tau for _, tau in present], marker="o", label=f"step {step}"
-        )
+        axes.plot([b for b, _ in present], [tau for _, tau in present], marker="o", label=label)
         vanilla = latest.metrics[schema.TAU_MACRO]
         if vanilla is not None:
             axes.axhline(vanilla, linestyle=":", linewidth=0.8, color=axes.lines[-1].get_color())
@@ -171,6 +171,27 @@ def _by_step(rows: list[RunResult]) -> dict[int, list[RunResult]]:
     for row in rows:
         grouped.setdefault(row.step or 0, []).append(row)
     return dict(sorted(grouped.items()))
+
+
+def _by_run(rows: list[RunResult]) -> dict[str | None, list[RunResult]]:
+    """The rows of each training run (None: the trainer's own checkpoints)."""
+    grouped: dict[str | None, list[RunResult]] = {}
+    for row in rows:
+        grouped.setdefault(row.training_run, []).append(row)
+    return grouped
+
+
+def _run_label(run: str | None, label: str) -> str:
+    return f"{run}: {label}" if run else label
+
+
+def _latest_of_each_step(rows: list[RunResult]) -> list[tuple[str, RunResult]]:
+    """Per training run and step: its label and its latest row."""
+    return [
+        (_run_label(run, f"step {step}"), runs[-1])
+        for run, run_rows in _by_run(rows).items()
+        for step, runs in _by_step(run_rows).items()
+    ]
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -372,6 +372,7 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
         "host": host.name,
         "state": run.state,
         "tag": run.params.get("tag"),
+        "training_run": run.params.get("training_run"),
         "exit_code": run.exit_code,
         "step": run.step,
         "started": run.started,

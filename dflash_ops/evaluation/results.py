@@ -8,6 +8,9 @@ Runs are comparable only when everything that shapes the numbers matches: prompt
 block size, completion length, completion source and harness version
 (`schema.COMPARABILITY`). Comparing across that line is refused unless asked for, and then
 every differing row is flagged. Every results key is read through dflash_eval.schema.
+
+Several training runs (`--run NAME`: v4, v5, …) can have the same step: their results are
+kept apart, grouped by run, each row labelled with its run (none for the trainer's own).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dflash_eval import schema
 from dflash_ops.core.errors import OpsError
 
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
+TRAINING_RUN = "training run"  # the column shown when some row belongs to a named run
+DEFAULT_RUN = "-"  # how that column shows the trainer's own checkpoints
 
 
 class ResultsError(OpsError):
@@ -46,6 +51,13 @@ class RunResult:
     @property
     def tag(self) -> str | None:
         return self.run.get("tag")
+
+    @property
+    def training_run(self) -> str | None:
+        """The training run its checkpoint came from (None: the trainer's own)."""
+        if self.results:
+            return schema.training_run(self.results)
+        return self.run.get("training_run")
 
     @property
     def metrics(self) -> dict:
@@ -98,17 +110,29 @@ class Comparison:
 
 
 def compare(
-    runs: list[RunResult], steps: list[int] | None = None, tag: str | None = None
+    runs: list[RunResult],
+    steps: list[int] | None = None,
+    tag: str | None = None,
+    training_run: str | None = None,
 ) -> Comparison:
-    """The successful runs (optionally of some steps / one tag) against the latest run's
-    comparability key; runs that differ are listed with what differs."""
-    selected = [r for r in runs if (not steps or r.step in steps) and (tag is None or r.tag == tag)]
+    """The successful runs (optionally of some steps / one tag / one training run), grouped
+    by training run, against the latest run's comparability key; runs that differ are listed
+    with what differs."""
+    selected = [
+        r
+        for r in runs
+        if (not steps or r.step in steps)
+        and (tag is None or r.tag == tag)
+        and (training_run is None or r.training_run == training_run)
+    ]
+    # sorted() is stable: within a training run, the order load_runs gave (step, start)
+    selected = sorted(selected, key=lambda r: r.training_run or "")
     rows = [r for r in selected if r.results is not None]
     skipped = [r for r in selected if r.results is None]
     if not rows:
         raise ResultsError(
             f"no successful runs to compare ({len(skipped)} failed or unreadable); fetch "
-            "finished runs with `fab fetch-results`, or check the --steps/--tag filters"
+            "finished runs with `fab fetch-results`, or check the --steps/--tag/--run filters"
         )
     baseline = rows[-1].key()
     differences = {}
@@ -144,7 +168,8 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     positions = [k for k in POSITIONS_SHOWN if k < block]
     with_reference = any(schema.reference_metrics(row.results) for row in comparison.rows)
     with_intervals = any(schema.overall_group(row.results) for row in comparison.rows)
-    header = ["run", "step", "host", "τ macro", "τ pooled"]
+    with_runs = any(row.training_run for row in comparison.rows)
+    header = ["run", *[TRAINING_RUN] * with_runs, "step", "host", "τ macro", "τ pooled"]
     header += ["τ macro 95% CI"] if with_intervals else []
     header += [f"tree-{b}" for b in comparison.budgets]  # DDTree τ at budget b
     header += [f"acc@{k}" for k in positions]
@@ -160,6 +185,7 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
         cells.append(
             [
                 row.run_id,
+                *[row.training_run or DEFAULT_RUN] * with_runs,
                 str(row.step),
                 row.run.get("host", "?"),
                 _number(metrics[schema.TAU_MACRO]),
@@ -207,7 +233,9 @@ ACCEPTANCE_IN_SETS = (1, 2)  # positions shown in the per-set table (the rest: t
 def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the per-prompt-set table: each run's every prompt, then each of
     its named sets, with 95 % intervals (runs from before intervals are left out)."""
-    header = ["run", "step", "prompt set", "prompts", "τ macro [95% CI]", "τ pooled [95% CI]"]
+    with_runs = any(row.training_run for row in comparison.rows)
+    header = ["run", *[TRAINING_RUN] * with_runs, "step", "prompt set", "prompts"]
+    header += ["τ macro [95% CI]", "τ pooled [95% CI]"]
     header += [f"tree-{b} [95% CI]" for b in comparison.budgets]
     header += [f"acc@{k} [95% CI]" for k in ACCEPTANCE_IN_SETS]
     cells = []
@@ -217,6 +245,7 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
             cells.append(
                 [
                     row.run_id,
+                    *[row.training_run or DEFAULT_RUN] * with_runs,
                     str(row.step),
                     name,
                     str(group[schema.GROUP_PROMPTS]),
@@ -230,9 +259,9 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
 
 
 def overlap_notes(comparison: Comparison) -> list[str]:
-    """For each pair of consecutive comparable runs (by step), and each prompt set they
-    share: do their τ macro intervals overlap? Disjoint 95 % intervals mean a real change;
-    overlapping ones mean these prompts cannot tell the two apart."""
+    """For each pair of consecutive comparable runs (by step, within one training run), and
+    each prompt set they share: do their τ macro intervals overlap? Disjoint 95 % intervals
+    mean a real change; overlapping ones mean these prompts cannot tell the two apart."""
     rows = [
         row
         for row in comparison.rows
@@ -240,6 +269,8 @@ def overlap_notes(comparison: Comparison) -> list[str]:
     ]
     notes = []
     for before, after in itertools.pairwise(rows):
+        if before.training_run != after.training_run:
+            continue  # another training run's steps: not a change of this one
         first, second = _groups(before), _groups(after)
         for name in [n for n in first if n in second]:
             a = schema.group_interval(first[name])
@@ -247,8 +278,9 @@ def overlap_notes(comparison: Comparison) -> list[str]:
             verdict = schema.overlaps(a, b)
             if verdict is None:
                 continue  # a set with one prompt (or conversation) has no interval to compare
+            run = f"{before.training_run} " if before.training_run else ""
             notes.append(
-                f"step {before.step} → {after.step}, {name}: τ macro {_with_interval(a)} → "
+                f"{run}step {before.step} → {after.step}, {name}: τ macro {_with_interval(a)} → "
                 f"{_with_interval(b)}: "
                 + (
                     "intervals overlap: not distinguishable from prompt-to-prompt noise"

@@ -183,13 +183,16 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
                 reporter.say,
             )
         run_id = jobs.new_run_id(request.step, name, request.tag)
-        command = harness_command(host, entry, harness, checkpoint, run_id, request, profile)
+        command = harness_command(
+            host, entry, harness, checkpoint, run_id, request, profile, inventory.training_run
+        )
         params = {
             "step": request.step,
             "tag": request.tag,
             "checkpoint": checkpoint,
             "harness": harness,
             "command": command,
+            **({"training_run": inventory.training_run} if inventory.training_run else {}),
         }
         try:
             launcher = jobs.launch(host, entry, run_id, command, params)
@@ -222,6 +225,11 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
         host.close()
 
 
+def run_flag(inventory: Inventory) -> str:
+    """` --run NAME` for the hints of a named training run's commands ('' for the default)."""
+    return f" --run {inventory.training_run}" if inventory.training_run else ""
+
+
 def stage_checkpoint(
     inventory: Inventory, step: int, host: str, reporter: RunReporter, via: str = "stream"
 ) -> StagedCheckpoint:
@@ -248,14 +256,16 @@ def conclude(
         results = json.loads((directory / "results.json").read_text())
         summary = schema.summary_lines(results)
         if staged is not None:
-            _require_staged_bytes(results, staged, directory)
+            _require_staged_bytes(results, staged, directory, run_flag(inventory))
     reporter.finished(run, summary, local)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     return run
 
 
-def _require_staged_bytes(results: dict, staged: StagedCheckpoint, directory: Path) -> None:
+def _require_staged_bytes(
+    results: dict, staged: StagedCheckpoint, directory: Path, run: str = ""
+) -> None:
     """The sha256 the harness computed of each checkpoint file must be the one staging
     verified: otherwise the file changed (or rotted) on the eval host after it was staged,
     and the numbers belong to unknown weights. The pulled run is marked so `compare` skips it."""
@@ -283,7 +293,8 @@ def _require_staged_bytes(results: dict, staged: StagedCheckpoint, directory: Pa
     run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "problem": problem}))
     raise CheckpointError(
         f"{problem}. These results are not used by compare. Re-stage it: fab stage-checkpoint "
-        f"--step {staged.step} --to {staged.host} --verify (or delete {staged.path} and rerun)."
+        f"--step {staged.step}{run} --to {staged.host} --verify (or delete {staged.path} and "
+        "rerun)."
     )
 
 
@@ -367,7 +378,7 @@ def extract(
         raise CheckpointError(
             f"{host.name}: {checkpoint} does not hash to the sha256 staging verified "
             f"({staged.sha256[:16]}…): it changed or is corrupt on disk. Re-stage it: fab "
-            f"stage-checkpoint --step {staged.step} --to {host.name} --verify"
+            f"stage-checkpoint --step {staged.step}{run_flag(inventory)} --to {host.name} --verify"
         )
     say(f"{host.name}: optimizer state stripped → {out}")
     return out
@@ -395,8 +406,10 @@ def harness_command(
     run_id: str,
     request: EvalRequest,
     profile: dict | None = None,
+    training_run: str | None = None,
 ) -> str:
-    """The harness invocation for the run's wrapper (it runs in the run directory)."""
+    """The harness invocation for the run's wrapper (it runs in the run directory); the
+    training run, when named, is recorded in the results' checkpoint block."""
     layout = EvalLayout(entry)
     directory = layout.run(run_id)
     argv = [
@@ -414,6 +427,7 @@ def harness_command(
         str(request.step),
         "--cache-dir",
         layout.cache,
+        *(["--training-run", training_run] if training_run else []),
     ]
     if request.reference:
         if not entry.reference_drafter:
@@ -477,11 +491,15 @@ def drafter_profile(inventory: Inventory) -> dict | None:
     profile = spec.model_dump(exclude_none=True, exclude={"config_file"})
     if spec.config_file is not None:
         path = inventory.path.parent / spec.config_file
+        key = f"hosts.{inventory.trainer_name}"
+        run = inventory.training_run
+        if run and inventory.trainer.runs[run].drafter is not None:
+            key += f".runs.{run}"  # the run's own profile (for_run put it in the trainer's)
         try:
             profile["config"] = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             raise InventoryError(
-                f"{inventory.path}: hosts.{inventory.trainer_name}.drafter.config_file: cannot "
-                f"read {path} as JSON ({exc}); fix the path or the file"
+                f"{inventory.path}: {key}.drafter.config_file: cannot read {path} as JSON "
+                f"({exc}); fix the path or the file"
             ) from None
     return profile

@@ -34,8 +34,13 @@ def choose_steps(
 
 
 def new_steps(inventory: Inventory) -> list[int]:
-    """Complete checkpoints on the trainer without a successful local result yet."""
-    evaluated = {run.step for run in load_runs(inventory.local.results) if run.results}
+    """Complete checkpoints on the trainer (of the inventory's training run) without a
+    successful local result (of that run) yet."""
+    evaluated = {
+        run.step
+        for run in load_runs(inventory.local.results)
+        if run.results and run.training_run == inventory.training_run
+    }
     return [
         info.step
         for info in list_checkpoints(inventory)

@@ -3,18 +3,19 @@ evaluate the new ones with the sweep machinery (dflash_ops.evaluation.sweep) ove
 hosts, with the same request as `fab run-eval` (run.build_request).
 
 State lives beside the results, in `<results>/watch-state.json` (`watch-state-<tag>.json`
-for a tagged series), written atomically after every step:
+for a tagged series; `watch-state@<run>.json`, `watch-state-<tag>@<run>.json` for a named
+training run's), written atomically after every step:
 
     {"version": 1, "tag": null,
      "evaluated": {"2000": "<run id>", …},      # steps done, with the run that did them
      "attempts": {"4000": 1, …},                # failed attempts of steps not done yet
      "skipped": {"6000": "<last error>", …}}    # steps that failed 1 + retries times
 
-A step counts as done when the state says so or when a successful run of it (with the same
-tag, when one is given) is among the local results, so a restart — or a `run-eval` by hand —
-never runs a step twice. Each pass first pulls finished runs from the eval hosts and leaves
-alone the steps still running there (launched by a watch that was stopped): they are neither
-re-launched nor counted as failures.
+A step counts as done when the state says so or when a successful run of it (of the same
+training run, and with the same tag when one is given) is among the local results, so a
+restart — or a `run-eval` by hand — never runs a step twice. Each pass first pulls finished
+runs from the eval hosts and leaves alone the steps still running there (launched by a watch
+that was stopped): they are neither re-launched nor counted as failures.
 
 Stopping: `stop()` (or the front door on Ctrl-C) ends the wait between passes at once and
 lets no host take another step; runs already started go on, detached, on their hosts.
@@ -36,7 +37,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, sweep
 from dflash_ops.evaluation.results import load_runs
-from dflash_ops.evaluation.run import EvalRequest, RunReporter
+from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_flag
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host
 from dflash_ops.staging.catalog import list_checkpoints
@@ -76,14 +77,15 @@ class WatchState:
     skipped: dict[int, str] = field(default_factory=dict)
 
     @staticmethod
-    def file_for(results: Path, tag: str | None) -> Path:
-        if not tag:
-            return results / "watch-state.json"
-        return results / f"watch-state-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}.json"
+    def file_for(results: Path, tag: str | None, training_run: str | None = None) -> Path:
+        # '@' is in neither a cleaned tag nor a run name: no two series share a file.
+        series = f"-{re.sub(r'[^A-Za-z0-9_.-]', '_', tag)}" if tag else ""
+        run = f"@{training_run}" if training_run else ""
+        return results / f"watch-state{series}{run}.json"
 
     @classmethod
-    def load(cls, results: Path, tag: str | None) -> WatchState:
-        path = cls.file_for(results, tag)
+    def load(cls, results: Path, tag: str | None, training_run: str | None = None) -> WatchState:
+        path = cls.file_for(results, tag, training_run)
         if not path.exists():
             return cls(path, tag)
         try:
@@ -162,7 +164,7 @@ class Watch:
         self.reporter = reporter
         self.options = options
         self.webhook = webhook
-        self.state = WatchState.load(inventory.local.results, template.tag)
+        self.state = WatchState.load(inventory.local.results, template.tag, inventory.training_run)
         self.stopping = threading.Event()
         self._recording = threading.Lock()
 
@@ -216,7 +218,8 @@ class Watch:
         running = []
         for host, entry in each_eval_host(self.inventory):
             for run in jobs.list_runs(host, entry):
-                if not self._ours(run.params.get("tag")) or run.step is None:
+                ours = self._ours(run.params.get("tag"), run.params.get("training_run"))
+                if not ours or run.step is None:
                     continue
                 if not run.done:
                     running.append(run.step)
@@ -228,7 +231,7 @@ class Watch:
         succeeded = {
             run.step
             for run in load_runs(self.inventory.local.results)
-            if run.results and self._ours(run.tag)
+            if run.results and self._ours(run.tag, run.training_run)
         }
         done = succeeded | set(self.state.evaluated) | set(self.state.skipped) | in_flight
         return [
@@ -237,8 +240,11 @@ class Watch:
             if info.complete and info.step not in done
         ]
 
-    def _ours(self, tag: str | None) -> bool:
-        """Whether a run belongs to this watch's series: any run when it has no tag."""
+    def _ours(self, tag: str | None, training_run: str | None) -> bool:
+        """Whether a run belongs to this watch's series: of its training run, and with its
+        tag when it has one."""
+        if training_run != self.inventory.training_run:
+            return False
         return self.template.tag is None or tag == self.template.tag
 
     def _record(self, outcome: PassOutcome, step: int, result: jobs.Run | Exception) -> None:
@@ -267,7 +273,8 @@ class Watch:
         if given_up:
             self.reporter.say(
                 f"[red]step {step} skipped[/] after {attempts} failed attempt(s); evaluate it "
-                f"by hand (fab run-eval --step {step}) or remove it from `skipped` in "
+                f"by hand (fab run-eval --step {step}{run_flag(self.inventory)}) or remove it "
+                "from `skipped` in "
                 f"{self.state.path} for the watch to try again"
             )
         else:
@@ -302,6 +309,7 @@ class Watch:
             "source": "dflash-ops watch",
             "event": event,
             "tag": self.template.tag,
+            **({"training_run": run} if (run := self.inventory.training_run) else {}),
             "step": step,
             "failures": {
                 **{str(s): {"attempts": n} for s, n in sorted(self.state.attempts.items())},

@@ -161,17 +161,19 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
             Status.FAIL,
             "fix `container.path` in the inventory",
         )
-    listing = host.run(
-        env.run_command("test -d {} && echo yes || echo no", entry.checkpoints), check=False
-    )
-    exists = listing.stdout.strip() == "yes"
-    yield Row(
-        host.name,
-        "checkpoints dir",
-        Status.OK if exists else Status.FAIL,
-        f"{entry.checkpoints} in {env.description}"
-        + ("" if exists else ": missing; fix `checkpoints` in the inventory"),
-    )
+    for run, directory in entry.checkpoint_dirs().items():  # the trainer's own, each run's
+        listing = host.run(
+            env.run_command("test -d {} && echo yes || echo no", directory), check=False
+        )
+        exists = listing.stdout.strip() == "yes"
+        key = f"runs.{run}.checkpoints" if run else "checkpoints"
+        yield Row(
+            host.name,
+            f"checkpoints dir ({run})" if run else "checkpoints dir",
+            Status.OK if exists else Status.FAIL,
+            f"{directory} in {env.description}"
+            + ("" if exists else f": missing; fix `{key}` in the inventory"),
+        )
     required = ["sha256sum", "tail", *filter(None, [env.tool])]
     yield from _tool_rows(host, required, optional=["python3"])
 

@@ -8,6 +8,7 @@
 {venv}/bin/python, {venv}/dflash-provision.json
 {staging}/step_<N>/checkpoint.pt       staged checkpoints (staging: `checkpoints` or
                                        {workdir}/checkpoints), extracted/ beside them
+{staging}/<run>/step_<N>/…             the same for a named training run (--run)
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ class EvalLayout:
     def staging(self) -> str:
         return (self.entry.checkpoints or _join(self.workdir, "checkpoints")).rstrip("/")
 
-    def staged_checkpoint(self, step: int) -> str:
-        return _join(self.staging, f"step_{step}", STAGED_NAME)
+    def staged_checkpoint(self, step: int, run: str | None = None) -> str:
+        """Where step `step` of training run `run` (None: the trainer's own) is staged."""
+        return _join(self.staging, *([run] if run else []), f"step_{step}", STAGED_NAME)
 
     @staticmethod
     def extracted(checkpoint: str) -> str:

@@ -152,6 +152,7 @@ def list_checkpoints(inventory: Inventory) -> list[CheckpointInfo]:
     """The trainer's checkpoints, by step, with completeness: the marker when the inventory
     names one, else a size that does not change (files modified within STABLE_AFTER_S are
     looked at again after STABLE_WINDOW_S)."""
+    inventory = inventory.for_run(inventory.training_run)  # a trainer with runs only: its run
     now, files, markers = _scan(inventory)
     uses_marker = inventory.trainer.complete_marker is not None
     recent = [s for s, (_, mtime, _) in files.items() if now - mtime < STABLE_AFTER_S]

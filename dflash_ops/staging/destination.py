@@ -1,6 +1,7 @@
 """Where a staged copy lives on one side, how its state is read, and how it is promoted.
 
-Staged layout on an eval host (and in the workstation's `local.staging` in two-hop mode):
+Staged layout on an eval host (and in the workstation's `local.staging` in two-hop mode);
+a named training run's steps are in `{staging}/RUN/step_{N}/`, laid out the same:
 
     {staging}/step_{N}/checkpoint.pt                 a single-file checkpoint, verified
     {staging}/step_{N}/checkpoint.pt.manifest.json   source host/path, size, mtime, sha256
@@ -43,14 +44,16 @@ STAGED_NAMES: dict[Kind, str] = {
 
 
 def staged_path(inventory: Inventory, host: str, step: int, kind: Kind = "file") -> str:
-    """Where `kind` of step `step` is staged on `host` (an eval host, or the workstation)."""
+    """Where `kind` of step `step` (of the inventory's training run) is staged on `host` (an
+    eval host, or the workstation)."""
+    run = inventory.training_run
     if host == LocalSide.name:
         if inventory.local.staging is None:
             raise InventoryError(f"{inventory.path}: two-hop mode needs local.staging set")
-        step_dir = f"{inventory.local.staging}/step_{step}"
+        step_dir = "/".join([str(inventory.local.staging), *([run] if run else []), f"step_{step}"])
     else:
         _, entry = inventory.eval_host(host)
-        step_dir = EvalLayout(entry).staged_checkpoint(step).rpartition("/")[0]
+        step_dir = EvalLayout(entry).staged_checkpoint(step, run).rpartition("/")[0]
     return f"{step_dir}/{STAGED_NAMES[kind]}"
 
 

@@ -3,8 +3,9 @@
 Staged steps live in `{staging}/step_N/` on each eval host (`{staging}/RUN/step_N/` for a named
 training run) and in the workstation's `local.staging`; each holds the checkpoint, its
 manifest and any extracted copy. `plan` lists them with their sizes and decides, per place:
-keep the newest `keep_last` steps and the steps named in `keep_steps`, and never a directory
-that a running eval on that host reads. `apply` removes what the plan drops.
+keep the newest `keep_last` steps of each training run and the steps named in `keep_steps`,
+and never a directory that a running eval on that host reads; with a run named, only that
+run's steps are looked at. `apply` removes what the plan drops.
 """
 
 from __future__ import annotations
@@ -79,12 +80,21 @@ def _listing_command(base: str) -> str:
     )
 
 
-def plan(inventory: Inventory, policy: Policy, host: str | None = None) -> list[StagedStep]:
-    """Every staged step on the eval hosts (or one) and the workstation, with its verdict."""
+def plan(
+    inventory: Inventory, policy: Policy, host: str | None = None, run: str | None = None
+) -> list[StagedStep]:
+    """Every staged step on the eval hosts (or one) and the workstation, with its verdict;
+    only training run `run`'s steps when it is named."""
+    inventory.require_run(run)
+
+    def of_run(steps: list[StagedStep]) -> list[StagedStep]:
+        return steps if run is None else [item for item in steps if item.run == run]
+
     judged: list[StagedStep] = []
     for eval_host, entry in each_eval_host(inventory, host):
         base = EvalLayout(entry).staging
-        listed = parse_staged(eval_host.name, base, eval_host.run(_listing_command(base)).stdout)
+        output = eval_host.run(_listing_command(base)).stdout
+        listed = of_run(parse_staged(eval_host.name, base, output))
         # A run reads {step dir}/checkpoint.pt or {step dir}/extracted: either way, its parent.
         in_use = {
             str(Path(str(run.params.get("checkpoint", ""))).parent)
@@ -98,7 +108,7 @@ def plan(inventory: Inventory, policy: Policy, host: str | None = None) -> list[
             f"{_local_size(d)}\t{d}"
             for d in sorted([*Path(local).glob("step_*"), *Path(local).glob("*/step_*")])
         )
-        judged += policy.verdicts(parse_staged(WORKSTATION, str(local), output), set())
+        judged += policy.verdicts(of_run(parse_staged(WORKSTATION, str(local), output)), set())
     return judged
 
 

@@ -157,6 +157,7 @@ def stage(
     the staged path, its sha256 and size. Raises CheckpointError / TransferError /
     DiskSpaceError with what to do; an interrupted transfer leaves a resumable partial."""
     options = options or StageOptions()
+    inventory = inventory.for_run(inventory.training_run)  # a trainer with runs only: its run
     names = to or list(inventory.eval_hosts)
     for name in names:
         inventory.eval_host(name)  # unknown names fail before any connection

@@ -40,6 +40,7 @@ def results() -> None:
     help="where to write the PNG plots (default: RESULTS/plots)",
 )
 @click.option("--samples", is_flag=True, help="also print each run's decoded drafts")
+@click.option("--run", "training_run", help="only this training run's results")
 def compare_command(
     results_root: Path,
     steps: str | None,
@@ -47,11 +48,14 @@ def compare_command(
     allow_mixed: bool,
     plots: Path | None,
     samples: bool,
+    training_run: str | None,
 ) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
     from dflash_ops.ui.eval_commands import show_comparison
 
-    _guarded(lambda: show_comparison(results_root, steps, tag, allow_mixed, plots, samples))
+    _guarded(
+        lambda: show_comparison(results_root, steps, tag, allow_mixed, plots, samples, training_run)
+    )
 
 
 @results.command("report")
@@ -61,13 +65,18 @@ def compare_command(
 @click.option(
     "--out", type=click.Path(path_type=Path), help="HTML file (default: RESULTS/report.html)"
 )
+@click.option("--run", "training_run", help="only this training run's results")
 def report_command(
-    results_root: Path, steps: str | None, tag: str | None, out: Path | None
+    results_root: Path,
+    steps: str | None,
+    tag: str | None,
+    out: Path | None,
+    training_run: str | None,
 ) -> None:
     """One self-contained HTML report of the pulled runs."""
     from dflash_ops.ui.eval_commands import write_report
 
-    _guarded(lambda: write_report(results_root, steps, tag, out))
+    _guarded(lambda: write_report(results_root, steps, tag, out, training_run))
 
 
 @results.command("list")

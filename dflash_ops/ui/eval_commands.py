@@ -160,17 +160,19 @@ def show_comparison(
     allow_mixed: bool = False,
     plots: Path | None = None,
     samples: bool = False,
+    training_run: str | None = None,
 ) -> results.Comparison:
     """`fab compare` / `dflash-ops results compare`: the table, the per-set table with
     confidence intervals and whether consecutive steps' overlap, the plots, and the HTML
     report (rewritten); incomparable runs are refused unless `allow_mixed` (and then
-    flagged). The report is written first, with such runs flagged, either way."""
+    flagged). The report is written first, with such runs flagged, either way. Runs of
+    several training runs are grouped and labelled by run; `training_run` keeps one."""
     selected = parse_steps(steps)
-    comparison = results.compare(results.load_runs(results_root), selected, tag)
+    comparison = results.compare(results.load_runs(results_root), selected, tag, training_run)
     console.print(comparison_table(comparison))
     for run in comparison.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
-        console.print(f"[yellow]skipped[/] {run.run_id} (step {run.step}): {why}")
+        console.print(f"[yellow]skipped[/] {run.run_id} ({_step_of(run)}): {why}")
     path = report.write(
         comparison,
         results_root / report.REPORT_NAME,
@@ -187,7 +189,7 @@ def show_comparison(
     if samples:
         for run in comparison.rows:
             lines = schema.sample_lines(run.results) or ["(no decoded samples in this run)"]
-            console.print(f"[bold]{run.run_id}[/] (step {run.step}):")
+            console.print(f"[bold]{run.run_id}[/] ({_step_of(run)}):")
             for line in lines:
                 console.print(f"  {line}", markup=False)
     for plot in figures.plot(comparison, plots or results_root / "plots"):
@@ -196,11 +198,20 @@ def show_comparison(
     return comparison
 
 
+def _step_of(run: results.RunResult) -> str:
+    return f"{run.training_run} step {run.step}" if run.training_run else f"step {run.step}"
+
+
 def write_report(
-    results_root: Path, steps: str | None = None, tag: str | None = None, out: Path | None = None
+    results_root: Path,
+    steps: str | None = None,
+    tag: str | None = None,
+    out: Path | None = None,
+    training_run: str | None = None,
 ) -> Path:
     """`fab report`: the HTML report of the pulled runs (incomparable ones flagged)."""
-    comparison = results.compare(results.load_runs(results_root), parse_steps(steps), tag)
+    pulled = results.load_runs(results_root)
+    comparison = results.compare(pulled, parse_steps(steps), tag, training_run)
     path = report.write(
         comparison,
         out or results_root / report.REPORT_NAME,

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.results import Comparison, dataset_rows, table_rows
+from dflash_ops.evaluation.results import TRAINING_RUN, Comparison, dataset_rows, table_rows
 from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui.console import console
@@ -180,7 +180,7 @@ def comparison_table(comparison: Comparison) -> Table:
     for column in header:
         table.add_column(
             column,
-            justify="left" if column in ("run", "host", "comparable") else "right",
+            justify="left" if column in ("run", TRAINING_RUN, "host", "comparable") else "right",
             no_wrap=column == "run",
         )
     for row in cells:
@@ -200,7 +200,8 @@ def dataset_table(comparison: Comparison) -> Table | None:
         title_justify="left",
     )
     for column in header:
-        table.add_column(column, justify="left" if column in ("run", "prompt set") else "right")
+        left = ("run", TRAINING_RUN, "prompt set")
+        table.add_column(column, justify="left" if column in left else "right")
     for row in cells:
         flagged = row[0] in comparison.differences
         table.add_row(*(f"[red]{cell}[/]" if flagged else cell for cell in row))

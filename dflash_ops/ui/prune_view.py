@@ -18,12 +18,13 @@ def run_prune(
     keep_last: str | None,
     keep_steps: str | None,
     yes: bool,
+    run: str | None = None,
 ) -> None:
     policy = prune.Policy(
         keep_last=parse_count("--keep-last", keep_last, minimum=0) if keep_last else 2,
         keep_steps=frozenset(parse_steps(keep_steps) or ()),
     )
-    judged = prune.plan(inventory, policy, host)
+    judged = prune.plan(inventory, policy, host, run)
     table = Table(title="staged checkpoints", title_justify="left")
     for column in ("host", "run", "step", "size", "verdict"):
         table.add_column(column, justify="right" if column in ("step", "size") else "left")

@@ -20,6 +20,7 @@ from dflash_eval import schema
 
 from dflash_ops.evaluation import figures
 from dflash_ops.evaluation.results import (
+    TRAINING_RUN,
     Comparison,
     RunResult,
     dataset_rows,
@@ -116,7 +117,8 @@ def _figure(charts: dict[str, str], name: str) -> str:
 def _comparison_table(comparison: Comparison) -> str:
     header, cells = table_rows(comparison)
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
-    return _table(header, cells, "comparison", flagged, text_columns={"run", "host", "comparable"})
+    text_columns = {"run", TRAINING_RUN, "host", "comparable"}
+    return _table(header, cells, "comparison", flagged, text_columns=text_columns)
 
 
 def _datasets(comparison: Comparison, charts: dict[str, str]) -> str:
@@ -135,7 +137,13 @@ def _datasets(comparison: Comparison, charts: dict[str, str]) -> str:
             f"<p>95 % confidence intervals: {_e(settings['method'])} bootstrap over "
             f"{_e(settings['unit'])}s, {settings['resamples']} resamples, seed "
             f"{settings['seed']} (docs/results-schema.md).</p>",
-            _table(header, cells, "per-dataset", flagged, text_columns={"run", "prompt set"}),
+            _table(
+                header,
+                cells,
+                "per-dataset",
+                flagged,
+                text_columns={"run", TRAINING_RUN, "prompt set"},
+            ),
             "<ul>" + "".join(f"<li>{_e(note)}</li>" for note in notes) + "</ul>" if notes else "",
             _figure(charts, "tau_by_dataset") if "tau_by_dataset" in charts else "",
         ]
@@ -173,7 +181,7 @@ def _provenance(row: RunResult, open_: bool) -> str:
     )
     warned = "".join(f'<li class="flag">{_e(w)}</li>' for w in warnings)
     return (
-        f"<details{' open' * open_}><summary>{_e(row.run_id)} (step {row.step})</summary>"
+        f"<details{' open' * open_}><summary>{_e(row.run_id)} ({_e(_step_of(row))})</summary>"
         f"<table>{rows}</table>{f'<ul>{warned}</ul>' if warned else ''}</details>"
     )
 
@@ -183,7 +191,14 @@ def _samples(row: RunResult) -> str:
     if not samples:
         return ""
     shown = "".join(_sample(sample) for sample in samples)
-    return f"<details open><summary>{_e(row.run_id)} (step {row.step})</summary>{shown}</details>"
+    return (
+        f"<details open><summary>{_e(row.run_id)} ({_e(_step_of(row))})</summary>{shown}</details>"
+    )
+
+
+def _step_of(row: RunResult) -> str:
+    """'step N', or 'RUN step N' for a named training run's checkpoint."""
+    return f"{row.training_run} step {row.step}" if row.training_run else f"step {row.step}"
 
 
 def _sample(sample: Any) -> str:

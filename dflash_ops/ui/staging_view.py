@@ -31,8 +31,9 @@ from dflash_ops.ui.console import console
 
 def checkpoints_table(inventory: Inventory) -> Table:
     infos = list_checkpoints(inventory)
+    run = f" (training run {inventory.training_run})" if inventory.training_run else ""
     table = Table(
-        title=f"checkpoints on {inventory.trainer_name}:{inventory.trainer.checkpoints}",
+        title=f"checkpoints on {inventory.trainer_name}:{inventory.trainer.checkpoints}{run}",
         title_justify="left",
     )
     for column in ("step", "size", "modified", "complete"):

@@ -118,8 +118,10 @@ def watch_command(
     hook = Webhook(url, view.say) if url else None
     watch = Watch(inventory, template, view, options, hook)
     hosts = ", ".join(inventory.eval_hosts)
+    run = f" (training run {inventory.training_run})" if inventory.training_run else ""
     view.say(
-        f"watching {inventory.trainer_name}'s checkpoints every {_duration(options.interval_s)}; "
+        f"watching {inventory.trainer_name}'s checkpoints{run} every "
+        f"{_duration(options.interval_s)}; "
         f"evaluating on {hosts}; state in {watch.state.path}"
         + (f"; notifying {hook.shown}" if hook else "")
     )

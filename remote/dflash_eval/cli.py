@@ -205,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one drafter forward per block (slow; for cross-checking)",
     )
     run.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
+    run.add_argument("--training-run", help="record the training run the checkpoint belongs to")
     run.add_argument(
         "--verify",
         action="store_true",
@@ -282,6 +283,7 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         chunk=args.chunk_anchors,
         per_block=args.per_block,
         step=args.step,
+        training_run=args.training_run,
         thinking=args.thinking == "on",
         verify=args.verify,
         features=args.features,

@@ -82,6 +82,7 @@ class EvalOptions:
     chunk: int | None = None
     per_block: bool = False
     step: int | None = None
+    training_run: str | None = None  # recorded in the checkpoint block when given
     thinking: bool = False  # enable_thinking for chat templates that have it
     verify: bool = False  # hash the checkpoint even when its staging manifest has the sha256
     features: Path | None = None  # a feature set: completions and hidden states read from it
@@ -134,6 +135,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         )
     with timer.phase("hash"):
         checkpoint_identity = record.checkpoint_identity(drafter, options.step, options.verify)
+        if options.training_run:
+            checkpoint_identity[schema.TRAINING_RUN] = options.training_run
         reference_identity = (
             record.checkpoint_identity(reference, None, options.verify) if reference else None
         )

@@ -61,6 +61,7 @@ SIZE_BYTES = "size_bytes"
 SHA256 = "sha256"
 SHA256_SOURCE = "sha256_source"  # "hashed" | "staging manifest" (trusted: size and mtime fit)
 STEP = "step"
+TRAINING_RUN = "training_run"  # the training run it belongs to (absent: the trainer's own)
 
 # --- results[TARGET] ---------------------------------------------------------------------------
 TARGET_NAME = "name"
@@ -165,6 +166,10 @@ DRAFTER_SETTINGS = (
 
 def step(results: dict) -> int | None:
     return results[CHECKPOINT][STEP]
+
+
+def training_run(results: dict) -> str | None:
+    return results[CHECKPOINT].get(TRAINING_RUN)
 
 
 def metrics(results: dict) -> dict:
