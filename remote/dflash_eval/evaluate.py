@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from dflash_eval import inputs, record, schema
+from dflash_eval import cache_keys, inputs, record, schema
 from dflash_eval.by_dataset import intervals
-from dflash_eval.cache import DiskCache, tokens_digest
+from dflash_eval.cache import DiskCache
 from dflash_eval.completions import (
     Prompt,
     SGLangClient,
@@ -102,6 +102,13 @@ class Sequence:
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.reference
 
+    def take_reference(self, reference: list[int], max_new_tokens: int, stops: list[int]) -> None:
+        """Keep the reference and where the rounds run: from the prompt's end up to
+        max_new_tokens, ending early at the first stop token."""
+        self.reference = reference
+        first, stop = len(self.prompt_ids), first_stop(reference, stops)
+        self.span = Span(first, first + max_new_tokens, None if stop is None else first + stop)
+
     @property
     def completion(self) -> list[int]:
         """What the live loop outputs: max_new_tokens tokens, or through the stop token."""
@@ -169,13 +176,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     cache = DiskCache(options.cache_dir)
     libraries = library_versions()
     # What every cached completion and hidden-state entry depends on.
-    shared_key = {
-        "target": identity["fingerprint"],
-        "target_dtype": str(target.dtype),
-        "libraries": libraries,
-        "device": DEVICE,
-        "kernel": target.kernel,
-    }
+    shared_key = cache_keys.shared_key(
+        identity["fingerprint"], str(target.dtype), libraries, DEVICE, target.kernel
+    )
     # The reference runs one block past the completion: the larger block when two
     # drafters share it.
     extra = max(d.config.block_size for d in (drafter, reference) if d is not None)
@@ -340,22 +343,15 @@ def _completions(
     progress: Progress,
 ) -> None:
     client = SGLangClient(options.sglang_url) if options.sglang_url else None
+    source = cache_keys.completion_source(options.sglang_url)
     total = len(sequences)
     progress.progress("completions", 0, total)
     for done, seq in enumerate(sequences, start=1):
         if seq.prompt.follows:
             seq.prompt_ids = conversations.encode(seq.prompt)
-        key = {
-            **shared_key,
-            "kind": "completion",
-            "source": f"sglang {client.shown}" if client else "local-greedy",
-            "prompt_tokens": tokens_digest(seq.prompt_ids),
-            "max_new_tokens": options.max_new_tokens,
-            "stop_token_ids": stops,
-            # Tokens past the completion's end (max_new_tokens or the stop token): entries
-            # cut at the end, from before this rule, lack this field and so never match.
-            "extra_tokens": extra,
-        }
+        key = cache_keys.completion_key(
+            shared_key, source, seq.prompt_ids, options.max_new_tokens, stops, extra
+        )
         reference = cache.get_completion(key)
         seq.completion_hit = reference is not None
         if reference is None:
@@ -365,10 +361,7 @@ def _completions(
             else:
                 reference = greedy_reference(target.target().model, *args)
             cache.put_completion(key, reference)
-        seq.reference = reference
-        first, stop = len(seq.prompt_ids), first_stop(reference, stops)
-        limit = first + options.max_new_tokens
-        seq.span = Span(first, limit, None if stop is None else first + stop)
+        seq.take_reference(reference, options.max_new_tokens, stops)
         conversations.replied(seq.prompt, seq.completion)
         progress.progress("completions", done, total)
 
@@ -384,13 +377,7 @@ def _hidden_states(
     total = len(sequences)
     progress.progress("hidden_states", 0, total)
     for done, seq in enumerate(sequences, start=1):
-        key = {
-            **shared_key,
-            "kind": "hidden_states",
-            "tokens": tokens_digest(seq.tokens),
-            "num_tokens": len(seq.tokens),
-            "layer_ids": layer_ids,
-        }
+        key = cache_keys.hidden_key(shared_key, seq.tokens, layer_ids)
         hidden = cache.get_hidden(key)
         seq.hidden_hit = hidden is not None
         if hidden is None:
