@@ -236,6 +236,8 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "strip_optimizer": "evaluate a copy without optimizer state (harness extract)",
         "tag": "a label stored with the run (for compare --tag)",
         "detach": "start the run and return; follow later with eval-logs --follow",
+        "dry_run": "print the plan per eval host (staged or bytes to move, cache hits, what "
+        "would be computed, target memory vs available, an estimated time); write nothing",
     }
 )
 def run_eval(
@@ -273,6 +275,7 @@ def run_eval(
     strip_optimizer=False,
     tag=None,
     detach=False,
+    dry_run=False,
     inventory=None,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
@@ -295,6 +298,7 @@ def run_eval(
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
+        dry_run=dry_run,
     )
 
 
