@@ -95,7 +95,8 @@ def test_plan_before_staging_after_staging_and_after_a_run(plan_lab):
     assert "checkpoint: not staged; would be copied to" in cold
     assert "staging: 994.1 KiB to move" in cold or "to move" in cold
     assert "disk: eval:" in cold and "free" in cold and "(ok)" in cold
-    assert "hits unknown until staged" in cold
+    assert "block size and target layers unknown until staged" in cold
+    assert "2 prompts; hits unknown" in cold
     assert "estimate ~" in cold and "target " in cold and "available (fits)" in cold
 
     staged = run_fab(inventory_path, "stage-checkpoint", "--step", "2000", "--to", "eval")

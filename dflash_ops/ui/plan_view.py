@@ -47,9 +47,7 @@ def _cache(cache: dict, prompts: int) -> str:
     if not cache["enabled"]:
         return "off (--no-cache): everything is computed"
     if cache["unknown"] == prompts:
-        return (
-            f"{prompts} prompts; hits unknown until staged (the keys need the drafter's settings)"
-        )
+        return f"{prompts} prompts; hits unknown (the keys need the drafter's settings and dtype)"
     completions, hidden = cache["completions"], cache["hidden_states"]
     text = (
         f"completions {completions['hits']}/{completions['total']} hit, hidden states "
@@ -63,7 +61,7 @@ def _cache(cache: dict, prompts: int) -> str:
 def _compute(harness: dict) -> str:
     cache, target = harness["cache"], harness["target"]
     if cache["unknown"] == harness["prompts"]["count"]:
-        return "unknown until staged (the estimate assumes nothing is cached)"
+        return "unknown (the estimate assumes nothing is cached)"
     loads = {True: "loads the target's body", False: "reads only its embedding and head"}
     return (
         f"{cache['completions_to_compute']} completion(s), "

@@ -57,6 +57,7 @@ from dflash_eval.target import (
 from dflash_eval.target_source import DEVICE
 
 UNKNOWN_UNTIL_STAGED = "unknown until staged"
+UNREADABLE = "unknown: the run would stop loading the drafter"
 NOT_TEXT_MODEL = ("visual", "vision", "mtp")  # tensors a text forward does not use
 
 
@@ -88,7 +89,7 @@ class HostFacts:
 class DrafterFacts:
     """What the cache keys and the estimate need of a drafter."""
 
-    source: str  # "checkpoint" | "profile" | "command line" | UNKNOWN_UNTIL_STAGED
+    source: str  # "checkpoint" | "profile" | "command line" | UNKNOWN_UNTIL_STAGED | UNREADABLE
     block_size: int | None = None
     layer_ids: list[int] | None = None
     parameters: int | None = None
@@ -134,7 +135,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
     threads = options.threads or facts.cores
     machine = estimate.Machine(threads, facts.cpu.feature_class)
-    phases = _phases(options, target, drafter, cached, shape)
+    phases = _phases(options, target, drafter, reference, cached, shape)
     return {
         "target": target,
         "drafter": drafter.record(),
@@ -209,7 +210,7 @@ def _from_checkpoint(
             source, shape, config_file, profile, command_line, tuple(options.accept_default)
         )
     except HarnessError as error:
-        return DrafterFacts(UNKNOWN_UNTIL_STAGED, problems=[f"the drafter {path}: {error}"])
+        return DrafterFacts(UNREADABLE, problems=[f"the drafter {path}: {error}"])
     config = chosen.config
     parameters = sum(t.numel() for name, t in source.state_dict.items() if name not in BORROWED)
     return DrafterFacts(
@@ -402,6 +403,7 @@ def _phases(
     options: EvalOptions,
     target: dict[str, Any],
     drafter: DrafterFacts,
+    reference: DrafterFacts | None,
     cached: CacheCount,
     shape: TargetShape,
 ) -> dict[str, estimate.Phase]:
@@ -433,11 +435,12 @@ def _phases(
         first = cached.prompts[0]
         tokens = (first.prompt_tokens or 0) + (first.reference_tokens or new_tokens)
         phases["fidelity"] = estimate.Phase(2.0 * params * tokens, "float32")
-    if drafter.parameters is not None and drafter.block_size:
-        # Every anchor of the completion, a block each, through the layers and the LM head.
-        per_token = 2.0 * (drafter.parameters + shape.vocab_size * shape.hidden_size)
-        tokens = cached.total * options.max_new_tokens * drafter.block_size
-        phases["drafter"] = estimate.Phase(per_token * tokens, drafter.dtype)
+    for name, walker in (("drafter", drafter), ("reference_drafter", reference)):
+        if walker is not None and walker.parameters is not None and walker.block_size:
+            # Every anchor of the completion, a block each, through the layers and the LM head.
+            per_token = 2.0 * (walker.parameters + shape.vocab_size * shape.hidden_size)
+            tokens = cached.total * options.max_new_tokens * walker.block_size
+            phases[name] = estimate.Phase(per_token * tokens, drafter.dtype)
     return phases
 
 

@@ -86,6 +86,23 @@ def test_a_cold_cache_counts_no_hits_and_an_eval_fills_it(lab, tmp_path):
 
     longer = make_plan(options(lab, tmp_path, max_new_tokens=25), facts())
     assert longer["cache"]["completions"]["hits"] == 0  # another key, as eval would see it
+    sglang = make_plan(options(lab, tmp_path, sglang_url="http://u:pw@127.0.0.1:9/"), facts())
+    assert sglang["cache"]["completions"]["hits"] == 0  # SGLang's completions are keyed apart
+    assert "completions" not in sglang["estimate"]["phases"]  # the server computes them
+
+
+def test_a_later_turn_is_unknown_until_the_turn_before_is_cached(lab, tmp_path):
+    prompts = tmp_path / "turns.jsonl"
+    prompts.write_text(json.dumps({"id": "chat", "turns": ["def add(a, b):", "and sub?"]}) + "\n")
+    chosen = options(lab, tmp_path, prompts=prompts, num_prompts=None)
+    cold = make_plan(chosen, facts())
+    assert cold["cache"]["completions"] == {"hits": 0, "total": 2}
+    assert cold["cache"]["unknown"] == 1  # its prompt holds the first turn's reply
+    run_eval(chosen, Progress(quiet=True))
+    warm = make_plan(chosen, facts())
+    assert warm["cache"]["completions"] == {"hits": 2, "total": 2}
+    assert warm["cache"]["hidden_states"] == {"hits": 2, "total": 2}
+    assert warm["cache"]["unknown"] == 0
 
 
 def test_other_drafter_layers_miss_the_hidden_states_only(lab, tmp_path):
