@@ -273,7 +273,8 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
 
 def _plan(args: argparse.Namespace, progress: Progress) -> int:
     from dflash_eval.evaluate import EvalOptions
-    from dflash_eval.plan import make_plan, stdin_inputs, summary_lines
+    from dflash_eval.plan import make_plan, summary_lines
+    from dflash_eval.plan_inputs import stdin_inputs
 
     given = stdin_inputs(sys.stdin.read()) if args.inputs_on_stdin else {}
     url = given.get("sglang_url") or (read_url(args.sglang_url) if args.sglang_url else None)

@@ -16,7 +16,6 @@ staged" and so are the cache counts.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,6 @@ from dflash_eval.cache import DiskCache
 from dflash_eval.completions import Prompt
 from dflash_eval.config import TargetShape
 from dflash_eval.conversation import Conversations
-from dflash_eval.drafter_settings import choose_settings
 from dflash_eval.errors import HarnessError
 from dflash_eval.evaluate import EvalOptions, Sequence
 from dflash_eval.features import (
@@ -41,9 +39,8 @@ from dflash_eval.features import (
     weight_bytes,
 )
 from dflash_eval.inputs import load_prompts
-from dflash_eval.loaders import BORROWED, read_drafter
-from dflash_eval.pickle_policy import PicklePolicy
-from dflash_eval.profile import DrafterProfile, read_profile
+from dflash_eval.plan_drafter import DrafterFacts, drafter_facts, reference_facts
+from dflash_eval.plan_inputs import is_memory_file
 from dflash_eval.results import library_versions, staged_sha256
 from dflash_eval.target import (
     DTYPES,
@@ -56,8 +53,6 @@ from dflash_eval.target import (
 )
 from dflash_eval.target_source import DEVICE
 
-UNKNOWN_UNTIL_STAGED = "unknown until staged"
-UNREADABLE = "unknown: the run would stop loading the drafter"
 NOT_TEXT_MODEL = ("visual", "vision", "mtp")  # tensors a text forward does not use
 
 
@@ -83,32 +78,6 @@ class HostFacts:
             estimate.parse_cpuinfo(text("/proc/cpuinfo")),
             cores or os.cpu_count() or 1,
         )
-
-
-@dataclass
-class DrafterFacts:
-    """What the cache keys and the estimate need of a drafter."""
-
-    source: str  # "checkpoint" | "profile" | "command line" | UNKNOWN_UNTIL_STAGED | UNREADABLE
-    block_size: int | None = None
-    layer_ids: list[int] | None = None
-    parameters: int | None = None
-    dtype: str = "float32"
-    hidden_size: int | None = None
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def known(self) -> bool:
-        return self.block_size is not None and self.layer_ids is not None
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "block_size": self.block_size,
-            "target_layer_ids": self.layer_ids,
-            "parameters": self.parameters,
-            "dtype": self.dtype,
-        }
 
 
 def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str, Any]:
@@ -140,7 +109,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
         "target": target,
         "drafter": drafter.record(),
         "reference_drafter": reference.record() if reference else None,
-        "prompts": {"count": len(prompts), "source": str(options.prompts or "builtin")},
+        "prompts": {"count": len(prompts), "source": prompts_source(options.prompts)},
         "cache": cached.record(),
         "host": {
             "memory_available_bytes": facts.memory_available,
@@ -153,6 +122,12 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     }
 
 
+def prompts_source(path: Path | None) -> str:
+    if path is None:
+        return "builtin"
+    return "sent on stdin" if is_memory_file(path) else str(path)
+
+
 def _require_inputs(options: EvalOptions) -> None:
     """The target must be there (the checkpoint may not be staged yet: that is planned)."""
     given = [("--target", options.target)]
@@ -162,85 +137,6 @@ def _require_inputs(options: EvalOptions) -> None:
     for flag, path in given:
         if not Path(path).exists():
             raise HarnessError(f"{flag} {path} does not exist on this host. Check the path.")
-
-
-# --- the drafter's settings ---------------------------------------------------------------
-
-
-def drafter_facts(options: EvalOptions, shape: TargetShape) -> DrafterFacts:
-    """Block size and target layers from the staged checkpoint, else from the command line
-    and the profile, else unknown."""
-    profile = read_profile(options.drafter_profile) if options.drafter_profile else None
-    if Path(options.checkpoint).exists():
-        command_line = {
-            "block_size": options.block_size,
-            "mask_token_id": options.mask_token_id,
-            "target_layer_ids": tuple(options.target_layer_ids)
-            if options.target_layer_ids is not None
-            else None,
-            "dtype": options.dtype,
-        }
-        return _from_checkpoint(
-            options.checkpoint, options, shape, profile, command_line, options.drafter_config
-        )
-    return _from_profile(options, profile)
-
-
-def reference_facts(options: EvalOptions, shape: TargetShape) -> DrafterFacts:
-    """The reference drafter is read with no flags of its own, as `eval` reads it."""
-    assert options.reference_drafter is not None
-    empty = {"block_size": None, "mask_token_id": None, "target_layer_ids": None, "dtype": None}
-    return _from_checkpoint(options.reference_drafter, options, shape, None, empty, None)
-
-
-def _from_checkpoint(
-    path: Path,
-    options: EvalOptions,
-    shape: TargetShape,
-    profile: DrafterProfile | None,
-    command_line: dict[str, Any],
-    config_file: Path | None,
-) -> DrafterFacts:
-    extra_globals = profile.safe_globals if profile else ()
-    policy = PicklePolicy(tuple(options.safe_globals) + extra_globals, options.allow_unsafe_pickle)
-    try:
-        # Pickles are memory-mapped: reading a checkpoint's settings costs little of its size.
-        source = read_drafter(path, policy, profile.names if profile else None)
-        chosen = choose_settings(
-            source, shape, config_file, profile, command_line, tuple(options.accept_default)
-        )
-    except HarnessError as error:
-        return DrafterFacts(UNREADABLE, problems=[f"the drafter {path}: {error}"])
-    config = chosen.config
-    parameters = sum(t.numel() for name, t in source.state_dict.items() if name not in BORROWED)
-    return DrafterFacts(
-        "checkpoint",
-        config.block_size,
-        list(config.target_layer_ids),
-        parameters,
-        chosen.settings["dtype"].value,
-        config.hidden_size,
-    )
-
-
-def _from_profile(options: EvalOptions, profile: DrafterProfile | None) -> DrafterFacts:
-    settings = dict(profile.settings) if profile else {}
-    stated = dict(profile.config or {}) if profile else {}
-    block = options.block_size or settings.get("block_size") or stated.get("block_size")
-    layers = options.target_layer_ids or settings.get("target_layer_ids")
-    layers = layers or (stated.get("dflash_config") or {}).get("target_layer_ids")
-    if options.block_size and options.target_layer_ids:
-        source = "command line"
-    elif block and layers:
-        source = "profile"
-    else:
-        return DrafterFacts(UNKNOWN_UNTIL_STAGED, dtype=options.dtype or "float32")
-    return DrafterFacts(
-        source,
-        int(block),
-        [int(i) for i in layers],
-        dtype=options.dtype or settings.get("dtype") or "float32",
-    )
 
 
 # --- what is cached -----------------------------------------------------------------------
@@ -457,41 +353,7 @@ def hashed_bytes(options: EvalOptions) -> int:
     return total
 
 
-# --- inputs without files, and the human summary ------------------------------------------
-
-STDIN_FILES = ("prompts", "drafter_config", "drafter_profile")
-_open_memory_files: list[int] = []  # kept open: their /proc paths live as long as the fds
-
-
-def stdin_inputs(text: str) -> dict[str, Any]:
-    """`--inputs-on-stdin`: file contents (and the SGLang URL) sent on stdin, so that a plan
-    needs nothing uploaded. Each file becomes an anonymous in-memory file (memfd) read
-    through its /proc/self/fd path: the code that reads paths reads it unchanged, and
-    nothing lands on a filesystem."""
-    try:
-        given = json.loads(text or "{}")
-    except json.JSONDecodeError as error:
-        raise HarnessError(f"--inputs-on-stdin: stdin is not JSON ({error}).") from None
-    unknown = sorted(set(given) - {*STDIN_FILES, "sglang_url"}) if isinstance(given, dict) else []
-    if not isinstance(given, dict) or unknown:
-        raise HarnessError(
-            f"--inputs-on-stdin: expected a JSON object with keys among {STDIN_FILES} and "
-            f"sglang_url, found {unknown or type(given).__name__}."
-        )
-    inputs: dict[str, Any] = {}
-    for name in STDIN_FILES:
-        if given.get(name) is not None:
-            inputs[name] = memory_file(name, str(given[name]))
-    if given.get("sglang_url"):
-        inputs["sglang_url"] = str(given["sglang_url"])
-    return inputs
-
-
-def memory_file(name: str, content: str) -> Path:
-    descriptor = os.memfd_create(name)
-    os.write(descriptor, content.encode())
-    _open_memory_files.append(descriptor)
-    return Path(f"/proc/self/fd/{descriptor}")
+# --- the human summary ---------------------------------------------------------------
 
 
 def summary_lines(plan: dict[str, Any]) -> list[str]:

@@ -14,7 +14,8 @@ from dflash_eval import cli
 from dflash_eval.estimate import GFLOPS_PER_CORE, Machine, Phase, parse_cpuinfo
 from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.features import parse_meminfo
-from dflash_eval.plan import UNKNOWN_UNTIL_STAGED, HostFacts, make_plan
+from dflash_eval.plan import HostFacts, make_plan
+from dflash_eval.plan_drafter import UNKNOWN_UNTIL_STAGED
 from dflash_eval.progress import Progress
 
 from .helpers import save_tiny_qwen3_5
@@ -209,7 +210,7 @@ def test_the_command_reads_its_inputs_from_stdin(lab, tmp_path, monkeypatch, cap
     out, err = capsys.readouterr()
     [event] = [json.loads(line) for line in out.splitlines()]
     assert event["event"] == "plan"
-    assert event["plan"]["prompts"]["count"] == 2
+    assert event["plan"]["prompts"] == {"count": 2, "source": "sent on stdin"}
     assert "cache: completions 0/2" in err
     assert list(tmp_path.iterdir()) == []  # not even the cache directory
 
