@@ -265,6 +265,8 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "tag": "a label stored with the run (for compare --tag)",
         "detach": "start the run and return; follow later with eval-logs --follow",
         "run": RUN_HELP,
+        "dry_run": "print the plan per eval host (staged or bytes to move, cache hits, what "
+        "would be computed, target memory vs available, an estimated time); write nothing",
     }
 )
 def run_eval(
@@ -303,6 +305,7 @@ def run_eval(
     strip_optimizer=False,
     tag=None,
     detach=False,
+    dry_run=False,
     inventory=None,
     run=None,
 ):
@@ -326,6 +329,7 @@ def run_eval(
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
+        dry_run=dry_run,
     )
 
 

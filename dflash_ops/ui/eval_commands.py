@@ -11,10 +11,12 @@ from pathlib import Path
 from dflash_eval import schema
 
 from dflash_ops.core.arguments import parse_steps
+from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import figures, jobs, results, sweep
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
+from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report
@@ -27,6 +29,7 @@ from dflash_ops.ui.eval_view import (
     runs_table,
     show_finished,
 )
+from dflash_ops.ui.plan_view import plan_lines
 
 PROMPT_SETS_DIR = "prompt-sets"  # under the results directory: the prompts files uploaded
 
@@ -49,10 +52,17 @@ def run_eval_command(
     strip_optimizer: bool,
     tag: str | None,
     detach: bool,
+    dry_run: bool = False,
 ) -> None:
-    """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
+    """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts;
+    with `dry_run`, only their plan (nothing staged, run or written)."""
     if latest:
         step = resolve_step(inventory, None, latest=True).step
+    if dry_run and dataset:
+        raise OpsError(
+            "--dry-run with --dataset is not supported: the prompts file would be written. "
+            "Build it with a real run first, or pass --prompts FILE"
+        )
     request = build_request(
         step=step,
         host=host,
@@ -70,7 +80,9 @@ def run_eval_command(
         say=console.print,
     )
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
-    if steps_of_sweep is None:
+    if dry_run:
+        _show_plans(inventory, request, steps_of_sweep or [request.step])
+    elif steps_of_sweep is None:
         _evaluate_one(inventory, request)
     else:
         _evaluate_sweep(inventory, steps_of_sweep, request)
@@ -104,6 +116,19 @@ def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalReques
         )
         raise SystemExit(130) from None
     sweep.require_success(outcomes)
+
+
+def _show_plans(inventory: Inventory, request: EvalRequest, steps: list[int]) -> None:
+    if not steps:
+        console.print("nothing to plan: every complete checkpoint has a result")
+        return
+
+    def show(plan: HostPlan) -> None:
+        for line in plan_lines(plan):
+            console.print(line)
+
+    plans = plan_runs(inventory, request, steps, show)
+    console.print(f"dry run: {len(plans)} plan(s); nothing was staged, run or written")
 
 
 def fetch_datasets(sets: str, refresh: bool) -> None:

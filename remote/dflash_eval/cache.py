@@ -93,6 +93,18 @@ class DiskCache:
         except Exception:  # a corrupt entry is a miss, and gets rewritten
             return None
 
+    def has_hidden(self, key: dict[str, Any]) -> bool:
+        """Whether `get_hidden` would hit, judged from the entry's stored key alone (its
+        tensors, megabytes per prompt, are not read)."""
+        path = self._path("hidden", key, ".safetensors")
+        if path is None or not path.is_file():
+            return False
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                return (handle.metadata() or {}).get("key") == _canonical(key)
+        except Exception:  # a corrupt entry is a miss, as get_hidden counts it
+            return False
+
     def put_hidden(self, key: dict[str, Any], hidden: dict[int, torch.Tensor]) -> None:
         path = self._path("hidden", key, ".safetensors")
         if path is None:

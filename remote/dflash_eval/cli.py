@@ -1,4 +1,4 @@
-"""Command line: `python -m dflash_eval eval …`, `… features …` and `… extract …`.
+"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …` and `… plan …`.
 
 Exit status: 0 success; 2 an expected failure (HarnessError: the message says what to do,
 no traceback); 130 interrupted. stdout carries JSON-line events only; people read stderr.
@@ -229,7 +229,48 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter-config", type=Path, help="config.json to write when the checkpoint carries none"
     )
     _add_pickle_flags(strip)
+    _add_plan_parser(commands)
     return parser
+
+
+def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
+    """`plan`: eval's inputs (its run options are accepted, so the same argv works), no
+    --out: it writes nothing."""
+    plan = commands.add_parser(
+        "plan", help="what an eval with these flags would find cached, compute, need and take"
+    )
+    plan.add_argument("--checkpoint", type=Path, required=True, help="the drafter (may be absent)")
+    plan.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
+    for flag in ("--drafter-config", "--drafter-profile", "--prompts", "--reference-drafter"):
+        plan.add_argument(flag, type=Path, help=f"as eval's {flag}")
+    for flag in ("--block-size", "--mask-token-id", "--num-prompts", "--threads", "--step"):
+        plan.add_argument(flag, type=int, help=f"as eval's {flag}")
+    plan.add_argument("--max-new-tokens", type=int, default=256, help="as eval's")
+    plan.add_argument("--max-blocks", type=int, help="as eval's (ignored)")
+    plan.add_argument("--chunk-anchors", type=int, help="as eval's (ignored)")
+    plan.add_argument("--target-layer-ids", type=_int_list, help="as eval's")
+    plan.add_argument("--accept-default", type=_name_list, default=[], help="as eval's")
+    plan.add_argument("--ddtree", type=_int_list, default=[4, 8, 16, 32], help="as eval's")
+    plan.add_argument("--thinking", choices=["on", "off"], default="off", help="as eval's")
+    plan.add_argument("--dtype", choices=["float32", "bfloat16"], help="as eval's")
+    plan.add_argument(
+        "--target-dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="as eval's"
+    )
+    plan.add_argument("--sglang-url", help="as eval's (@FILE reads it from FILE)")
+    plan.add_argument(
+        "--cache-dir", type=Path, default=Path.home() / ".cache" / "dflash-eval", help="as eval's"
+    )
+    plan.add_argument("--no-cache", action="store_true", help="as eval's")
+    plan.add_argument("--per-block", action="store_true", help="as eval's (ignored)")
+    plan.add_argument("--verify", action="store_true", help="as eval's")
+    _add_pickle_flags(plan)
+    plan.add_argument(
+        "--inputs-on-stdin",
+        action="store_true",
+        help="read a JSON object from stdin whose keys prompts, drafter_config, "
+        "drafter_profile (file contents) and sglang_url stand in for those flags: nothing "
+        "needs uploading first",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             return _eval(args, progress)
         if args.command == "features":
             return _features(args, progress)
+        if args.command == "plan":
+            return _plan(args, progress)
         return _extract(args, progress)
     except HarnessError as error:
         progress.event("error", message=str(error))
@@ -313,6 +356,44 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
     )
     summary = run_features(options, progress)
     progress.event("done", out=str(args.out), summary=summary)
+    return 0
+
+
+def _plan(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.evaluate import EvalOptions
+    from dflash_eval.plan import make_plan, summary_lines
+    from dflash_eval.plan_inputs import stdin_inputs
+
+    given = stdin_inputs(sys.stdin.read()) if args.inputs_on_stdin else {}
+    url = given.get("sglang_url") or (read_url(args.sglang_url) if args.sglang_url else None)
+    options = EvalOptions(
+        checkpoint=args.checkpoint,
+        target=args.target,
+        out=Path("/nonexistent/plan-writes-nothing"),
+        drafter_config=given.get("drafter_config", args.drafter_config),
+        block_size=args.block_size,
+        mask_token_id=args.mask_token_id,
+        target_layer_ids=args.target_layer_ids,
+        prompts=given.get("prompts", args.prompts),
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        threads=args.threads,
+        reference_drafter=args.reference_drafter,
+        sglang_url=url,
+        cache_dir=None if args.no_cache else args.cache_dir,
+        dtype=args.dtype,
+        target_dtype=args.target_dtype,
+        allow_unsafe_pickle=args.allow_unsafe_pickle,
+        safe_globals=args.safe_globals,
+        drafter_profile=given.get("drafter_profile", args.drafter_profile),
+        accept_default=args.accept_default,
+        step=args.step,
+        thinking=args.thinking == "on",
+        verify=args.verify,
+    )
+    plan = make_plan(options)
+    progress.say("\n".join(summary_lines(plan)))
+    progress.event("plan", plan=plan)
     return 0
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from dflash_eval.cache import DiskCache, tokens_digest
+from dflash_eval.cache import DiskCache
+from dflash_eval.cache_keys import features_key
 from dflash_eval.features import fidelity_needed, judge, measure_fidelity, provenance
 from dflash_eval.progress import Progress
 from dflash_eval.target_source import TargetSource
@@ -31,8 +32,7 @@ def features_record(
 ) -> dict[str, Any]:
     """The record of these features: from the cache, else measured now (as `host_name`,
     when given: the inventory's name for this host)."""
-    key = {**shared_key, "kind": "features", "tokens": tokens_digest(first_tokens)}
-    key["layer_ids"] = layer_ids
+    key = features_key(shared_key, first_tokens, layer_ids)
     record = cache.get_record("features", key)
     if record is None:
         choice = source.dtype_choice

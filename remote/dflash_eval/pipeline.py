@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from dflash_eval.cache import DiskCache, tokens_digest
+from dflash_eval import cache_keys
+from dflash_eval.cache import DiskCache
 from dflash_eval.completions import Prompt, SGLangClient, first_stop, greedy_reference
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
@@ -23,7 +24,7 @@ from dflash_eval.metrics import Span
 from dflash_eval.progress import Progress
 from dflash_eval.target_source import TargetSource
 
-LOCAL_GREEDY = "local-greedy"
+LOCAL_GREEDY = cache_keys.LOCAL_GREEDY
 
 
 @dataclass
@@ -42,6 +43,13 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt_ids + self.reference
+
+    def take_reference(self, reference: list[int], max_new_tokens: int, stops: list[int]) -> None:
+        """Keep the reference and where the rounds run: from the prompt's end up to
+        max_new_tokens, ending early at the first stop token."""
+        self.reference = reference
+        first, stop = len(self.prompt_ids), first_stop(reference, stops)
+        self.span = Span(first, first + max_new_tokens, None if stop is None else first + stop)
 
     @property
     def completion(self) -> list[int]:
@@ -68,17 +76,13 @@ class Lookup:
 
 def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]) -> dict:
     """What every cached completion and hidden-state entry depends on."""
-    return {
-        "target": fingerprint,
-        "target_dtype": str(target.dtype),
-        "libraries": libraries,
-        "device": target.device,
-        "kernel": target.kernel,
-    }
+    return cache_keys.shared_key(
+        fingerprint, str(target.dtype), libraries, target.device, target.kernel
+    )
 
 
 def completion_source(client: SGLangClient | None) -> str:
-    return f"sglang {client.shown}" if client else LOCAL_GREEDY
+    return cache_keys.completion_source(client.url if client else None)
 
 
 def make_references(
@@ -98,17 +102,14 @@ def make_references(
     for done, seq in enumerate(sequences, start=1):
         if seq.prompt.follows:
             seq.prompt_ids = conversations.encode(seq.prompt)
-        key = {
-            **lookup.shared_key,
-            "kind": "completion",
-            "source": lookup.completion_source,
-            "prompt_tokens": tokens_digest(seq.prompt_ids),
-            "max_new_tokens": max_new_tokens,
-            "stop_token_ids": stops,
-            # Tokens past the completion's end (max_new_tokens or the stop token): entries
-            # cut at the end, from before this rule, lack this field and so never match.
-            "extra_tokens": lookup.extra_tokens,
-        }
+        key = cache_keys.completion_key(
+            lookup.shared_key,
+            lookup.completion_source,
+            seq.prompt_ids,
+            max_new_tokens,
+            stops,
+            lookup.extra_tokens,
+        )
         reference = lookup.cache.get_completion(key)
         seq.completion_hit = reference is not None
         if reference is None:
@@ -120,10 +121,7 @@ def make_references(
             else:
                 reference = greedy_reference(target.target().model, *args)
             lookup.cache.put_completion(key, reference)
-        seq.reference = reference
-        first, stop = len(seq.prompt_ids), first_stop(reference, stops)
-        limit = first + max_new_tokens
-        seq.span = Span(first, limit, None if stop is None else first + stop)
+        seq.take_reference(reference, max_new_tokens, stops)
         conversations.replied(seq.prompt, seq.completion)
         progress.progress("completions", done, total)
 
@@ -141,13 +139,7 @@ def hidden_states(
     total = len(sequences)
     progress.progress("hidden_states", 0, total)
     for done, seq in enumerate(sequences, start=1):
-        key = {
-            **lookup.shared_key,
-            "kind": "hidden_states",
-            "tokens": tokens_digest(seq.tokens),
-            "num_tokens": len(seq.tokens),
-            "layer_ids": lookup.layer_ids,
-        }
+        key = cache_keys.hidden_key(lookup.shared_key, seq.tokens, lookup.layer_ids)
         hidden = lookup.cache.get_hidden(key)
         seq.hidden_hit = hidden is not None
         if hidden is None:

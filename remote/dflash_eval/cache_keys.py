@@ -1,0 +1,81 @@
+"""The cache keys of completions, hidden states and the features record, in one place.
+
+`eval` looks entries up with these keys and `plan` counts the hits with the very same ones,
+without loading the target: every input below is known from the target's config, tokenizer
+and safetensors headers, the drafter's settings and the prompts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_eval.cache import tokens_digest
+from dflash_eval.urls import redact_url
+
+LOCAL_GREEDY = "local-greedy"
+
+
+def shared_key(
+    fingerprint: str,
+    target_dtype: str,
+    libraries: dict[str, str | None],
+    device: str,
+    kernel: dict[str, str],
+) -> dict[str, Any]:
+    """What every completion and hidden-state entry depends on (`target_dtype` as torch
+    names it, e.g. "torch.float32")."""
+    return {
+        "target": fingerprint,
+        "target_dtype": target_dtype,
+        "libraries": libraries,
+        "device": device,
+        "kernel": kernel,
+    }
+
+
+def completion_source(sglang_url: str | None) -> str:
+    """Where completions come from, as keyed: never a URL's credentials."""
+    return f"sglang {redact_url(sglang_url.rstrip('/'))}" if sglang_url else LOCAL_GREEDY
+
+
+def completion_key(
+    shared: dict[str, Any],
+    source: str,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stops: list[int],
+    extra: int,
+) -> dict[str, Any]:
+    return {
+        **shared,
+        "kind": "completion",
+        "source": source,
+        "prompt_tokens": tokens_digest(prompt_ids),
+        "max_new_tokens": max_new_tokens,
+        "stop_token_ids": stops,
+        # Tokens past the completion's end (max_new_tokens or the stop token): entries cut
+        # at the end, from before this rule, lack this field and so never match.
+        "extra_tokens": extra,
+    }
+
+
+def hidden_key(shared: dict[str, Any], tokens: list[int], layer_ids: list[int]) -> dict[str, Any]:
+    return {
+        **shared,
+        "kind": "hidden_states",
+        "tokens": tokens_digest(tokens),
+        "num_tokens": len(tokens),
+        "layer_ids": layer_ids,
+    }
+
+
+def features_key(
+    shared: dict[str, Any], first_tokens: list[int], layer_ids: list[int]
+) -> dict[str, Any]:
+    """The features record (provenance and fidelity) sits beside the first prompt's states."""
+    return {
+        **shared,
+        "kind": "features",
+        "tokens": tokens_digest(first_tokens),
+        "layer_ids": layer_ids,
+    }
