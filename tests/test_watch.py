@@ -34,7 +34,8 @@ from dflash_ops.evaluation.watch import (
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.connection import Host
-from dflash_ops.ui.watch_view import WatchView
+from dflash_ops.ui.console import console
+from dflash_ops.ui.watch_view import WatchView, _show_stopped
 from tests.conftest import run_fab
 from tests.test_run_eval import start_fab
 
@@ -363,3 +364,29 @@ def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
     assert "pass 1: nothing new" in output
     assert [r.run_id for r in runs_on_hosts(watch_lab)] == [run.run_id]
     assert pulled_steps(watch_lab) == [2000]
+
+
+def test_ctrl_c_during_a_launch_names_the_run_if_the_host_started_it(watch_lab):
+    """A Ctrl-C can land between the launch and its confirmation: the watch then asks the
+    host, and names the run only if it holds the host (or is about to)."""
+    inventory = load(watch_lab.inventory_path)
+    name, entry = next(iter(inventory.eval_hosts.items()))
+    states = {"started-run": "touch pid", "waiting-run": ":", "refused-run": "touch refused"}
+    host = Host(inventory, name)
+    try:
+        for run_id, make in states.items():
+            host.run(f"mkdir -p {shlex.quote(jobs.run_dir(entry, run_id))} && cd $_ && {make}")
+        view = WatchView()
+        for run_id in (*states, "absent-run"):
+            view.host(name).starting(run_id)
+        view.host(name).follow("followed-run")
+        with console.capture() as captured:
+            _show_stopped(view, inventory)
+        shown = " ".join(captured.get().split())
+        for run_id in ("started-run", "waiting-run", "followed-run"):
+            assert f"run {run_id} goes on on {name}" in shown
+        assert "refused-run" not in shown and "absent-run" not in shown
+    finally:
+        for run_id in states:
+            host.run(f"rm -rf {shlex.quote(jobs.run_dir(entry, run_id))}")
+        host.close()

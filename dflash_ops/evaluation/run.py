@@ -155,6 +155,10 @@ class RunReporter(Protocol):
     def transfers(self) -> AbstractContextManager[TransferProgress]:
         """Held while the checkpoint is staged; gives each transfer its progress callback."""
 
+    def starting(self, run_id: str) -> None:
+        """The run is being launched: from here on it may be running on the host, even if
+        this process is stopped before the launch is confirmed."""
+
     def follow(self, run_id: str) -> Callable[[dict], None]:
         """The run has started: returns what to call with each harness event."""
 
@@ -194,6 +198,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             "command": command,
             **({"training_run": inventory.training_run} if inventory.training_run else {}),
         }
+        reporter.starting(run_id)
         try:
             launcher = jobs.launch(host, entry, run_id, command, params)
             reporter.say(

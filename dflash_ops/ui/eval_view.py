@@ -44,6 +44,9 @@ class LiveView:
     def transfers(self) -> AbstractContextManager[TransferProgress]:
         return transfer_bars()
 
+    def starting(self, run_id: str) -> None:
+        """Nothing to show: run_eval itself names a run that Ctrl-C detached."""
+
     def follow(self, run_id: str) -> Callable[[dict], None]:
         progress = Progress(
             TextColumn("{task.description:<24}"),
@@ -87,6 +90,9 @@ class PrefixedView:
     def say(self, message: str) -> None:
         with self._lock:
             console.print(f"[bold]{self.host:>8}[/] │ {message}")
+
+    def starting(self, run_id: str) -> None:
+        """Nothing to show yet: the line comes when the start is confirmed."""
 
     @contextmanager
     def transfers(self) -> Iterator[TransferProgress]:

@@ -20,6 +20,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.run import build_request
 from dflash_ops.evaluation.watch import PassOutcome, Watch, WatchOptions, parse_interval
 from dflash_ops.evaluation.webhook import Webhook
+from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_commands import PROMPT_SETS_DIR
 from dflash_ops.ui.eval_view import PrefixedView
@@ -29,13 +30,19 @@ WEBHOOK_ENV = "DFLASH_WATCH_WEBHOOK"  # keeps a URL with credentials out of argv
 
 
 class _TrackedView(PrefixedView):
-    """A host's runs, remembering which have started and not finished (to name on Ctrl-C)."""
+    """A host's runs, remembering which are being launched and which have started and not
+    finished (to name on Ctrl-C)."""
 
-    def __init__(self, host: str, running: dict[str, str]) -> None:
+    def __init__(self, host: str, running: dict[str, str], launching: dict[str, str]) -> None:
         super().__init__(host)
         self._running = running
+        self._launching = launching
+
+    def starting(self, run_id: str) -> None:
+        self._launching[run_id] = self.host
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
+        self._launching.pop(run_id, None)
         self._running[run_id] = self.host
         return super().follow(run_id)
 
@@ -50,12 +57,13 @@ class WatchView:
 
     def __init__(self) -> None:
         self.running: dict[str, str] = {}  # run id → host, for runs started and not finished
+        self.launching: dict[str, str] = {}  # run id → host, launched but not confirmed yet
 
     def say(self, message: str) -> None:
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}")
 
     def host(self, name: str) -> PrefixedView:
-        return _TrackedView(name, self.running)
+        return _TrackedView(name, self.running, self.launching)
 
     def pass_done(self, outcome: PassOutcome, next_in_s: float | None) -> None:
         parts = [
@@ -129,7 +137,7 @@ def watch_command(
         with _sigterm_as_interrupt():
             outcomes = watch.run()
     except KeyboardInterrupt:
-        _show_stopped(view)
+        _show_stopped(view, inventory)
         if hook is not None:
             hook.close(STOPPING_WEBHOOK_WAIT_S)
         raise SystemExit(130) from None
@@ -155,15 +163,37 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _show_stopped(view: WatchView) -> None:
+def _show_stopped(view: WatchView, inventory: Inventory) -> None:
+    """Say that the watch stopped and name every run that goes on without it; a run whose
+    launch was not confirmed yet is looked up on its host (it may hold the host already)."""
     console.print("\n[yellow]watch stopped[/]: no further step is started.")
-    for run_id, host in sorted(view.running.items()):
+    going_on = dict(view.running)
+    for run_id, host in sorted(view.launching.items()):
+        if _launched(inventory, host, run_id):
+            going_on[run_id] = host
+    for run_id, host in sorted(going_on.items()):
         console.print(f"  run {run_id} goes on on {host}: fab eval-logs --run {run_id} --follow")
-    if view.running:
+    if going_on:
         console.print(
             "  `fab eval-status` lists runs; a restarted watch pulls them when they end and "
             "does not start them again (or pull now: fab fetch-results)"
         )
+
+
+def _launched(inventory: Inventory, host_name: str, run_id: str) -> bool:
+    """Whether a run whose launch was interrupted started (or is about to) on its host."""
+    _, entry = inventory.eval_host(host_name)
+    host = Host(inventory, host_name)
+    try:
+        return jobs.start_state(host, entry, run_id) in ("started", "waiting")
+    except OpsError as exc:
+        console.print(
+            f"  run {run_id} was being launched on {host_name}, which did not answer ({exc}): "
+            "`fab eval-status` shows whether it started"
+        )
+        return False
+    finally:
+        host.close()
 
 
 def _require_no_failures(outcomes: list[PassOutcome]) -> None:
