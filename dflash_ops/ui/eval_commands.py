@@ -49,6 +49,7 @@ def run_eval_command(
     strip_optimizer: bool,
     tag: str | None,
     detach: bool,
+    features: str | None = None,
 ) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts."""
     if latest:
@@ -67,6 +68,7 @@ def run_eval_command(
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
+        features=features,
         say=console.print,
     )
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
