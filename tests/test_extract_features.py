@@ -1,0 +1,332 @@
+"""`fab extract-features` and `run-eval --features` end to end on a lab with a features host
+(CPU, its own namespace): provisioning, the set computed there by the real harness, relayed
+through the workstation to the eval host and verified, a corrupt copy sent again, and an eval
+on the relayed set that gives the τ of an eval computing its features itself.
+
+One lab for the module, used read-mostly: the set is computed and relayed once (a module
+fixture); a test that damages a copy leaves it repaired. The first tests need no lab.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_lab import lab as labs
+from dflash_lab.models import BLOCK_SIZE
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.inventory import load, parse
+from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
+from dflash_ops.remote.layout import EvalLayout
+from tests.conftest import run_fab
+
+MAX_NEW_TOKENS = "24"
+RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
+DTYPE = ["--target-dtype", "float32"]  # both sides of the τ comparison in the same dtype
+
+
+# --- what a set is made of (no lab) -----------------------------------------------------------
+
+
+def test_the_set_id_names_every_input_and_nothing_else():
+    base = FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=24)
+    first = set_id(base, "tiny-target", "f" * 64)
+    assert first == set_id(base, "tiny-target", "f" * 64)
+    assert first.startswith("tiny-target-") and len(first) == len("tiny-target-") + 12
+    changed = [
+        set_id(
+            FeatureRequest(layers=(1, 4), block_size=8, max_new_tokens=24), "tiny-target", "f" * 64
+        ),
+        set_id(
+            FeatureRequest(layers=(1, 3), block_size=16, max_new_tokens=24), "tiny-target", "f" * 64
+        ),
+        set_id(
+            FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=25), "tiny-target", "f" * 64
+        ),
+        set_id(
+            FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=24, thinking=True),
+            "tiny-target",
+            "f" * 64,
+        ),
+        set_id(base, "tiny-target", "e" * 64),
+    ]
+    assert len({first, *changed}) == 6
+    # how it is computed (dtype, threads) is provenance, not content: same set
+    assert (
+        set_id(
+            FeatureRequest(
+                layers=(1, 3), block_size=8, max_new_tokens=24, target_dtype="float32", threads=3
+            ),
+            "tiny-target",
+            "f" * 64,
+        )
+        == first
+    )
+
+
+def test_the_set_id_follows_the_prompt_file_bytes(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    request = FeatureRequest(layers=(1,), block_size=4, prompts=prompts)
+    before = set_id(request, "t", "0" * 64)
+    prompts.write_text('{"prompt": "b"}\n')
+    assert set_id(request, "t", "0" * 64) != before
+    assert set_id(FeatureRequest(layers=(1,), block_size=4), "t", "0" * 64) != before
+
+
+def _inventory(tmp_path: Path, drafter: dict | None = None):
+    trainer = {"role": "trainer", "address": "t", "checkpoints": "/c"}
+    if drafter is not None:
+        trainer["drafter"] = drafter
+    raw = {
+        "hosts": {
+            "trainer": trainer,
+            "eval": {
+                "role": "eval",
+                "address": "e",
+                "workdir": "/w",
+                "venv": {"path": "/v"},
+                "target_model": "/m",
+            },
+        }
+    }
+    return parse(raw, tmp_path / "inventory.yaml")
+
+
+def test_layers_come_from_the_flags_else_the_drafter_profile_else_an_error(tmp_path):
+    bare = _inventory(tmp_path)
+    assert choose_layers(bare, "1,9,17", 16) == ((1, 9, 17), 16)
+    with pytest.raises(OpsError, match=r"--layers and --block-size not known.*drafter profile"):
+        choose_layers(bare, None, None)
+    with pytest.raises(OpsError, match=r"--block-size not known"):
+        choose_layers(bare, "1,2", None)
+    profiled = _inventory(tmp_path, {"target_layer_ids": [2, 5], "block_size": 8})
+    assert choose_layers(profiled, None, None) == ((2, 5), 8)
+    assert choose_layers(profiled, "3", None) == ((3,), 8)  # a flag wins over the profile
+    config = tmp_path / "dflash.json"
+    config.write_text(json.dumps({"block_size": 16, "dflash_config": {"target_layer_ids": [1, 4]}}))
+    from_file = _inventory(tmp_path, {"config_file": "dflash.json"})
+    assert choose_layers(from_file, None, None) == ((1, 4), 16)
+
+
+@pytest.mark.parametrize("text", ["", "1,x", "-1", "2,2"])
+def test_bad_layers_are_refused(text):
+    with pytest.raises(OpsError, match="--layers"):
+        parse_layers(text)
+
+
+def test_a_features_host_with_fla_gets_the_package_in_its_venv(tmp_path):
+    inventory = _inventory(tmp_path)
+    raw = {
+        "hosts": {
+            **{name: host.model_dump(exclude_none=True) for name, host in inventory.hosts.items()},
+            "gpu": {
+                "role": "features",
+                "address": "g",
+                "workdir": "/w",
+                "venv": {"path": "/v", "torch": "cuda"},
+                "target_model": "/m",
+                "fla": True,
+            },
+        }
+    }
+    parsed = parse(raw, tmp_path / "inventory.yaml")
+    assert parsed.hosts["gpu"].venv.packages == ["flash-linear-attention"]
+    assert list(parsed.eval_hosts) == ["eval"] and list(parsed.features_hosts) == ["gpu"]
+    assert list(parsed.harness_hosts) == ["eval", "gpu"]
+
+
+# --- on the lab -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def features_lab(tmp_path_factory):
+    built = labs.up(
+        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", features_host=True),
+        labs.trained_models,
+    )
+    try:
+        yield built
+    finally:
+        assert not built.down()
+
+
+@pytest.fixture(scope="module")
+def provisioned(features_lab):
+    """`fab setup-eval-host` over the whole lab: the eval host and the features host."""
+    done = run_fab(features_lab.inventory_path, "setup-eval-host", timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def lab_layers(lab: labs.Lab) -> str:
+    """The lab drafter's target layers (dflash_lab.models: the default rule for 2 layers)."""
+    from dflash_eval.config import default_target_layer_ids
+
+    config = json.loads((lab.data_dir("features") / "models/tiny-target/config.json").read_text())
+    return ",".join(map(str, default_target_layer_ids(config["num_hidden_layers"], 2)))
+
+
+def extract(lab: labs.Lab, *more: str):
+    return run_fab(
+        lab.inventory_path,
+        "extract-features",
+        "--prompts",
+        str(lab.root / labs.LAB_PROMPTS),
+        "--max-new-tokens",
+        MAX_NEW_TOKENS,
+        "--layers",
+        lab_layers(lab),
+        "--block-size",
+        str(BLOCK_SIZE),
+        *DTYPE,
+        *more,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def extracted(features_lab, provisioned) -> str:
+    """The set computed on the features host and relayed to the eval host; its id."""
+    done = extract(features_lab)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.split("fab run-eval --features ")[1].split()[0]
+
+
+def set_dir(lab: labs.Lab, host: str, identifier: str) -> Path:
+    """Where a host keeps the set (the lab's disks are directories on this machine)."""
+    entry = load(lab.inventory_path).hosts[host]
+    return Path(EvalLayout(entry).feature_set(identifier))
+
+
+def digests(directory: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def said(output: str) -> str:
+    """The output with rich's line wrapping undone (phrases are searched in it)."""
+    return " ".join(output.split())
+
+
+def test_lab_has_a_features_host_with_the_same_target(features_lab):
+    inventory = load(features_lab.inventory_path)
+    assert list(inventory.features_hosts) == ["features"]
+    assert list(inventory.eval_hosts) == ["eval"]
+    hosts = features_lab.state.hosts
+    if features_lab.state.mode == "netns":  # a namespace of its own, like the other hosts
+        assert len({record.netns for record in hosts.values()}) == len(hosts) == 3
+    targets = [
+        features_lab.data_dir(name) / "models" / "tiny-target" for name in ("eval", "features")
+    ]
+    assert digests(targets[0]) == digests(targets[1])
+    mtimes = [{p.name: p.stat().st_mtime_ns for p in target.iterdir()} for target in targets]
+    assert mtimes[0] == mtimes[1]  # the target's fingerprint counts them
+
+
+def test_setup_eval_host_provisions_the_features_host(features_lab, provisioned):
+    assert "features: provisioned" in said(provisioned.stdout), provisioned.stdout
+    again = run_fab(features_lab.inventory_path, "setup-eval-host", "--host", "features")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "features: nothing to do" in said(again.stdout), again.stdout
+
+
+def test_the_set_is_computed_on_the_features_host_and_relayed_verified(features_lab, extracted):
+    source = set_dir(features_lab, "features", extracted)
+    copy = set_dir(features_lab, "eval", extracted)
+    record = json.loads((source / "feature-set.json").read_text())
+    assert record["provenance"]["host"] == "features"
+    assert record["layer_ids"] == [int(i) for i in lab_layers(features_lab).split(",")]
+    assert record["block_size"] == BLOCK_SIZE and record["max_new_tokens"] == int(MAX_NEW_TOKENS)
+    assert record["entries"] >= 2
+    assert digests(copy) == digests(source)
+    manifest = json.loads(copy.with_name(f"{extracted}.manifest.json").read_text())
+    assert manifest["feature_set"] == extracted and manifest["source_host"] == "features"
+    assert {f["name"]: f["sha256"] for f in manifest["files"]} == digests(source)
+    assert not (source.parent / f"{extracted}.partial").exists()
+
+
+def test_asking_again_computes_and_sends_nothing(features_lab, extracted):
+    runs = features_lab.data_dir("features") / "features" / "runs"
+    before = sorted(runs.iterdir())
+    again = extract(features_lab)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"feature set {extracted} already computed" in said(again.stdout), again.stdout
+    assert "already staged" in said(again.stdout), again.stdout
+    assert sorted(runs.iterdir()) == before
+
+
+def test_a_corrupt_relayed_file_is_found_by_verify_and_sent_again(features_lab, extracted):
+    source = set_dir(features_lab, "features", extracted)
+    copy = set_dir(features_lab, "eval", extracted)
+    victim = max((p for p in copy.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))  # same size; the mtime changes, as a real rot would not
+    assert digests(copy) != digests(source)
+    verified = extract(features_lab, "--verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    output = said(verified.stdout)
+    assert victim.name in output and "sending the set again" in output, verified.stdout
+    assert "staged and verified" in output, verified.stdout
+    assert digests(copy) == digests(source)
+    clean = extract(features_lab, "--verify")
+    assert clean.returncode == 0 and "verified again" in said(clean.stdout), clean.stdout
+
+
+def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provisioned):
+    done = run_fab(features_lab.inventory_path, "run-eval", "--step", "2000", "--features", "nope")
+    assert done.returncode == 1
+    assert "no relayed feature set 'nope'" in said(done.stderr), done.stderr
+    assert "fab extract-features --to eval" in said(done.stderr), done.stderr
+
+
+def _results(inventory_path: Path, before: set[Path]) -> dict:
+    results_root = load(inventory_path).local.results
+    (new,) = set(results_root.glob("*/results.json")) - before
+    return json.loads(new.read_text())
+
+
+def test_an_eval_on_the_relayed_set_matches_one_computing_its_own(features_lab, extracted):
+    inventory_path = features_lab.inventory_path
+    results_root = load(inventory_path).local.results
+    prompts = ["--prompts", str(features_lab.root / labs.LAB_PROMPTS)]
+    before = set(results_root.glob("*/results.json"))
+    relayed = run_fab(
+        inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
+        "--features", "latest", timeout=900,
+    )  # fmt: skip
+    assert relayed.returncode == 0, relayed.stdout + relayed.stderr
+    with_set = _results(inventory_path, before)
+    before = set(results_root.glob("*/results.json"))
+    local = run_fab(
+        inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
+        "--no-cache", timeout=900,
+    )  # fmt: skip
+    assert local.returncode == 0, local.stdout + local.stderr
+    computed = _results(inventory_path, before)
+
+    features = with_set["features"]
+    assert features["host"] == "features"
+    assert features["set"] == extracted
+    assert features["cache"]["completion_hits"] == features["cache"]["prompts"] == 2
+    assert features["cache"]["hidden_state_hits"] == 2
+    assert computed["features"]["host"] != "features"
+    assert computed["features"]["cache"]["hidden_state_hits"] == 0
+    assert with_set["features"]["dtype"] == computed["features"]["dtype"] == "float32"
+    assert with_set["metrics"]["tau_macro"] == computed["metrics"]["tau_macro"]
+    assert [row["tau"] for row in with_set["per_prompt"]] == [
+        row["tau"] for row in computed["per_prompt"]
+    ]
+
+    refused = run_fab(inventory_path, "compare")
+    assert refused.returncode == 1
+    assert "features" in refused.stderr and "--allow-mixed" in said(refused.stderr), refused.stderr
+    mixed = run_fab(inventory_path, "compare", "--allow-mixed")
+    assert mixed.returncode == 0, mixed.stdout + mixed.stderr
