@@ -1,4 +1,4 @@
-"""Command line: `python -m dflash_eval eval …` and `python -m dflash_eval extract …`.
+"""Command line: `python -m dflash_eval eval …`, `… features …` and `… extract …`.
 
 Exit status: 0 success; 2 an expected failure (HarnessError: the message says what to do,
 no traceback); 130 interrupted. stdout carries JSON-line events only; people read stderr.
@@ -41,6 +41,55 @@ def _add_pickle_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="unpickle checkpoints that need more than weights_only (runs code!)",
     )
+
+
+def _add_progress_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress-file", type=Path, help="also append the JSON events here")
+    parser.add_argument("--quiet", action="store_true", help="no events or messages, just the file")
+
+
+def _add_features_command(commands: argparse._SubParsersAction) -> None:
+    features = commands.add_parser(
+        "features",
+        help="compute a target's completions and hidden states into a feature set directory",
+    )
+    features.add_argument("--target", type=Path, required=True, help="target model directory")
+    features.add_argument(
+        "--out", type=Path, required=True, help="feature set directory to write (SETDIR)"
+    )
+    features.add_argument(
+        "--layers", type=_int_list, required=True, help="target layer ids, comma-separated"
+    )
+    features.add_argument(
+        "--block-size",
+        type=int,
+        required=True,
+        help="reference tokens past each completion: the largest drafter block size to serve",
+    )
+    features.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
+    features.add_argument(
+        "--max-new-tokens", type=int, default=256, help="completion length (default 256)"
+    )
+    features.add_argument(
+        "--thinking", choices=["on", "off"], default="off", help="enable_thinking (default off)"
+    )
+    features.add_argument(
+        "--target-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="target dtype (default: as saved; float32 for linear attention on CPU)",
+    )
+    features.add_argument(
+        "--sglang",
+        "--sglang-url",
+        dest="sglang_url",
+        help="get completions from SGLang's /generate at this URL (@FILE reads it from FILE)",
+    )
+    features.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    features.add_argument(
+        "--host-name", help="this host's name in the inventory, recorded as the features' host"
+    )
+    _add_progress_flags(features)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,8 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="hash the checkpoint even when the staging manifest beside it records its sha256",
     )
-    run.add_argument("--progress-file", type=Path, help="also append the JSON events here")
-    run.add_argument("--quiet", action="store_true", help="no events or messages, just the file")
+    run.add_argument(
+        "--features",
+        type=Path,
+        help="feature set directory (from `features`): completions and hidden states are read "
+        "from it, never computed here",
+    )
+    _add_progress_flags(run)
+    _add_features_command(commands)
 
     strip = commands.add_parser(
         "extract", help="training checkpoint → safetensors + config (no optimizer)"
@@ -178,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "eval":
             return _eval(args, progress)
+        if args.command == "features":
+            return _features(args, progress)
         return _extract(args, progress)
     except HarnessError as error:
         progress.event("error", message=str(error))
@@ -221,10 +278,32 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         step=args.step,
         thinking=args.thinking == "on",
         verify=args.verify,
+        features=args.features,
     )
     results = run_eval(options, progress)
     progress.say("\n".join(schema.summary_lines(results)))
     progress.event("done", out=str(args.out), summary=schema.headline(results))
+    return 0
+
+
+def _features(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.features_run import FeaturesOptions, run_features
+
+    options = FeaturesOptions(
+        target=args.target,
+        out=args.out,
+        layers=args.layers,
+        block_size=args.block_size,
+        prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        thinking=args.thinking == "on",
+        target_dtype=args.target_dtype,
+        sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
+        threads=args.threads,
+        host_name=args.host_name,
+    )
+    summary = run_features(options, progress)
+    progress.event("done", out=str(args.out), summary=summary)
     return 0
 
 

@@ -6,6 +6,9 @@ Phases (each timed, each reporting progress events):
 3. target hidden states over prompt + completion (cache, else one forward per prompt);
 4. drafter predictions for the anchors of each completion (batched) and the acceptance walks.
 
+Phases 2 and 3 are pipeline.py, shared with `features`; with `--features SETDIR` their
+entries come from a feature set (feature_set.py) and are never computed here.
+
 The reference of each prompt is its completion plus `block size` more greedy tokens, so
 that the walk scores every round as z-lab's live loop counts it (metrics.py).
 """
@@ -19,24 +22,22 @@ from typing import Any
 
 import torch
 
-from dflash_eval import inputs, record, schema
+from dflash_eval import inputs, pipeline, record, schema
 from dflash_eval.by_dataset import intervals
-from dflash_eval.cache import DiskCache, tokens_digest
+from dflash_eval.cache import DiskCache
 from dflash_eval.completions import (
-    Prompt,
     SGLangClient,
-    first_stop,
-    greedy_reference,
     prompt_sets,
     prompts_hash,
     template_reads_thinking,
 )
-from dflash_eval.config import TargetShape
+from dflash_eval.config import DrafterConfig, TargetShape
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
-from dflash_eval.feature_record import features_record
+from dflash_eval.feature_record import features_record, report_fidelity
+from dflash_eval.feature_set import FeatureSet, read_feature_set
 from dflash_eval.loaders import LoadedDrafter, load_drafter
-from dflash_eval.metrics import PromptWalk, Span, summarize, walk_prompt
+from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.profile import read_profile
@@ -49,7 +50,7 @@ from dflash_eval.results import (
 )
 from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
-from dflash_eval.target_source import DEVICE, TargetSource
+from dflash_eval.target_source import TargetSource
 from dflash_eval.urls import redact_url
 from dflash_eval.version import harness_hash
 
@@ -83,30 +84,7 @@ class EvalOptions:
     step: int | None = None
     thinking: bool = False  # enable_thinking for chat templates that have it
     verify: bool = False  # hash the checkpoint even when its staging manifest has the sha256
-
-
-@dataclass
-class Sequence:
-    """One prompt with its reference (the completion and the tokens past its end), where
-    its rounds run, and (after phase 3) its target features."""
-
-    prompt: Prompt
-    prompt_ids: list[int]
-    reference: list[int] = field(default_factory=list)
-    span: Span | None = None
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-    completion_hit: bool = False
-    hidden_hit: bool = False
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.reference
-
-    @property
-    def completion(self) -> list[int]:
-        """What the live loop outputs: max_new_tokens tokens, or through the stop token."""
-        assert self.span is not None, "the completion is known once the reference is"
-        return self.tokens[self.span.first_anchor : self.span.end]
+    features: Path | None = None  # a feature set: completions and hidden states read from it
 
 
 @dataclass
@@ -131,6 +109,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
     prompts = inputs.load_prompts(options)
+    # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
+    features_set = read_feature_set(options.features) if options.features else None
     progress.event(
         "start",
         checkpoint=str(options.checkpoint),
@@ -142,7 +122,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
 
     with timer.phase("load_target"):
         # The model itself loads only if a completion or hidden state must be computed.
-        target = TargetSource(options.target, options.target_dtype, timer, progress)
+        target = TargetSource(options.target, _target_dtype(options, features_set), timer, progress)
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
@@ -161,46 +141,51 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
 
     # Later turns of a conversation are encoded once the turn before has its completion.
     conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
-    sequences = [Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts]
+    sequences = [
+        pipeline.Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts
+    ]
     used_chat_template = bool(getattr(tokenizer, "chat_template", None))
     if options.thinking and not template_reads_thinking(tokenizer):
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
         progress.warn(warnings[-1])
-    cache = DiskCache(options.cache_dir)
     libraries = library_versions()
-    # What every cached completion and hidden-state entry depends on.
-    shared_key = {
-        "target": identity["fingerprint"],
-        "target_dtype": str(target.dtype),
-        "libraries": libraries,
-        "device": DEVICE,
-        "kernel": target.kernel,
-    }
-    # The reference runs one block past the completion: the larger block when two
-    # drafters share it.
-    extra = max(d.config.block_size for d in (drafter, reference) if d is not None)
+    drafters = {"drafter": drafter.config}
+    if reference is not None:
+        drafters["reference drafter"] = reference.config
+    client = _sglang_client(options, features_set, progress, warnings)
+    if features_set is not None:
+        features_set.check_fits(
+            identity["fingerprint"], drafters, options.max_new_tokens, options.thinking
+        )
+    lookup = _lookup(options, features_set, drafters, identity, target, libraries, client)
     with timer.phase("completions"):
-        _completions(
+        pipeline.make_references(
             sequences,
-            options,
+            lookup,
             target,
+            client,
             stops,
-            extra,
-            shared_key,
-            cache,
+            options.max_new_tokens,
             conversations,
             progress,
         )
-    layer_ids = sorted(
-        set(drafter.config.target_layer_ids)
-        | (set(reference.config.target_layer_ids) if reference else set())
-    )
     with timer.phase("hidden_states"):
-        _hidden_states(sequences, layer_ids, target, shared_key, cache, progress)
-        first = sequences[0]
-        features = features_record(
-            target, first.tokens, first.hidden, layer_ids, shared_key, cache, progress, warnings
-        )
+        pipeline.hidden_states(sequences, lookup, target, progress)
+        if features_set is not None:
+            features = features_set.features_record()
+            report_fidelity(features, progress, warnings)
+        else:
+            first = sequences[0]
+            features = features_record(
+                target,
+                first.tokens,
+                first.hidden,
+                lookup.layer_ids,
+                lookup.shared_key,
+                lookup.cache,
+                progress,
+                warnings,
+            )
     target.release_body()
     borrowed = target.embedding_and_head()
 
@@ -256,11 +241,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             schema.MAX_NEW_TOKENS: options.max_new_tokens,
             "stop_token_ids": stops,
         },
-        schema.COMPLETIONS: {
-            schema.COMPLETIONS_SOURCE: "sglang" if options.sglang_url else "local-greedy",
-            "sglang_url": redact_url(options.sglang_url) if options.sglang_url else None,
-            schema.EXTRA_TOKENS: extra,
-        },
+        schema.COMPLETIONS: _completions_block(options, lookup),
         schema.HARNESS: {
             schema.HARNESS_SHA256: harness_hash(),
             "predictor": "per-block" if options.per_block else "batched",
@@ -328,89 +309,87 @@ def _load(
     return loaded
 
 
-def _completions(
-    sequences: list[Sequence],
+def _target_dtype(options: EvalOptions, features_set: FeatureSet | None) -> str:
+    """The feature set's dtype when there is one: the drafter reads the embedding and head
+    in the dtype the features were computed in, as a run that computes them would."""
+    if features_set is None:
+        return options.target_dtype
+    if options.target_dtype not in ("auto", features_set.dtype):
+        raise HarnessError(
+            f"--target-dtype {options.target_dtype}, but feature set {features_set.path} was "
+            f"computed in {features_set.dtype}. Omit --target-dtype (the set's dtype is used), "
+            "or extract a set in the dtype you want."
+        )
+    return features_set.dtype
+
+
+def _sglang_client(
     options: EvalOptions,
-    target: TargetSource,
-    stops: list[int],
-    extra: int,
-    shared_key: dict[str, Any],
-    cache: DiskCache,
-    conversations: Conversations,
+    features_set: FeatureSet | None,
     progress: Progress,
-) -> None:
-    client = SGLangClient(options.sglang_url) if options.sglang_url else None
-    total = len(sequences)
-    progress.progress("completions", 0, total)
-    for done, seq in enumerate(sequences, start=1):
-        if seq.prompt.follows:
-            seq.prompt_ids = conversations.encode(seq.prompt)
-        key = {
-            **shared_key,
-            "kind": "completion",
-            "source": f"sglang {client.shown}" if client else "local-greedy",
-            "prompt_tokens": tokens_digest(seq.prompt_ids),
-            "max_new_tokens": options.max_new_tokens,
-            "stop_token_ids": stops,
-            # Tokens past the completion's end (max_new_tokens or the stop token): entries
-            # cut at the end, from before this rule, lack this field and so never match.
-            "extra_tokens": extra,
-        }
-        reference = cache.get_completion(key)
-        seq.completion_hit = reference is not None
-        if reference is None:
-            args = (seq.prompt_ids, options.max_new_tokens, extra, stops)
-            if client is not None:
-                reference = client.reference(*args)
-            else:
-                reference = greedy_reference(target.target().model, *args)
-            cache.put_completion(key, reference)
-        seq.reference = reference
-        first, stop = len(seq.prompt_ids), first_stop(reference, stops)
-        limit = first + options.max_new_tokens
-        seq.span = Span(first, limit, None if stop is None else first + stop)
-        conversations.replied(seq.prompt, seq.completion)
-        progress.progress("completions", done, total)
+    warnings: list[str],
+) -> SGLangClient | None:
+    if not options.sglang_url:
+        return None
+    if features_set is None:
+        return SGLangClient(options.sglang_url)
+    warnings.append(
+        f"--sglang-url ignored: the completions come from feature set {features_set.name} "
+        f"({features_set.manifest['completions']['source']})"
+    )
+    progress.warn(warnings[-1])
+    return None
 
 
-def _hidden_states(
-    sequences: list[Sequence],
-    layer_ids: list[int],
+def _lookup(
+    options: EvalOptions,
+    features_set: FeatureSet | None,
+    drafters: dict[str, DrafterConfig],
+    identity: dict[str, Any],
     target: TargetSource,
-    shared_key: dict[str, Any],
-    cache: DiskCache,
-    progress: Progress,
-) -> None:
-    total = len(sequences)
-    progress.progress("hidden_states", 0, total)
-    for done, seq in enumerate(sequences, start=1):
-        key = {
-            **shared_key,
-            "kind": "hidden_states",
-            "tokens": tokens_digest(seq.tokens),
-            "num_tokens": len(seq.tokens),
-            "layer_ids": layer_ids,
-        }
-        hidden = cache.get_hidden(key)
-        seq.hidden_hit = hidden is not None
-        if hidden is None:
-            hidden = target.target().hidden_features(seq.tokens, layer_ids)
-            cache.put_hidden(key, hidden)
-        expected = (len(seq.tokens), target.shape.hidden_size)
-        if any(tuple(h.shape) != expected for h in hidden.values()):
-            raise HarnessError(
-                f"Hidden states for prompt {seq.prompt.id} have shapes "
-                f"{[tuple(h.shape) for h in hidden.values()]}, expected {expected}. "
-                f"Delete the cache directory and re-run."
-            )
-        seq.hidden = hidden
-        progress.progress("hidden_states", done, total)
+    libraries: dict[str, Any],
+    client: SGLangClient | None,
+) -> pipeline.Lookup:
+    """Entries from the feature set (read-only: a miss is an error), else from the cache,
+    computing misses. The reference runs one block past the completion: the larger block
+    when two drafters share it; the hidden states cover every layer either reads."""
+    if features_set is not None:
+        manifest = features_set.manifest
+        return pipeline.Lookup(
+            DiskCache(features_set.path),
+            manifest["shared_key"],
+            manifest["completions"]["source"],
+            manifest["block_size"],
+            manifest["layer_ids"],
+            missing=features_set.missing,
+        )
+    return pipeline.Lookup(
+        DiskCache(options.cache_dir),
+        pipeline.shared_key(identity["fingerprint"], target, libraries),
+        pipeline.completion_source(client),
+        max(config.block_size for config in drafters.values()),
+        sorted(set().union(*(config.target_layer_ids for config in drafters.values()))),
+    )
+
+
+def _completions_block(options: EvalOptions, lookup: pipeline.Lookup) -> dict[str, Any]:
+    source = lookup.completion_source
+    from_sglang = source != pipeline.LOCAL_GREEDY
+    if options.features is None:
+        url = redact_url(options.sglang_url) if options.sglang_url else None
+    else:
+        url = source.removeprefix("sglang ") if from_sglang else None
+    return {
+        schema.COMPLETIONS_SOURCE: "sglang" if from_sglang else "local-greedy",
+        "sglang_url": url,
+        schema.EXTRA_TOKENS: lookup.extra_tokens,
+    }
 
 
 def _walk_all(
     loaded: LoadedDrafter,
     phase: str,
-    sequences: list[Sequence],
+    sequences: list[pipeline.Sequence],
     borrowed: tuple[torch.Tensor, torch.Tensor],  # the target's embedding and LM head
     options: EvalOptions,
     decode: Decode,
@@ -464,7 +443,7 @@ def _walk_all(
 
 
 def _warn_about_walks(
-    sequences: list[Sequence],
+    sequences: list[pipeline.Sequence],
     walks: list[PromptWalk],
     role: str,
     warnings: list[str],

@@ -27,7 +27,10 @@ def features_record(
     cache: DiskCache,
     progress: Progress,
     warnings: list[str],
+    host_name: str | None = None,
 ) -> dict[str, Any]:
+    """The record of these features: from the cache, else measured now (as `host_name`,
+    when given: the inventory's name for this host)."""
     key = {**shared_key, "kind": "features", "tokens": tokens_digest(first_tokens)}
     key["layer_ids"] = layer_ids
     record = cache.get_record("features", key)
@@ -37,7 +40,15 @@ def features_record(
             **provenance(DEVICE, choice.name, choice.source, source.kernel),
             "fidelity": _fidelity(source, first_tokens, first_hidden, layer_ids),
         }
+        if host_name:
+            record["host"] = host_name
         cache.put_record("features", key, record)
+    report_fidelity(record, progress, warnings)
+    return record
+
+
+def report_fidelity(record: dict[str, Any], progress: Progress, warnings: list[str]) -> None:
+    """Warn, loudly, about every layer past the bounds and about a skipped measurement."""
     fidelity = record["fidelity"]
     found = judge(fidelity.get("layers") or {})
     if fidelity["status"] == "skipped":
@@ -45,7 +56,6 @@ def features_record(
     for line in found:
         warnings.append(f"features: {line}")
         progress.warn(warnings[-1])
-    return record
 
 
 def _fidelity(

@@ -18,9 +18,10 @@ from dflash_eval.urls import redact_url
 
 if TYPE_CHECKING:
     from dflash_eval.conversation import Conversations
-    from dflash_eval.evaluate import EvalOptions, Sequence
+    from dflash_eval.evaluate import EvalOptions
     from dflash_eval.loaders import LoadedDrafter
     from dflash_eval.metrics import PromptWalk
+    from dflash_eval.pipeline import Sequence
 
 
 def checkpoint_identity(loaded: LoadedDrafter, step: int | None, verify: bool) -> dict[str, Any]:

@@ -1,0 +1,209 @@
+"""`python -m dflash_eval features`: compute a feature set (feature_set.py) for later evals.
+
+The same phases as an eval's target side (pipeline.py), with the same dtype choice and
+fidelity guard (features.py), but no drafter: the layers and the block size are given, so
+one set serves every drafter that reads a subset of those layers with a block no larger.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval import feature_set, pipeline
+from dflash_eval.cache import DiskCache
+from dflash_eval.completions import (
+    Prompt,
+    SGLangClient,
+    builtin_prompts,
+    prompts_hash,
+    read_prompts_jsonl,
+    template_reads_thinking,
+)
+from dflash_eval.conversation import Conversations
+from dflash_eval.errors import HarnessError
+from dflash_eval.feature_record import features_record
+from dflash_eval.progress import Progress, Timer
+from dflash_eval.results import library_versions, utc_now
+from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
+from dflash_eval.target_source import TargetSource
+
+
+@dataclass
+class FeaturesOptions:
+    target: Path
+    out: Path  # SETDIR
+    layers: list[int]
+    block_size: int
+    prompts: Path | None = None
+    max_new_tokens: int = 256
+    thinking: bool = False
+    target_dtype: str = "auto"
+    sglang_url: str | None = None
+    threads: int | None = None
+    host_name: str | None = None  # the inventory's name for this host, recorded as `host`
+
+
+def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]:
+    """Build the set (or find it already built); the summary for the final event."""
+    started = time.perf_counter()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    _check_options(options)
+    prompts = _load_prompts(options.prompts)
+    setdir = Path(options.out)
+    progress.event(
+        "start",
+        command="features",
+        target=str(options.target),
+        out=str(setdir),
+        threads=torch.get_num_threads(),
+    )
+    timer, warnings = Timer(), []
+    with timer.phase("load_target"):
+        target = TargetSource(options.target, options.target_dtype, timer, progress)
+        tokenizer = load_tokenizer(options.target)
+        stops = stop_token_ids(options.target, tokenizer)
+        identity = target_identity(options.target)
+    too_deep = [i for i in options.layers if i >= target.shape.num_layers]
+    if too_deep:
+        raise HarnessError(
+            f"--layers {too_deep} do not exist: the target has {target.shape.num_layers} "
+            f"layers (0–{target.shape.num_layers - 1})."
+        )
+    client = SGLangClient(options.sglang_url) if options.sglang_url else None
+    inputs = _inputs(options, prompts, identity, target, client)
+    if feature_set.is_complete_and_same(setdir, inputs):
+        progress.say(f"{setdir} is already complete with these inputs: nothing to do")
+        return _summary(setdir, feature_set.read_feature_set(setdir).manifest, noop=True)
+    partial = feature_set.open_partial(setdir, inputs, progress)
+    lookup = pipeline.Lookup(
+        DiskCache(partial),
+        inputs["shared_key"],
+        inputs["completions"]["source"],
+        options.block_size,
+        inputs["layer_ids"],
+    )
+
+    if options.thinking and not template_reads_thinking(tokenizer):
+        warnings.append("--thinking on, but the target's chat template has no thinking switch")
+        progress.warn(warnings[-1])
+    conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
+    sequences = [
+        pipeline.Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts
+    ]
+    with timer.phase("completions"):
+        pipeline.make_references(
+            sequences,
+            lookup,
+            target,
+            client,
+            stops,
+            options.max_new_tokens,
+            conversations,
+            progress,
+        )
+    with timer.phase("hidden_states"):
+        pipeline.hidden_states(sequences, lookup, target, progress, keep_all=False)
+        first = sequences[0]
+        record = features_record(
+            target,
+            first.tokens,
+            first.hidden,
+            lookup.layer_ids,
+            lookup.shared_key,
+            lookup.cache,
+            progress,
+            warnings,
+            options.host_name,
+        )
+    provenance = {key: value for key, value in record.items() if key != "fidelity"}
+    provenance["host"] = options.host_name or socket.gethostname()
+    manifest = {
+        **inputs,
+        "provenance": provenance,
+        "fidelity": record["fidelity"],
+        "entries": len(sequences),
+        "target_load": target.load_record(),
+        "warnings": warnings,
+        "timings": {name: round(s, 4) for name, s in timer.seconds.items()},
+        "total_seconds": round(time.perf_counter() - started, 4),
+        "created_at": utc_now(),
+    }
+    feature_set.complete(partial, setdir, manifest)
+    progress.say(f"Feature set {setdir}: {len(sequences)} prompts, layers {lookup.layer_ids}")
+    return _summary(setdir, manifest, noop=False)
+
+
+def _inputs(
+    options: FeaturesOptions,
+    prompts: list[Prompt],
+    identity: dict[str, Any],
+    target: TargetSource,
+    client: SGLangClient | None,
+) -> dict[str, Any]:
+    """The manifest fields that name what the set was made from (feature_set.INPUT_FIELDS),
+    as JSON would read them back, so that a re-run compares them with the set's own."""
+    if options.prompts:
+        prompt_record = {"source": str(options.prompts), "sha256": sha256_file(options.prompts)}
+    else:
+        prompt_record = {"source": "builtin", "sha256": prompts_hash(prompts)}
+    inputs = {
+        "format": feature_set.FORMAT,
+        "shared_key": pipeline.shared_key(identity["fingerprint"], target, library_versions()),
+        "target": {"fingerprint": identity["fingerprint"], "name": identity["name"]},
+        "layer_ids": sorted(set(options.layers)),
+        "block_size": options.block_size,
+        "max_new_tokens": options.max_new_tokens,
+        "thinking": options.thinking,
+        "prompts": {"count": len(prompts), **prompt_record},
+        "completions": {"source": pipeline.completion_source(client)},
+    }
+    return json.loads(json.dumps(inputs))
+
+
+def _summary(setdir: Path, manifest: dict[str, Any], noop: bool) -> dict[str, Any]:
+    return {
+        "set": setdir.name,
+        "path": str(setdir),
+        "noop": noop,
+        "entries": manifest["entries"],
+        "layer_ids": manifest["layer_ids"],
+        "block_size": manifest["block_size"],
+        "target_fingerprint": manifest["target"]["fingerprint"],
+        "provenance": manifest["provenance"],
+        "fidelity_status": manifest["fidelity"]["status"],
+    }
+
+
+def _check_options(options: FeaturesOptions) -> None:
+    """Fail in a second, before the target loads."""
+    for flag, path in [("--target", options.target), ("--prompts", options.prompts)]:
+        if path is not None and not Path(path).exists():
+            raise HarnessError(f"{flag} {path} does not exist on this host. Check the path.")
+    if not options.layers or any(i < 0 for i in options.layers):
+        raise HarnessError(f"--layers must list target layer ids ≥ 0, got {options.layers}.")
+    if options.block_size < 1:
+        raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
+    if options.max_new_tokens < 1:
+        raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
+    parent = Path(options.out).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as error:
+        raise HarnessError(
+            f"--out {options.out}: cannot write in {parent} ({error.strerror}). Choose a "
+            "writable directory (and check free space) before a long run, not after it."
+        ) from None
+
+
+def _load_prompts(path: Path | None) -> list[Prompt]:
+    return read_prompts_jsonl(path) if path else builtin_prompts()

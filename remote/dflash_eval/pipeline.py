@@ -1,0 +1,167 @@
+"""The target's side of a run, shared by `eval` and `features`: per prompt, the reference
+completion, then the target's hidden states over prompt + reference.
+
+Each value is looked up first under a key of everything that determines it (cache.py). What
+a miss means is the caller's choice (`Lookup.missing`): compute it with the target (or
+SGLang) and store it, or, when the entries come from a feature set computed elsewhere, stop
+with an error: computing it here would mix features of two provenances in one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dflash_eval.cache import DiskCache, tokens_digest
+from dflash_eval.completions import Prompt, SGLangClient, first_stop, greedy_reference
+from dflash_eval.conversation import Conversations
+from dflash_eval.errors import HarnessError
+from dflash_eval.metrics import Span
+from dflash_eval.progress import Progress
+from dflash_eval.target_source import DEVICE, TargetSource
+
+LOCAL_GREEDY = "local-greedy"
+
+
+@dataclass
+class Sequence:
+    """One prompt with its reference (the completion and the tokens past its end), where
+    its rounds run, and (after the hidden-state phase) its target features."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    reference: list[int] = field(default_factory=list)
+    span: Span | None = None
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    completion_hit: bool = False
+    hidden_hit: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.reference
+
+    @property
+    def completion(self) -> list[int]:
+        """What the live loop outputs: max_new_tokens tokens, or through the stop token."""
+        assert self.span is not None, "the completion is known once the reference is"
+        return self.tokens[self.span.first_anchor : self.span.end]
+
+
+# A miss that must not be computed: (the prompt, "completion" | "hidden states") → the error.
+Missing = Callable[[Prompt, str], HarnessError]
+
+
+@dataclass
+class Lookup:
+    """Where a run finds its completions and hidden states, and under which keys."""
+
+    cache: DiskCache
+    shared_key: dict[str, Any]  # what every entry depends on (target, dtype, device, kernel…)
+    completion_source: str  # LOCAL_GREEDY or "sglang <url>": part of the completion key
+    extra_tokens: int  # reference tokens past the completion's end: the largest block size
+    layer_ids: list[int]  # the target layers whose hidden states are stored
+    missing: Missing | None = None  # None: compute a miss and store it
+
+
+def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]) -> dict:
+    """What every cached completion and hidden-state entry depends on."""
+    return {
+        "target": fingerprint,
+        "target_dtype": str(target.dtype),
+        "libraries": libraries,
+        "device": DEVICE,
+        "kernel": target.kernel,
+    }
+
+
+def completion_source(client: SGLangClient | None) -> str:
+    return f"sglang {client.shown}" if client else LOCAL_GREEDY
+
+
+def make_references(
+    sequences: list[Sequence],
+    lookup: Lookup,
+    target: TargetSource,
+    client: SGLangClient | None,
+    stops: list[int],
+    max_new_tokens: int,
+    conversations: Conversations,
+    progress: Progress,
+) -> None:
+    """Phase `completions`: each sequence's reference and span (later turns of a
+    conversation are encoded once the turn before has its completion)."""
+    total = len(sequences)
+    progress.progress("completions", 0, total)
+    for done, seq in enumerate(sequences, start=1):
+        if seq.prompt.follows:
+            seq.prompt_ids = conversations.encode(seq.prompt)
+        key = {
+            **lookup.shared_key,
+            "kind": "completion",
+            "source": lookup.completion_source,
+            "prompt_tokens": tokens_digest(seq.prompt_ids),
+            "max_new_tokens": max_new_tokens,
+            "stop_token_ids": stops,
+            # Tokens past the completion's end (max_new_tokens or the stop token): entries
+            # cut at the end, from before this rule, lack this field and so never match.
+            "extra_tokens": lookup.extra_tokens,
+        }
+        reference = lookup.cache.get_completion(key)
+        seq.completion_hit = reference is not None
+        if reference is None:
+            if lookup.missing is not None:
+                raise lookup.missing(seq.prompt, "completion")
+            args = (seq.prompt_ids, max_new_tokens, lookup.extra_tokens, stops)
+            if client is not None:
+                reference = client.reference(*args)
+            else:
+                reference = greedy_reference(target.target().model, *args)
+            lookup.cache.put_completion(key, reference)
+        seq.reference = reference
+        first, stop = len(seq.prompt_ids), first_stop(reference, stops)
+        limit = first + max_new_tokens
+        seq.span = Span(first, limit, None if stop is None else first + stop)
+        conversations.replied(seq.prompt, seq.completion)
+        progress.progress("completions", done, total)
+
+
+def hidden_states(
+    sequences: list[Sequence],
+    lookup: Lookup,
+    target: TargetSource,
+    progress: Progress,
+    keep_all: bool = True,
+) -> None:
+    """Phase `hidden_states`: each sequence's target features at `lookup.layer_ids`. Without
+    `keep_all` only the first sequence keeps them in memory (the fidelity check reads it);
+    the others are only made sure to be stored."""
+    total = len(sequences)
+    progress.progress("hidden_states", 0, total)
+    for done, seq in enumerate(sequences, start=1):
+        key = {
+            **lookup.shared_key,
+            "kind": "hidden_states",
+            "tokens": tokens_digest(seq.tokens),
+            "num_tokens": len(seq.tokens),
+            "layer_ids": lookup.layer_ids,
+        }
+        hidden = lookup.cache.get_hidden(key)
+        seq.hidden_hit = hidden is not None
+        if hidden is None:
+            if lookup.missing is not None:
+                raise lookup.missing(seq.prompt, "hidden states")
+            hidden = target.target().hidden_features(seq.tokens, lookup.layer_ids)
+            lookup.cache.put_hidden(key, hidden)
+        expected = (len(seq.tokens), target.shape.hidden_size)
+        if any(tuple(h.shape) != expected for h in hidden.values()):
+            raise HarnessError(
+                f"Hidden states for prompt {seq.prompt.id} have shapes "
+                f"{[tuple(h.shape) for h in hidden.values()]}, expected {expected}. "
+                f"Delete the cache directory and re-run."
+            )
+        if keep_all or done == 1:
+            seq.hidden = hidden
+        progress.progress("hidden_states", done, total)
