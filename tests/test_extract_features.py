@@ -237,6 +237,16 @@ def test_setup_eval_host_provisions_the_features_host(features_lab, provisioned)
     assert "features: nothing to do" in said(again.stdout), again.stdout
 
 
+def test_check_hosts_checks_the_features_host(features_lab, provisioned):
+    done = run_fab(features_lab.inventory_path, "check-hosts")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the host's rows: from its name in the host column (the last host) to the table's end
+    checks = said(done.stdout.split("│ features ")[1])
+    for check in ("reachable", "host key", "authenticated", "target model", "workdir", "venv"):
+        assert check in checks, done.stdout
+    assert "staging dir" not in checks and "reference drafter" not in checks
+
+
 def test_the_set_is_computed_on_the_features_host_and_relayed_verified(features_lab, extracted):
     source = set_dir(features_lab, "features", extracted)
     copy = set_dir(features_lab, "eval", extracted)
