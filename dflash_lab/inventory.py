@@ -66,7 +66,7 @@ def _features(lab: Lab, config: LabConfig, settings: dict) -> dict:
     return {
         "role": "features",
         **_ssh(lab, FEATURES),
-        "workdir": str(disk / "features"),
+        "workdir": str(disk / "work"),
         "venv": _venv_settings(disk),
         "threads": max(1, (os.cpu_count() or 1) // config.eval_hosts),
         "target_model": settings["target_model"],

@@ -19,6 +19,7 @@ from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import load, parse
+from dflash_ops.core.units import format_bytes
 from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
@@ -137,6 +138,11 @@ def test_a_features_host_with_fla_gets_the_package_in_its_venv(tmp_path):
     assert parsed.hosts["gpu"].venv.packages == ["flash-linear-attention"]
     assert list(parsed.eval_hosts) == ["eval"] and list(parsed.features_hosts) == ["gpu"]
     assert list(parsed.harness_hosts) == ["eval", "gpu"]
+
+
+def test_without_a_features_host_extract_features_says_what_to_add(tmp_path):
+    with pytest.raises(OpsError, match=r"no host with role: features; add one"):
+        _inventory(tmp_path).features_host(None)
 
 
 # --- on the lab -------------------------------------------------------------------------------
@@ -263,7 +269,7 @@ def test_the_set_is_computed_on_the_features_host_and_relayed_verified(features_
 
 
 def test_asking_again_computes_and_sends_nothing(features_lab, extracted):
-    runs = features_lab.data_dir("features") / "features" / "runs"
+    runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
     before = sorted(runs.iterdir())
     again = extract(features_lab)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -288,6 +294,43 @@ def test_a_corrupt_relayed_file_is_found_by_verify_and_sent_again(features_lab, 
     assert digests(copy) == digests(source)
     clean = extract(features_lab, "--verify")
     assert clean.returncode == 0 and "verified again" in said(clean.stdout), clean.stdout
+
+
+def test_an_interrupted_relay_resumes_where_it_stopped(features_lab, extracted):
+    """The eval host's copy put back as an interrupted relay leaves it (staging's layout:
+    verified files and their records in `<set>.partial`, the file being written half there);
+    the next extract-features sends only the missing half."""
+    source = set_dir(features_lab, "features", extracted)
+    copy = set_dir(features_lab, "eval", extracted)
+    manifest_file = copy.with_name(f"{extracted}.manifest.json")
+    records = sorted(json.loads(manifest_file.read_text())["files"], key=lambda r: r["size"])
+    partial = copy.with_name(f"{extracted}.partial")
+    manifest_file.unlink()
+    copy.rename(partial)
+    done_records = "".join(json.dumps(record) + "\n" for record in records[:-1])
+    partial.with_name(f"{partial.name}.jsonl").write_text(done_records)
+    writing = partial / records[-1]["name"]
+    data = writing.read_bytes()
+    writing.unlink()
+    writing.with_name(f"{writing.name}.partial").write_bytes(data[: len(data) // 2])
+
+    resumed = extract(features_lab)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rest = format_bytes(len(data) - len(data) // 2)
+    assert "staged and verified" in said(resumed.stdout), resumed.stdout
+    assert f"{rest} moved" in said(resumed.stdout), resumed.stdout
+    assert digests(copy) == digests(source) and manifest_file.is_file()
+    assert not partial.exists()
+
+
+def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
+    done = run_fab(
+        features_lab.inventory_path, "extract-features", "--layers", "1", "--block-size", "8",
+        "--to", "eval,nope",
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "no eval host named 'nope'" in said(done.stderr), done.stderr
+    assert "computing" not in done.stdout
 
 
 def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provisioned):

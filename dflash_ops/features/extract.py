@@ -100,7 +100,12 @@ def _target_identity(host: Host, entry: FeaturesHost, harness: str) -> dict:
 
 
 def features_command(
-    entry: FeaturesHost, host_name: str, harness: str, request: FeatureRequest, out: str, uploads
+    entry: FeaturesHost,
+    host_name: str,
+    harness: str,
+    request: FeatureRequest,
+    out: str,
+    uploads: dict[str, str],
 ) -> str:
     """The harness invocation (`uploads`: flag → the uploaded file's path on the host)."""
     argv = [
@@ -133,7 +138,9 @@ def features_command(
     return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
 
 
-def _uploads(host: Host, entry: FeaturesHost, request: FeatureRequest, run_id: str) -> dict:
+def _uploads(
+    host: Host, entry: FeaturesHost, request: FeatureRequest, run_id: str
+) -> dict[str, str]:
     """The prompts file and the SGLang URL (private: it may carry credentials, which must not
     reach argv or the run's log) on the host, by harness flag."""
     files: dict[str, tuple[bytes, bool]] = {}
