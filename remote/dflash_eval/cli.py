@@ -87,6 +87,12 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     )
     features.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     features.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the target runs (default auto: CUDA when torch sees a GPU, else CPU)",
+    )
+    features.add_argument(
         "--host-name", help="this host's name in the inventory, recorded as the features' host"
     )
     _add_progress_flags(features)
@@ -301,6 +307,7 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
         sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
         threads=args.threads,
         host_name=args.host_name,
+        device=args.device,
     )
     summary = run_features(options, progress)
     progress.event("done", out=str(args.out), summary=summary)

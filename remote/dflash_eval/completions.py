@@ -202,13 +202,17 @@ def greedy_reference(
     tokens: list[int] = []
     wanted = max_new_tokens + extra
     cache_name = _cache_argument(model)
-    step = {"input_ids": torch.tensor([prompt_ids]), cache_name: None}
+    device = next(model.parameters()).device
+    step = {"input_ids": torch.tensor([prompt_ids], device=device), cache_name: None}
     while len(tokens) < wanted:
         output = model(**step, use_cache=True, logits_to_keep=1)
         tokens.append(int(output.logits[0, -1].argmax()))
         if tokens[-1] in stops:  # only the first stop shortens it; later ones change nothing
             wanted = min(wanted, reference_length(tokens, max_new_tokens, extra, stops))
-        step = {"input_ids": torch.tensor([tokens[-1:]]), cache_name: output[cache_name]}
+        step = {
+            "input_ids": torch.tensor([tokens[-1:]], device=device),
+            cache_name: output[cache_name],
+        }
     return tokens
 
 

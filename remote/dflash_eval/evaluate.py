@@ -153,10 +153,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     if reference is not None:
         drafters["reference drafter"] = reference.config
     client = _sglang_client(options, features_set, progress, warnings)
-    if features_set is not None:
-        features_set.check_fits(
-            identity["fingerprint"], drafters, options.max_new_tokens, options.thinking
-        )
+    target_match = (  # the set (if any) must serve this run exactly
+        features_set.check_fits(identity, drafters, options.max_new_tokens, options.thinking)
+        if features_set is not None
+        else None
+    )
     lookup = _lookup(options, features_set, drafters, identity, target, libraries, client)
     with timer.phase("completions"):
         pipeline.make_references(
@@ -172,7 +173,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     with timer.phase("hidden_states"):
         pipeline.hidden_states(sequences, lookup, target, progress)
         if features_set is not None:
-            features = features_set.features_record()
+            features = {**features_set.features_record(), "target_match": target_match}
             report_fidelity(features, progress, warnings)
         else:
             first = sequences[0]

@@ -15,7 +15,7 @@ import torch
 from dflash_eval.cache import DiskCache, tokens_digest
 from dflash_eval.features import fidelity_needed, judge, measure_fidelity, provenance
 from dflash_eval.progress import Progress
-from dflash_eval.target_source import DEVICE, TargetSource
+from dflash_eval.target_source import TargetSource
 
 
 def features_record(
@@ -37,7 +37,7 @@ def features_record(
     if record is None:
         choice = source.dtype_choice
         record = {
-            **provenance(DEVICE, choice.name, choice.source, source.kernel),
+            **provenance(source.device, choice.name, choice.source, source.kernel),
             "fidelity": _fidelity(source, first_tokens, first_hidden, layer_ids),
         }
         if host_name:

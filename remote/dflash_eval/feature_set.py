@@ -17,6 +17,7 @@ writes to it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ INPUT_FIELDS = (
     "prompts",
     "completions",
 )
+SAMPLE_BYTES = 1 << 20  # per window of a weight file in the content fingerprint
 REMAKE = "re-run `fab extract-features` for this run's target, prompts and --max-new-tokens"
 
 
@@ -69,20 +71,25 @@ class FeatureSet:
 
     def check_fits(
         self,
-        fingerprint: str,
+        identity: dict[str, Any],
         drafters: dict[str, DrafterConfig],
         max_new_tokens: int,
         thinking: bool,
-    ) -> None:
-        """Refuse a run the set cannot serve exactly (each check names the fix)."""
+    ) -> str:
+        """Refuse a run the set cannot serve exactly (each check names the fix). Returns how
+        the target was matched: `fingerprint`, or `content` for another host's copy."""
         made_for = self.manifest["target"]
-        if made_for["fingerprint"] != fingerprint:
-            raise HarnessError(
-                f"Feature set {self.path} was computed for target {made_for['name']!r} with "
-                f"fingerprint {made_for['fingerprint'][:12]}…, but this run's --target has "
-                f"{fingerprint[:12]}… (its config, tokenizer or weight files differ). Point "
-                f"--target at the target the set was made for, or {REMAKE}."
-            )
+        match = "fingerprint"
+        if made_for["fingerprint"] != identity["fingerprint"]:
+            match = "content"
+            if made_for.get("content_fingerprint") != content_fingerprint(identity):
+                raise HarnessError(
+                    f"Feature set {self.path} was computed for target {made_for['name']!r} "
+                    f"with fingerprint {made_for['fingerprint'][:12]}…, but this run's --target "
+                    f"{identity['path']} has {identity['fingerprint'][:12]}…, and its files' "
+                    "contents differ too (config, tokenizer or weights). Point --target at the "
+                    f"target the set was made for, or {REMAKE}."
+                )
         layers, block = self.manifest["layer_ids"], self.manifest["block_size"]
         for role, config in drafters.items():
             missing = sorted(set(config.target_layer_ids) - set(layers))
@@ -108,6 +115,7 @@ class FeatureSet:
                     f"this run asks for {value}: its completions cannot serve this run. Run "
                     f"with the set's value, or {REMAKE} and --thinking."
                 )
+        return match
 
     def missing(self, prompt: Prompt, what: str) -> HarnessError:
         return HarnessError(
@@ -115,6 +123,32 @@ class FeatureSet:
             f"{self.manifest['prompts']['count']} other prompts, or with other settings). "
             f"Computing it here would mix features of two provenances in one run: {REMAKE}."
         )
+
+
+def content_fingerprint(identity: dict[str, Any]) -> str:
+    """The target's identity across hosts. target_identity's fingerprint holds the weight
+    files' mtimes (so that a file rewritten in place is a miss), and those differ between two
+    hosts' copies of the same files. This one keeps the sha256 of the config and tokenizer
+    files, and of each weight file its name, size, header hash and the sha256 of three
+    windows of its bytes (start, middle, end): weights of the same shapes with other values,
+    a fine-tune, differ there, for 3 MiB read per file instead of hashing tens of GB."""
+    root = Path(identity["path"])
+    files = {}
+    for name, facts in identity["files"].items():
+        kept = {key: value for key, value in facts.items() if key != "mtime_ns"}
+        if "header_sha256" in facts:
+            kept["sample_sha256"] = _sampled_sha256(root / name, facts["size"])
+        files[name] = kept
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def _sampled_sha256(file: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        for start in (0, max(0, size // 2 - SAMPLE_BYTES // 2), max(0, size - SAMPLE_BYTES)):
+            handle.seek(start)
+            digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
 
 
 def read_feature_set(path: Path) -> FeatureSet:

@@ -33,7 +33,7 @@ from dflash_eval.feature_record import features_record
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
 from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
-from dflash_eval.target_source import TargetSource
+from dflash_eval.target_source import TargetSource, features_device
 
 
 @dataclass
@@ -49,6 +49,7 @@ class FeaturesOptions:
     sglang_url: str | None = None
     threads: int | None = None
     host_name: str | None = None  # the inventory's name for this host, recorded as `host`
+    device: str = "auto"  # auto: CUDA when torch sees a GPU (a features host), else CPU
 
 
 def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]:
@@ -68,7 +69,8 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     )
     timer, warnings = Timer(), []
     with timer.phase("load_target"):
-        target = TargetSource(options.target, options.target_dtype, timer, progress)
+        device = features_device(options.device)
+        target = TargetSource(options.target, options.target_dtype, timer, progress, device)
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
         identity = target_identity(options.target)
@@ -158,7 +160,11 @@ def _inputs(
     inputs = {
         "format": feature_set.FORMAT,
         "shared_key": pipeline.shared_key(identity["fingerprint"], target, library_versions()),
-        "target": {"fingerprint": identity["fingerprint"], "name": identity["name"]},
+        "target": {
+            "fingerprint": identity["fingerprint"],
+            "name": identity["name"],
+            "content_fingerprint": feature_set.content_fingerprint(identity),
+        },
         "layer_ids": sorted(set(options.layers)),
         "block_size": options.block_size,
         "max_new_tokens": options.max_new_tokens,

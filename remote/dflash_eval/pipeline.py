@@ -21,7 +21,7 @@ from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.metrics import Span
 from dflash_eval.progress import Progress
-from dflash_eval.target_source import DEVICE, TargetSource
+from dflash_eval.target_source import TargetSource
 
 LOCAL_GREEDY = "local-greedy"
 
@@ -72,7 +72,7 @@ def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]
         "target": fingerprint,
         "target_dtype": str(target.dtype),
         "libraries": libraries,
-        "device": DEVICE,
+        "device": target.device,
         "kernel": target.kernel,
     }
 

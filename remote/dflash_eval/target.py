@@ -114,6 +114,7 @@ class Target:
     dtype: torch.dtype
     rms_norm_eps: float
     rope_theta: float
+    device: str = "cpu"  # where the model runs: cpu, or cuda for a features host
 
     @property
     def shape(self) -> TargetShape:
@@ -134,7 +135,7 @@ class Target:
         hidden_states[0] is the embedding output, so layer id i is the output of decoder
         layer i (for the last layer, transformers returns it after the final norm).
         """
-        ids = torch.tensor([token_ids])
+        ids = torch.tensor([token_ids], device=self.device)
         output = self.model(
             input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
         )
@@ -146,12 +147,13 @@ class Target:
                 "plus one per layer). This transformers version lays hidden states out "
                 "differently; the layer mapping would be wrong, so the run stops."
             )
-        return {i: hidden[i + 1][0].clone() for i in layer_ids}
+        # A copy in host memory: the outputs of all layers are freed, the features cached.
+        return {i: hidden[i + 1][0].to("cpu", copy=True) for i in layer_ids}
 
     @torch.inference_mode()
     def greedy(self, prompt_ids: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
         """The target's own greedy continuation (stops after a stop token)."""
-        ids = torch.tensor([prompt_ids])
+        ids = torch.tensor([prompt_ids], device=self.device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             output = self.model.generate(
@@ -179,7 +181,7 @@ class Target:
         self.decoder = None  # type: ignore[assignment]
 
 
-def load_target(path: Path, dtype_name: str = "auto") -> Target:
+def load_target(path: Path, dtype_name: str = "auto", device: str = "cpu") -> Target:
     path = Path(path)
     config = read_target_config(path)
     dtype = resolve_dtype(dtype_name, config)
@@ -204,7 +206,7 @@ def load_target(path: Path, dtype_name: str = "auto") -> Target:
             f"(model_type {config.get('model_type')!r}): {error}. Check the directory is "
             "complete and that this transformers version supports the model family."
         ) from None
-    model.eval()
+    model.to(device).eval()
     decoder = find_decoder(model, path)
     head = model.get_output_embeddings()
     if head is None or getattr(head, "bias", None) is not None:
@@ -224,6 +226,7 @@ def load_target(path: Path, dtype_name: str = "auto") -> Target:
         dtype=dtype,
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta_of(config),
+        device=device,
     )
 
 

@@ -34,23 +34,47 @@ from dflash_eval.target import (
 )
 from dflash_eval.target_parts import TargetParts, load_target_parts
 
-DEVICE = "cpu"  # the eval harness computes on CPU; a features host may use CUDA (features_cli)
+DEVICE = "cpu"  # the eval harness computes on CPU; `features` may use CUDA (features_device)
+
+
+def features_device(requested: str) -> str:
+    """`features`' device: CUDA when asked for or (auto) present, else the CPU."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise HarnessError(
+            f"--device cuda, but torch {torch.__version__} sees no CUDA device on this host. "
+            "Install a CUDA build of torch in the eval venv (venv.torch: cuda), or use --device "
+            "cpu."
+        )
+    return requested
 
 
 class TargetSource:
-    def __init__(self, path: Path, requested_dtype: str, timer: Timer, progress: Progress) -> None:
+    def __init__(
+        self,
+        path: Path,
+        requested_dtype: str,
+        timer: Timer,
+        progress: Progress,
+        device: str = DEVICE,
+    ) -> None:
         self.path = Path(path)
+        self.device = device
         self.config = read_target_config(self.path)
         self.shape: TargetShape = shape_from_config(self.config)
         self.family = family_of(self.config)
-        self.available_bytes = available_memory_bytes()
+        # What a float32 copy for the fidelity check must fit in: host or GPU memory.
+        self.available_bytes = (
+            torch.cuda.mem_get_info()[0] if device == "cuda" else available_memory_bytes()
+        )
         self.dtype_choice: DtypeChoice = choose_target_dtype(
             requested_dtype,
             saved_dtype_name(self.config),
             self.config,
             weight_bytes(self.path),
             self.available_bytes,
-            DEVICE,
+            device,
         )
         self.kernel = kernel_record(self.config)
         self._timer, self._progress = timer, progress
@@ -66,7 +90,7 @@ class TargetSource:
         if self._target is None:
             with self._timer.phase("load_target"):
                 self._progress.say(f"Loading target {self.path} ({self.dtype_choice.name}) …")
-                self._target = load_target(self.path, self.dtype_choice.name)
+                self._target = load_target(self.path, self.dtype_choice.name, self.device)
             if self._target.shape != self.shape:
                 raise HarnessError(
                     f"Target {self.path}: the loaded model's shape {self._target.shape} differs "

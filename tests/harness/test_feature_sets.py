@@ -14,9 +14,11 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from dflash_eval.errors import HarnessError
 from dflash_eval.features_run import FeaturesOptions, run_features
 from dflash_eval.progress import Progress
+from dflash_eval.target_source import features_device
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 
@@ -88,6 +90,7 @@ def test_eval_on_a_feature_set_scores_as_computing_the_features_here(lab, lab_se
     assert features["cache"] == {"completion_hits": 3, "hidden_state_hits": 3, "prompts": 3}
     assert features["target_load"]["body_loaded"] is False
     assert features["set"] == "lab-target-set" and features["source"] == "feature set"
+    assert features["target_match"] == "fingerprint"
     for name in ("device", "dtype", "kernel", "libraries", "fidelity"):
         assert features[name] == here["features"][name]
     assert from_set["completions"]["extra_tokens"] == LAB_BLOCK
@@ -213,13 +216,24 @@ def test_a_partial_left_by_other_inputs_is_replaced(lab, tmp_path):
     assert not (tmp_path / "set" / "inputs.json").exists()
 
 
-def test_a_set_for_another_target_is_refused(lab, lab_set, tmp_path):
-    other = tmp_path / "other-target"
-    shutil.copytree(lab.target_dir, other)
-    weights = other / "model.safetensors"
-    os.utime(weights, ns=(1, 1))  # same bytes, a rewritten file: another fingerprint
-    with pytest.raises(HarnessError, match=r"computed for target .* Point --target"):
-        quick_eval(lab, tmp_path, target=other, features=lab_set)
+def test_another_hosts_copy_of_the_target_is_accepted_and_other_weights_refused(
+    lab, lab_set, tmp_path
+):
+    copy = tmp_path / "copy" / "target"
+    shutil.copytree(lab.target_dir, copy)
+    weights = copy / "model.safetensors"
+    os.utime(weights, ns=(1, 1))  # the same bytes written at another time: another fingerprint
+    here = quick_eval(lab, tmp_path / "here", target=copy)
+    assert here["target"]["fingerprint"] != _manifest(lab_set)["target"]["fingerprint"]
+    from_set = quick_eval(lab, tmp_path / "from-set", target=copy, features=lab_set)
+    assert from_set["features"]["target_match"] == "content"
+    assert from_set["metrics"] == here["metrics"]
+
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01  # other weights of the same shapes, as a fine-tune has
+    weights.write_bytes(bytes(data))
+    with pytest.raises(HarnessError, match=r"computed for target .* contents differ"):
+        quick_eval(lab, tmp_path / "changed", target=copy, features=lab_set)
 
 
 def test_a_set_without_the_drafters_layers_or_block_is_refused(lab, tmp_path):
@@ -274,3 +288,11 @@ def test_a_missing_incomplete_or_corrupt_set_is_refused(lab, lab_set, tmp_path):
     (broken / "feature-set.json").unlink()
     with pytest.raises(HarnessError, match=r"has no feature-set\.json"):
         quick_eval(lab, tmp_path, features=broken)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a GPU")
+def test_without_a_gpu_auto_is_the_cpu_and_cuda_is_refused_with_advice(lab, tmp_path):
+    assert features_device("auto") == "cpu"
+    with pytest.raises(HarnessError, match=r"no CUDA device.*venv\.torch: cuda"):
+        _extract(lab, tmp_path / "set", device="cuda")
+    assert not (tmp_path / "set.partial").exists()
