@@ -189,6 +189,8 @@ def extract(lab: labs.Lab, *more: str):
         "--block-size",
         str(BLOCK_SIZE),
         *DTYPE,
+        "--device",
+        "cpu",
         *more,
         timeout=900,
     )
@@ -258,6 +260,7 @@ def test_the_set_is_computed_on_the_features_host_and_relayed_verified(features_
     copy = set_dir(features_lab, "eval", extracted)
     record = json.loads((source / "feature-set.json").read_text())
     assert record["provenance"]["host"] == "features"
+    assert record["provenance"]["device"] == "cpu"
     assert record["layer_ids"] == [int(i) for i in lab_layers(features_lab).split(",")]
     assert record["block_size"] == BLOCK_SIZE and record["max_new_tokens"] == int(MAX_NEW_TOKENS)
     assert record["entries"] >= 2

@@ -133,6 +133,8 @@ def features_command(
         argv += ["--threads", str(threads)]
     if request.target_dtype:
         argv += ["--target-dtype", request.target_dtype]
+    if request.device:
+        argv += ["--device", request.device]
     for flag, remote in uploads.items():
         argv += [flag, f"@{remote}" if flag == "--sglang" else remote]
     return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"

@@ -45,6 +45,7 @@ class FeatureRequest:
     thinking: bool = False
     prompts: Path | None = None  # a local JSONL file; None: the harness's built-in prompts
     target_dtype: str | None = None
+    device: str | None = None  # auto | cpu | cuda on the features host (harness default: auto)
     sglang: bool = False  # reference completions from the features host's sglang_url
     threads: int | None = None
 

@@ -19,6 +19,7 @@ from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_view import LiveView
 
 PROMPT_SETS_DIR = "prompt-sets"  # under the results directory, as run-eval's
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def extract_features_command(
@@ -33,6 +34,7 @@ def extract_features_command(
     block_size: object,
     thinking: str | None,
     target_dtype: str | None,
+    device: str | None,
     sglang: bool,
     threads: object,
     to: str | None,
@@ -53,6 +55,7 @@ def extract_features_command(
         target_dtype=parse_choice("--target-dtype", target_dtype, ("auto", *DTYPES))
         if target_dtype
         else None,
+        device=parse_choice("--device", device, DEVICES) if device else None,
         sglang=sglang,
         threads=parse_count("--threads", threads, 1),
     )
