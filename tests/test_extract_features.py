@@ -326,6 +326,21 @@ def test_an_interrupted_relay_resumes_where_it_stopped(features_lab, extracted):
     assert not partial.exists()
 
 
+def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned):
+    features = load(features_lab.inventory_path).hosts["features"]
+    sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
+    done = run_fab(
+        features_lab.inventory_path, "extract-features", "--layers", "1,99", "--block-size",
+        "8", "--max-new-tokens", "4", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed (exit code" in said(done.stderr), done.stderr
+    assert "99" in done.stderr.split("last lines of its log:")[1], done.stderr
+    assert "staged and verified" not in done.stdout
+    complete = [p for p in Path(EvalLayout(features).features).glob("*") if p not in sets_before]
+    assert not [p for p in complete if (p / "feature-set.json").exists()]
+
+
 def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
     done = run_fab(
         features_lab.inventory_path, "extract-features", "--layers", "1", "--block-size", "8",
