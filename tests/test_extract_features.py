@@ -271,6 +271,16 @@ def test_the_set_is_computed_on_the_features_host_and_relayed_verified(features_
     assert not (source.parent / f"{extracted}.partial").exists()
 
 
+def test_eval_logs_finds_the_features_run(features_lab, extracted):
+    runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
+    succeeded = [p for p in runs.glob("*/exit_code") if p.read_text() == "0\n"]
+    run_id = succeeded[0].parent.name
+    done = run_fab(features_lab.inventory_path, "eval-logs", "--run", run_id)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (runs / run_id / "log").read_text()
+    assert log.strip() and said(done.stdout) == said(log)
+
+
 def test_asking_again_computes_and_sends_nothing(features_lab, extracted):
     runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
     before = sorted(runs.iterdir())

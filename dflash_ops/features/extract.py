@@ -57,14 +57,13 @@ def extract_features(
             reporter.say(f"{name}: feature set {identifier} already computed ({path})")
             return FeatureSet(name, identifier, path, record, computed=False)
         reporter.say(f"{name}: computing feature set {identifier} → {path}")
-        _run(host, entry, harness, request, path, reporter)
+        run = _run(host, entry, harness, request, path, reporter)
         record = read_set_record(host, path)
         if record is None:
             raise HostError(
                 name,
                 f"the harness finished but {path}/{SET_RECORD} is missing: the set is not "
-                "complete. See the run's log (fab eval-logs is for eval hosts: read "
-                f"{EvalLayout(entry).runs}/<run-id>/log on {name}) and rerun.",
+                f"complete. See the run's log (fab eval-logs --run {run.run_id}) and rerun.",
             )
         return FeatureSet(name, identifier, path, record, computed=True)
     finally:
