@@ -35,12 +35,18 @@ def parse_relayed_sets(output: str) -> dict[str, int]:
     return found
 
 
+def pick_set(sets: dict[str, int], wanted: str) -> str | None:
+    """`wanted` among the relayed `sets`, 'latest' being the one relayed last (None: absent)."""
+    if wanted == LATEST:
+        return max(sets, key=lambda name: (sets[name], name)) if sets else None
+    return wanted if wanted in sets else None
+
+
 def relayed_set(host: Host, entry: EvalHost, wanted: str) -> str:
     """The path of set `wanted` (an id, or 'latest': the last relayed) on the eval host."""
     sets = host.probe(relayed_sets_probe(entry))
-    if wanted == LATEST and sets:
-        wanted = max(sets, key=lambda name: (sets[name], name))
-    if wanted not in sets:
+    chosen = pick_set(sets, wanted)
+    if chosen is None:
         held = ", ".join(sorted(sets)) or "none"
         raise HostError(
             host.name,
@@ -48,4 +54,4 @@ def relayed_set(host: Host, entry: EvalHost, wanted: str) -> str:
             f"{held}). Compute and relay one: fab extract-features --to {host.name} (with the "
             "prompts and --max-new-tokens of this run)",
         )
-    return EvalLayout(entry).feature_set(wanted)
+    return EvalLayout(entry).feature_set(chosen)
