@@ -38,17 +38,16 @@ def test_the_set_id_names_every_input_and_nothing_else():
         set_id(base, "tiny-target", "e" * 64),
     ]
     assert len({first, *changed}) == 6
-    # how it is computed (dtype, threads) is provenance, not content: same set
-    assert (
-        set_id(
-            FeatureRequest(
-                layers=(1, 3), block_size=8, max_new_tokens=24, target_dtype="float32", threads=3
-            ),
-            "tiny-target",
-            "f" * 64,
-        )
-        == first
-    )
+
+    # what changes the numbers counts (dtype, device, completions' source); threads do not
+    def variant(**how) -> str:
+        request = FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=24, **how)
+        return set_id(request, "tiny-target", "f" * 64)
+
+    assert variant(threads=3) == first
+    assert variant(target_dtype="auto", device="auto") == first  # auto is the default asked
+    how = [variant(target_dtype="float32"), variant(device="cuda"), variant(sglang=True)]
+    assert len({first, *how}) == 4
 
 
 def test_the_set_id_follows_the_prompt_file_bytes(tmp_path):

@@ -1,9 +1,12 @@
 """What a feature set is made from, and the id that names it everywhere.
 
 A set is fixed by its prompts, the target layers it holds, the block size it extends each
-completion by, the completion length, the thinking switch and the target's fingerprint. Its
+completion by, the completion length, the thinking switch and the target's fingerprint, and
+by how it is asked to be computed: the target dtype and device (as requested: `auto` stays
+`auto`) and the completions' source (local greedy or SGLang), which change its numbers. Its
 id is `<target name>-<12 hex>`: the sha256 of those inputs, computed here on the workstation
-from what it sends, so the same request names the same set on every host and a rerun finds it.
+from what it sends, so the same request names the same set on every host and a rerun finds it,
+while a request for other numbers (a float32 set after a bf16 one) never gets the old set.
 
 Which layers and block size (the first rule that gives them wins):
 
@@ -66,6 +69,9 @@ def set_id(request: FeatureRequest, target_name: str, target_fingerprint: str) -
         "max_new_tokens": request.max_new_tokens,
         "thinking": request.thinking,
         "target_fingerprint": target_fingerprint,
+        "target_dtype": request.target_dtype or "auto",
+        "device": request.device or "auto",
+        "completions": "sglang" if request.sglang else "local",
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     name = re.sub(r"[^A-Za-z0-9._-]", "_", target_name) or "target"
