@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.inventory import load
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import run_fab
+from tests.conftest import REPO, run_fab
 
 MAX_NEW_TOKENS = "24"
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
@@ -59,9 +62,9 @@ def lab_layers(lab: labs.Lab) -> str:
     return ",".join(map(str, default_target_layer_ids(config["num_hidden_layers"], 2)))
 
 
-def extract(lab: labs.Lab, *more: str):
+def extract(lab: labs.Lab, *more: str, inventory_path: Path | None = None):
     return run_fab(
-        lab.inventory_path,
+        inventory_path or lab.inventory_path,
         "extract-features",
         "--prompts",
         str(lab.root / labs.LAB_PROMPTS),
@@ -294,3 +297,48 @@ def test_an_eval_on_the_relayed_set_matches_one_computing_its_own(features_lab, 
     assert "features" in refused.stderr and "--allow-mixed" in said(refused.stderr), refused.stderr
     mixed = run_fab(inventory_path, "compare", "--allow-mixed")
     assert mixed.returncode == 0, mixed.stdout + mixed.stderr
+
+
+@pytest.fixture
+def sglang_on_the_features_host(features_lab, tmp_path):
+    """The SGLang stand-in (tests/sglang_stand_in.py: the target's own greedy continuations)
+    in the features host's namespace, on its loopback. Yields its URL and request log."""
+    target = load(features_lab.inventory_path).hosts["features"].target_model
+    log = tmp_path / "requests.jsonl"
+    argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", target, "--log", str(log)]
+    server = subprocess.Popen(
+        features_lab.in_namespace("features", argv), cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        yield f"http://127.0.0.1:{int(server.stdout.readline())}", log
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_completions_from_sglang_make_their_own_set(
+    features_lab, extracted, sglang_on_the_features_host, tmp_path
+):
+    url, log = sglang_on_the_features_host
+    document = yaml.safe_load(features_lab.inventory_path.read_text())
+    # credentials in the URL (the stand-in ignores them) must reach no file, argv or output
+    document["hosts"]["features"]["sglang_url"] = url.replace("http://", "http://u:s3cret@")
+    with_sglang = tmp_path / "inventory.yaml"
+    with_sglang.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    done = extract(features_lab, "--sglang", inventory_path=with_sglang)
+    assert done.returncode == 0, done.stdout + done.stderr
+    identifier = done.stdout.split("fab run-eval --features ")[1].split()[0]
+    assert identifier != extracted  # other completions: another set, never the local one
+    prompts = (features_lab.root / labs.LAB_PROMPTS).read_text().splitlines()
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(requests) == len(prompts) and {r["path"] for r in requests} == {"/generate"}
+    source = set_dir(features_lab, "features", identifier)
+    record = json.loads((source / "feature-set.json").read_text())
+    assert record["completions"]["source"].startswith("sglang")
+    assert digests(set_dir(features_lab, "eval", identifier)) == digests(source)
+    features = load(features_lab.inventory_path).hosts["features"]
+    seen = [*source.rglob("*"), *Path(EvalLayout(features).runs).rglob("*")]
+    for path in (p for p in seen if p.is_file()):
+        assert b"s3cret" not in path.read_bytes(), path
+    assert "s3cret" not in done.stdout + done.stderr

@@ -197,6 +197,8 @@ def _run(
         if jobs.start_state(host, entry, run_id) != "started":
             raise
         raise Detached(run_id, host.name) from None
+    if "--sglang" in uploads:  # the run is over: its credentials need not stay on the host
+        host.run(f"rm -f -- {shlex.quote(uploads['--sglang'])}", check=False)
     if run.state == "failed" and run.exit_code == 0:
         # jobs counts a run as succeeded when it left results.json; this one leaves a set
         run = replace(run, state="succeeded")
