@@ -54,6 +54,7 @@ LAB_DIR_HELP = f"lab directory (default: $DFLASH_LAB_DIR, else {lab.DEFAULT_ROOT
         "workstation_disk": "size of the workstation's staging disk (tmpfs)",
         "sudo_hosts": "hosts that log in as a non-root user with `become: sudo`, "
         "comma-separated (root only: the lab makes that user)",
+        "features_host": "also a features host (CPU) with the target, for extract-features",
     }
 )
 def lab_up(
@@ -66,6 +67,7 @@ def lab_up(
     eval_disk="3g",
     workstation_disk="256m",
     sudo_hosts=None,
+    features_host=False,
 ):
     """Build the local lab: sshd hosts in network namespaces, disks, keys, inventory."""
     config = lab.LabConfig(
@@ -77,6 +79,7 @@ def lab_up(
         eval_disk=eval_disk,
         workstation_disk=workstation_disk,
         sudo_hosts=tuple(name.strip() for name in sudo_hosts.split(",")) if sudo_hosts else (),
+        features_host=features_host,
     )
     built = lab.up(config, lab.content_generator(content))
     console.print(
@@ -106,12 +109,12 @@ def lab_status(c, dir=None):
 
 @ops_task(
     help={
-        "host": "eval host to set up (default: every eval host)",
+        "host": "eval or features host to set up (default: every eval and features host)",
         "force": "delete and recreate the venv even if it is as recorded",
     }
 )
 def setup_eval_host(c, host=None, force=False, inventory=None):
-    """Provision eval hosts: uv, the venv (CPU torch, transformers…), the harness. Idempotent."""
+    """Provision eval (and features) hosts: uv, the venv (torch, transformers…), the harness."""
     inv = load_inventory(inventory)
     for outcome in setup_eval_hosts(inv, host, force, say=console.print):
         console.print(setup_summary(outcome))
@@ -267,6 +270,8 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         "run": RUN_HELP,
         "dry_run": "print the plan per eval host (staged or bytes to move, cache hits, what "
         "would be computed, target memory vs available, an estimated time); write nothing",
+        "features": "use a relayed feature set (fab extract-features) instead of computing "
+        "completions and hidden states on the eval host: its id, or 'latest'",
     }
 )
 def run_eval(
@@ -306,6 +311,7 @@ def run_eval(
     tag=None,
     detach=False,
     dry_run=False,
+    features=None,
     inventory=None,
     run=None,
 ):
@@ -330,6 +336,66 @@ def run_eval(
         tag=tag,
         detach=detach,
         dry_run=dry_run,
+        features=features,
+    )
+
+
+@ops_task(
+    help={
+        "on": "features host to compute on (default: the only one)",
+        "prompts": "local JSONL prompts file (default: the harness's built-in prompts)",
+        "dataset": run_eval.help["dataset"],
+        "num_prompts": "with --dataset: draw N prompts from each set",
+        "max_new_tokens": "reference completion length (default 256, as run-eval's)",
+        "layers": "target layers to keep, comma-separated, e.g. 1,9,17 (default: the "
+        "trainer's drafter profile)",
+        "block_size": "block size B the completions are extended by (default: the profile's)",
+        "thinking": run_eval.help["thinking"],
+        "target_dtype": run_eval.help["target_dtype"],
+        "device": "where the target runs there: auto (CUDA when torch sees a GPU), cpu, cuda",
+        "sglang": "reference completions from the features host's sglang_url",
+        "threads": "torch CPU threads on the features host",
+        "to": "eval host(s) to relay the set to, comma-separated (default: every eval host)",
+        "verify": "hash every relayed copy again; send again one that no longer matches",
+    }
+)
+def extract_features(
+    c,
+    on=None,
+    prompts=None,
+    dataset=None,
+    num_prompts=None,
+    max_new_tokens=None,
+    layers=None,
+    block_size=None,
+    thinking=None,
+    target_dtype=None,
+    device=None,
+    sglang=False,
+    threads=None,
+    to=None,
+    verify=False,
+    inventory=None,
+):
+    """Compute the target's completions and hidden states on the features host; relay them."""
+    from dflash_ops.ui.features_commands import extract_features_command
+
+    extract_features_command(
+        load_inventory(inventory),
+        on=on,
+        prompts=prompts,
+        dataset=dataset,
+        num_prompts=num_prompts,
+        max_new_tokens=max_new_tokens,
+        layers=layers,
+        block_size=block_size,
+        thinking=thinking,
+        target_dtype=target_dtype,
+        device=device,
+        sglang=sglang,
+        threads=threads,
+        to=to,
+        verify=verify,
     )
 
 

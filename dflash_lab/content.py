@@ -1,8 +1,8 @@
 """What the lab's hosts hold: drafter checkpoints in the trainer's container, and on each
-eval host a target model (and a reference drafter).
+eval host (and the features host) a target model (and a reference drafter).
 
-A content generator fills a freshly built lab and returns, per eval host, the inventory
-settings that point at what it made there (target_model, reference_drafter).
+A content generator fills a freshly built lab and returns, per host that holds a target, the
+inventory settings that point at what it made there (target_model, reference_drafter).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def random_checkpoints(lab: Lab, config: LabConfig) -> dict[str, dict]:
                 out.write(chunk)
                 remaining -= len(chunk)
     settings = {}
-    for name in config.eval_names:
+    for name in config.target_hosts:
         target = lab.data_dir(name) / "models" / "tiny-target"
         target.mkdir(parents=True)
         settings[name] = {"target_model": str(target)}
@@ -59,7 +59,8 @@ def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
         shutil.copyfile(models.checkpoints[step], path)
     reference = _reference_drafter(models.checkpoints[max(config.steps)])
     settings = {}
-    for name in config.eval_names:
+    for name in config.target_hosts:
+        # copytree keeps the files' mtimes: the target's fingerprint is the same on every host
         target = lab.data_dir(name) / "models" / "tiny-target"
         shutil.copytree(models.target_dir, target)
         shutil.copytree(reference, target.with_name("reference-drafter"))

@@ -20,6 +20,7 @@ LAB_PROMPTS = "prompts.jsonl"  # written by the "models" content, for run-eval -
 DEFAULT_ROOT = Path(os.environ.get("DFLASH_LAB_DIR", "/tmp/dflash-lab"))
 
 TRAINER = "trainer"  # the one trainer host's name; eval hosts are eval, eval2, …
+FEATURES = "features"  # the features host's name (`lab-up --features-host`)
 CONTAINER_ID = 200  # the trainer's "Proxmox container"
 CONTAINER_CHECKPOINTS = "/workspace/checkpoints"  # inside the container
 CHECKPOINT_LAYOUT = "step_{step}/checkpoint.pt"
@@ -38,15 +39,22 @@ class LabConfig:
     # Hosts whose inventory entry logs in as the lab's non-root user with `become: sudo`
     # (root only; see dflash_lab/users.py).
     sudo_hosts: tuple[str, ...] = ()
+    features_host: bool = False  # also a features host (CPU here), with its own namespace
 
     @property
     def eval_names(self) -> list[str]:
         return ["eval" if i == 0 else f"eval{i + 1}" for i in range(self.eval_hosts)]
 
     @property
+    def target_hosts(self) -> list[str]:
+        """The hosts that hold a target model: the eval hosts, and the features host."""
+        return self.eval_names + ([FEATURES] if self.features_host else [])
+
+    @property
     def disks(self) -> dict[str, str]:
-        """Each host's name and disk size, the trainer first."""
-        return {TRAINER: self.trainer_disk, **dict.fromkeys(self.eval_names, self.eval_disk)}
+        """Each host's name and disk size, the trainer first (a features host's as an eval
+        host's: it holds a venv and the target too)."""
+        return {TRAINER: self.trainer_disk, **dict.fromkeys(self.target_hosts, self.eval_disk)}
 
 
 @dataclass

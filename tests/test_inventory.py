@@ -103,7 +103,7 @@ def test_malformed_yaml_names_line(tmp_path):
         ),
         (
             lambda d: d["hosts"]["eval"].update(role="evaluator"),
-            "hosts.eval.role: expected one of trainer, eval, found 'evaluator'",
+            "hosts.eval.role: expected one of trainer, eval, features, found 'evaluator'",
         ),
         (lambda d: d["hosts"]["eval"].update(role="trainer"), "hosts.eval.workdir: unknown key"),
         (lambda d: d["hosts"].pop("eval"), "hosts: expected at least one host with role: eval"),

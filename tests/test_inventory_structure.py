@@ -183,7 +183,7 @@ def test_a_host_entry_that_is_not_a_mapping(tmp_path, entry, found):
     document["hosts"]["eval"] = entry
     message = error_for(tmp_path, document)
     if entry == {}:  # a mapping without a role
-        assert message == "hosts.eval.role: expected one of trainer, eval, found nothing"
+        assert message == "hosts.eval.role: expected one of trainer, eval, features, found nothing"
     else:
         assert message == f"hosts.eval: expected a mapping, found {found}"
 
@@ -199,7 +199,7 @@ def test_a_host_name_that_is_not_a_string(tmp_path):
 
 def test_a_role_that_is_not_a_string(tmp_path):
     message = error_for(tmp_path, with_host("eval", role=["eval"]))
-    assert message == "hosts.eval.role: expected one of trainer, eval, found a list"
+    assert message == "hosts.eval.role: expected one of trainer, eval, features, found a list"
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.strict import Strict
@@ -161,19 +168,55 @@ class VenvSpec(Strict):
     min_free: str = "2g"  # free space required before creating the venv and cache
 
 
-class EvalHost(_SshHost):
-    role: Literal["eval"]
+class HarnessHost(_SshHost):
+    """A host the harness runs on: an eval host, or a features host."""
+
     workdir: str
     venv: VenvSpec
-    checkpoints: str | None = None  # where staged checkpoints go; default {workdir}/checkpoints
     target_model: str
-    reference_drafter: str | None = None
     sglang_url: str | None = None
     threads: int | None = Field(default=None, ge=1)  # torch threads per run (leave SGLang room)
 
 
-HostEntry = TrainerHost | EvalHost
-_HOST_MODELS: dict[str, type[_SshHost]] = {"trainer": TrainerHost, "eval": EvalHost}
+class EvalHost(HarnessHost):
+    role: Literal["eval"]
+    checkpoints: str | None = None  # where staged checkpoints go; default {workdir}/checkpoints
+    reference_drafter: str | None = None
+
+
+FLA_PACKAGE = "flash-linear-attention"
+
+
+class FeaturesHost(HarnessHost):
+    """Computes the target's completions and hidden states (`fab extract-features`), usually
+    a GPU box with the training kernels; its feature sets are relayed to the eval hosts."""
+
+    role: Literal["features"]
+    fla: bool = False  # install flash-linear-attention (the kernels training used) in the venv
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fla_in_venv(cls, data: Any) -> Any:
+        """`fla: true` is one more package of the venv: provisioning needs no special case."""
+        if not (isinstance(data, dict) and data.get("fla") is True):
+            return data
+        venv = data.get("venv")
+        if not isinstance(venv, dict):
+            return data  # the venv's own validation says what is wrong
+        packages = venv.get("packages") or []
+        if not isinstance(packages, list) or any(
+            isinstance(p, str) and p.startswith(FLA_PACKAGE) for p in packages
+        ):
+            return data
+        return {**data, "venv": {**venv, "packages": [*packages, FLA_PACKAGE]}}
+
+
+HostEntry = TrainerHost | EvalHost | FeaturesHost
+_HOST_MODELS: dict[str, type[_SshHost]] = {
+    "trainer": TrainerHost,
+    "eval": EvalHost,
+    "features": FeaturesHost,
+}
 
 
 class LocalSettings(Strict):
@@ -270,16 +313,42 @@ class Inventory(Strict):
 
     def eval_host(self, name: str | None) -> tuple[str, EvalHost]:
         """The named eval host, or the only one when `name` is None."""
-        hosts = self.eval_hosts
+        return self._one_of(self.eval_hosts, "eval", name)  # type: ignore[return-value]
+
+    @property
+    def features_hosts(self) -> dict[str, FeaturesHost]:
+        return {name: host for name, host in self.hosts.items() if isinstance(host, FeaturesHost)}
+
+    def features_host(self, name: str | None) -> tuple[str, FeaturesHost]:
+        """The named features host, or the only one when `name` is None."""
+        if not self.features_hosts:
+            raise InventoryError(
+                f"{self.path}: no host with role: features; add one (a GPU box with the "
+                "target model: workdir, venv, target_model) to compute features there"
+            )
+        return self._one_of(self.features_hosts, "features", name)  # type: ignore[return-value]
+
+    @property
+    def harness_hosts(self) -> dict[str, HarnessHost]:
+        """Every host the harness runs on (eval and features hosts), in inventory order."""
+        return {name: host for name, host in self.hosts.items() if isinstance(host, HarnessHost)}
+
+    def harness_host(self, name: str | None) -> tuple[str, HarnessHost]:
+        """The named eval or features host, or the only one when `name` is None."""
+        return self._one_of(self.harness_hosts, "eval or features", name)
+
+    def _one_of(
+        self, hosts: dict[str, HarnessHost], role: str, name: str | None
+    ) -> tuple[str, HarnessHost]:
         if name is None:
             if len(hosts) > 1:
                 raise InventoryError(
-                    f"{self.path}: several eval hosts ({', '.join(hosts)}); pick one with --host"
+                    f"{self.path}: several {role} hosts ({', '.join(hosts)}); pick one with --host"
                 )
             name = next(iter(hosts))
         if name not in hosts:
             raise InventoryError(
-                f"{self.path}: no eval host named {name!r}; eval hosts: {', '.join(hosts)}"
+                f"{self.path}: no {role} host named {name!r}; {role} hosts: {', '.join(hosts)}"
             )
         return name, hosts[name]
 

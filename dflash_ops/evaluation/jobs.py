@@ -395,9 +395,11 @@ def all_runs(inventory: Inventory) -> list[Run]:
 
 
 def locate(inventory: Inventory, run_id: str) -> tuple[Host, EvalHost, Run]:
-    """The run with this id (or unique prefix) on any eval host, with its host left open
-    for what the caller does next."""
-    hosts = {name: (Host(inventory, name), entry) for name, entry in inventory.eval_hosts.items()}
+    """The run with this id (or unique prefix) on any eval or features host, with its host
+    left open for what the caller does next."""
+    hosts = {
+        name: (Host(inventory, name), entry) for name, entry in inventory.harness_hosts.items()
+    }
     return find_run(hosts, run_id)
 
 

@@ -28,6 +28,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import harness_args
+from dflash_ops.features.hosted import relayed_set
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -79,6 +80,7 @@ class EvalRequest:
     tag: str | None = None
     detach: bool = False
     via: str = "stream"  # how staging reads the trainer's file (stage-checkpoint --via/--pull)
+    features: str | None = None  # a relayed feature set's id, or 'latest' (extract-features)
 
 
 def build_request(
@@ -96,6 +98,7 @@ def build_request(
     tag: str | None = None,
     detach: bool = False,
     via: str = "stream",
+    features: str | None = None,
     say: Callable[[str], None] = lambda message: None,
 ) -> EvalRequest:
     """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
@@ -127,6 +130,7 @@ def build_request(
         tag=tag,
         detach=detach,
         via=parse_choice("--via", via, get_args(Via)),
+        features=features or None,
     )
 
 
@@ -172,6 +176,9 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
     host = Host(inventory, name)
     try:
         harness = ensure_ready(host, entry, reporter.say)
+        features = relayed_set(host, entry, request.features) if request.features else None
+        if features:
+            reporter.say(f"{name}: features from {features}")
         warn_if_short_of_memory(host, entry, reporter.say)
         staged = stage_checkpoint(inventory, request.step, name, reporter, request.via)
         checkpoint = staged.path
@@ -188,7 +195,15 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             )
         run_id = jobs.new_run_id(request.step, name, request.tag)
         command = harness_command(
-            host, entry, harness, checkpoint, run_id, request, profile, inventory.training_run
+            host,
+            entry,
+            harness,
+            checkpoint,
+            run_id,
+            request,
+            profile,
+            inventory.training_run,
+            features,
         )
         params = {
             "step": request.step,
@@ -412,9 +427,11 @@ def harness_command(
     request: EvalRequest,
     profile: dict | None = None,
     training_run: str | None = None,
+    features: str | None = None,
 ) -> str:
     """The harness invocation for the run's wrapper (it runs in the run directory); the
-    training run, when named, is recorded in the results' checkpoint block."""
+    training run, when named, is recorded in the results' checkpoint block; `features`: a
+    relayed feature set's directory on the host, used instead of the cache."""
     layout = EvalLayout(entry)
     directory = layout.run(run_id)
     argv = [
@@ -440,6 +457,8 @@ def harness_command(
                 host.name, "--reference needs `reference_drafter` for this host in the inventory"
             )
         argv += ["--reference-drafter", entry.reference_drafter]
+    if features:
+        argv += ["--features", features]
     if request.sglang and not entry.sglang_url:
         raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
     uploads = _uploads(entry, request, profile)

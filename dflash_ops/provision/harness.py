@@ -19,7 +19,7 @@ from pathlib import Path
 from dflash_eval.version import harness_files, harness_hash
 
 from dflash_ops.core.errors import HostError, RemoteCommandError
-from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.inventory import HarnessHost, Inventory
 from dflash_ops.remote.connection import SHARED_UMASK, Host, each_eval_host, with_umask
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
@@ -65,7 +65,7 @@ def parse_harness_state(output: str) -> HarnessState:
 
 
 def deploy_harness(
-    host: Host, entry: EvalHost, source: Path = HARNESS_SOURCE, say: Say = print
+    host: Host, entry: HarnessHost, source: Path = HARNESS_SOURCE, say: Say = print
 ) -> HarnessDeploy:
     """Upload the harness under its content hash unless it is already there; switch
     `current` to it; byte-compile it with the venv's python."""
@@ -93,7 +93,7 @@ def deploy_harness(
     return HarnessDeploy(digest, f"{target}/{HARNESS_PACKAGE}", uploaded, switched, len(files))
 
 
-def deployed_unchanged(entry: EvalHost, source: Path = HARNESS_SOURCE) -> HarnessDeploy:
+def deployed_unchanged(entry: HarnessHost, source: Path = HARNESS_SOURCE) -> HarnessDeploy:
     """What `deploy_harness` returns when the host already runs `source` (known from a
     state read elsewhere, so no round trip)."""
     digest = harness_hash(source)

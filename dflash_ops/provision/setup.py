@@ -1,4 +1,5 @@
 """`fab setup-eval-host`: provision an eval host's venv and deploy the harness, idempotently.
+Features hosts (role: features) are provisioned the same way: they run the same harness.
 
 The host keeps a provision record next to the venv (what was asked for, what got installed,
 with which python and uv). A rerun reads the record, the venv's python and its installed
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from dflash_eval.version import harness_hash
 
-from dflash_ops.core.inventory import EvalHost, Inventory, VenvSpec
+from dflash_ops.core.inventory import HarnessHost, Inventory, VenvSpec
 from dflash_ops.provision.harness import (
     HARNESS_SOURCE,
     HarnessDeploy,
@@ -36,7 +37,7 @@ from dflash_ops.provision.state import RECORD_FORMAT, HostState, host_state, ven
 from dflash_ops.provision.uv import ensure_uv
 from dflash_ops.provision.venv import check_disk, create_venv, install, verify, write_record
 from dflash_ops.provision.wheelhouse import push_wheelhouse
-from dflash_ops.remote.connection import Host, each_eval_host
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 
 Say = Callable[[str], None]
@@ -70,10 +71,16 @@ def setup_eval_hosts(
     say: Say = print,
     harness_source: Path = HARNESS_SOURCE,
 ) -> list[Outcome]:
-    return [
-        setup_eval_host(host, force, say, harness_source)
-        for host, _ in each_eval_host(inventory, name)
-    ]
+    """Every eval and features host (or only `name`), one after the other."""
+    names = [inventory.harness_host(name)[0]] if name else list(inventory.harness_hosts)
+    outcomes = []
+    for host_name in names:
+        host = Host(inventory, host_name)
+        try:
+            outcomes.append(setup_eval_host(host, force, say, harness_source))
+        finally:
+            host.close()
+    return outcomes
 
 
 def setup_eval_host(
@@ -81,7 +88,7 @@ def setup_eval_host(
 ) -> Outcome:
     started = time.monotonic()
     entry = host.entry
-    assert isinstance(entry, EvalHost)
+    assert isinstance(entry, HarnessHost)
     outcome = Outcome(host.name)
     short = short_hash(harness_hash(harness_source))
     state = host.probe(host_state(EvalLayout(entry), short))
@@ -103,7 +110,7 @@ def setup_eval_host(
 
 
 def _provision(
-    host: Host, entry: EvalHost, state: HostState, force: bool, outcome: Outcome, say: Say
+    host: Host, entry: HarnessHost, state: HostState, force: bool, outcome: Outcome, say: Say
 ) -> None:
     spec = entry.venv
     previous = state.record or {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dflash_eval.version import harness_hash
 
-from dflash_ops.core.inventory import EvalHost, VenvSpec
+from dflash_ops.core.inventory import HarnessHost, VenvSpec
 from dflash_ops.provision.harness import HARNESS_SOURCE, harness_state, short_hash
 from dflash_ops.provision.packages import normalize, requested
 from dflash_ops.remote import probes
@@ -69,7 +69,7 @@ def host_state(layout: EvalLayout, short: str) -> probes.Probe[HostState]:
     return probes.Probe(combined.command, parse)
 
 
-def read_state(host: Host, entry: EvalHost) -> HostState:
+def read_state(host: Host, entry: HarnessHost) -> HostState:
     """The host's state, with the harness asked about the repository's own."""
     return host.probe(host_state(EvalLayout(entry), short_hash(harness_hash(HARNESS_SOURCE))))
 
@@ -118,7 +118,7 @@ def _uv(output: str) -> tuple[str | None, str | None]:
     return (lines[0] if lines else None), (lines[1] if len(lines) > 1 else None)
 
 
-def venv_problem(state: HostState, entry: EvalHost) -> str | None:
+def venv_problem(state: HostState, entry: HarnessHost) -> str | None:
     """Why the venv needs work (None: it is as recorded and asked for)."""
     layout = EvalLayout(entry)
     spec: VenvSpec = entry.venv

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_ops.core.errors import HostError
-from dflash_ops.core.inventory import EvalHost
+from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.provision.state import HostState
 from dflash_ops.remote.connection import SHARED_UMASK, Host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
@@ -108,7 +108,7 @@ ONLINE_TIMEOUT = 400  # seconds for one online route: a ~19 MB wheel on a slow l
 Say = Callable[[str], None]
 
 
-def ensure_uv(host: Host, entry: EvalHost, state: HostState, say: Say) -> tuple[str, str]:
+def ensure_uv(host: Host, entry: HarnessHost, state: HostState, say: Say) -> tuple[str, str]:
     """A working uv on the host: (absolute path, how it was obtained)."""
     if state.uv:
         say(f"{host.name}: using {state.uv_version or 'uv'} at {state.uv}")

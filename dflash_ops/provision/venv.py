@@ -11,7 +11,7 @@ import json
 import shlex
 
 from dflash_ops.core.errors import DiskSpaceError, HostError, RemoteCommandError
-from dflash_ops.core.inventory import EvalHost
+from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.core.units import parse_size
 from dflash_ops.provision.packages import Sources, requirements
 from dflash_ops.remote import probes
@@ -39,7 +39,7 @@ def _uv_env(layout: EvalLayout) -> str:
     return f"UV_CACHE_DIR={shlex.quote(layout.uv_cache)} UV_NO_PROGRESS=1"
 
 
-def check_disk(host: Host, entry: EvalHost) -> None:
+def check_disk(host: Host, entry: HarnessHost) -> None:
     """Refuse before writing when the venv's or the cache's filesystem is short.
 
     What the uv cache already holds is not downloaded or unpacked again (the venv hard-links
@@ -58,7 +58,7 @@ def check_disk(host: Host, entry: EvalHost) -> None:
             )
 
 
-def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
+def create_venv(host: Host, entry: HarnessHost, uv: str) -> None:
     """A new venv at `venv.path` (what was there goes, unless it is not a venv at all)."""
     layout = EvalLayout(entry)
     python = entry.venv.python
@@ -97,7 +97,7 @@ def create_venv(host: Host, entry: EvalHost, uv: str) -> None:
 
 def install(
     host: Host,
-    entry: EvalHost,
+    entry: HarnessHost,
     uv: str,
     sources: Sources,
     upgrade: list[str] = (),
@@ -128,7 +128,7 @@ def install(
     return "; ".join(done) or "nothing to change"
 
 
-def verify(host: Host, entry: EvalHost) -> dict:
+def verify(host: Host, entry: HarnessHost) -> dict:
     """Import the packages with the venv's python; their versions, threads, CUDA or not."""
     result = host.run(
         f"{shlex.quote(EvalLayout(entry).python)} -c {shlex.quote(VERIFY_SCRIPT)}",
@@ -144,7 +144,7 @@ def verify(host: Host, entry: EvalHost) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def write_record(host: Host, entry: EvalHost, record: dict) -> None:
+def write_record(host: Host, entry: HarnessHost, record: dict) -> None:
     """Replace the provision record atomically (a rerun never reads half of one)."""
     path = EvalLayout(entry).provision_record
     text = json.dumps(record, indent=1, sort_keys=True)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from dflash_ops.core.errors import HostError
-from dflash_ops.core.inventory import EvalHost, VenvSpec
+from dflash_ops.core.inventory import HarnessHost, VenvSpec
 from dflash_ops.provision.packages import Sources, requirements
 from dflash_ops.remote.connection import (
     SHARED_UMASK,
@@ -41,7 +41,7 @@ def wheelhouse_cache() -> Path:
     return Path(os.environ.get("DFLASH_WHEELHOUSE", default))
 
 
-def push_wheelhouse(host: Host, entry: EvalHost) -> Sources:
+def push_wheelhouse(host: Host, entry: HarnessHost) -> Sources:
     """Download the wheels on the workstation for the venv's python and platform, push the
     ones the host lacks, and install from them with no index."""
     layout = EvalLayout(entry)

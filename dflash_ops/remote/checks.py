@@ -15,6 +15,7 @@ from enum import Enum
 from dflash_ops.core.errors import HostError, HostKeyError, UnreachableError
 from dflash_ops.core.inventory import (
     EvalHost,
+    HarnessHost,
     Inventory,
     TrainerHost,
 )
@@ -178,14 +179,15 @@ def _check_trainer(host: Host, entry: TrainerHost) -> Iterator[Row]:
     yield from _tool_rows(host, required, optional=["python3"])
 
 
-def _check_eval(host: Host, entry: EvalHost) -> Iterator[Row]:
+def _check_eval(host: Host, entry: HarnessHost) -> Iterator[Row]:
+    """An eval host, or a features host (no staged checkpoints, no reference drafter)."""
+    is_eval = isinstance(entry, EvalHost)
     required = {"target model": entry.target_model}
-    optional = {"reference drafter": entry.reference_drafter} if entry.reference_drafter else {}
-    created = {
-        "workdir": entry.workdir,
-        "venv": entry.venv.path,
-        "staging dir": EvalLayout(entry).staging,
-    }
+    reference = entry.reference_drafter if is_eval else None
+    optional = {"reference drafter": reference} if reference else {}
+    created = {"workdir": entry.workdir, "venv": entry.venv.path}
+    if is_eval:
+        created["staging dir"] = EvalLayout(entry).staging
     info = host.probe(
         probes.paths_info([*required.values(), *optional.values(), *created.values()])
     )

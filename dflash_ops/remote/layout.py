@@ -1,8 +1,11 @@
-"""Every path dflash-ops uses on an eval host, derived from its inventory entry in one place.
+"""Every path dflash-ops uses on an eval (or features) host, derived from its inventory entry
+in one place.
 
 {workdir}/harness/<hash>/dflash_eval   deployed harness; harness/current → the live one
 {workdir}/runs/<run-id>/               one detached eval run (params, log, results, …)
 {workdir}/cache/                       the harness's completion / hidden-state cache
+{workdir}/features/<set-id>/           a feature set (`fab extract-features`), with
+{workdir}/features/<set-id>.manifest.json  its relay manifest (eval hosts)
 {workdir}/bin/uv, {workdir}/uv-cache   uv and its cache (unless the venv spec says otherwise)
 {workdir}/wheelhouse/                  pushed wheels for air-gapped installs
 {venv}/bin/python, {venv}/dflash-provision.json
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflash_ops.core.inventory import EvalHost
+from dflash_ops.core.inventory import HarnessHost
 
 PROVISION_RECORD = "dflash-provision.json"
 STAGED_NAME = "checkpoint.pt"
@@ -27,7 +30,7 @@ def _join(base: str, *parts: str) -> str:
 
 @dataclass(frozen=True)
 class EvalLayout:
-    entry: EvalHost
+    entry: HarnessHost
 
     @property
     def workdir(self) -> str:
@@ -74,6 +77,13 @@ class EvalLayout:
         return _join(self.workdir, "cache")
 
     @property
+    def features(self) -> str:
+        return _join(self.workdir, "features")
+
+    def feature_set(self, set_id: str) -> str:
+        return _join(self.features, set_id)
+
+    @property
     def runs(self) -> str:
         return _join(self.workdir, "runs")
 
@@ -84,6 +94,7 @@ class EvalLayout:
 
     @property
     def staging(self) -> str:
+        # eval hosts only: a features host stages no checkpoints
         return (self.entry.checkpoints or _join(self.workdir, "checkpoints")).rstrip("/")
 
     def staged_checkpoint(self, step: int, run: str | None = None) -> str:

@@ -288,6 +288,16 @@ def _deliver_all(payload: Payload, names: list[str], context: _Context) -> list[
     return results
 
 
+def deliver(
+    inventory: Inventory, payload: Payload, dest: Destination, options: StageOptions
+) -> StagedCheckpoint:
+    """Copy a payload that is not a trainer checkpoint (a feature set directory on a features
+    host) to `dest` with the same checks, resume and promotion as a checkpoint."""
+    margin = margin_of(inventory, options.margin)
+    context = _Context(inventory, options, margin, complete_checked=True)
+    return _deliver(payload, dest, context)
+
+
 def _deliver(payload: Payload, dest: Destination, context: _Context) -> StagedCheckpoint:
     early, state = context.head.take(dest, payload) if context.head else (None, None)
     if early is None:

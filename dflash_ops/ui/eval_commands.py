@@ -53,6 +53,7 @@ def run_eval_command(
     tag: str | None,
     detach: bool,
     dry_run: bool = False,
+    features: str | None = None,
 ) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts;
     with `dry_run`, only their plan (nothing staged, run or written)."""
@@ -77,6 +78,7 @@ def run_eval_command(
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
+        features=features,
         say=console.print,
     )
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)

@@ -1,0 +1,208 @@
+"""Compute a feature set on the features host: the harness's `features` subcommand, run
+detached with the same machinery as an eval run (run directory, flock, events streamed).
+
+The set goes to `{features workdir}/features/<set-id>`; the harness builds it in
+`<set-id>.partial` and renames it when complete, so a set with its `feature-set.json` is a
+finished one, and asking for it again does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+from dflash_ops.core.errors import HostError
+from dflash_ops.core.inventory import FeaturesHost, Inventory
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.run import Detached, EvalFailed, RunReporter, ensure_ready
+from dflash_ops.features.spec import SET_RECORD, FeatureRequest, set_id
+from dflash_ops.remote.connection import Host
+from dflash_ops.remote.layout import EvalLayout
+
+# Prints the target's name and fingerprint as the harness computes them (config and
+# tokenizer hashed, weights by name, size, mtime and safetensors header).
+TARGET_IDENTITY = (
+    "import json, sys\n"
+    "from dflash_eval.target import target_identity\n"
+    "found = target_identity(sys.argv[1])\n"
+    "print(json.dumps({'name': found['name'], 'fingerprint': found['fingerprint']}))\n"
+)
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    host: str  # the features host that computed it
+    set_id: str
+    path: str  # on that host
+    record: dict  # its feature-set.json
+    computed: bool  # False: it was there already
+
+
+def extract_features(
+    inventory: Inventory, host_name: str | None, request: FeatureRequest, reporter: RunReporter
+) -> FeatureSet:
+    """The set for `request` on the features host: computed now, or found there complete."""
+    name, entry = inventory.features_host(host_name)
+    host = Host(inventory, name)
+    try:
+        harness = ensure_ready(host, entry, reporter.say)
+        target = _target_identity(host, entry, harness)
+        identifier = set_id(request, target["name"], target["fingerprint"])
+        path = EvalLayout(entry).feature_set(identifier)
+        record = read_set_record(host, path)
+        if record is not None:
+            reporter.say(f"{name}: feature set {identifier} already computed ({path})")
+            return FeatureSet(name, identifier, path, record, computed=False)
+        reporter.say(f"{name}: computing feature set {identifier} → {path}")
+        run = _run(host, entry, harness, request, path, reporter)
+        record = read_set_record(host, path)
+        if record is None:
+            raise HostError(
+                name,
+                f"the harness finished but {path}/{SET_RECORD} is missing: the set is not "
+                f"complete. See the run's log (fab eval-logs --run {run.run_id}) and rerun.",
+            )
+        return FeatureSet(name, identifier, path, record, computed=True)
+    finally:
+        host.close()
+
+
+def read_set_record(host: Host, path: str) -> dict | None:
+    """A complete set's feature-set.json (None: no complete set at `path`)."""
+    answer = host.run(f"cat -- {shlex.quote(f'{path}/{SET_RECORD}')}", check=False)
+    try:
+        record = json.loads(answer.stdout) if answer.ok else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _target_identity(host: Host, entry: FeaturesHost, harness: str) -> dict:
+    python = shlex.quote(EvalLayout(entry).python)
+    answer = host.run(
+        f"cd {shlex.quote(harness)} && {python} -c {shlex.quote(TARGET_IDENTITY)} "
+        f"{shlex.quote(entry.target_model)}",
+        check=False,
+    )
+    try:
+        return json.loads(answer.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostError(
+            host.name,
+            f"cannot read the target model at {entry.target_model} "
+            f"({answer.stderr.strip().splitlines()[-1] if answer.stderr.strip() else 'no output'})"
+            "; fix `target_model` in the inventory",
+        ) from None
+
+
+def features_command(
+    entry: FeaturesHost,
+    host_name: str,
+    harness: str,
+    request: FeatureRequest,
+    out: str,
+    uploads: dict[str, str],
+) -> str:
+    """The harness invocation (`uploads`: flag → the uploaded file's path on the host)."""
+    argv = [
+        EvalLayout(entry).python,
+        "-m",
+        "dflash_eval",
+        "features",
+        "--target",
+        entry.target_model,
+        "--out",
+        out,
+        "--layers",
+        ",".join(map(str, request.layers)),
+        "--block-size",
+        str(request.block_size),
+        "--max-new-tokens",
+        str(request.max_new_tokens),
+        "--thinking",
+        "on" if request.thinking else "off",
+        "--host-name",
+        host_name,
+    ]
+    threads = request.threads or entry.threads
+    if threads:
+        argv += ["--threads", str(threads)]
+    if request.target_dtype:
+        argv += ["--target-dtype", request.target_dtype]
+    if request.device:
+        argv += ["--device", request.device]
+    for flag, remote in uploads.items():
+        argv += [flag, f"@{remote}" if flag == "--sglang" else remote]
+    return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
+
+
+def _uploads(
+    host: Host, entry: FeaturesHost, request: FeatureRequest, run_id: str
+) -> dict[str, str]:
+    """The prompts file and the SGLang URL (private: it may carry credentials, which must not
+    reach argv or the run's log) on the host, by harness flag."""
+    files: dict[str, tuple[bytes, bool]] = {}
+    if request.prompts is not None:
+        files["--prompts"] = (request.prompts.read_bytes(), False)
+    if request.sglang:
+        if not entry.sglang_url:
+            raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
+        files["--sglang"] = (entry.sglang_url.encode(), True)
+    runs = EvalLayout(entry).runs
+    if files:
+        host.run(f"mkdir -p {shlex.quote(runs)}")
+    uploaded = {}
+    for flag, (data, private) in files.items():
+        remote = f"{runs}/.{flag.lstrip('-')}-{run_id}"
+        host.upload(data, remote, private=private)
+        uploaded[flag] = remote
+    return uploaded
+
+
+def new_run_id(host: str) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-features-{host}-{secrets.token_hex(2)}"
+
+
+def _run(
+    host: Host,
+    entry: FeaturesHost,
+    harness: str,
+    request: FeatureRequest,
+    out: str,
+    reporter: RunReporter,
+) -> jobs.Run:
+    """Launch the harness detached, stream its events until it ends; raise when it failed."""
+    run_id = new_run_id(host.name)
+    uploads = _uploads(host, entry, request, run_id)
+    command = features_command(entry, host.name, harness, request, out, uploads)
+    params = {"kind": "features", "out": out, "harness": harness, "command": command}
+    try:
+        launcher = jobs.launch(host, entry, run_id, command, params)
+        reporter.say(
+            f"{host.name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}"
+        )
+        on_event = reporter.follow(run_id)
+        run = jobs.follow(
+            host,
+            entry,
+            run_id,
+            "events.jsonl",
+            lambda line: [on_event(event) for event in jobs.parse_events([line])],
+        )
+    except KeyboardInterrupt:
+        if jobs.start_state(host, entry, run_id) != "started":
+            raise
+        raise Detached(run_id, host.name) from None
+    if "--sglang" in uploads:  # the run is over: its credentials need not stay on the host
+        host.run(f"rm -f -- {shlex.quote(uploads['--sglang'])}", check=False)
+    if run.state == "failed" and run.exit_code == 0:
+        # jobs counts a run as succeeded when it left results.json; this one leaves a set
+        run = replace(run, state="succeeded")
+    reporter.finished(run, [], None)
+    if run.state != "succeeded":
+        raise EvalFailed(run, jobs.log_tail(host, entry, run_id))
+    return run

@@ -1,0 +1,137 @@
+"""What a feature set is made of, without a lab: its id, the rule that picks its layers and
+block size, the inventory's features hosts, and which relayed set `run-eval --features`
+picks (dflash_ops.features.spec and .hosted, core.inventory)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.inventory import parse
+from dflash_ops.features.hosted import parse_relayed_sets, pick_set
+from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
+
+
+def test_the_set_id_names_every_input_and_nothing_else():
+    base = FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=24)
+    first = set_id(base, "tiny-target", "f" * 64)
+    assert first == set_id(base, "tiny-target", "f" * 64)
+    assert first.startswith("tiny-target-") and len(first) == len("tiny-target-") + 12
+    changed = [
+        set_id(
+            FeatureRequest(layers=(1, 4), block_size=8, max_new_tokens=24), "tiny-target", "f" * 64
+        ),
+        set_id(
+            FeatureRequest(layers=(1, 3), block_size=16, max_new_tokens=24), "tiny-target", "f" * 64
+        ),
+        set_id(
+            FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=25), "tiny-target", "f" * 64
+        ),
+        set_id(
+            FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=24, thinking=True),
+            "tiny-target",
+            "f" * 64,
+        ),
+        set_id(base, "tiny-target", "e" * 64),
+    ]
+    assert len({first, *changed}) == 6
+
+    # what changes the numbers counts (dtype, device, completions' source); threads do not
+    def variant(**how) -> str:
+        request = FeatureRequest(layers=(1, 3), block_size=8, max_new_tokens=24, **how)
+        return set_id(request, "tiny-target", "f" * 64)
+
+    assert variant(threads=3) == first
+    assert variant(target_dtype="auto", device="auto") == first  # auto is the default asked
+    how = [variant(target_dtype="float32"), variant(device="cuda"), variant(sglang=True)]
+    assert len({first, *how}) == 4
+
+
+def test_the_set_id_follows_the_prompt_file_bytes(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n')
+    request = FeatureRequest(layers=(1,), block_size=4, prompts=prompts)
+    before = set_id(request, "t", "0" * 64)
+    prompts.write_text('{"prompt": "b"}\n')
+    assert set_id(request, "t", "0" * 64) != before
+    assert set_id(FeatureRequest(layers=(1,), block_size=4), "t", "0" * 64) != before
+
+
+def _inventory(tmp_path: Path, drafter: dict | None = None):
+    trainer = {"role": "trainer", "address": "t", "checkpoints": "/c"}
+    if drafter is not None:
+        trainer["drafter"] = drafter
+    raw = {
+        "hosts": {
+            "trainer": trainer,
+            "eval": {
+                "role": "eval",
+                "address": "e",
+                "workdir": "/w",
+                "venv": {"path": "/v"},
+                "target_model": "/m",
+            },
+        }
+    }
+    return parse(raw, tmp_path / "inventory.yaml")
+
+
+def test_layers_come_from_the_flags_else_the_drafter_profile_else_an_error(tmp_path):
+    bare = _inventory(tmp_path)
+    assert choose_layers(bare, "1,9,17", 16) == ((1, 9, 17), 16)
+    with pytest.raises(OpsError, match=r"--layers and --block-size not known.*drafter profile"):
+        choose_layers(bare, None, None)
+    with pytest.raises(OpsError, match=r"--block-size not known"):
+        choose_layers(bare, "1,2", None)
+    profiled = _inventory(tmp_path, {"target_layer_ids": [2, 5], "block_size": 8})
+    assert choose_layers(profiled, None, None) == ((2, 5), 8)
+    assert choose_layers(profiled, "3", None) == ((3,), 8)  # a flag wins over the profile
+    config = tmp_path / "dflash.json"
+    config.write_text(json.dumps({"block_size": 16, "dflash_config": {"target_layer_ids": [1, 4]}}))
+    from_file = _inventory(tmp_path, {"config_file": "dflash.json"})
+    assert choose_layers(from_file, None, None) == ((1, 4), 16)
+
+
+@pytest.mark.parametrize("text", ["", "1,x", "-1", "2,2"])
+def test_bad_layers_are_refused(text):
+    with pytest.raises(OpsError, match="--layers"):
+        parse_layers(text)
+
+
+def test_a_features_host_with_fla_gets_the_package_in_its_venv(tmp_path):
+    inventory = _inventory(tmp_path)
+    raw = {
+        "hosts": {
+            **{name: host.model_dump(exclude_none=True) for name, host in inventory.hosts.items()},
+            "gpu": {
+                "role": "features",
+                "address": "g",
+                "workdir": "/w",
+                "venv": {"path": "/v", "torch": "cuda"},
+                "target_model": "/m",
+                "fla": True,
+            },
+        }
+    }
+    parsed = parse(raw, tmp_path / "inventory.yaml")
+    assert parsed.hosts["gpu"].venv.packages == ["flash-linear-attention"]
+    assert list(parsed.eval_hosts) == ["eval"] and list(parsed.features_hosts) == ["gpu"]
+    assert list(parsed.harness_hosts) == ["eval", "gpu"]
+
+
+def test_without_a_features_host_extract_features_says_what_to_add(tmp_path):
+    with pytest.raises(OpsError, match=r"no host with role: features; add one"):
+        _inventory(tmp_path).features_host(None)
+
+
+def test_run_eval_picks_the_named_set_or_the_last_relayed():
+    listing = "1700000100 tiny-b\n1700000000 tiny-a\nnot a line\n\n1700000100 tiny-c\n"
+    sets = parse_relayed_sets(listing)
+    assert sets == {"tiny-a": 1700000000, "tiny-b": 1700000100, "tiny-c": 1700000100}
+    assert pick_set(sets, "tiny-a") == "tiny-a"
+    assert pick_set(sets, "latest") == "tiny-c"  # same second: the later name, deterministic
+    assert pick_set(sets, "tiny-z") is None
+    assert pick_set({}, "latest") is None
