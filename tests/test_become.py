@@ -20,24 +20,13 @@ from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.inventory import Inventory, parse
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.remote.connection import Host
+from tests.inventory_documents import minimal_document
 
 STEP = 2000
 
 
 def parsed(**trainer) -> Inventory:
-    raw = {
-        "hosts": {
-            "trainer": {"role": "trainer", "address": "t", "checkpoints": "/c", **trainer},
-            "eval": {
-                "role": "eval",
-                "address": "e",
-                "workdir": "/w",
-                "venv": {"path": "/v"},
-                "target_model": "/m",
-            },
-        }
-    }
-    return parse(raw, Path("inv.yaml"))
+    return parse(minimal_document(**trainer), Path("inv.yaml"))
 
 
 def test_become_is_sudo_or_nothing():

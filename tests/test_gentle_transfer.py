@@ -28,6 +28,7 @@ from dflash_ops.staging.relay import Pipe, RelayState, sink
 from dflash_ops.staging.sides import RemoteSide
 from dflash_ops.staging.sources import TrainerFiles
 from dflash_ops.staging.stage import StageOptions, stage
+from tests.inventory_documents import minimal_document
 
 MiB = 1 << 20
 
@@ -60,18 +61,7 @@ def test_a_bwlimit_that_is_no_rate_or_too_small_is_refused(text):
 
 
 def inventory_with(transfer: dict | None = None, **trainer) -> dict:
-    raw = {
-        "hosts": {
-            "trainer": {"role": "trainer", "address": "t", "checkpoints": "/c", **trainer},
-            "eval": {
-                "role": "eval",
-                "address": "e",
-                "workdir": "/w",
-                "venv": {"path": "/v"},
-                "target_model": "/m",
-            },
-        }
-    }
+    raw = minimal_document(**trainer)
     if transfer is not None:
         raw["transfer"] = transfer
     return raw

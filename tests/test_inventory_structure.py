@@ -11,22 +11,12 @@ import yaml
 
 from dflash_ops.core import inventory
 from dflash_ops.core.errors import InventoryError
+from tests.inventory_documents import minimal_document
 
 
 def minimal() -> dict:
     """The fewest keys an inventory can have: everything else is a default."""
-    return {
-        "hosts": {
-            "trainer": {"role": "trainer", "address": "t", "checkpoints": "/ckpt"},
-            "eval": {
-                "role": "eval",
-                "address": "e",
-                "workdir": "/w",
-                "venv": {"path": "/v"},
-                "target_model": "/m",
-            },
-        }
-    }
+    return minimal_document()
 
 
 def write(tmp_path: Path, document: object) -> Path:

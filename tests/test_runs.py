@@ -22,6 +22,7 @@ from dflash_ops.evaluation import figures, results
 from dflash_ops.evaluation.watch import WatchState
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.staging.destination import staged_path
+from tests.inventory_documents import minimal_document
 from tests.schema_samples import results_dict
 
 V5_DIR = "/workspace/checkpoints-v5"  # the second run's checkpoints, in the trainer's container
@@ -36,17 +37,7 @@ def sha256(path: Path) -> str:
 
 
 def document(**trainer) -> dict:
-    hosts = {
-        "trainer": {"role": "trainer", "address": "t", "checkpoints": "/ckpt", **trainer},
-        "eval": {
-            "role": "eval",
-            "address": "e",
-            "workdir": "/w",
-            "venv": {"path": "/v"},
-            "target_model": "/m",
-        },
-    }
-    return {"hosts": hosts, "local": {"staging": "/local"}}
+    return {**minimal_document(**trainer), "local": {"staging": "/local"}}
 
 
 def without_own_checkpoints(**trainer) -> dict:
