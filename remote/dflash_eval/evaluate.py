@@ -162,34 +162,23 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         else None
     )
     lookup = _lookup(options, features_set, drafters, identity, target, libraries, client)
-    with timer.phase("completions"):
-        pipeline.make_references(
-            sequences,
-            lookup,
-            target,
-            client,
-            stops,
-            options.max_new_tokens,
-            conversations,
-            progress,
-        )
-    with timer.phase("hidden_states"):
-        pipeline.hidden_states(sequences, lookup, target, progress)
+    pipeline.target_side(
+        sequences,
+        lookup,
+        target,
+        client,
+        stops,
+        options.max_new_tokens,
+        conversations,
+        progress,
+        timer,
+    )
+    with timer.phase("hidden_states"):  # the features record counts with the states
         if features_set is not None:
             features = {**features_set.features_record(), "target_match": target_match}
             report_fidelity(features, progress, warnings)
         else:
-            first = sequences[0]
-            features = features_record(
-                target,
-                first.tokens,
-                first.hidden,
-                lookup.layer_ids,
-                lookup.shared_key,
-                lookup.cache,
-                progress,
-                warnings,
-            )
+            features = features_record(target, sequences[0], lookup, progress, warnings)
     target.release_body()
     borrowed = target.embedding_and_head()
 

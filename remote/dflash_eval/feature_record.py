@@ -12,27 +12,27 @@ from typing import Any
 
 import torch
 
-from dflash_eval.cache import DiskCache
 from dflash_eval.cache_keys import features_key
 from dflash_eval.features import fidelity_needed, judge, measure_fidelity, provenance
+from dflash_eval.pipeline import Lookup, Sequence
 from dflash_eval.progress import Progress
 from dflash_eval.target_source import TargetSource
 
 
 def features_record(
     source: TargetSource,
-    first_tokens: list[int],
-    first_hidden: dict[int, torch.Tensor],
-    layer_ids: list[int],
-    shared_key: dict[str, Any],
-    cache: DiskCache,
+    first: Sequence,
+    lookup: Lookup,
     progress: Progress,
     warnings: list[str],
     host_name: str | None = None,
 ) -> dict[str, Any]:
-    """The record of these features: from the cache, else measured now (as `host_name`,
-    when given: the inventory's name for this host)."""
-    key = features_key(shared_key, first_tokens, layer_ids)
+    """The record of the features `lookup` serves, stored beside the first sequence's: from
+    the cache, else measured now (as `host_name`, when given: the inventory's name for this
+    host)."""
+    first_tokens, first_hidden, layer_ids = first.tokens, first.hidden, lookup.layer_ids
+    cache = lookup.cache
+    key = features_key(lookup.shared_key, first_tokens, layer_ids)
     record = cache.get_record("features", key)
     if record is None:
         choice = source.dtype_choice

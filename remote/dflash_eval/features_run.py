@@ -101,30 +101,21 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     sequences = [
         pipeline.Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts
     ]
-    with timer.phase("completions"):
-        pipeline.make_references(
-            sequences,
-            lookup,
-            target,
-            client,
-            stops,
-            options.max_new_tokens,
-            conversations,
-            progress,
-        )
-    with timer.phase("hidden_states"):
-        pipeline.hidden_states(sequences, lookup, target, progress, keep_all=False)
-        first = sequences[0]
+    pipeline.target_side(
+        sequences,
+        lookup,
+        target,
+        client,
+        stops,
+        options.max_new_tokens,
+        conversations,
+        progress,
+        timer,
+        keep_all=False,
+    )
+    with timer.phase("hidden_states"):  # the features record counts with the states
         record = features_record(
-            target,
-            first.tokens,
-            first.hidden,
-            lookup.layer_ids,
-            lookup.shared_key,
-            lookup.cache,
-            progress,
-            warnings,
-            options.host_name,
+            target, sequences[0], lookup, progress, warnings, options.host_name
         )
     provenance = {key: value for key, value in record.items() if key != "fidelity"}
     provenance["host"] = options.host_name or socket.gethostname()

@@ -21,7 +21,7 @@ from dflash_eval.completions import Prompt, SGLangClient, first_stop, greedy_ref
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.metrics import Span
-from dflash_eval.progress import Progress
+from dflash_eval.progress import Progress, Timer
 from dflash_eval.target_source import TargetSource
 
 LOCAL_GREEDY = cache_keys.LOCAL_GREEDY
@@ -83,6 +83,27 @@ def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]
 
 def completion_source(client: SGLangClient | None) -> str:
     return cache_keys.completion_source(client.url if client else None)
+
+
+def target_side(
+    sequences: list[Sequence],
+    lookup: Lookup,
+    target: TargetSource,
+    client: SGLangClient | None,
+    stops: list[int],
+    max_new_tokens: int,
+    conversations: Conversations,
+    progress: Progress,
+    timer: Timer,
+    keep_all: bool = True,
+) -> None:
+    """Both phases, each timed: the references, then the hidden states."""
+    with timer.phase("completions"):
+        make_references(
+            sequences, lookup, target, client, stops, max_new_tokens, conversations, progress
+        )
+    with timer.phase("hidden_states"):
+        hidden_states(sequences, lookup, target, progress, keep_all)
 
 
 def make_references(
