@@ -165,6 +165,10 @@ def test_parse_runs_states():
     assert state(pid="-") == "starting"
     assert state() == "lost"
     assert state(code="143", results="cancelled") == "cancelled"
+    # A features run's product is its feature set, not results.json.
+    features = json.dumps({"kind": "features", "started": 1000.0})
+    assert state(code="0", params=features) == "succeeded"
+    assert state(code="2", params=features) == "failed"
 
 
 def test_a_failed_run_is_fetched_without_a_results_file(eval_host, tmp_path):

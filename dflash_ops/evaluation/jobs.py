@@ -216,7 +216,9 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
         if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
             state = "cancelled" if exit_code is not None or alive != "yes" else "running"
         elif exit_code is not None:
-            state = "succeeded" if exit_code == 0 and results == "yes" else "failed"
+            # An eval run's product is results.json; a features run's is its feature set.
+            produced = results == "yes" or params_data.get("kind") == "features"
+            state = "succeeded" if exit_code == 0 and produced else "failed"
         elif alive == "yes":
             state = "running"
         elif pid == "-" and now - params_data.get("started", 0) < 30:

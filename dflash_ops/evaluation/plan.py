@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.evaluation.in_memory import run_harness
-from dflash_ops.evaluation.run import EvalRequest, drafter_profile
+from dflash_ops.evaluation.run import (
+    EvalRequest,
+    drafter_profile,
+    host_defaults_argv,
+    host_inputs_argv,
+)
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
@@ -114,19 +119,8 @@ def plan_argv(
     layout = EvalLayout(entry)
     argv = ["plan", "--checkpoint", checkpoint, "--target", entry.target_model]
     argv += ["--step", str(request.step), "--cache-dir", layout.cache, "--inputs-on-stdin"]
-    if request.reference:
-        if not entry.reference_drafter:
-            raise HostError(
-                host.name, "--reference needs `reference_drafter` for this host in the inventory"
-            )
-        argv += ["--reference-drafter", entry.reference_drafter]
-    if request.sglang and not entry.sglang_url:
-        raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
-    if entry.threads and "--threads" not in request.harness_args:
-        argv += ["--threads", str(entry.threads)]
-    target_dtype = (profile or {}).get("target_dtype")
-    if target_dtype and "--target-dtype" not in request.harness_args:
-        argv += ["--target-dtype", target_dtype]
+    argv += host_inputs_argv(host, entry, request)
+    argv += host_defaults_argv(entry, request, profile)
     return argv + request.harness_args
 
 

@@ -451,16 +451,9 @@ def harness_command(
         layout.cache,
         *(["--training-run", training_run] if training_run else []),
     ]
-    if request.reference:
-        if not entry.reference_drafter:
-            raise HostError(
-                host.name, "--reference needs `reference_drafter` for this host in the inventory"
-            )
-        argv += ["--reference-drafter", entry.reference_drafter]
+    argv += host_inputs_argv(host, entry, request)
     if features:
         argv += ["--features", features]
-    if request.sglang and not entry.sglang_url:
-        raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
     uploads = _uploads(entry, request, profile)
     if uploads:
         host.run(f"mkdir -p {shlex.quote(layout.runs)}")
@@ -468,13 +461,34 @@ def harness_command(
         remote = f"{layout.runs}/.{name}-{run_id}"
         host.upload(data, remote, private=private)
         argv += [flag, f"@{remote}" if flag == "--sglang-url" else remote]
+    argv += host_defaults_argv(entry, request, profile) + request.harness_args
+    return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
+
+
+def host_inputs_argv(host: Host, entry: EvalHost, request: EvalRequest) -> list[str]:
+    """The reference drafter the inventory names for this host, when asked for; refuses
+    --reference or --sglang that the host's inventory entry cannot serve."""
+    if request.sglang and not entry.sglang_url:
+        raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
+    if not request.reference:
+        return []
+    if not entry.reference_drafter:
+        raise HostError(
+            host.name, "--reference needs `reference_drafter` for this host in the inventory"
+        )
+    return ["--reference-drafter", entry.reference_drafter]
+
+
+def host_defaults_argv(entry: EvalHost, request: EvalRequest, profile: dict | None) -> list[str]:
+    """The host's thread count and the profile's target dtype, unless the command line
+    gives its own."""
+    argv = []
     if entry.threads and "--threads" not in request.harness_args:
         argv += ["--threads", str(entry.threads)]
     target_dtype = (profile or {}).get("target_dtype")
     if target_dtype and "--target-dtype" not in request.harness_args:
         argv += ["--target-dtype", target_dtype]
-    argv += request.harness_args
-    return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
+    return argv
 
 
 def _uploads(

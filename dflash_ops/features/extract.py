@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from dflash_ops.core.errors import HostError
@@ -199,9 +199,6 @@ def _run(
         raise Detached(run_id, host.name) from None
     if "--sglang" in uploads:  # the run is over: its credentials need not stay on the host
         host.run(f"rm -f -- {shlex.quote(uploads['--sglang'])}", check=False)
-    if run.state == "failed" and run.exit_code == 0:
-        # jobs counts a run as succeeded when it left results.json; this one leaves a set
-        run = replace(run, state="succeeded")
     reporter.finished(run, [], None)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run_id))
