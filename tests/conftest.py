@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +23,15 @@ from dflash_ops.core.inventory import load as load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 FAB = Path(sys.executable).parent / "fab"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests send SIGINT (a Ctrl-C) to the processes they start. A shell without job control
+    starts background commands with SIGINT ignored, children inherit that, and a Python whose
+    SIGINT is ignored at start never raises KeyboardInterrupt: so put the default back, and
+    the children start with it (a handler, unlike an ignore, is reset by exec)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
