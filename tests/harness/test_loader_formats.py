@@ -274,15 +274,23 @@ def test_text_that_is_no_pickle_is_reported_as_no_checkpoint(tmp_path):
     assert "truncated or not a checkpoint" in error_of(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pickle_policy.load_pickle: zero bytes read as a pickle that wants code ('Refusing "
-    "to load … Unsupported operand 0'), not as a damaged file (reported to the harness)",
-)
-def test_zero_bytes_are_reported_as_no_checkpoint(tmp_path):
+@pytest.mark.parametrize("policy", [None, UNSAFE], ids=["weights-only", "unsafe-allowed"])
+def test_zero_bytes_are_reported_as_no_checkpoint(tmp_path, policy):
+    """A file of zero bytes (space allocated, never written) stops the weights-only unpickler
+    at an "operand" that is no pickle opcode: a damaged file, not one that wants code."""
     path = tmp_path / "c.pt"
     path.write_bytes(bytes(123))
-    assert "truncated or not a checkpoint" in error_of(path)
+    message = error_of(path, pickle_policy=policy)
+    assert f"Cannot read {path} (123 bytes, beginning with zero bytes only)" in message
+    assert "byte 0x00 is not a pickle opcode" in message
+    assert "truncated or not a checkpoint" in message and "Refusing" not in message
+
+
+def test_garbage_after_a_valid_pickle_start_is_no_checkpoint_either(tmp_path):
+    path = tmp_path / "c.pt"
+    path.write_bytes(b"\x80\x02" + bytes([0xFF]) * 40)
+    message = error_of(path)
+    assert "byte 0xff is not a pickle opcode" in message and "zero bytes" not in message
 
 
 def test_hf_directory_of_several_shards_and_its_step_from_the_path(tmp_path, drafter):
