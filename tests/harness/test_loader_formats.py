@@ -391,6 +391,13 @@ def test_exactly_fifteen_names_are_all_listed(tmp_path, drafter):
     assert "extra.14" in message and "more" not in message
 
 
+def test_sixteen_names_are_the_first_cut(tmp_path, drafter):
+    state = {**drafter.state_dict(), **{f"extra.{i:02d}": torch.zeros(1) for i in range(16)}}
+    message = mismatch_message(tmp_path, drafter, state)
+    assert "unexpected (16): extra.00, " in message and "extra.14 … and 1 more" in message
+    assert "extra.15" not in message
+
+
 # --- flags against the checkpoint -----------------------------------------------------------
 
 
