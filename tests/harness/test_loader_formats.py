@@ -260,6 +260,12 @@ def test_a_missing_path_says_to_stage_it(tmp_path):
     assert "does not exist" in message and "stage the checkpoint" in message
 
 
+def test_a_path_given_as_text_is_read_like_a_path(tmp_path, drafter):
+    path = save_training_checkpoint(tmp_path / "step_5" / "checkpoint.pt", drafter)
+    source = read_drafter(str(path))
+    assert source.path == path and source.files == [path] and source.step == 1000
+
+
 @pytest.mark.parametrize("data", [b"", b"PK\x03\x04" + b"x" * 100], ids=["empty", "broken-zip"])
 def test_a_file_that_is_no_checkpoint_is_reported_with_its_size(tmp_path, data):
     path = tmp_path / "c.pt"
@@ -396,6 +402,35 @@ def test_sixteen_names_are_the_first_cut(tmp_path, drafter):
     message = mismatch_message(tmp_path, drafter, state)
     assert "unexpected (16): extra.00, " in message and "extra.14 … and 1 more" in message
     assert "extra.15" not in message
+
+
+def fc_of_shape(drafter, rows: int, columns: int) -> dict:
+    return {**drafter.state_dict(), "fc.weight": torch.zeros(rows, columns)}
+
+
+def test_a_wider_fc_alone_is_explained_by_the_layer_hint_alone(tmp_path, drafter):
+    rows, columns = drafter.state_dict()["fc.weight"].shape
+    message = mismatch_message(tmp_path, drafter, fc_of_shape(drafter, rows, 2 * columns))
+    assert message.startswith(f"fc.weight in {tmp_path / 'c.pt'} takes {2 * columns} input")
+    assert "mis-shaped" not in message and "do not match" not in message
+
+
+def test_an_fc_with_other_output_rows_is_plainly_misshaped(tmp_path, drafter):
+    rows, columns = drafter.state_dict()["fc.weight"].shape
+    message = mismatch_message(tmp_path, drafter, fc_of_shape(drafter, rows // 2, columns))
+    assert (
+        f"mis-shaped (1): fc.weight (expected [{rows}, {columns}], found [{rows // 2}, {columns}])"
+        in message
+    )
+    assert "input features" not in message
+
+
+def test_a_wider_fc_and_another_misshaped_parameter_are_named_together(tmp_path, drafter):
+    rows, columns = drafter.state_dict()["fc.weight"].shape
+    state = {**fc_of_shape(drafter, rows, 2 * columns), "norm.weight": torch.zeros(65)}
+    message = mismatch_message(tmp_path, drafter, state)
+    assert "mis-shaped (1): norm.weight (expected [64], found [65])." in message
+    assert f"Also: fc.weight in {tmp_path / 'c.pt'} takes {2 * columns} input" in message
 
 
 # --- flags against the checkpoint -----------------------------------------------------------
