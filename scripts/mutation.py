@@ -69,6 +69,7 @@ SLOW_HARNESS = (
 LOADER_TESTS = (
     f"{HARNESS}/test_loaders.py",
     f"{HARNESS}/test_loader_formats.py",
+    f"{HARNESS}/test_loader_profiles.py",
     f"{HARNESS}/test_pickle_policy.py",
     f"{HARNESS}/test_provenance.py",
 )

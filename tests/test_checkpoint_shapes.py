@@ -360,3 +360,33 @@ def test_a_sharded_directory_resumed_after_a_kill_is_evaluated_by_run_eval(make_
     # The lab's reference drafter is this step's weights, extracted from checkpoint.pt: the
     # sharded directory must evaluate to exactly the same acceptance.
     assert results["metrics"]["tau_macro"] == results["reference"]["metrics"]["tau_macro"]
+
+
+def test_strip_optimizer_on_a_staged_directory_is_skipped_with_a_note(make_lab, fab):
+    """A directory's optimizer files are never read by the harness: `--strip-optimizer` has
+    nothing to strip there, says so in one line and evaluates the staged directory."""
+    from dflash_ops.provision.setup import setup_eval_hosts
+
+    lab = make_lab(sharded_models, steps=(STEP,), eval_disk="3g")
+    set_trainer(lab, layout=DIRECTORY_LAYOUT)
+    setup_eval_hosts(load_inventory(lab.inventory_path), None, False, say=lambda message: None)
+    quick = ["--num-prompts", "1", "--max-new-tokens", "16", "--ddtree", "4"]
+    run = fab(
+        lab.inventory_path,
+        "run-eval",
+        "--step",
+        str(STEP),
+        "--strip-optimizer",
+        *quick,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    staged = step_dir(lab) / "checkpoint"
+    skipped = [line for line in run.stdout.splitlines() if "--strip-optimizer skipped" in line]
+    assert len(skipped) == 1 and f"{staged} is a directory checkpoint" in skipped[0], run.stdout
+    assert "optimizer state stripped" not in run.stdout
+    assert not (step_dir(lab) / "extracted").exists()
+    [results_file] = (lab.workstation_dir / "results").glob("*/results.json")
+    results = json.loads(results_file.read_text())
+    assert results["checkpoint"]["path"] == str(staged)
+    assert json.loads((results_file.parent / "run.json").read_text())["problem"] is None

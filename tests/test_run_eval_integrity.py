@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import yaml
@@ -38,6 +41,22 @@ def results_of(models_lab, output: str) -> dict:
     return json.loads((directory / "results.json").read_text())
 
 
+@contextmanager
+def put_back(*paths: Path) -> Iterator[None]:
+    """The module's lab is shared: files a test changes (a trainer checkpoint, a staged copy)
+    are restored afterwards with their bytes and mtime, and checked, so no other test sees
+    the change whatever the order."""
+    kept = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in paths}
+    try:
+        yield
+    finally:
+        for path, (content, mtime) in kept.items():
+            path.write_bytes(content)
+            os.utime(path, ns=(mtime, mtime))
+    for path, (content, mtime) in kept.items():
+        assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, path
+
+
 def strip_and_run(models_lab, step: int):
     return run_fab(
         models_lab.inventory_path, "run-eval", "--step", str(step), "--strip-optimizer", *QUICK
@@ -45,26 +64,27 @@ def strip_and_run(models_lab, step: int):
 
 
 def test_a_retrained_step_is_extracted_again_not_served_stale(models_lab):
-    first = strip_and_run(models_lab, 6000)
-    assert first.returncode == 0, first.stdout + first.stderr
-    tau_6000 = results_of(models_lab, first.stdout)["metrics"]["tau_macro"]
-    # Retrain and re-save step 6000 (here: the step-2000 weights under its name).
-    trainer_file = models_lab.checkpoint_path(6000)
-    shutil.copyfile(models_lab.checkpoint_path(2000), trainer_file)
-    os.utime(trainer_file, (1_700_000_000, 1_700_000_000))
-    second = strip_and_run(models_lab, 6000)
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "extracting again" in second.stdout
-    again = results_of(models_lab, second.stdout)
-    reference = run_fab(models_lab.inventory_path, "run-eval", "--step", "2000", *QUICK)
-    assert reference.returncode == 0, reference.stdout + reference.stderr
-    assert (
-        again["metrics"]["tau_macro"]
-        == results_of(models_lab, reference.stdout)["metrics"]["tau_macro"]
-    )
-    assert again["metrics"]["tau_macro"] != tau_6000
-    third = strip_and_run(models_lab, 6000)
-    assert third.returncode == 0 and "reusing" in third.stdout  # now current: reused
+    with put_back(models_lab.checkpoint_path(6000)):
+        first = strip_and_run(models_lab, 6000)
+        assert first.returncode == 0, first.stdout + first.stderr
+        tau_6000 = results_of(models_lab, first.stdout)["metrics"]["tau_macro"]
+        # Retrain and re-save step 6000 (here: the step-2000 weights under its name).
+        trainer_file = models_lab.checkpoint_path(6000)
+        shutil.copyfile(models_lab.checkpoint_path(2000), trainer_file)
+        os.utime(trainer_file, (1_700_000_000, 1_700_000_000))
+        second = strip_and_run(models_lab, 6000)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "extracting again" in second.stdout
+        again = results_of(models_lab, second.stdout)
+        reference = run_fab(models_lab.inventory_path, "run-eval", "--step", "2000", *QUICK)
+        assert reference.returncode == 0, reference.stdout + reference.stderr
+        assert (
+            again["metrics"]["tau_macro"]
+            == results_of(models_lab, reference.stdout)["metrics"]["tau_macro"]
+        )
+        assert again["metrics"]["tau_macro"] != tau_6000
+        third = strip_and_run(models_lab, 6000)
+        assert third.returncode == 0 and "reusing" in third.stdout  # now current: reused
 
 
 def test_a_staged_file_corrupted_on_the_eval_host_fails_the_run(models_lab):
@@ -73,21 +93,22 @@ def test_a_staged_file_corrupted_on_the_eval_host_fails_the_run(models_lab):
     assert staged.returncode == 0, staged.stdout + staged.stderr
     entry = load(inventory_path).eval_hosts["eval"]
     local = EvalLayout(entry).staged_checkpoint(4000)  # the lab's hosts share this filesystem
-    middle = os.path.getsize(local) // 2  # inside the tensor data: it still loads
-    with open(local, "r+b") as file:  # flip a byte in place: same size, so "already staged"
-        file.seek(middle)
-        byte = file.read(1)
-        file.seek(middle)
-        file.write(bytes([byte[0] ^ 0x01]))
-    result = run_fab(inventory_path, "run-eval", "--step", "4000", *QUICK)
-    assert result.returncode == 1
-    assert "the staged checkpoint changed or is corrupt" in result.stderr
-    assert "--verify" in result.stderr
-    compare = run_fab(inventory_path, "compare", "--steps", "4000")
-    assert compare.returncode == 1 and "no successful runs to compare" in compare.stderr
-    corrupt_stripped = strip_and_run(models_lab, 4000)
-    assert corrupt_stripped.returncode == 1
-    assert "does not hash to the sha256 staging verified" in corrupt_stripped.stderr
+    with put_back(Path(local)):
+        middle = os.path.getsize(local) // 2  # inside the tensor data: it still loads
+        with open(local, "r+b") as file:  # flip a byte in place: same size, so "already staged"
+            file.seek(middle)
+            byte = file.read(1)
+            file.seek(middle)
+            file.write(bytes([byte[0] ^ 0x01]))
+        result = run_fab(inventory_path, "run-eval", "--step", "4000", *QUICK)
+        assert result.returncode == 1
+        assert "the staged checkpoint changed or is corrupt" in result.stderr
+        assert "--verify" in result.stderr
+        compare = run_fab(inventory_path, "compare", "--steps", "4000")
+        assert compare.returncode == 1 and "no successful runs to compare" in compare.stderr
+        corrupt_stripped = strip_and_run(models_lab, 4000)
+        assert corrupt_stripped.returncode == 1
+        assert "does not hash to the sha256 staging verified" in corrupt_stripped.stderr
 
 
 def _configless_checkpoint(models_lab, step: int, like: int) -> dict:

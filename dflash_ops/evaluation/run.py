@@ -38,6 +38,7 @@ from dflash_ops.staging.disk import margin_of, space_check
 from dflash_ops.staging.relay import ProgressCallback
 from dflash_ops.staging.sources import Via
 from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
+from dflash_ops.staging.strip import nothing_to_strip
 
 # Makes a progress callback for one transfer from its label and its total bytes.
 TransferProgress = Callable[[str, int], ProgressCallback]
@@ -183,7 +184,10 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
         staged = stage_checkpoint(inventory, request.step, name, reporter, request.via)
         checkpoint = staged.path
         profile = drafter_profile(inventory)
-        if request.strip_optimizer:
+        unstrippable = nothing_to_strip(staged.kind) if request.strip_optimizer else None
+        if unstrippable:
+            reporter.say(f"{name}: --strip-optimizer skipped: {checkpoint} {unstrippable}")
+        elif request.strip_optimizer:
             checkpoint = extract(
                 inventory,
                 host,
@@ -239,7 +243,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             if jobs.start_state(host, entry, run_id) != "started":
                 raise
             raise Detached(run_id, name) from None
-        expected = None if request.strip_optimizer else staged
+        expected = staged if checkpoint == staged.path else None  # not an extracted copy
         return conclude(inventory, host, entry, run, reporter, expected)
     finally:
         host.close()

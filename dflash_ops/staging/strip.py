@@ -27,7 +27,7 @@ import dflash_eval
 from dflash_ops.core.errors import CheckpointError
 from dflash_ops.remote.priority import low_priority
 from dflash_ops.staging import strip_script
-from dflash_ops.staging.manifest import Member
+from dflash_ops.staging.manifest import Kind, Member
 from dflash_ops.staging.relay import stderr_reason
 from dflash_ops.staging.sources import TrainerFiles
 
@@ -81,6 +81,19 @@ class Unavailable:
     """Why the training environment cannot extract (the stage copies everything instead)."""
 
     reason: str
+
+
+def nothing_to_strip(kind: Kind) -> str | None:
+    """Why a staged checkpoint of this kind has no optimizer state for the eval side to strip
+    (`run-eval --strip-optimizer`); None when it may have some (a training checkpoint file)."""
+    if kind == "directory":
+        return (
+            "is a directory checkpoint: the harness reads only its config.json and safetensors "
+            "weights, never the optimizer state beside them"
+        )
+    if kind == "extracted":
+        return "holds the drafter weights alone (staged --weights-only)"
+    return None
 
 
 def weight_members(members: tuple[Member, ...]) -> tuple[Member, ...]:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import pickletools
+import re
 import struct
 import zipfile
 from _compat_pickle import IMPORT_MAPPING
@@ -34,6 +36,7 @@ import torch
 from dflash_eval.errors import HarnessError
 
 _NUMPY_DTYPE_CODES = "?bBhHiIlLqQefdgFDG"  # every numeric/bool dtype; not "O" (objects)
+_PICKLE_OPCODES = frozenset(opcode.code for opcode in pickletools.opcodes)
 SAFE_GROUPS: dict[str, tuple[str, ...]] = {
     "argparse": ("argparse.Namespace",),
     "numpy": (
@@ -176,6 +179,9 @@ def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
         with torch.serialization.safe_globals(_resolve(names)):
             return _weights_only_load(path), record
     except pickle.UnpicklingError as error:
+        not_pickle = _no_pickle_opcode(str(error))
+        if not_pickle is not None:
+            raise HarnessError(_unreadable(path, not_pickle)) from None
         if not policy.allow_unsafe:
             raise HarnessError(_refusal(path, str(error), record.file_globals)) from None
     # A damaged or foreign file fails deep inside the unpickler in many ways (a text file as
@@ -191,13 +197,38 @@ def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
         TypeError,
         struct.error,
     ) as error:
-        raise HarnessError(
-            f"Cannot read {path} ({path.stat().st_size} bytes) as a torch checkpoint "
-            f"({type(error).__name__}: {error}). It is probably truncated or not a checkpoint; "
-            "compare its size and hash with the source and re-stage it."
-        ) from None
+        raise HarnessError(_unreadable(path, f"{type(error).__name__}: {error}")) from None
     record.loaded_with = FULL_UNPICKLE
     return torch.load(path, map_location="cpu", weights_only=False), record
+
+
+def _no_pickle_opcode(message: str) -> str | None:
+    """Why a weights-only refusal is really a file that is no pickle at all: the byte it
+    stopped at is no pickle opcode (a file of zero bytes stops at its first). A file that
+    wants code names real opcodes (GLOBAL, REDUCE…): None for those."""
+    match = re.search(r"Unsupported operand (\d+)", message)
+    if match is None or chr(int(match.group(1))) in _PICKLE_OPCODES:
+        return None
+    return f"byte {int(match.group(1)):#04x} is not a pickle opcode: the file is no pickle"
+
+
+def _unreadable(path: Path, detail: str) -> str:
+    return (
+        f"Cannot read {path} ({path.stat().st_size} bytes{_zero_note(path)}) as a torch "
+        f"checkpoint ({detail}). It is probably truncated or not a checkpoint; compare its "
+        "size and hash with the source and re-stage it."
+    )
+
+
+def _zero_note(path: Path) -> str:
+    """A file that starts with zero bytes only was allocated but never written (a copy
+    that died after preallocating, a sparse file): worth saying, it points at the copy."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(4096)
+    except OSError:
+        return ""
+    return ", beginning with zero bytes only" if head and not head.strip(b"\0") else ""
 
 
 def _weights_only_load(path: Path) -> Any:

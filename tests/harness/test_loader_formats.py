@@ -260,6 +260,12 @@ def test_a_missing_path_says_to_stage_it(tmp_path):
     assert "does not exist" in message and "stage the checkpoint" in message
 
 
+def test_a_path_given_as_text_is_read_like_a_path(tmp_path, drafter):
+    path = save_training_checkpoint(tmp_path / "step_5" / "checkpoint.pt", drafter)
+    source = read_drafter(str(path))
+    assert source.path == path and source.files == [path] and source.step == 1000
+
+
 @pytest.mark.parametrize("data", [b"", b"PK\x03\x04" + b"x" * 100], ids=["empty", "broken-zip"])
 def test_a_file_that_is_no_checkpoint_is_reported_with_its_size(tmp_path, data):
     path = tmp_path / "c.pt"
@@ -274,15 +280,23 @@ def test_text_that_is_no_pickle_is_reported_as_no_checkpoint(tmp_path):
     assert "truncated or not a checkpoint" in error_of(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pickle_policy.load_pickle: zero bytes read as a pickle that wants code ('Refusing "
-    "to load … Unsupported operand 0'), not as a damaged file (reported to the harness)",
-)
-def test_zero_bytes_are_reported_as_no_checkpoint(tmp_path):
+@pytest.mark.parametrize("policy", [None, UNSAFE], ids=["weights-only", "unsafe-allowed"])
+def test_zero_bytes_are_reported_as_no_checkpoint(tmp_path, policy):
+    """A file of zero bytes (space allocated, never written) stops the weights-only unpickler
+    at an "operand" that is no pickle opcode: a damaged file, not one that wants code."""
     path = tmp_path / "c.pt"
     path.write_bytes(bytes(123))
-    assert "truncated or not a checkpoint" in error_of(path)
+    message = error_of(path, pickle_policy=policy)
+    assert f"Cannot read {path} (123 bytes, beginning with zero bytes only)" in message
+    assert "byte 0x00 is not a pickle opcode" in message
+    assert "truncated or not a checkpoint" in message and "Refusing" not in message
+
+
+def test_garbage_after_a_valid_pickle_start_is_no_checkpoint_either(tmp_path):
+    path = tmp_path / "c.pt"
+    path.write_bytes(b"\x80\x02" + bytes([0xFF]) * 40)
+    message = error_of(path)
+    assert "byte 0xff is not a pickle opcode" in message and "zero bytes" not in message
 
 
 def test_hf_directory_of_several_shards_and_its_step_from_the_path(tmp_path, drafter):
@@ -381,6 +395,42 @@ def test_exactly_fifteen_names_are_all_listed(tmp_path, drafter):
     state = {**drafter.state_dict(), **{f"extra.{i:02d}": torch.zeros(1) for i in range(15)}}
     message = mismatch_message(tmp_path, drafter, state)
     assert "extra.14" in message and "more" not in message
+
+
+def test_sixteen_names_are_the_first_cut(tmp_path, drafter):
+    state = {**drafter.state_dict(), **{f"extra.{i:02d}": torch.zeros(1) for i in range(16)}}
+    message = mismatch_message(tmp_path, drafter, state)
+    assert "unexpected (16): extra.00, " in message and "extra.14 … and 1 more" in message
+    assert "extra.15" not in message
+
+
+def fc_of_shape(drafter, rows: int, columns: int) -> dict:
+    return {**drafter.state_dict(), "fc.weight": torch.zeros(rows, columns)}
+
+
+def test_a_wider_fc_alone_is_explained_by_the_layer_hint_alone(tmp_path, drafter):
+    rows, columns = drafter.state_dict()["fc.weight"].shape
+    message = mismatch_message(tmp_path, drafter, fc_of_shape(drafter, rows, 2 * columns))
+    assert message.startswith(f"fc.weight in {tmp_path / 'c.pt'} takes {2 * columns} input")
+    assert "mis-shaped" not in message and "do not match" not in message
+
+
+def test_an_fc_with_other_output_rows_is_plainly_misshaped(tmp_path, drafter):
+    rows, columns = drafter.state_dict()["fc.weight"].shape
+    message = mismatch_message(tmp_path, drafter, fc_of_shape(drafter, rows // 2, columns))
+    assert (
+        f"mis-shaped (1): fc.weight (expected [{rows}, {columns}], found [{rows // 2}, {columns}])"
+        in message
+    )
+    assert "input features" not in message
+
+
+def test_a_wider_fc_and_another_misshaped_parameter_are_named_together(tmp_path, drafter):
+    rows, columns = drafter.state_dict()["fc.weight"].shape
+    state = {**fc_of_shape(drafter, rows, 2 * columns), "norm.weight": torch.zeros(65)}
+    message = mismatch_message(tmp_path, drafter, state)
+    assert "mis-shaped (1): norm.weight (expected [64], found [65])." in message
+    assert f"Also: fc.weight in {tmp_path / 'c.pt'} takes {2 * columns} input" in message
 
 
 # --- flags against the checkpoint -----------------------------------------------------------

@@ -190,6 +190,7 @@ def test_extract_strips_optimizer_and_round_trips(tmp_path, drafter, capsys):
     ]
     loaded = load_drafter(out, TARGET)
     assert loaded.source.kind == "extracted" and loaded.source.step == 700
+    assert loaded.source.step_source == "extract provenance"
     assert _same_weights(loaded.model, drafter)
 
 
