@@ -73,6 +73,26 @@ LOADER_TESTS = (
     f"{HARNESS}/test_pickle_policy.py",
     f"{HARNESS}/test_provenance.py",
 )
+RUNS_UNIT_TESTS = (
+    "test_a_run_inherits_what_it_leaves_out_from_the_trainer",
+    "test_without_run_the_trainer_s_own_checkpoints_keep_today_s_paths",
+    "test_a_run_name_must_be_one_safe_path_component",
+    "test_a_run_s_keys_are_checked_like_the_trainer_s",
+    "test_checkpoints_are_needed_of_the_trainer_or_of_every_run",
+    "test_several_runs_and_no_own_checkpoints_need_run",
+    "test_an_unknown_run_is_refused_with_the_runs_listed",
+    "test_the_chosen_run_is_not_a_key_of_the_file",
+)
+BECOME_UNIT_TESTS = (
+    "test_become_is_sudo_or_nothing",
+    "test_only_a_become_host_wraps_its_commands_in_sudo_and_keeps_them_whole",
+    "test_the_root_hint_speaks_only_to_a_non_root_login_without_become",
+)
+BWLIMIT_UNIT_TESTS = (
+    "test_the_inventory_reads_transfer_bwlimit_as_bytes_per_second",
+    "test_a_bad_transfer_bwlimit_names_the_key_and_the_expected_units",
+    "test_the_bwlimit_flag_overrides_the_inventory_and_none_lifts_it",
+)
 TARGETS = (
     Target("metrics", "remote/dflash_eval/metrics.py", (f"{HARNESS}/test_metrics.py",)),
     Target(
@@ -97,6 +117,12 @@ TARGETS = (
         (
             "tests/test_inventory_structure.py",
             "tests/test_inventory.py",
+            # The unit tests of the inventory's newer sections (runs, become, bwlimit, the
+            # features host); their files' other tests build labs.
+            *(f"tests/test_runs.py::{name}" for name in RUNS_UNIT_TESTS),
+            *(f"tests/test_become.py::{name}" for name in BECOME_UNIT_TESTS),
+            *(f"tests/test_gentle_transfer.py::{name}" for name in BWLIMIT_UNIT_TESTS),
+            "tests/test_feature_spec.py",
             # The same check through the real `fab` process: slow, and not the module's own.
             "--deselect",
             "tests/test_inventory.py::test_typo_via_fab_is_one_clear_line",

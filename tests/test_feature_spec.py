@@ -13,6 +13,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import parse
 from dflash_ops.features.hosted import parse_relayed_sets, pick_set
 from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
+from tests.inventory_documents import minimal_document
 
 
 def test_the_set_id_names_every_input_and_nothing_else():
@@ -61,20 +62,19 @@ def test_the_set_id_follows_the_prompt_file_bytes(tmp_path):
 
 
 def _inventory(tmp_path: Path, drafter: dict | None = None):
-    trainer = {"role": "trainer", "address": "t", "checkpoints": "/c"}
-    if drafter is not None:
-        trainer["drafter"] = drafter
-    raw = {
-        "hosts": {
-            "trainer": trainer,
-            "eval": {
-                "role": "eval",
-                "address": "e",
-                "workdir": "/w",
-                "venv": {"path": "/v"},
-                "target_model": "/m",
-            },
-        }
+    raw = minimal_document(**({} if drafter is None else {"drafter": drafter}))
+    return parse(raw, tmp_path / "inventory.yaml")
+
+
+def _with_features_host(tmp_path: Path, **gpu):
+    raw = minimal_document()
+    raw["hosts"]["gpu"] = {
+        "role": "features",
+        "address": "g",
+        "workdir": "/w",
+        "venv": {"path": "/v", "torch": "cuda"},
+        "target_model": "/m",
+        **gpu,
     }
     return parse(raw, tmp_path / "inventory.yaml")
 
@@ -135,3 +135,30 @@ def test_run_eval_picks_the_named_set_or_the_last_relayed():
     assert pick_set(sets, "latest") == "tiny-c"  # same second: the later name, deterministic
     assert pick_set(sets, "tiny-z") is None
     assert pick_set({}, "latest") is None
+
+
+def test_fla_adds_its_package_once_and_only_when_asked(tmp_path):
+    assert _with_features_host(tmp_path).hosts["gpu"].venv.packages == []
+    assert _with_features_host(tmp_path, fla=False).hosts["gpu"].venv.packages == []
+    pinned = {"path": "/v", "packages": ["numpy<3", "flash-linear-attention==0.3.2"]}
+    kept = _with_features_host(tmp_path, fla=True, venv=pinned).hosts["gpu"].venv.packages
+    assert kept == ["numpy<3", "flash-linear-attention==0.3.2"]
+    added = {"path": "/v", "packages": ["numpy<3"]}
+    grown = _with_features_host(tmp_path, fla=True, venv=added).hosts["gpu"].venv.packages
+    assert grown == ["numpy<3", "flash-linear-attention"]
+
+
+def test_fla_with_a_malformed_venv_leaves_the_venv_s_own_error(tmp_path):
+    with pytest.raises(OpsError, match=r"hosts\.gpu\.venv"):
+        _with_features_host(tmp_path, fla=True, venv="/v")
+    with pytest.raises(OpsError, match=r"hosts\.gpu\.venv\.packages"):
+        _with_features_host(tmp_path, fla=True, venv={"path": "/v", "packages": "numpy"})
+
+
+def test_a_features_host_is_found_by_name_among_the_harness_hosts(tmp_path):
+    inventory = _with_features_host(tmp_path)
+    name, host = inventory.features_host("gpu")
+    assert (name, host) == ("gpu", inventory.hosts["gpu"])
+    assert inventory.features_host(None) == (name, host)  # the only one
+    assert inventory.harness_host("gpu") == (name, host)
+    assert inventory.harness_host("eval") == ("eval", inventory.hosts["eval"])
