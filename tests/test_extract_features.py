@@ -157,7 +157,7 @@ def test_the_set_is_computed_on_the_features_host_and_relayed_verified(features_
     assert not (source.parent / f"{extracted}.partial").exists()
 
 
-def test_eval_logs_finds_the_features_run(features_lab, extracted):
+def test_eval_logs_and_eval_status_find_the_features_run(features_lab, extracted):
     runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
     succeeded = [p for p in runs.glob("*/exit_code") if p.read_text() == "0\n"]
     run_id = succeeded[0].parent.name
@@ -165,6 +165,10 @@ def test_eval_logs_finds_the_features_run(features_lab, extracted):
     assert done.returncode == 0, done.stdout + done.stderr
     log = (runs / run_id / "log").read_text()
     assert log.strip() and said(done.stdout) == said(log)
+    status = run_fab(features_lab.inventory_path, "eval-status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    [row] = [line for line in status.stdout.splitlines() if run_id in line]
+    assert "features" in row and "succeeded" in row  # exit 0 with a set, not results.json
 
 
 def test_asking_again_computes_and_sends_nothing(features_lab, extracted):

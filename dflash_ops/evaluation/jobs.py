@@ -391,8 +391,15 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
 
 
 def all_runs(inventory: Inventory) -> list[Run]:
-    """Every run on every eval host, oldest first."""
-    runs = [run for host, entry in each_eval_host(inventory) for run in list_runs(host, entry)]
+    """Every run on every eval or features host (evaluations and feature extractions),
+    oldest first."""
+    runs = []
+    for name, entry in inventory.harness_hosts.items():
+        host = Host(inventory, name)
+        try:
+            runs += list_runs(host, entry)
+        finally:
+            host.close()
     return sorted(runs, key=lambda run: run.started or 0)
 
 

@@ -143,7 +143,7 @@ def show_finished(
 
 
 def runs_table(runs: list[jobs.Run]) -> Table:
-    table = Table(title="eval runs", title_justify="left")
+    table = Table(title="runs (evaluations and feature extractions)", title_justify="left")
     for column in ("run", "host", "step", "state", "exit", "started", "duration"):
         table.add_column(column)
     styles = {
@@ -166,7 +166,7 @@ def runs_table(runs: list[jobs.Run]) -> Table:
         table.add_row(
             run.run_id,
             run.host,
-            str(run.step),
+            "features" if run.params.get("kind") == "features" else str(run.step),
             f"[{styles.get(run.state, 'white')}]{run.state}[/]",
             "" if run.exit_code is None else str(run.exit_code),
             started,
