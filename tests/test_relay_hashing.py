@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_ops.remote.priority import MARK as PRIORITY_MARK
 from dflash_ops.staging.relay import (
     NO_HASHER,
     SOURCE_MARK,
@@ -173,6 +174,16 @@ def test_digests_and_stats_are_read_from_the_last_marked_line():
     assert Moved(0, 0, "", 0, "", "").source_stat is None
     assert digest_in(f"SHA2-256(stdin)= {first}") == first
     assert digest_in("A" * 64) is None and digest_in("a" * 63) is None
+
+
+def test_the_readers_priorities_are_read_from_their_marked_lines():
+    source_err = (
+        f"{PRIORITY_MARK} trainer: nice 19, ionice idle\nnoise\n"
+        f"{SOURCE_MARK} {'c' * 64}\n{PRIORITY_MARK} pct container 200: nice 19\n"
+    )
+    moved = Moved(0, 0, source_err, 0, "", "")
+    assert moved.priorities == ["trainer: nice 19, ionice idle", "pct container 200: nice 19"]
+    assert Moved(0, 0, "noise\n", 0, "", "").priorities == []
 
 
 def test_stderr_reason_skips_the_stream_marks():

@@ -36,6 +36,23 @@ def test_an_entry_whose_stored_key_differs_is_a_miss(tmp_path):
     assert cache.get_completion(KEY) is None
 
 
+def test_has_hidden_answers_as_get_hidden_would_without_reading_the_tensors(tmp_path):
+    """What `plan` counts: a hit exactly when get_hidden would return the entry."""
+    cache = DiskCache(tmp_path)
+    assert not cache.has_hidden(KEY)
+    cache.put_hidden(KEY, {1: torch.ones(2, 4), 3: torch.zeros(2, 4)})
+    assert cache.has_hidden(dict(KEY))
+    other = {**KEY, "tokens": "t2"}
+    assert not cache.has_hidden(other)
+    # Another key's entry under this key's name (stale): a miss for both methods.
+    path = tmp_path / "hidden" / f"{key_digest(KEY)}.safetensors"
+    path.rename(path.with_name(f"{key_digest(other)}.safetensors"))
+    assert not cache.has_hidden(other) and cache.get_hidden(other) is None
+    path.with_name(f"{key_digest(other)}.safetensors").write_bytes(b"\x08not safetensors")
+    assert not cache.has_hidden(other) and cache.get_hidden(other) is None
+    assert not DiskCache(None).has_hidden(KEY)
+
+
 def test_disabled_cache_never_hits(tmp_path):
     cache = DiskCache(None)
     cache.put_completion(KEY, [1])
