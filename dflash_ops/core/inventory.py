@@ -141,10 +141,14 @@ class TrainerHost(_SshHost):
     runs: dict[RunName, TrainingRun] = Field(default_factory=dict)  # name → training run
 
     def checkpoint_dirs(self) -> dict[str | None, str]:
-        """Every checkpoints directory to look at, by run (None: the trainer's own)."""
-        own = {None: self.checkpoints} if self.checkpoints else {}
-        runs = {name: run.checkpoints or self.checkpoints for name, run in self.runs.items()}
-        return {**own, **{name: path for name, path in runs.items() if path}}
+        """Every checkpoints directory to look at, once, under the first run that uses it
+        (None: the trainer's own; a run that inherits it is not listed again)."""
+        found: dict[str | None, str] = {None: self.checkpoints} if self.checkpoints else {}
+        for name, run in self.runs.items():
+            path = run.checkpoints or self.checkpoints
+            if path and path not in found.values():
+                found[name] = path
+        return found
 
 
 class VenvSpec(Strict):
