@@ -7,12 +7,15 @@ of `--size` (default 1 GiB), and alternates runs of
     stage:  staging.stage.stage(step, via=rootfs, no resume)    (in-stream sha256 both ends)
 
 in pairs, the order flipping each pair, so that the noise of a shared machine hits both
-alike. Prints each pair (and its ratio), a resume after killing the source at ~50 % with the
-bytes the resume moved, then the spread of the pairs' ratios and, last, the whole-task ratio:
+alike. Like the raw pipe, the stage's trainer-side reader runs at normal priority
+(`transfer.low_priority: false`); `--low-priority` measures the default instead (nice 19,
+ionice idle), which yields CPU to everything else, ssh included, on a saturated machine.
+Prints each pair (and its ratio), a resume after killing the source at ~50 % with the bytes
+the resume moved, then the spread of the pairs' ratios and, last, the whole-task ratio:
 median raw time / median stage time. A stage's relay phase runs from the start of its ssh
 processes (which start early, gated, while the control steps run) to its last byte. The lab
 is removed at the end, even on failure.
-Run: `.venv/bin/python benchmarks/relay.py [--runs 5] [--size 1g]`.
+Run: `.venv/bin/python benchmarks/relay.py [--runs 5] [--size 1g] [--low-priority]`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--size", default="1g")
     parser.add_argument("--via", default="rootfs", choices=["rootfs", "stream"])
+    parser.add_argument(
+        "--low-priority",
+        action="store_true",
+        help="the trainer's reader at nice 19 / ionice idle, as the inventory default",
+    )
     args = parser.parse_args()
     size = parse_size(args.size)
     root = Path(tempfile.mkdtemp(prefix="dflash-bench-")) / "lab"
@@ -59,7 +67,7 @@ def main() -> None:
     print(f"building the lab at {root} with a {format_bytes(size)} checkpoint …", flush=True)
     built = lab.up(config)
     try:
-        run(built, size, args.runs, args.via)
+        run(built, size, args.runs, args.via, args.low_priority)
     finally:
         problems = built.down()
         if not problems:
@@ -100,8 +108,11 @@ def raw_pipe(trainer: Host, evalhost: Host, source: Path, target: Path, size: in
     return time.monotonic() - started
 
 
-def run(built: lab.Lab, size: int, runs: int, via: str) -> None:
+def run(built: lab.Lab, size: int, runs: int, via: str, low_priority: bool) -> None:
     inventory = load_inventory(built.inventory_path)
+    transfer = inventory.transfer.model_copy(update={"low_priority": low_priority})
+    inventory = inventory.model_copy(update={"transfer": transfer})
+    print(f"trainer's reader: {'nice 19, ionice idle' if low_priority else 'normal priority'}")
     trainer, evalhost = Host(inventory, "trainer"), Host(inventory, "eval")
     source = built.checkpoint_path(STEP)
     raw_target = built.data_dir("eval") / "raw.bin"

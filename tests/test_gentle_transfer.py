@@ -157,6 +157,18 @@ def test_low_priority_runs_the_command_at_nice_19_and_idle_io_and_says_so():
     assert announced(done.stderr) == ["here's 'mine': nice 19, ionice idle"]
 
 
+@pytest.mark.parametrize("container", [None, {"kind": "pct", "id": 200}])
+def test_transfer_low_priority_false_reads_at_normal_priority(tmp_path, container):
+    """The trainer's reader is gentle by default; `transfer.low_priority: false` (a trainer
+    with CPU to spare) leaves it, on the host and inside a container, at normal priority."""
+    trainer = {} if container is None else {"container": container}
+    for setting, wrapped in ((None, True), (True, True), (False, False)):
+        raw = inventory_with(None if setting is None else {"low_priority": setting}, **trainer)
+        files = TrainerFiles(parse(raw, tmp_path / "inv.yaml"), "stream")
+        command = files.source("/ckpt/step_1/checkpoint.pt").command(0, hashed=True)
+        assert (f"nice -n {NICENESS}" in command) == wrapped, (setting, command)
+
+
 def test_without_ionice_the_reader_falls_back_to_nice_alone(tmp_path):
     """A host (or container) whose PATH lacks ionice: nice only, said so, and no error."""
     bin_dir = tmp_path / "bin"

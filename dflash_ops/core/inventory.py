@@ -246,6 +246,9 @@ class TransferSettings(Strict):
     margin_fraction: float = Field(default=0.02, ge=0, le=1)
     # Seconds between SSH keepalives; a link silent for KEEPALIVE_COUNT of them is dead.
     keepalive: int = Field(default=15, ge=1)
+    # The trainer-side readers at nice 19 / ionice idle (dflash_ops.remote.priority): false
+    # lets a copy take its full share of the trainer's CPU and disk.
+    low_priority: bool = True
     # Bytes per second a transfer may move ("200m"): gentle to the training host's disk and
     # links. --bwlimit overrides it (`with_bwlimit`).
     bwlimit: Annotated[int | None, BeforeValidator(_bandwidth)] = None

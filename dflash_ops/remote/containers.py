@@ -58,13 +58,13 @@ class HostItself(Strict):
         quoted = [shlex.quote(self.host_path(p)) for p in paths]
         return self.wrap(command_for.format(*quoted))
 
-    def stream_command(self, in_container: str, offset: int = 0) -> str:
+    def stream_command(self, in_container: str, offset: int = 0, *, gentle: bool = True) -> str:
         """Write the file's bytes from `offset` on to stdout. Inside a container the reader
-        runs at low priority itself (see dflash_ops.remote.priority); on the host the caller
-        lowers the whole command's."""
+        runs at low priority itself when `gentle` (see dflash_ops.remote.priority); on the
+        host the caller lowers the whole command's."""
         path = shlex.quote(self.host_path(in_container))
         read = f"tail -c +{offset + 1} -- {path}" if offset else f"cat -- {path}"
-        if self.own_priority:
+        if self.own_priority and gentle:
             read = low_priority(read, announce=self.description)
         return self.wrap(read)
 

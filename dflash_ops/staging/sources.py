@@ -114,6 +114,11 @@ class TrainerFiles:
     def description(self) -> str:
         return f"rootfs {self.rootfs}" if self.rootfs else self.env.description
 
+    @property
+    def gentle(self) -> bool:
+        """Whether the reads run at low priority (inventory transfer.low_priority)."""
+        return self.inventory.transfer.low_priority
+
     def host_path(self, path: str) -> str:
         """How a command given to `wrap` spells the training environment's `path`."""
         if self.rootfs:
@@ -127,15 +132,15 @@ class TrainerFiles:
     def source(self, path: str) -> Source:
         """The file at `path` (in the training environment)."""
         if self.rootfs:
-            return plain_source(self.side, self.host_path(path), "rootfs", gentle=True)
+            return plain_source(self.side, self.host_path(path), "rootfs", gentle=self.gentle)
         env = self.env
         return Source(
             self.side,
             f"{self.side.name}:{path} ({env.description})",
-            lambda offset: env.stream_command(path, offset),
+            lambda offset: env.stream_command(path, offset, gentle=self.gentle),
             env.run_command(probes.file_stat_command("{}"), path),
             "stream",
-            gentle=True,
+            gentle=self.gentle,
         )
 
     def describe(self, path: str, marker: str | None) -> Described:
@@ -179,6 +184,7 @@ class Pulled:
         self.side = RemoteSide(Host(inventory, inventory.trainer_name))
         self.env = environment_of(inventory.trainer.container)
         self.tmp_dir = inventory.trainer.tmp_dir
+        self.gentle = inventory.transfer.low_priority
         self.directory: str | None = None
 
     def __enter__(self) -> Source:
@@ -195,7 +201,9 @@ class Pulled:
             )
         self.directory = made.stdout.strip()
         copy = f"{self.directory}/{self.path.rpartition('/')[2]}"
-        pull = low_priority(self.env.pull_command(self.path, copy), shell="bash")
+        pull = self.env.pull_command(self.path, copy)
+        if self.gentle:
+            pull = low_priority(pull, shell="bash")
         result = self.side.run(pull, check=False)
         if not result.ok:
             self.__exit__()
@@ -203,7 +211,7 @@ class Pulled:
                 f"{self.side.name}: copying {self.path} out of {self.env.description} to "
                 f"{copy} failed: {stderr_reason(result.stderr)}; nothing was staged."
             )
-        return plain_source(self.side, copy, "pulled", gentle=True)
+        return plain_source(self.side, copy, "pulled", gentle=self.gentle)
 
     def __exit__(self, *exc) -> None:
         if self.directory:

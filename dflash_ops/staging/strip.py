@@ -145,7 +145,9 @@ class TrainerExtraction:
             f'{q(env.host_path(self.checkpoint))} "$d"'
         )
         # It reads the whole checkpoint: gently (dflash_ops.remote.priority).
-        result = self.files.side.run(env.wrap(low_priority(command)), check=False)
+        if self.files.gentle:
+            command = low_priority(command)
+        result = self.files.side.run(env.wrap(command), check=False)
         lines = result.stdout.splitlines()
         self.directory = lines[0] if lines and lines[0].startswith("/") else None
         where = f"{self.files.side.name}: {env.description}"
