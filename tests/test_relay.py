@@ -59,6 +59,24 @@ def small_lab(make_lab):
     return lab, load_inventory(lab.inventory_path)
 
 
+def logins(lab, host: str) -> int:
+    """SSH logins the host's sshd accepted so far (its log, written by the real sshd)."""
+    return (lab.host_dir(host) / "sshd.log").read_text().count("Accepted publickey")
+
+
+def test_a_stage_logs_in_once_for_control_and_once_for_the_bytes_on_each_host(small_lab):
+    """Every SSH handshake delays the transfer: the destination's state, its lock and its
+    manifest share one control connection, and the bytes travel on one more."""
+    lab, inventory = small_lab
+    before = {host: logins(lab, host) for host in ("trainer", "eval")}
+    (result,) = stage(inventory, 4000, options=options())
+    assert result.moved == SIZE
+    assert {host: logins(lab, host) - before[host] for host in before} == {
+        "trainer": 2,
+        "eval": 2,
+    }
+
+
 def test_killed_ssh_leaves_a_partial_that_resumes_and_verifies(small_lab):
     lab, inventory = small_lab
     with pytest.raises(TransferError, match="kept: rerun to resume"):

@@ -85,6 +85,25 @@ def test_stream_hashed_reads_a_plain_file_itself(hasher_path, source_file):
     assert f"{SOURCE_MARK} {DIGEST}" in done.stderr.decode()
 
 
+def test_a_file_that_shrinks_while_it_is_sent_stops_the_source(source_file):
+    """The python source sends a plain file with sendfile: a file cut short under it must end
+    the stream with an error, not spin on a zero-byte send."""
+    source = subprocess.Popen(
+        ["bash", "-c", stream_hashed(f"cat -- {quoted(source_file)}", str(source_file))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    first = source.stdout.read(1 << 16)  # the source is inside its first 1 MiB chunk now
+    os.truncate(source_file, 1 << 19)
+    try:
+        rest, errors = source.communicate(timeout=30)
+    finally:
+        source.kill()
+    assert source.returncode != 0
+    assert "the file shrank while read" in errors.decode() and SOURCE_MARK not in errors.decode()
+    assert first + rest == PAYLOAD[: len(first + rest)] and len(first + rest) <= 1 << 19
+
+
 def test_the_source_command_adds_the_stat_and_keeps_the_read_status(hasher_path, source_file):
     stat = f"stat -c '%s %Y %F' -- {quoted(source_file)}"
     read = f"cat -- {quoted(source_file)}"

@@ -81,7 +81,7 @@ def parse_listing(lines: list[str], where: str) -> tuple[Member, ...]:
     return tuple(sorted(members, key=lambda m: m.name))
 
 
-def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
+def _scan(inventory: Inventory, host: Host | None = None) -> tuple[int, dict[int, Found], set[int]]:
     """One look at the checkpoint dir: remote time, {step: found}, steps with marker."""
     trainer = inventory.trainer
     env = environment_of(trainer.container)
@@ -99,7 +99,7 @@ def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
     if trainer.complete_marker:
         marker_glob, marker_regex = _glob_and_regex(trainer.complete_marker)
         command += f"; stat -c 'M 0 0 %n' -- {marker_glob} 2>/dev/null"
-    host = Host(inventory, inventory.trainer_name)
+    host = host or Host(inventory, inventory.trainer_name)
     result = host.run(env.wrap(command + "; true"), check=False)
     if result.exit_code == 3 and "Permission denied" in result.stderr:
         raise CheckpointError(
@@ -148,18 +148,18 @@ def _scan(inventory: Inventory) -> tuple[int, dict[int, Found], set[int]]:
     return now, found, markers
 
 
-def list_checkpoints(inventory: Inventory) -> list[CheckpointInfo]:
+def list_checkpoints(inventory: Inventory, host: Host | None = None) -> list[CheckpointInfo]:
     """The trainer's checkpoints, by step, with completeness: the marker when the inventory
     names one, else a size that does not change (files modified within STABLE_AFTER_S are
-    looked at again after STABLE_WINDOW_S)."""
+    looked at again after STABLE_WINDOW_S). `host`: the trainer's already-open connection."""
     inventory = inventory.for_run(inventory.training_run)  # a trainer with runs only: its run
-    now, files, markers = _scan(inventory)
+    now, files, markers = _scan(inventory, host)
     uses_marker = inventory.trainer.complete_marker is not None
     recent = [s for s, (_, mtime, _) in files.items() if now - mtime < STABLE_AFTER_S]
     unstable: set[int] = set()
     if recent and not uses_marker:
         time.sleep(STABLE_WINDOW_S)
-        _, again, _ = _scan(inventory)
+        _, again, _ = _scan(inventory, host)
         unstable = {s for s in recent if again.get(s) != files[s]}
         files = {**files, **{s: again[s] for s in recent if s in again}}
     return [

@@ -141,6 +141,16 @@ class _Context:
     found: Described | None = None
     head: _HeadStart | None = None
     complete_checked: bool = field(default=False)
+    sides: dict[str, Side] = field(default_factory=dict)
+
+    def destination(self, host: str, step: int, kind: Kind) -> Destination:
+        """Where `host` keeps this step's copy of `kind`; one side per host, so every
+        destination on a host shares its control connection (one SSH handshake, not one per
+        step of the stage)."""
+        if host not in self.sides:
+            local = host == LocalSide.name
+            self.sides[host] = LocalSide() if local else RemoteSide(Host(self.inventory, host))
+        return Destination(self.sides[host], staged_path(self.inventory, host, step, kind), kind)
 
 
 def stage(
@@ -176,7 +186,7 @@ def stage(
     with contextlib.ExitStack() as cleanup:
         if not options.weights_only:
             first = LocalSide.name if options.two_hop else names[0]
-            first_dest = _destination(inventory, first, step, "file")
+            first_dest = context.destination(first, step, "file")
             context.head = _head_start(reader, path, first_dest, options)
             cleanup.callback(context.head.cancel)
         found = context.found = _describe(reader, path, _marker_path(inventory, step), context)
@@ -231,11 +241,6 @@ def _marker_path(inventory: Inventory, step: int) -> str | None:
     return f"{inventory.trainer.checkpoints.rstrip('/')}/{marker.format(step=step)}"
 
 
-def _destination(inventory: Inventory, host: str, step: int, kind: Kind) -> Destination:
-    side: Side = LocalSide() if host == LocalSide.name else RemoteSide(Host(inventory, host))
-    return Destination(side, staged_path(inventory, host, step, kind), kind)
-
-
 def _weights_only(
     payload: Payload, names: list[str], context: _Context, cleanup: contextlib.ExitStack
 ) -> Payload:
@@ -246,7 +251,7 @@ def _weights_only(
         return weights_of_directory(payload)
     inventory, options, identity = context.inventory, context.options, payload.identity
     hosts = [LocalSide.name] if options.two_hop else names
-    targets = [_destination(inventory, host, identity.step, "extracted") for host in hosts]
+    targets = [context.destination(host, identity.step, "extracted") for host in hosts]
     if all(dest.matches(dest.state(), identity, ()) for dest in targets):
         return extracted_payload(payload, None)
     if options.dry_run:
@@ -274,16 +279,14 @@ def _weights_only(
 
 
 def _deliver_all(payload: Payload, names: list[str], context: _Context) -> list[StagedCheckpoint]:
-    inventory, step = context.inventory, payload.identity.step
+    step = payload.identity.step
     results: list[StagedCheckpoint] = []
     if context.options.two_hop:
-        copy = _deliver(
-            payload, _destination(inventory, LocalSide.name, step, payload.kind), context
-        )
+        copy = _deliver(payload, context.destination(LocalSide.name, step, payload.kind), context)
         results.append(copy)
         payload = from_copy(payload, copy.path, list(copy.files), copy.sha256)
     for name in names:
-        dest = _destination(inventory, name, step, payload.kind)
+        dest = context.destination(name, step, payload.kind)
         results.append(_deliver(payload, dest, context))
     return results
 
@@ -470,7 +473,8 @@ def _require_complete(payload: Payload, context: _Context) -> None:
     if found.marker is False:
         incomplete = f"its marker {inventory.trainer.complete_marker} is missing"
     elif found.marker is None and found.now - identity.mtime < STABLE_AFTER_S:
-        info = next((c for c in list_checkpoints(inventory) if c.step == identity.step), None)
+        listed = list_checkpoints(inventory, payload.reader.side.host)
+        info = next((c for c in listed if c.step == identity.step), None)
         if info is not None and not info.complete:
             incomplete = "its size is still changing"
     if incomplete:
