@@ -57,10 +57,15 @@ class Run:
         return self.state in ("succeeded", "failed", "cancelled", "lost", "broken")
 
 
-def new_run_id(step: int, host: str, tag: str | None = None) -> str:
+def new_run_id(
+    step: int, host: str, tag: str | None = None, training_run: str | None = None
+) -> str:
+    """`<stamp>[-<training run>]-step<N>-<host>[-<tag>]-<hex>`: a named training run is in the
+    id, so two runs' same step on one host read apart in listings and in local.results."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run = f"-{_safe(training_run)}" if training_run else ""
     suffix = f"-{_safe(tag)}" if tag else ""
-    return f"{stamp}-step{step}-{_safe(host)}{suffix}-{secrets.token_hex(2)}"
+    return f"{stamp}{run}-step{step}-{_safe(host)}{suffix}-{secrets.token_hex(2)}"
 
 
 def _safe(text: str) -> str:

@@ -197,7 +197,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
                 _pickle_args(request, profile),
                 reporter.say,
             )
-        run_id = jobs.new_run_id(request.step, name, request.tag)
+        run_id = jobs.new_run_id(request.step, name, request.tag, inventory.training_run)
         command = harness_command(
             host,
             entry,
