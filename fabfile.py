@@ -421,22 +421,24 @@ def eval_status(c, inventory=None):
     show_status(load_inventory(inventory))
 
 
-@ops_task(
-    help={"run": "run id (or a unique prefix of it)", "follow": "keep printing until the run ends"}
-)
-def eval_logs(c, run, follow=False, inventory=None):
+# `--id`, not `--run`: on the other tasks `--run` names a training run.
+RUN_ID_HELP = "run id or a unique prefix (fab eval-status lists them)"
+
+
+@ops_task(help={"id": RUN_ID_HELP, "follow": "keep printing until the run ends"})
+def eval_logs(c, id, follow=False, inventory=None):
     """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
     from dflash_ops.ui.eval_commands import show_logs
 
-    show_logs(load_inventory(inventory), run, follow)
+    show_logs(load_inventory(inventory), id, follow)
 
 
-@ops_task(help={"run": "run id (or a unique prefix of it)"})
-def eval_cancel(c, run, inventory=None):
+@ops_task(help={"id": RUN_ID_HELP})
+def eval_cancel(c, id, inventory=None):
     """Stop a running evaluation (SIGTERM to the harness); its files stay on the host."""
     from dflash_ops.ui.eval_commands import cancel_run
 
-    cancel_run(load_inventory(inventory), run)
+    cancel_run(load_inventory(inventory), id)
 
 
 @ops_task()

@@ -60,14 +60,6 @@ class EvalFailed(OpsError):
         self.run = run
 
 
-class Detached(Exception):
-    """The user stopped following (Ctrl-C); the remote run goes on."""
-
-    def __init__(self, run_id: str, host: str) -> None:
-        super().__init__(run_id, host)
-        self.run_id, self.host = run_id, host
-
-
 @dataclass
 class EvalRequest:
     step: int
@@ -218,31 +210,15 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             **({"training_run": inventory.training_run} if inventory.training_run else {}),
         }
         reporter.starting(run_id)
-        try:
-            launcher = jobs.launch(host, entry, run_id, command, params)
+        run = jobs.launch_and_follow(
+            host, entry, run_id, command, params, reporter.say, reporter.follow, request.detach
+        )
+        if request.detach:
             reporter.say(
-                f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}"
+                f"detached. Follow: fab eval-logs --id {run_id} --follow; results: "
+                "fab fetch-results"
             )
-            if request.detach:
-                reporter.say(
-                    f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
-                    "fab fetch-results"
-                )
-                return jobs.wait_finished(host, entry, run_id, timeout=0)
-            on_event = reporter.follow(run_id)
-            run = jobs.follow(
-                host,
-                entry,
-                run_id,
-                "events.jsonl",
-                lambda line: [on_event(e) for e in jobs.parse_events([line])],
-            )
-        except KeyboardInterrupt:
-            # Ctrl-C may land while the launch is still confirming the start: once the run
-            # holds the host it goes on, and the user needs to hear how to reattach.
-            if jobs.start_state(host, entry, run_id) != "started":
-                raise
-            raise Detached(run_id, name) from None
+            return run
         expected = staged if checkpoint == staged.path else None  # not an extracted copy
         return conclude(inventory, host, entry, run, reporter, expected)
     finally:

@@ -16,8 +16,9 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import figures, jobs, results, sweep
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
+from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
-from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
+from dflash_ops.evaluation.run import EvalRequest, build_request, run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report
 from dflash_ops.ui.console import console
@@ -96,7 +97,7 @@ def _evaluate_one(inventory: Inventory, request: EvalRequest) -> None:
     except Detached as detached:
         console.print(
             f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
-            f"{detached.host}. Reattach: fab eval-logs --run {detached.run_id} "
+            f"{detached.host}. Reattach: fab eval-logs --id {detached.run_id} "
             "--follow; pull results later: fab fetch-results"
         )
         raise SystemExit(130) from None

@@ -11,7 +11,8 @@ from dflash_ops.core.arguments import parse_choice, parse_count
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation.harness_options import DTYPES
-from dflash_ops.evaluation.run import Detached, dataset_prompts
+from dflash_ops.evaluation.jobs import Detached
+from dflash_ops.evaluation.run import dataset_prompts
 from dflash_ops.features.extract import FeatureSet, extract_features
 from dflash_ops.features.relay import RelayOptions, relay_set
 from dflash_ops.features.spec import DEFAULT_MAX_NEW_TOKENS, FeatureRequest, choose_layers
@@ -65,7 +66,7 @@ def extract_features_command(
     except Detached as detached:
         console.print(
             f"\n[yellow]detached[/]: run {detached.run_id} goes on on {detached.host}. "
-            f"Follow it: fab eval-logs --run {detached.run_id} --follow; then run this "
+            f"Follow it: fab eval-logs --id {detached.run_id} --follow; then run this "
             "extract-features again to relay the set"
         )
         raise SystemExit(130) from None

@@ -172,7 +172,7 @@ def _show_stopped(view: WatchView, inventory: Inventory) -> None:
         if _launched(inventory, host, run_id):
             going_on[run_id] = host
     for run_id, host in sorted(going_on.items()):
-        console.print(f"  run {run_id} goes on on {host}: fab eval-logs --run {run_id} --follow")
+        console.print(f"  run {run_id} goes on on {host}: fab eval-logs --id {run_id} --follow")
     if going_on:
         console.print(
             "  `fab eval-status` lists runs; a restarted watch pulls them when they end and "
