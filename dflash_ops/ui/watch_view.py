@@ -98,16 +98,16 @@ def watch_command(
     """`fab watch`; `options`: the runs' request options from the task's flags, as run-eval's
     (run.request_options)."""
     template = request_from(inventory, options, step=0, host=None)
-    options = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
+    timing = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
     view = WatchView()
     url = webhook or os.environ.get(WEBHOOK_ENV)
     hook = Webhook(url, view.say) if url else None
-    watch = Watch(inventory, template, view, options, hook)
+    watch = Watch(inventory, template, view, timing, hook)
     hosts = ", ".join(inventory.eval_hosts)
     run = f" (training run {inventory.training_run})" if inventory.training_run else ""
     view.say(
         f"watching {inventory.trainer_name}'s checkpoints{run} every "
-        f"{_duration(options.interval_s)}; "
+        f"{_duration(timing.interval_s)}; "
         f"evaluating on {hosts}; state in {watch.state.path}"
         + (f"; notifying {hook.shown}" if hook else "")
     )
