@@ -316,6 +316,7 @@ def run_eval(
     run=None,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
+    from dflash_ops.evaluation.run import request_options
     from dflash_ops.ui.eval_commands import run_eval_command
 
     run_eval_command(
@@ -324,16 +325,8 @@ def run_eval(
         steps=steps,
         all_new=all_new,
         host=host,
-        harness_options=pick_harness_options(locals()),
-        drafter_config=drafter_config,
+        options={**request_options(locals()), "via": "pull" if pull else via},
         latest=latest,
-        via="pull" if pull else via,
-        reference=reference,
-        prompts=prompts,
-        dataset=dataset,
-        sglang=sglang,
-        strip_optimizer=strip_optimizer,
-        tag=tag,
         detach=detach,
         dry_run=dry_run,
         features=features,
@@ -344,14 +337,12 @@ def run_eval(
     help={
         "on": "features host to compute on (default: the only one)",
         "prompts": "local JSONL prompts file (default: the harness's built-in prompts)",
-        "dataset": run_eval.help["dataset"],
+        **{name: run_eval.help[name] for name in ("dataset", "thinking", "target_dtype")},
         "num_prompts": "with --dataset: draw N prompts from each set",
         "max_new_tokens": "reference completion length (default 256, as run-eval's)",
         "layers": "target layers to keep, comma-separated, e.g. 1,9,17 (default: the "
         "trainer's drafter profile)",
         "block_size": "block size B the completions are extended by (default: the profile's)",
-        "thinking": run_eval.help["thinking"],
-        "target_dtype": run_eval.help["target_dtype"],
         "device": "where the target runs there: auto (CUDA when torch sees a GPU), cpu, cuda",
         "sglang": "reference completions from the features host's sglang_url",
         "threads": "torch CPU threads on the features host",
@@ -378,6 +369,7 @@ def extract_features(
     inventory=None,
 ):
     """Compute the target's completions and hidden states on the features host; relay them."""
+    from dflash_ops.features.spec import HARNESS_OPTIONS
     from dflash_ops.ui.features_commands import extract_features_command
 
     extract_features_command(
@@ -385,15 +377,11 @@ def extract_features(
         on=on,
         prompts=prompts,
         dataset=dataset,
-        num_prompts=num_prompts,
-        max_new_tokens=max_new_tokens,
+        # run-eval's options, as run-eval's (its --verify is another: picked by name here)
+        harness_options=pick_harness_options(locals(), HARNESS_OPTIONS),
         layers=layers,
-        block_size=block_size,
-        thinking=thinking,
-        target_dtype=target_dtype,
         device=device,
         sglang=sglang,
-        threads=threads,
         to=to,
         verify=verify,
     )
@@ -421,22 +409,24 @@ def eval_status(c, inventory=None):
     show_status(load_inventory(inventory))
 
 
-@ops_task(
-    help={"run": "run id (or a unique prefix of it)", "follow": "keep printing until the run ends"}
-)
-def eval_logs(c, run, follow=False, inventory=None):
+# `--id`, not `--run`: on the other tasks `--run` names a training run.
+RUN_ID_HELP = "run id or a unique prefix (fab eval-status lists them)"
+
+
+@ops_task(help={"id": RUN_ID_HELP, "follow": "keep printing until the run ends"})
+def eval_logs(c, id, follow=False, inventory=None):
     """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
     from dflash_ops.ui.eval_commands import show_logs
 
-    show_logs(load_inventory(inventory), run, follow)
+    show_logs(load_inventory(inventory), id, follow)
 
 
-@ops_task(help={"run": "run id (or a unique prefix of it)"})
-def eval_cancel(c, run, inventory=None):
+@ops_task(help={"id": RUN_ID_HELP})
+def eval_cancel(c, id, inventory=None):
     """Stop a running evaluation (SIGTERM to the harness); its files stay on the host."""
     from dflash_ops.ui.eval_commands import cancel_run
 
-    cancel_run(load_inventory(inventory), run)
+    cancel_run(load_inventory(inventory), id)
 
 
 @ops_task()
@@ -548,6 +538,7 @@ def watch(
     run=None,
 ):
     """Follow training: evaluate each new complete checkpoint, every --interval, until Ctrl-C."""
+    from dflash_ops.evaluation.run import request_options
     from dflash_ops.ui.watch_view import watch_command
 
     watch_command(
@@ -557,13 +548,5 @@ def watch(
         once=once,
         max_passes=parse_count("--max-passes", max_passes, minimum=1),
         webhook=webhook,
-        harness_options=pick_harness_options(locals()),
-        prompts=prompts,
-        dataset=dataset,
-        drafter_config=drafter_config,
-        reference=reference,
-        sglang=sglang,
-        strip_optimizer=strip_optimizer,
-        tag=tag,
-        via=via,
+        options=request_options(locals()),
     )

@@ -161,7 +161,7 @@ def test_eval_logs_and_eval_status_find_the_features_run(features_lab, extracted
     runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
     succeeded = [p for p in runs.glob("*/exit_code") if p.read_text() == "0\n"]
     run_id = succeeded[0].parent.name
-    done = run_fab(features_lab.inventory_path, "eval-logs", "--run", run_id)
+    done = run_fab(features_lab.inventory_path, "eval-logs", "--id", run_id)
     assert done.returncode == 0, done.stdout + done.stderr
     log = (runs / run_id / "log").read_text()
     assert log.strip() and said(done.stdout) == said(log)

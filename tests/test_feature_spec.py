@@ -5,6 +5,7 @@ picks (dflash_ops.features.spec and .hosted, core.inventory)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,40 @@ def test_layers_come_from_the_flags_else_the_drafter_profile_else_an_error(tmp_p
 def test_bad_layers_are_refused(text):
     with pytest.raises(OpsError, match="--layers"):
         parse_layers(text)
+
+
+@pytest.mark.parametrize(
+    ("options", "prompts", "dataset", "message"),
+    [
+        ({"thinking": "yes"}, None, None, "--thinking: expected one of on, off, found 'yes'"),
+        ({"target_dtype": "fp16"}, None, None, "--target-dtype: expected one of auto, float32"),
+        ({"threads": "0"}, None, None, "--threads: expected a whole number ≥ 1"),
+        ({"block_size": "1"}, None, None, "--block-size: expected a whole number ≥ 2"),
+        ({"num_prompts": "2"}, None, None, "--num-prompts draws from each --dataset set"),
+        ({}, "nowhere.jsonl", None, "--prompts: nowhere.jsonl is not a file"),
+        ({}, "p.jsonl", "gsm8k", "--dataset and --prompts both name the prompts"),
+    ],
+)
+def test_extract_features_checks_run_eval_s_options_as_run_eval_does(
+    tmp_path, options, prompts, dataset, message
+):
+    """The same table and prompts rule as run-eval (harness_options, run.prompts_file), before
+    any host is asked anything: this inventory has no features host at all."""
+    from dflash_ops.ui.features_commands import extract_features_command
+
+    with pytest.raises(OpsError, match=re.escape(message)):
+        extract_features_command(
+            _inventory(tmp_path, {"target_layer_ids": [1], "block_size": 4}),
+            on=None,
+            prompts=prompts,
+            dataset=dataset,
+            harness_options=options,
+            layers=None,
+            device=None,
+            sglang=False,
+            to=None,
+            verify=False,
+        )
 
 
 def test_a_features_host_with_fla_gets_the_package_in_its_venv(tmp_path):

@@ -9,6 +9,7 @@ the test opens the gate (or stops the run), so no test depends on how fast anyth
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -169,6 +170,15 @@ def test_parse_runs_states():
     features = json.dumps({"kind": "features", "started": 1000.0})
     assert state(code="0", params=features) == "succeeded"
     assert state(code="2", params=features) == "failed"
+
+
+def test_run_ids_name_a_named_training_run_and_keep_the_default_as_it_was():
+    default = jobs.new_run_id(4000, "eval", tag="t1")
+    named = jobs.new_run_id(4000, "eval", tag="t1", training_run="v4")
+    assert re.fullmatch(r"\d{8}-\d{6}-step4000-eval-t1-[0-9a-f]{4}", default)
+    assert re.fullmatch(r"\d{8}-\d{6}-v4-step4000-eval-t1-[0-9a-f]{4}", named)
+    assert "-step4000-" in jobs.new_run_id(4000, "eval", training_run="a/b c")  # made safe
+    assert "/" not in jobs.new_run_id(4000, "eval", training_run="a/b c")
 
 
 def test_a_failed_run_is_fetched_without_a_results_file(eval_host, tmp_path):

@@ -248,12 +248,12 @@ def test_detach_reattach_cancel_and_busy(inventory_path):
     with paused(inventory_path, victim) as directory:  # it holds the host for the busy check
         busy = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
         assert busy.returncode == 1 and f"eval is busy with run {victim.run_id}" in busy.stderr
-        canceller = start_fab(inventory_path, "eval-cancel", "--run", victim.run_id)
+        canceller = start_fab(inventory_path, "eval-cancel", "--id", victim.run_id)
         # The cancel marks the run, then sends SIGTERM; the paused harness takes it on resume.
         wait_on_host(inventory_path, f"test -f {shlex.quote(directory)}/cancelled")
     cancelled, _ = canceller.communicate(timeout=120)
     assert f"run {victim.run_id} on eval: cancelled" in cancelled
-    nothing = fab_eval(inventory_path, "eval-cancel", "--run", victim.run_id)
+    nothing = fab_eval(inventory_path, "eval-cancel", "--id", victim.run_id)
     assert nothing.returncode == 1 and "already cancelled" in nothing.stderr
 
     detached = fab_eval(
@@ -261,7 +261,7 @@ def test_detach_reattach_cancel_and_busy(inventory_path):
     )
     assert detached.returncode == 0, detached.stderr
     [run_id] = re.findall(r"run (\S+) started", detached.stdout)
-    follow = fab_eval(inventory_path, "eval-logs", "--run", run_id[:20], "--follow")
+    follow = fab_eval(inventory_path, "eval-logs", "--id", run_id[:20], "--follow")
     assert follow.returncode == 0, follow.stderr
     assert f"run {run_id} succeeded" in follow.stdout
     assert "Checkpoint" in follow.stdout  # the harness's human summary, from its log
@@ -351,12 +351,13 @@ def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
         stdout, _ = running.communicate(timeout=60)
     assert running.returncode == 130
     assert f"detached: run {run.run_id} goes on on eval" in " ".join(stdout.split())
-    assert f"fab eval-logs --run {run.run_id} --follow" in stdout.replace("\n", "")
+    assert f"fab eval-logs --id {run.run_id} --follow" in stdout.replace("\n", "")
     assert wait_for_run(inventory_path, state="succeeded").run_id == run.run_id
 
 
 def test_ctrl_c_while_the_launch_confirms_still_detaches(inventory_path, monkeypatch):
-    from dflash_ops.evaluation.run import Detached, EvalRequest, run_eval
+    from dflash_ops.evaluation.jobs import Detached
+    from dflash_ops.evaluation.run import EvalRequest, run_eval
     from dflash_ops.ui.eval_view import LiveView
 
     confirm = jobs._wait_started

@@ -333,6 +333,8 @@ def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(make_lab, fab):
     for path in inventories.load(inventory).local.results.glob("*/results.json"):
         checkpoint = json.loads(path.read_text())[schema.CHECKPOINT]
         pulled[checkpoint[schema.TRAINING_RUN], checkpoint[schema.STEP]] = checkpoint
+        run_id = path.parent.name  # the training run is in the id: `…-v4-step4000-eval-…`
+        assert f"-{checkpoint[schema.TRAINING_RUN]}-step{checkpoint[schema.STEP]}-" in run_id
     assert sorted(pulled) == [("v4", 2000), ("v4", 4000), ("v5", 2000), ("v5", 4000)]
     assert pulled["v4", 4000][schema.SHA256] != pulled["v5", 4000][schema.SHA256]
     assert "/checkpoints/v5/step_4000/" in pulled["v5", 4000][schema.PATH]

@@ -346,7 +346,7 @@ def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
     flat = " ".join(stdout.split())
     assert "watch stopped" in flat
     assert f"run {run.run_id} goes on on {run.host}" in flat
-    assert f"fab eval-logs --run {run.run_id} --follow" in stdout.replace("\n", "")
+    assert f"fab eval-logs --id {run.run_id} --follow" in stdout.replace("\n", "")
     wait_for_state(watch_lab, "succeeded")
 
     # Restarted, it pulls that run and starts nothing; then Ctrl-C ends its wait at once.

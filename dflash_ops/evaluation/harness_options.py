@@ -9,39 +9,39 @@ here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.errors import OpsError
 
-Check = Callable[[str, object], list[str]]  # (flag, value) → the argv part ([] when unset)
+# (flag, value) → the value checked: an int, a str or True (a switch); None when unset.
+Check = Callable[[str, object], "int | str | bool | None"]
 
 
 def count(minimum: int) -> Check:
-    def check(flag: str, value: object) -> list[str]:
-        number = parse_count(flag, value, minimum)  # type: ignore[arg-type]
-        return [] if number is None else [flag, str(number)]
+    def check(flag: str, value: object) -> int | None:
+        return parse_count(flag, value, minimum)  # type: ignore[arg-type]
 
     return check
 
 
-def text(flag: str, value: object) -> list[str]:
-    return [] if value in (None, "") else [flag, str(value)]
+def text(flag: str, value: object) -> str | None:
+    return None if value in (None, "") else str(value)
 
 
 def choice(*allowed: str) -> Check:
-    def check(flag: str, value: object) -> list[str]:
+    def check(flag: str, value: object) -> str | None:
         if value in (None, ""):
-            return []
+            return None
         if value not in allowed:
             raise OpsError(f"{flag}: expected one of {', '.join(allowed)}, found {value!r}")
-        return [flag, str(value)]
+        return str(value)
 
     return check
 
 
-def switch(flag: str, value: object) -> list[str]:
-    return [flag] if value else []
+def switch(flag: str, value: object) -> bool | None:
+    return True if value else None
 
 
 DTYPES = ("float32", "bfloat16")
@@ -68,19 +68,31 @@ OPTIONS: dict[str, tuple[str, Check]] = {
 }
 
 
-def pick(values: Mapping[str, object]) -> dict[str, object]:
+def pick(values: Mapping[str, object], names: Iterable[str] = OPTIONS) -> dict[str, object]:
     """The harness options among a task's keyword values (`fab run-eval`'s and `fab watch`'s
-    share them: one list, here)."""
-    return {name: values[name] for name in OPTIONS if name in values}
+    share them: one list, here); `names`: only these (a task that takes a few of them)."""
+    return {name: values[name] for name in names if name in values}
+
+
+def checked(values: Mapping[str, object]) -> dict[str, int | str | bool]:
+    """run-eval's option values, each checked as run-eval checks it (a bad one fails naming
+    its flag); unset ones are left out."""
+    unknown = set(values) - set(OPTIONS)
+    if unknown:
+        raise OpsError(f"not harness options: {', '.join(sorted(unknown))}")
+    found = {}
+    for name, value in values.items():
+        flag, check = OPTIONS[name]
+        parsed = check(flag, value)
+        if parsed is not None:
+            found[name] = parsed
+    return found
 
 
 def harness_args(values: Mapping[str, object]) -> list[str]:
     """The harness argv for run-eval's option values (unset ones keep the harness's default)."""
-    unknown = set(values) - set(OPTIONS)
-    if unknown:
-        raise OpsError(f"not harness options: {', '.join(sorted(unknown))}")
     args: list[str] = []
-    for name, value in values.items():
-        flag, check = OPTIONS[name]
-        args += check(flag, value)
+    for name, value in checked(values).items():
+        flag = OPTIONS[name][0]
+        args += [flag] if value is True else [flag, str(value)]
     return args

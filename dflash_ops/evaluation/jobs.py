@@ -34,6 +34,14 @@ class JobError(OpsError):
     """A run could not be launched, found or followed."""
 
 
+class Detached(Exception):
+    """The user stopped following (Ctrl-C); the remote run goes on."""
+
+    def __init__(self, run_id: str, host: str) -> None:
+        super().__init__(run_id, host)
+        self.run_id, self.host = run_id, host
+
+
 @dataclass(frozen=True)
 class Run:
     run_id: str
@@ -57,10 +65,15 @@ class Run:
         return self.state in ("succeeded", "failed", "cancelled", "lost", "broken")
 
 
-def new_run_id(step: int, host: str, tag: str | None = None) -> str:
+def new_run_id(
+    step: int, host: str, tag: str | None = None, training_run: str | None = None
+) -> str:
+    """`<stamp>[-<training run>]-step<N>-<host>[-<tag>]-<hex>`: a named training run is in the
+    id, so two runs' same step on one host read apart in listings and in local.results."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    run = f"-{_safe(training_run)}" if training_run else ""
     suffix = f"-{_safe(tag)}" if tag else ""
-    return f"{stamp}-step{step}-{_safe(host)}{suffix}-{secrets.token_hex(2)}"
+    return f"{stamp}{run}-step{step}-{_safe(host)}{suffix}-{secrets.token_hex(2)}"
 
 
 def _safe(text: str) -> str:
@@ -133,6 +146,41 @@ def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict)
     return launcher
 
 
+def launch_and_follow(
+    host: Host,
+    entry: EvalHost,
+    run_id: str,
+    command: str,
+    params: dict,
+    say: Callable[[str], None],
+    on_events: Callable[[str], Callable[[dict], None]],
+    detach: bool = False,
+) -> Run:
+    """Launch `command` as run `run_id` (see `launch`), say where it started, and pass each
+    harness event to what `on_events(run_id)` returns until the run ends; return its final
+    state. `detach`: return as soon as it started. A Ctrl-C once the run holds the host
+    raises Detached: the run goes on there, and the caller says how to reattach."""
+    try:
+        launcher = launch(host, entry, run_id, command, params)
+        say(f"{host.name}: run {run_id} started ({launcher}) in {run_dir(entry, run_id)}")
+        if detach:
+            return wait_finished(host, entry, run_id, timeout=0)
+        on_event = on_events(run_id)
+        return follow(
+            host,
+            entry,
+            run_id,
+            "events.jsonl",
+            lambda line: [on_event(event) for event in parse_events([line])],
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C may land while the launch is still confirming the start: once the run
+        # holds the host it goes on, and the user needs to hear how to reattach.
+        if start_state(host, entry, run_id) != "started":
+            raise
+        raise Detached(run_id, host.name) from None
+
+
 def start_state(host: Host, entry: EvalHost, run_id: str) -> str:
     """Where a launched run stands: started (its wrapper holds the host's lock, or it has
     already finished), refused (another run holds the lock), waiting, or absent."""
@@ -173,7 +221,7 @@ def _busy_message(host: str, run: Run) -> str:
     return (
         f"{host} is busy with run {run.run_id} (step {run.step}, {run.state} since "
         f"{_when(run.started)}): one run per eval host at a time. Wait for it "
-        f"(`fab eval-logs --run {run.run_id} --follow`), cancel it (`fab eval-cancel --run "
+        f"(`fab eval-logs --id {run.run_id} --follow`), cancel it (`fab eval-cancel --id "
         f"{run.run_id}`), or use another eval host (--host)."
     )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -27,7 +27,7 @@ from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
-from dflash_ops.evaluation.harness_options import harness_args
+from dflash_ops.evaluation.harness_options import harness_args, pick
 from dflash_ops.features.hosted import relayed_set
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
@@ -60,14 +60,6 @@ class EvalFailed(OpsError):
         self.run = run
 
 
-class Detached(Exception):
-    """The user stopped following (Ctrl-C); the remote run goes on."""
-
-    def __init__(self, run_id: str, host: str) -> None:
-        super().__init__(run_id, host)
-        self.run_id, self.host = run_id, host
-
-
 @dataclass
 class EvalRequest:
     step: int
@@ -82,6 +74,27 @@ class EvalRequest:
     detach: bool = False
     via: str = "stream"  # how staging reads the trainer's file (stage-checkpoint --via/--pull)
     features: str | None = None  # a relayed feature set's id, or 'latest' (extract-features)
+
+
+# build_request's keywords that `fab run-eval` and `fab watch` take from their command line
+# as they are, beside the harness's own options (harness_options.OPTIONS).
+REQUEST_OPTIONS = (
+    "prompts",
+    "dataset",
+    "drafter_config",
+    "reference",
+    "sglang",
+    "strip_optimizer",
+    "tag",
+    "via",
+)
+
+
+def request_options(values: Mapping[str, object]) -> dict[str, object]:
+    """build_request's keywords among a task's keyword values: `harness_options` and those of
+    REQUEST_OPTIONS (`fab run-eval`'s and `fab watch`'s are the same: one list, here)."""
+    chosen = {name: values[name] for name in REQUEST_OPTIONS if name in values}
+    return {"harness_options": pick(values), **chosen}
 
 
 def build_request(
@@ -108,24 +121,22 @@ def build_request(
     `dataset` names prompt sets (dflash_ops.evaluation.datasets): they are built here, into
     a prompts file in `prompt_sets_dir` that is uploaded like --prompts, and num_prompts
     becomes the number of prompts drawn from each set."""
-    if dataset:
-        if prompts:
-            raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
+    per_set = None
+    if dataset:  # --num-prompts is drawn from each set, not passed on to cut the file again
         harness_options = dict(harness_options)
-        per_set = parse_count("--num-prompts", harness_options.pop("num_prompts", None), 1)
-        prompts = str(
-            dataset_prompts(dataset, per_set, prompt_sets_dir or Path("prompt-sets"), say)
-        )
-    for flag, path in (("--prompts", prompts), ("--drafter-config", drafter_config)):
-        if path and not Path(path).is_file():
-            raise OpsError(f"{flag}: {path} is not a file on this workstation")
+        per_set = harness_options.pop("num_prompts", None)
+    prompts_path = prompts_file(
+        prompts, dataset, per_set, prompt_sets_dir or Path("prompt-sets"), say
+    )
+    if drafter_config and not Path(drafter_config).is_file():
+        raise OpsError(f"--drafter-config: {drafter_config} is not a file on this workstation")
     return EvalRequest(
         step=step,
         host=host,
         harness_args=harness_args(harness_options),
         drafter_config=Path(drafter_config) if drafter_config else None,
         reference=reference,
-        prompts=Path(prompts) if prompts else None,
+        prompts=prompts_path,
         sglang=sglang,
         strip_optimizer=strip_optimizer,
         tag=tag,
@@ -133,6 +144,26 @@ def build_request(
         via=parse_choice("--via", via, get_args(Via)),
         features=features or None,
     )
+
+
+def prompts_file(
+    prompts: str | None,
+    dataset: str | None,
+    num_prompts: object,
+    directory: Path,
+    say: Callable[[str], None],
+) -> Path | None:
+    """The prompts to upload (run-eval's and extract-features' --prompts/--dataset): the file
+    `prompts`, or one built in `directory` of the `dataset` sets with `num_prompts` drawn
+    from each (all when None); None: neither, the harness's built-in prompts."""
+    if dataset:
+        if prompts:
+            raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
+        per_set = parse_count("--num-prompts", num_prompts, 1)
+        return dataset_prompts(dataset, per_set, directory, say)
+    if prompts and not Path(prompts).is_file():
+        raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
+    return Path(prompts) if prompts else None
 
 
 def dataset_prompts(
@@ -197,7 +228,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
                 _pickle_args(request, profile),
                 reporter.say,
             )
-        run_id = jobs.new_run_id(request.step, name, request.tag)
+        run_id = jobs.new_run_id(request.step, name, request.tag, inventory.training_run)
         command = harness_command(
             host,
             entry,
@@ -218,31 +249,15 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             **({"training_run": inventory.training_run} if inventory.training_run else {}),
         }
         reporter.starting(run_id)
-        try:
-            launcher = jobs.launch(host, entry, run_id, command, params)
+        run = jobs.launch_and_follow(
+            host, entry, run_id, command, params, reporter.say, reporter.follow, request.detach
+        )
+        if request.detach:
             reporter.say(
-                f"{name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}"
+                f"detached. Follow: fab eval-logs --id {run_id} --follow; results: "
+                "fab fetch-results"
             )
-            if request.detach:
-                reporter.say(
-                    f"detached. Follow: fab eval-logs --run {run_id} --follow; results: "
-                    "fab fetch-results"
-                )
-                return jobs.wait_finished(host, entry, run_id, timeout=0)
-            on_event = reporter.follow(run_id)
-            run = jobs.follow(
-                host,
-                entry,
-                run_id,
-                "events.jsonl",
-                lambda line: [on_event(e) for e in jobs.parse_events([line])],
-            )
-        except KeyboardInterrupt:
-            # Ctrl-C may land while the launch is still confirming the start: once the run
-            # holds the host it goes on, and the user needs to hear how to reattach.
-            if jobs.start_state(host, entry, run_id) != "started":
-                raise
-            raise Detached(run_id, name) from None
+            return run
         expected = staged if checkpoint == staged.path else None  # not an extracted copy
         return conclude(inventory, host, entry, run, reporter, expected)
     finally:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import FeaturesHost, Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.run import Detached, EvalFailed, RunReporter, ensure_ready
+from dflash_ops.evaluation.run import EvalFailed, RunReporter, ensure_ready
 from dflash_ops.features.spec import SET_RECORD, FeatureRequest, set_id
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
@@ -63,7 +63,7 @@ def extract_features(
             raise HostError(
                 name,
                 f"the harness finished but {path}/{SET_RECORD} is missing: the set is not "
-                f"complete. See the run's log (fab eval-logs --run {run.run_id}) and rerun.",
+                f"complete. See the run's log (fab eval-logs --id {run.run_id}) and rerun.",
             )
         return FeatureSet(name, identifier, path, record, computed=True)
     finally:
@@ -180,23 +180,9 @@ def _run(
     uploads = _uploads(host, entry, request, run_id)
     command = features_command(entry, host.name, harness, request, out, uploads)
     params = {"kind": "features", "out": out, "harness": harness, "command": command}
-    try:
-        launcher = jobs.launch(host, entry, run_id, command, params)
-        reporter.say(
-            f"{host.name}: run {run_id} started ({launcher}) in {jobs.run_dir(entry, run_id)}"
-        )
-        on_event = reporter.follow(run_id)
-        run = jobs.follow(
-            host,
-            entry,
-            run_id,
-            "events.jsonl",
-            lambda line: [on_event(event) for event in jobs.parse_events([line])],
-        )
-    except KeyboardInterrupt:
-        if jobs.start_state(host, entry, run_id) != "started":
-            raise
-        raise Detached(run_id, host.name) from None
+    run = jobs.launch_and_follow(
+        host, entry, run_id, command, params, reporter.say, reporter.follow
+    )
     if "--sglang" in uploads:  # the run is over: its credentials need not stay on the host
         host.run(f"rm -f -- {shlex.quote(uploads['--sglang'])}", check=False)
     reporter.finished(run, [], None)

@@ -34,6 +34,16 @@ from dflash_ops.core.errors import InventoryError, OpsError
 from dflash_ops.core.inventory import Inventory
 
 DEFAULT_MAX_NEW_TOKENS = 256  # the harness's own default (eval --max-new-tokens)
+# run-eval's options (harness_options.OPTIONS) that extract-features takes too, by the same
+# names and checked the same way.
+HARNESS_OPTIONS = (
+    "num_prompts",
+    "max_new_tokens",
+    "block_size",
+    "thinking",
+    "target_dtype",
+    "threads",
+)
 SET_RECORD = "feature-set.json"  # what the harness writes into a complete set
 ID_HEX = 12
 

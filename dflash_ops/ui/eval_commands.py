@@ -6,7 +6,9 @@ Exit statuses: OpsError → 1 (ops_task / the click CLI); Ctrl-C while following
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dflash_eval import schema
 
@@ -16,8 +18,9 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import figures, jobs, results, sweep
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
+from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
-from dflash_ops.evaluation.run import Detached, EvalRequest, build_request, run_eval
+from dflash_ops.evaluation.run import EvalRequest, build_request, run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report
 from dflash_ops.ui.console import console
@@ -34,6 +37,17 @@ from dflash_ops.ui.plan_view import plan_lines
 PROMPT_SETS_DIR = "prompt-sets"  # under the results directory: the prompts files uploaded
 
 
+def request_from(inventory: Inventory, options: Mapping[str, object], **fixed: Any) -> EvalRequest:
+    """The run request of a task's options (run.request_options) and of what the task sets
+    itself (`fixed`: step, host, …), its prompt sets built under the inventory's results."""
+    return build_request(
+        **options,
+        **fixed,
+        prompt_sets_dir=inventory.local.results / PROMPT_SETS_DIR,
+        say=console.print,
+    )
+
+
 def run_eval_command(
     inventory: Inventory,
     *,
@@ -41,45 +55,24 @@ def run_eval_command(
     steps: str | None,
     all_new: bool,
     host: str | None,
-    harness_options: dict[str, object],
-    drafter_config: str | None,
+    options: Mapping[str, object],
     latest: bool = False,
-    via: str = "stream",
-    reference: bool,
-    prompts: str | None,
-    dataset: str | None,
-    sglang: bool,
-    strip_optimizer: bool,
-    tag: str | None,
-    detach: bool,
+    detach: bool = False,
     dry_run: bool = False,
     features: str | None = None,
 ) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts;
-    with `dry_run`, only their plan (nothing staged, run or written)."""
+    with `dry_run`, only their plan (nothing staged, run or written). `options`: the
+    request's options from the task's flags (run.request_options)."""
     if latest:
         step = resolve_step(inventory, None, latest=True).step
-    if dry_run and dataset:
+    if dry_run and options.get("dataset"):
         raise OpsError(
             "--dry-run with --dataset is not supported: the prompts file would be written. "
             "Build it with a real run first, or pass --prompts FILE"
         )
-    request = build_request(
-        step=step,
-        host=host,
-        harness_options=harness_options,
-        drafter_config=drafter_config,
-        via=via,
-        prompts=prompts,
-        dataset=dataset,
-        prompt_sets_dir=inventory.local.results / PROMPT_SETS_DIR,
-        reference=reference,
-        sglang=sglang,
-        strip_optimizer=strip_optimizer,
-        tag=tag,
-        detach=detach,
-        features=features,
-        say=console.print,
+    request = request_from(
+        inventory, options, step=step, host=host, detach=detach, features=features
     )
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
     if dry_run:
@@ -96,7 +89,7 @@ def _evaluate_one(inventory: Inventory, request: EvalRequest) -> None:
     except Detached as detached:
         console.print(
             f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
-            f"{detached.host}. Reattach: fab eval-logs --run {detached.run_id} "
+            f"{detached.host}. Reattach: fab eval-logs --id {detached.run_id} "
             "--follow; pull results later: fab fetch-results"
         )
         raise SystemExit(130) from None

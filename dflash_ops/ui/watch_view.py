@@ -10,19 +10,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.run import build_request
 from dflash_ops.evaluation.watch import PassOutcome, Watch, WatchOptions, parse_interval
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
-from dflash_ops.ui.eval_commands import PROMPT_SETS_DIR
+from dflash_ops.ui.eval_commands import request_from
 from dflash_ops.ui.eval_view import PrefixedView
 
 STOPPING_WEBHOOK_WAIT_S = 2.0  # after Ctrl-C, for posts still queued: stopping stays prompt
@@ -94,42 +93,21 @@ def watch_command(
     once: bool,
     max_passes: int | None,
     webhook: str | None,
-    harness_options: dict[str, object],
-    prompts: str | None,
-    dataset: str | None,
-    drafter_config: str | None,
-    reference: bool,
-    sglang: bool,
-    strip_optimizer: bool,
-    tag: str | None,
-    via: str,
+    options: Mapping[str, object],
 ) -> None:
-    """`fab watch`."""
-    template = build_request(
-        step=0,
-        host=None,
-        harness_options=harness_options,
-        prompts=prompts,
-        dataset=dataset,
-        prompt_sets_dir=inventory.local.results / PROMPT_SETS_DIR,
-        drafter_config=drafter_config,
-        reference=reference,
-        sglang=sglang,
-        strip_optimizer=strip_optimizer,
-        tag=tag,
-        via=via,
-        say=console.print,
-    )
-    options = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
+    """`fab watch`; `options`: the runs' request options from the task's flags, as run-eval's
+    (run.request_options)."""
+    template = request_from(inventory, options, step=0, host=None)
+    timing = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
     view = WatchView()
     url = webhook or os.environ.get(WEBHOOK_ENV)
     hook = Webhook(url, view.say) if url else None
-    watch = Watch(inventory, template, view, options, hook)
+    watch = Watch(inventory, template, view, timing, hook)
     hosts = ", ".join(inventory.eval_hosts)
     run = f" (training run {inventory.training_run})" if inventory.training_run else ""
     view.say(
         f"watching {inventory.trainer_name}'s checkpoints{run} every "
-        f"{_duration(options.interval_s)}; "
+        f"{_duration(timing.interval_s)}; "
         f"evaluating on {hosts}; state in {watch.state.path}"
         + (f"; notifying {hook.shown}" if hook else "")
     )
@@ -172,7 +150,7 @@ def _show_stopped(view: WatchView, inventory: Inventory) -> None:
         if _launched(inventory, host, run_id):
             going_on[run_id] = host
     for run_id, host in sorted(going_on.items()):
-        console.print(f"  run {run_id} goes on on {host}: fab eval-logs --run {run_id} --follow")
+        console.print(f"  run {run_id} goes on on {host}: fab eval-logs --id {run_id} --follow")
     if going_on:
         console.print(
             "  `fab eval-status` lists runs; a restarted watch pulls them when they end and "
