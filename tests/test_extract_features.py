@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.inventory import load
 from dflash_ops.core.units import format_bytes
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import REPO, run_fab
 
@@ -249,6 +253,66 @@ def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
     assert done.returncode == 1
     assert "no eval host named 'nope'" in said(done.stderr), done.stderr
     assert "computing" not in done.stdout
+
+
+@contextmanager
+def tiny_disk(lab: labs.Lab, host_name: str, directory: str, size: str) -> Iterator[Host]:
+    """A small tmpfs over `directory` on a lab host, hiding what is there until it is unmounted.
+    Mounted through the host's own SSH login (root in the lab's netns mode): the host's sshd
+    runs in a mount namespace of its own, which a mount made here would not reach."""
+    if lab.state.mode != "netns":
+        pytest.skip("a size-limited disk needs the lab's netns mode (root)")
+    host = Host(load(lab.inventory_path), host_name)
+    quoted = shlex.quote(directory)
+    host.run(f"mkdir -p {quoted} && mount -t tmpfs -o size={size} dflash-test-tiny {quoted}")
+    try:
+        yield host
+    finally:
+        host.run(f"umount {quoted}")
+        host.close()
+
+
+def without_margin(lab: labs.Lab, tmp_path: Path) -> Path:
+    """The lab's inventory with no free-space margin: a refusal is the set's size alone."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["transfer"] = {"margin": "0", "margin_fraction": 0}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_a_set_the_features_disk_cannot_hold_is_refused_before_the_run(
+    features_lab, provisioned, tmp_path
+):
+    layout = EvalLayout(load(features_lab.inventory_path).hosts["features"])
+    with tiny_disk(features_lab, "features", layout.features, "64k") as host:
+        runs_before = host.run(f"ls -A {shlex.quote(layout.runs)}", check=False).stdout
+        done = extract(features_lab, inventory_path=without_margin(features_lab, tmp_path))
+        assert done.returncode == 1, done.stdout + done.stderr
+        message = said(done.stderr)
+        assert f"features: not enough free space at {layout.features}" in message, message
+        assert "free 64.0 KiB" in message and "an upper bound" in message, message
+        assert "fab prune --features --host features" in message, message
+        assert "fewer prompts" in message and "fewer --max-new-tokens" in message, message
+        # nothing launched or left behind: no run, no uploaded prompts, nothing on the disk
+        assert host.run(f"ls -A {shlex.quote(layout.runs)}", check=False).stdout == runs_before
+        assert host.run(f"ls -A {shlex.quote(layout.features)}").stdout == ""
+    assert "staged and verified" not in done.stdout
+
+
+def test_a_relay_the_eval_disk_cannot_hold_is_refused_before_a_byte_moves(
+    features_lab, extracted, tmp_path
+):
+    layout = EvalLayout(load(features_lab.inventory_path).hosts["eval"])
+    with tiny_disk(features_lab, "eval", layout.features, "64k") as host:
+        done = extract(features_lab, inventory_path=without_margin(features_lab, tmp_path))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"feature set {extracted} already computed" in said(done.stdout), done.stdout
+        message = said(done.stderr)
+        assert f"eval: not enough free space at {layout.features}" in message, message
+        assert f"for feature set {extracted}" in message, message
+        assert "fab prune --features --host eval" in message, message
+        assert host.run(f"ls -A {shlex.quote(layout.features)}").stdout == ""
 
 
 def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provisioned):
