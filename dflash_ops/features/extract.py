@@ -3,7 +3,8 @@ detached with the same machinery as an eval run (run directory, flock, events st
 
 The set goes to `{features workdir}/features/<set-id>`; the harness builds it in
 `<set-id>.partial` and renames it when complete, so a set with its `feature-set.json` is a
-finished one, and asking for it again does nothing.
+finished one, and asking for it again does nothing. Before a run is launched, the harness
+bounds the set's size on the host and the set must fit there with the margin (space.py).
 """
 
 from __future__ import annotations
