@@ -230,16 +230,37 @@ def test_an_interrupted_relay_resumes_where_it_stopped(features_lab, extracted):
     assert not partial.exists()
 
 
-def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned):
-    features = load(features_lab.inventory_path).hosts["features"]
-    sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
+def test_layers_the_target_lacks_are_refused_before_any_run_starts(features_lab, provisioned):
+    """The free-space check runs the harness's own argument and target checks: a bad request
+    fails in seconds, with no run started."""
+    runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
+    before = sorted(runs.iterdir()) if runs.is_dir() else []
     done = run_fab(
         features_lab.inventory_path, "extract-features", "--layers", "1,99", "--block-size",
         "8", "--max-new-tokens", "4", timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
+    assert "--layers [99] do not exist" in said(done.stderr), done.stderr
+    assert (sorted(runs.iterdir()) if runs.is_dir() else []) == before
+    assert "staged and verified" not in done.stdout
+
+
+def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned, tmp_path):
+    """A run that fails once started: its completions come from an SGLang URL where nothing
+    listens (port 9 of the features host's own loopback)."""
+    features = load(features_lab.inventory_path).hosts["features"]
+    sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
+    document = yaml.safe_load(features_lab.inventory_path.read_text())
+    document["hosts"]["features"]["sglang_url"] = "http://127.0.0.1:9"
+    nowhere = tmp_path / "inventory.yaml"
+    nowhere.write_text(yaml.safe_dump(document, sort_keys=False))
+    done = run_fab(
+        nowhere, "extract-features", "--layers", "1", "--block-size", "8", "--max-new-tokens",
+        "4", "--sglang", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
     assert "failed (exit code" in said(done.stderr), done.stderr
-    assert "99" in done.stderr.split("last lines of its log:")[1], done.stderr
+    assert "127.0.0.1:9" in said(done.stderr.split("last lines of its log:")[1]), done.stderr
     assert "staged and verified" not in done.stdout
     complete = [p for p in Path(EvalLayout(features).features).glob("*") if p not in sets_before]
     assert not [p for p in complete if (p / "feature-set.json").exists()]
