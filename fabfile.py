@@ -208,15 +208,29 @@ def stage_checkpoint(
 
 @ops_task(
     help={
-        "host": "only this eval host (default: every eval host and local.staging)",
+        "host": "only this eval (or, with --features, features) host (default: every eval host "
+        "and local.staging)",
         "keep_last": "keep the newest N steps of each training run (default 2)",
         "keep_steps": "also keep these steps, comma-separated",
         "yes": "really remove (default: show what would go)",
         "run": "only this training run's staged steps (default: every run's)",
+        "features": "prune feature sets instead, on the features and eval hosts (newest N of "
+        "each target kept)",
+        "keep_sets": "with --features: also keep these set ids, comma-separated",
     }
 )
-def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=None, run=None):
-    """Remove old staged checkpoints (and their extracted copies) by policy; dry run by default."""
+def prune(
+    c,
+    host=None,
+    keep_last=None,
+    keep_steps=None,
+    yes=False,
+    inventory=None,
+    run=None,
+    features=False,
+    keep_sets=None,
+):
+    """Remove old staged checkpoints (--features: feature sets) by policy; dry run by default."""
     from dflash_ops.ui.prune_view import run_prune
 
     run_prune(
@@ -226,6 +240,8 @@ def prune(c, host=None, keep_last=None, keep_steps=None, yes=False, inventory=No
         keep_steps=keep_steps,
         yes=yes,
         run=run,
+        features=features,
+        keep_sets=keep_sets,
     )
 
 

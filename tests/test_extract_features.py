@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.inventory import load
 from dflash_ops.core.units import format_bytes
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import REPO, run_fab
 
@@ -226,16 +230,37 @@ def test_an_interrupted_relay_resumes_where_it_stopped(features_lab, extracted):
     assert not partial.exists()
 
 
-def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned):
-    features = load(features_lab.inventory_path).hosts["features"]
-    sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
+def test_layers_the_target_lacks_are_refused_before_any_run_starts(features_lab, provisioned):
+    """The free-space check runs the harness's own argument and target checks: a bad request
+    fails in seconds, with no run started."""
+    runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
+    before = sorted(runs.iterdir()) if runs.is_dir() else []
     done = run_fab(
         features_lab.inventory_path, "extract-features", "--layers", "1,99", "--block-size",
         "8", "--max-new-tokens", "4", timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
+    assert "--layers [99] do not exist" in said(done.stderr), done.stderr
+    assert (sorted(runs.iterdir()) if runs.is_dir() else []) == before
+    assert "staged and verified" not in done.stdout
+
+
+def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned, tmp_path):
+    """A run that fails once started: its completions come from an SGLang URL where nothing
+    listens (port 9 of the features host's own loopback)."""
+    features = load(features_lab.inventory_path).hosts["features"]
+    sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
+    document = yaml.safe_load(features_lab.inventory_path.read_text())
+    document["hosts"]["features"]["sglang_url"] = "http://127.0.0.1:9"
+    nowhere = tmp_path / "inventory.yaml"
+    nowhere.write_text(yaml.safe_dump(document, sort_keys=False))
+    done = run_fab(
+        nowhere, "extract-features", "--layers", "1", "--block-size", "8", "--max-new-tokens",
+        "4", "--sglang", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
     assert "failed (exit code" in said(done.stderr), done.stderr
-    assert "99" in done.stderr.split("last lines of its log:")[1], done.stderr
+    assert "127.0.0.1:9" in said(done.stderr.split("last lines of its log:")[1]), done.stderr
     assert "staged and verified" not in done.stdout
     complete = [p for p in Path(EvalLayout(features).features).glob("*") if p not in sets_before]
     assert not [p for p in complete if (p / "feature-set.json").exists()]
@@ -249,6 +274,66 @@ def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
     assert done.returncode == 1
     assert "no eval host named 'nope'" in said(done.stderr), done.stderr
     assert "computing" not in done.stdout
+
+
+@contextmanager
+def tiny_disk(lab: labs.Lab, host_name: str, directory: str, size: str) -> Iterator[Host]:
+    """A small tmpfs over `directory` on a lab host, hiding what is there until it is unmounted.
+    Mounted through the host's own SSH login (root in the lab's netns mode): the host's sshd
+    runs in a mount namespace of its own, which a mount made here would not reach."""
+    if lab.state.mode != "netns":
+        pytest.skip("a size-limited disk needs the lab's netns mode (root)")
+    host = Host(load(lab.inventory_path), host_name)
+    quoted = shlex.quote(directory)
+    host.run(f"mkdir -p {quoted} && mount -t tmpfs -o size={size} dflash-test-tiny {quoted}")
+    try:
+        yield host
+    finally:
+        host.run(f"umount {quoted}")
+        host.close()
+
+
+def without_margin(lab: labs.Lab, tmp_path: Path) -> Path:
+    """The lab's inventory with no free-space margin: a refusal is the set's size alone."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["transfer"] = {"margin": "0", "margin_fraction": 0}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def test_a_set_the_features_disk_cannot_hold_is_refused_before_the_run(
+    features_lab, provisioned, tmp_path
+):
+    layout = EvalLayout(load(features_lab.inventory_path).hosts["features"])
+    with tiny_disk(features_lab, "features", layout.features, "64k") as host:
+        runs_before = host.run(f"ls -A {shlex.quote(layout.runs)}", check=False).stdout
+        done = extract(features_lab, inventory_path=without_margin(features_lab, tmp_path))
+        assert done.returncode == 1, done.stdout + done.stderr
+        message = said(done.stderr)
+        assert f"features: not enough free space at {layout.features}" in message, message
+        assert "free 64.0 KiB" in message and "an upper bound" in message, message
+        assert "fab prune --features --host features" in message, message
+        assert "fewer prompts" in message and "fewer --max-new-tokens" in message, message
+        # nothing launched or left behind: no run, no uploaded prompts, nothing on the disk
+        assert host.run(f"ls -A {shlex.quote(layout.runs)}", check=False).stdout == runs_before
+        assert host.run(f"ls -A {shlex.quote(layout.features)}").stdout == ""
+    assert "staged and verified" not in done.stdout
+
+
+def test_a_relay_the_eval_disk_cannot_hold_is_refused_before_a_byte_moves(
+    features_lab, extracted, tmp_path
+):
+    layout = EvalLayout(load(features_lab.inventory_path).hosts["eval"])
+    with tiny_disk(features_lab, "eval", layout.features, "64k") as host:
+        done = extract(features_lab, inventory_path=without_margin(features_lab, tmp_path))
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"feature set {extracted} already computed" in said(done.stdout), done.stdout
+        message = said(done.stderr)
+        assert f"eval: not enough free space at {layout.features}" in message, message
+        assert f"for feature set {extracted}" in message, message
+        assert "fab prune --features --host eval" in message, message
+        assert host.run(f"ls -A {shlex.quote(layout.features)}").stdout == ""
 
 
 def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provisioned):

@@ -50,16 +50,21 @@ class RemoteCommandError(HostError):
 class DiskSpaceError(HostError):
     """Not enough free space where we are about to write."""
 
-    def __init__(self, host: str, path: str, needed: int, free: int, what: str = "") -> None:
+    def __init__(
+        self, host: str, path: str, needed: int, free: int, what: str = "", advice: str = ""
+    ) -> None:
         from dflash_ops.core.units import format_bytes
 
         purpose = f" for {what}" if what else ""
+        advice = advice or (
+            f"old staged checkpoints: `fab prune --host {host}`; or point the inventory at a "
+            "larger filesystem"
+        )
         super().__init__(
             host,
             f"not enough free space at {path}{purpose}: need {format_bytes(needed)}, "
-            f"free {format_bytes(free)}. Free {format_bytes(needed - free)} there (old staged "
-            f"checkpoints: `fab prune --host {host}`; or point the inventory at a larger "
-            f"filesystem) and retry.",
+            f"free {format_bytes(free)}. Free {format_bytes(needed - free)} there ({advice}) "
+            "and retry.",
         )
         self.path = path
         self.needed = needed

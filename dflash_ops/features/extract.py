@@ -3,7 +3,8 @@ detached with the same machinery as an eval run (run directory, flock, events st
 
 The set goes to `{features workdir}/features/<set-id>`; the harness builds it in
 `<set-id>.partial` and renames it when complete, so a set with its `feature-set.json` is a
-finished one, and asking for it again does nothing.
+finished one, and asking for it again does nothing. Before a run is launched, the harness
+bounds the set's size on the host and the set must fit there with the margin (space.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from dflash_ops.core.errors import HostError
+from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.inventory import FeaturesHost, Inventory
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.run import EvalFailed, RunReporter, ensure_ready
+from dflash_ops.features.space import check_features_host
 from dflash_ops.features.spec import SET_RECORD, FeatureRequest, set_id
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.staging.disk import Margin, margin_of
 
 # Prints the target's name and fingerprint as the harness computes them (config and
 # tokenizer hashed, weights by name, size, mtime and safetensors header).
@@ -57,7 +60,7 @@ def extract_features(
             reporter.say(f"{name}: feature set {identifier} already computed ({path})")
             return FeatureSet(name, identifier, path, record, computed=False)
         reporter.say(f"{name}: computing feature set {identifier} → {path}")
-        run = _run(host, entry, harness, request, path, reporter)
+        run = _run(host, entry, harness, request, path, reporter, margin_of(inventory))
         record = read_set_record(host, path)
         if record is None:
             raise HostError(
@@ -162,6 +165,11 @@ def _uploads(
     return uploaded
 
 
+def _remove(host: Host, uploads: dict[str, str]) -> None:
+    if uploads:
+        host.run("rm -f -- " + " ".join(map(shlex.quote, uploads.values())), check=False)
+
+
 def new_run_id(host: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-features-{host}-{secrets.token_hex(2)}"
@@ -174,17 +182,24 @@ def _run(
     request: FeatureRequest,
     out: str,
     reporter: RunReporter,
+    margin: Margin,
 ) -> jobs.Run:
-    """Launch the harness detached, stream its events until it ends; raise when it failed."""
+    """Check that the set fits, then launch the harness detached and stream its events until
+    it ends; raise when it failed."""
     run_id = new_run_id(host.name)
     uploads = _uploads(host, entry, request, run_id)
     command = features_command(entry, host.name, harness, request, out, uploads)
+    try:
+        check_features_host(host, command, out.rpartition("/")[2], margin, reporter.say)
+    except OpsError:
+        _remove(host, uploads)
+        raise
     params = {"kind": "features", "out": out, "harness": harness, "command": command}
     run = jobs.launch_and_follow(
         host, entry, run_id, command, params, reporter.say, reporter.follow
     )
     if "--sglang" in uploads:  # the run is over: its credentials need not stay on the host
-        host.run(f"rm -f -- {shlex.quote(uploads['--sglang'])}", check=False)
+        _remove(host, {"--sglang": uploads["--sglang"]})
     reporter.finished(run, [], None)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run_id))

@@ -2,7 +2,8 @@
 staging's own machinery: the set directory is a payload of kind `directory`, so every file is
 hashed at both ends, an interrupted relay resumes file by file, the copy is promoted with one
 manifest (`<set-id>.manifest.json` beside it), and a host whose manifest already matches the
-source is skipped.
+source is skipped. Before the first byte moves, staging's dry run plans every host's copy
+and any host without room for it (plus the margin) is named (space.py).
 
 `verify` hashes each relayed copy again against its manifest; a copy that no longer matches
 (a corrupt file) is removed and sent again.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from dflash_ops.core.errors import CheckpointError, TransferError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.features.extract import FeatureSet
+from dflash_ops.features.space import require_room
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.destination import Destination
@@ -62,9 +64,12 @@ def relay_set(
     stage_options = StageOptions(
         report=options.report, progress_factory=options.progress_factory, verify=False
     )
+    destinations = {name: set_destination(inventory, name, source.set_id) for name in to}
+    quiet = StageOptions(report=lambda _: None, dry_run=True)
+    planned = [deliver(inventory, payload, dest, quiet) for dest in destinations.values()]
+    require_room(planned, source.set_id)  # every short host named before a byte moves
     relayed = []
-    for name in to:
-        dest = set_destination(inventory, name, source.set_id)
+    for dest in destinations.values():
         if options.verify:
             _drop_if_corrupt(payload, dest, options.report)
         relayed.append(deliver(inventory, payload, dest, stage_options))

@@ -1,12 +1,15 @@
-"""What `fab prune` shows: every staged step with its verdict, then what was (or would be) freed."""
+"""What `fab prune` shows: every staged step (with --features: every feature set) with its
+verdict, then what was (or would be) freed."""
 
 from __future__ import annotations
 
 from rich.table import Table
 
 from dflash_ops.core.arguments import parse_count, parse_steps
+from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
+from dflash_ops.features import prune as prune_sets
 from dflash_ops.staging import prune
 from dflash_ops.ui.console import console
 
@@ -19,7 +22,19 @@ def run_prune(
     keep_steps: str | None,
     yes: bool,
     run: str | None = None,
+    features: bool = False,
+    keep_sets: str | None = None,
 ) -> None:
+    if features:
+        if keep_steps or run:
+            raise OpsError(
+                "--features prunes feature sets, which have no step or training run: keep sets "
+                "by id with --keep-sets ID,ID (and --keep-last N)"
+            )
+        run_prune_sets(inventory, host=host, keep_last=keep_last, keep_sets=keep_sets, yes=yes)
+        return
+    if keep_sets:
+        raise OpsError("--keep-sets keeps feature sets: it needs --features")
     policy = prune.Policy(
         keep_last=parse_count("--keep-last", keep_last, minimum=0) if keep_last else 2,
         keep_steps=frozenset(parse_steps(keep_steps) or ()),
@@ -42,3 +57,34 @@ def run_prune(
         console.print(
             f"removed {len(dropped)} step(s), freed {format_bytes(prune.apply(inventory, dropped))}"
         )
+
+
+def run_prune_sets(
+    inventory: Inventory,
+    *,
+    host: str | None,
+    keep_last: str | None,
+    keep_sets: str | None,
+    yes: bool,
+) -> None:
+    policy = prune_sets.SetPolicy(
+        keep_last=parse_count("--keep-last", keep_last, minimum=0) if keep_last else 2,
+        keep_sets=frozenset(part.strip() for part in (keep_sets or "").split(",") if part.strip()),
+    )
+    judged = prune_sets.plan(inventory, policy, host)
+    table = Table(title="feature sets", title_justify="left")
+    for column in ("host", "target", "set", "size", "verdict"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for item in judged:
+        verdict = f"keep ({item.keep})" if item.keep else "[red]remove[/]"
+        table.add_row(item.host, item.target, item.set_id, format_bytes(item.size), verdict)
+    console.print(table)
+    dropped = [item for item in judged if item.keep is None]
+    total = format_bytes(sum(item.size for item in dropped))
+    if not dropped:
+        console.print("nothing to remove")
+    elif not yes:
+        console.print(f"dry run: would free {total} ({len(dropped)} set(s)); pass --yes to remove")
+    else:
+        freed = format_bytes(prune_sets.apply(inventory, dropped))
+        console.print(f"removed {len(dropped)} set(s), freed {freed}")

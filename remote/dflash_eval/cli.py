@@ -95,6 +95,12 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     features.add_argument(
         "--host-name", help="this host's name in the inventory, recorded as the features' host"
     )
+    features.add_argument(
+        "--check-space",
+        action="store_true",
+        help="only report the set's size (an upper bound) and the free space where it goes, as "
+        "a `space` event; compute nothing",
+    )
     _add_progress_flags(features)
 
 
@@ -353,6 +359,7 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
         threads=args.threads,
         host_name=args.host_name,
         device=args.device,
+        check_space=args.check_space,
     )
     summary = run_features(options, progress)
     progress.event("done", out=str(args.out), summary=summary)

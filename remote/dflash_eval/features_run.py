@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dflash_eval import feature_set, pipeline
+from dflash_eval import feature_set, feature_size, pipeline
 from dflash_eval.cache import DiskCache
 from dflash_eval.completions import (
     Prompt,
@@ -50,6 +50,7 @@ class FeaturesOptions:
     threads: int | None = None
     host_name: str | None = None  # the inventory's name for this host, recorded as `host`
     device: str = "auto"  # auto: CUDA when torch sees a GPU (a features host), else CPU
+    check_space: bool = False  # only measure the set's bound against the free space
 
 
 def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]:
@@ -85,6 +86,16 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     if feature_set.is_complete_and_same(setdir, inputs):
         progress.say(f"{setdir} is already complete with these inputs: nothing to do")
         return _summary(setdir, feature_set.read_feature_set(setdir).manifest, noop=True)
+    need = _space_need(options, prompts, tokenizer, stops, target, inputs)
+    progress.event("space", **need.record())
+    if options.check_space:
+        return {"set": setdir.name, "path": str(setdir), "space": need.record()}
+    if not need.fits:
+        raise HarnessError(
+            f"Not enough free space for feature set {setdir}: it needs {need.describe()}, and "
+            f"{need.path} has {need.free / 2**20:.1f} MiB free. Free space there (old sets: "
+            "`fab prune --features`), or extract fewer prompts or fewer --max-new-tokens."
+        )
     partial = feature_set.open_partial(setdir, inputs, progress)
     lookup = pipeline.Lookup(
         DiskCache(partial),
@@ -164,6 +175,34 @@ def _inputs(
         "completions": {"source": pipeline.completion_source(client)},
     }
     return json.loads(json.dumps(inputs))
+
+
+def _space_need(
+    options: FeaturesOptions,
+    prompts: list[Prompt],
+    tokenizer: Any,
+    stops: list[int],
+    target: TargetSource,
+    inputs: dict[str, Any],
+) -> feature_size.SpaceNeed:
+    """The set's upper bound (feature_size.py) against the free space where it goes."""
+    bounds = feature_size.token_bounds(
+        prompts, tokenizer, options.thinking, options.max_new_tokens, options.block_size
+    )
+    shape = feature_size.SetShape(
+        layers=len(inputs["layer_ids"]),
+        hidden_size=target.shape.hidden_size,
+        dtype=target.dtype_choice.name,
+        vocab_size=target.shape.vocab_size,
+        shared_key=inputs["shared_key"],
+        completion_source=inputs["completions"]["source"],
+        stops=stops,
+        max_new_tokens=options.max_new_tokens,
+        block_size=options.block_size,
+        layer_ids=inputs["layer_ids"],
+    )
+    setdir = Path(options.out)
+    return feature_size.measure(setdir, feature_set.partial_path(setdir), bounds, shape)
 
 
 def _summary(setdir: Path, manifest: dict[str, Any], noop: bool) -> dict[str, Any]:
