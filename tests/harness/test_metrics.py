@@ -221,3 +221,125 @@ def test_ddtree_tree_equals_the_reference_construction_for_every_budget():
             expected = build_tree(table, budget)
             order = ddtree_pop_order(table[:, :32].tolist(), 32)
             assert sorted(order, key=order.get)[:budget] == expected, (trial, budget)
+
+
+# --- the limits of a walk: the last anchor, a short reference, a stop at a round's end ------
+
+
+def test_needed_tokens_reach_a_block_past_the_last_anchor_a_round_can_start_at():
+    # Rounds start below the limit (8) and end after the round that commits the stop token,
+    # so the last anchor is 7, or stop - 1, or the first anchor when that is the stop.
+    assert Span(2, 8).needed_tokens(4) == 7 + 4
+    assert Span(2, 8, stop=5).needed_tokens(4) == 4 + 4
+    assert Span(2, 8, stop=2).needed_tokens(4) == 2 + 4
+    assert Span(2, 8, stop=9).needed_tokens(4) == 7 + 4
+
+
+def test_a_reference_of_exactly_the_needed_length_decides_every_round():
+    drafts = {
+        2: [[10], [20], [30]],  # commits 4 → anchor 6
+        6: [[99], [40], [10]],  # commits 1 → anchor 7, the last anchor below the limit
+        7: [[40], [10], [50]],  # all right: needs positions 8..10, the reference's 11 tokens
+    }
+    predictions = FixedPredictions(drafts, None)
+    full = walk_prompt(predictions, TOKENS, SPAN, 4)
+    exact = walk_prompt(predictions, TOKENS[:11], SPAN, 4)
+    assert exact.reference_complete and exact.lengths == full.lengths == [4, 1, 4]
+    # One token less: the last round cannot see its third slot, and says so.
+    short = walk_prompt(predictions, TOKENS[:10], SPAN, 4)
+    assert not short.reference_complete and short.lengths == [4, 1, 3]
+    # With a stop token at 5, the last anchor a round can start at is 4: positions ≤ 7.
+    stopped = Span(2, 8, stop=5)
+    assert walk_prompt(predictions, TOKENS[:8], stopped, 4).reference_complete
+    assert not walk_prompt(predictions, TOKENS[:7], stopped, 4).reference_complete
+
+
+def test_a_short_reference_walks_to_its_last_known_token_and_no_further():
+    misses = FixedPredictions({anchor: [[99], [99], [99]] for anchor in range(2, 12)}, None)
+    walked = walk_prompt(misses, TOKENS[:6], SPAN, 4)
+    # Anchors 2, 3 and 4 have a known next token; anchor 5, the last known token, has none,
+    # so no round can be scored there (the limit, 8, is not reached).
+    assert walked.lengths == [1, 1, 1]
+    assert not walked.reference_complete
+
+
+def test_a_stop_token_committed_as_a_round_s_bonus_token_ends_the_walk():
+    drafts = {2: [[10], [20], [30]], 6: [[20], [40], [10]]}
+    # The first round commits positions 3..6; its bonus token, at 6, is the stop token.
+    walked = walk_prompt(FixedPredictions(drafts, None), TOKENS, Span(2, 8, stop=6), 4)
+    assert walked.lengths == [4]
+    assert walked.capped_lengths == [4]
+
+
+# --- DDTree: budgets at a path node's pop index, the whole tree, float rounding -------------
+
+# Prompt [1, 2], then 10, 21, 30 repeated: an anchor on 30 sees the continuation 10, 21, 30,
+# the nodes (0,), (0, 1), (0, 1, 0) of the IDS/LOGPROBS tree, popped 0th, 4th and 5th; an
+# anchor on 10 or 21 sees a first token outside slot 1's candidates (depth 0).
+REPEATED = [1, 2, *[10, 21, 30] * 4]
+
+
+def test_ddtree_walk_at_the_budgets_where_the_path_grows():
+    walked = walk_prompt(FixedPredictions(IDS, LOGPROBS), REPEATED, SPAN, 4, [4, 5, 6])
+    # Budget 4 holds pops 0..3: only (0,) of the path. Anchors 2 (10), 3 (21) → 1 each;
+    # 4 (30) → 2; 6 (21) → 1; 7 (30) → 2, past the limit.
+    assert walked.ddtree_lengths[4] == [1, 1, 2, 1, 2]
+    # Budget 5 adds pop 4, (0, 1): anchor 4 → 3, anchor 7 → 3.
+    assert walked.ddtree_lengths[5] == [1, 1, 3, 3]
+    # Budget 6 adds pop 5, (0, 1, 0): anchor 4 → 4, to anchor 8 = the limit.
+    assert walked.ddtree_lengths[6] == [1, 1, 4]
+    # The previous convention stops at position 7: the round at anchor 4 is capped to 3.
+    assert walked.capped_ddtree_lengths[4] == [1, 1, 2, 1]
+    assert walked.capped_ddtree_lengths[5] == [1, 1, 3]
+    assert walked.capped_ddtree_lengths[6] == [1, 1, 3]
+
+
+def test_a_one_slot_tree_smaller_than_the_budget_pops_every_candidate():
+    # A predictor gives one slot when a tree of ≤ k nodes cannot reach slot 2 (predict.py);
+    # the budget may exceed the whole tree (here 3 nodes).
+    order = ddtree_pop_order([[-0.5, -1.0, -2.0]], 8)
+    assert order == {(0,): 0, (1,): 1, (2,): 2}
+    assert ddtree_depths([[10, 11, 12]], [[-0.5, -1.0, -2.0]], [12, 20], [2, 3, 8]) == {
+        2: 0,
+        3: 1,
+        8: 1,
+    }
+
+
+def test_ddtree_scores_are_the_floats_the_reference_s_sums_give():
+    # In floats, (1,) scores -0.1 - (-0.1) + (-0.3) = -0.3 and (0, 0) scores
+    # -0.1 + (-0.2) = -0.30000000000000004: the DDTree authors' heap pops (1,) first,
+    # although over the reals the two tie and (0, 0), the smaller rank tuple, would win.
+    # Starting the sums from any other value than slot 1's best log-prob rounds otherwise.
+    table = [[-0.1, -0.3, -0.6], [-0.2, -0.4, -0.7]]
+    order = ddtree_pop_order(table, 6)
+    assert sorted(order, key=order.get) == [(0,), (1,), (0, 0), (0, 1), (1, 0), (2,)]
+
+
+class CountingPredictions(FixedPredictions):
+    """FixedPredictions that count how often each anchor is read."""
+
+    def __init__(self, ids, logprobs):
+        super().__init__(ids, logprobs)
+        self.drafts: dict[int, int] = {}
+        self.trees: dict[int, int] = {}
+
+    def draft(self, anchor):
+        self.drafts[anchor] = self.drafts.get(anchor, 0) + 1
+        return super().draft(anchor)
+
+    def tree(self, anchor):
+        self.trees[anchor] = self.trees.get(anchor, 0) + 1
+        return super().tree(anchor)
+
+
+def test_each_anchor_is_read_once_for_both_conventions_and_every_budget():
+    # A drafter pass (and a tree expansion) per anchor is the walk's cost: the vanilla and
+    # capped walks share the drafts, and one tree of the largest budget serves every budget.
+    predictions = CountingPredictions(IDS, LOGPROBS)
+    walked = walk_prompt(predictions, REPEATED, SPAN, 4, [4, 5, 6])
+    assert walked.capped_lengths and walked.capped_ddtree_lengths[6]
+    assert sorted(predictions.drafts) == [2, 3, 4, 6, 7]
+    assert set(predictions.drafts.values()) == {1}
+    assert sorted(predictions.trees) == [2, 3, 4, 6, 7]
+    assert set(predictions.trees.values()) == {1}
