@@ -139,6 +139,14 @@ def test_a_second_setup_through_sudo_does_nothing(sudo_eval):
     assert sudo_eval.remote(fingerprint) == before
 
 
+def test_check_hosts_passes_on_the_provisioned_sudo_host(sudo_eval):
+    done = run_fab(sudo_eval.inventory_path, "check-hosts")
+    assert done.returncode == 0, done.stdout + done.stderr
+    output = " ".join(done.stdout.split())
+    assert "`sudo -n` works: commands run as root" in output
+    assert "all required checks passed" in output
+
+
 def test_run_eval_through_sudo_pulls_results_and_leaves_root_files(sudo_eval):
     done = run_fab(sudo_eval.inventory_path, "run-eval", "--step", str(STEP), *QUICK)
     assert done.returncode == 0, done.stdout + done.stderr
