@@ -5,8 +5,10 @@ with passwordless sudo, and `fab setup-eval-host`, `fab run-eval`, `fab eval-sta
 What `become` promises (DESIGN.md, dflash_ops/remote/connection.py): every command on the
 host runs as root, so everything the tool leaves there is root's, as with a root login, and
 nothing is the login user's: no later step, with or without sudo, meets a file it did not
-expect to own. The login user's own home gets nothing at all. Without `become`, the same
-login fails with one message that names the host and says to set `become: sudo`.
+expect to own. Nothing is written to HOME either (a sudoers that keeps the login's HOME would
+put root's files in the login's home), and the login's own home gets nothing at all. Without
+`become`, the same login fails with one message that names the host and says to set
+`become: sudo`.
 
 One module lab (tiny target, one trained drafter step), provisioned once with the real
 `fab setup-eval-host` through sudo: its venv comes from this machine's find-links, offline.
@@ -70,12 +72,17 @@ class SudoEvalLab:
         finally:
             host.close()
 
-    def owned_by_login(self) -> list[str]:
-        """Whatever on the eval host's disk is the login user's, or in the login's own home is
-        root's: either means a command ran as the wrong user."""
+    def stray_files(self) -> list[str]:
+        """What a command run as the wrong user, or a root command writing to HOME, leaves:
+        files of the login user on the eval disk; anything in the session's HOME (with a
+        sudoers that keeps the login's HOME, those would be root's files in the login's
+        home, which it could then not touch); root's files in the login's own home."""
         disk = self.lab.data_dir("eval")
-        home = self.login.pw_dir
-        return _found(disk, "-user", str(self.login.pw_uid)) + _found(home, "-user", "0")
+        return [
+            *_found(disk, "-user", str(self.login.pw_uid)),
+            *_found(disk / "home", "-mindepth", "1"),
+            *_found(self.login.pw_dir, "-user", "0"),
+        ]
 
 
 def _found(root: str | Path, *tests: str) -> list[str]:
@@ -125,7 +132,7 @@ def test_setup_through_sudo_builds_a_root_owned_venv_and_harness(sudo_eval):
     assert owners.split() == ["root"] * len(made)
     # Readable by every user of the host (SHARED_UMASK), as on a root login.
     assert Path(layout.python).resolve().stat().st_mode & 0o005 == 0o005
-    assert sudo_eval.owned_by_login() == []
+    assert sudo_eval.stray_files() == []
 
 
 def test_a_second_setup_through_sudo_does_nothing(sudo_eval):
@@ -171,7 +178,7 @@ def test_run_eval_through_sudo_pulls_results_and_leaves_root_files(sudo_eval):
     owners = sudo_eval.remote(f"stat -c '%U %a' {' '.join(shlex.quote(p) for p in made)}")
     assert [line.split()[0] for line in owners.splitlines()] == ["root"] * len(made)
     assert owners.splitlines()[1].split()[1] == "700"
-    assert sudo_eval.owned_by_login() == []
+    assert sudo_eval.stray_files() == []
 
     status = run_fab(sudo_eval.inventory_path, "eval-status")
     assert status.returncode == 0, status.stderr
@@ -202,4 +209,4 @@ def test_without_become_setup_and_run_eval_say_to_set_it(sudo_eval, tmp_path):
         assert f"The login user {user} is not root" in message, (task, message)
         assert "set `become: sudo` on hosts.eval" in message, (task, message)
         assert "Traceback" not in done.stderr
-    assert sudo_eval.owned_by_login() == []
+    assert sudo_eval.stray_files() == []
