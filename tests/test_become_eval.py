@@ -209,4 +209,10 @@ def test_without_become_setup_and_run_eval_say_to_set_it(sudo_eval, tmp_path):
         assert f"The login user {user} is not root" in message, (task, message)
         assert "set `become: sudo` on hosts.eval" in message, (task, message)
         assert "Traceback" not in done.stderr
+    # Runs there may be hidden from the login: not "no runs", but why and what to do.
+    status = run_fab(plain, "eval-status")
+    message = " ".join(status.stderr.split())
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert f"eval: cannot list the runs in {EvalLayout(sudo_eval.entry).runs}" in message
+    assert "Permission denied" in message and "set `become: sudo` on hosts.eval" in message
     assert sudo_eval.stray_files() == []
