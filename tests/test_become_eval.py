@@ -111,7 +111,9 @@ def sudo_eval(tmp_path_factory) -> Iterator[SudoEvalLab]:
 
 def without_become(lab: labs.Lab, path: Path, venv_suffix: str = "") -> Path:
     """The lab's inventory with the eval host still logging in as the non-root user, but
-    without `become` (and, with `venv_suffix`, asking for a venv not built yet: one to write)."""
+    without `become` (and, with `venv_suffix`, asking for a venv not built yet: one to write).
+    The lab lies in pytest's temporary directory, root's alone (0700): that login reaches
+    nothing on the eval host's disk, as a non-root login reaches nothing under /root."""
     document = yaml.safe_load(lab.inventory_path.read_text())
     eval_host = document["hosts"]["eval"]
     eval_host.pop("become")
@@ -127,11 +129,12 @@ def test_setup_through_sudo_builds_a_root_owned_venv_and_harness(sudo_eval):
     # Imported by the venv's python, through sudo, before the record was written.
     assert "+cpu" in sudo_eval.setup_output and "CPU build" in sudo_eval.setup_output
     layout = EvalLayout(sudo_eval.entry)
-    made = [layout.python, layout.provision_record, layout.harness_current, layout.uv_dir]
-    owners = sudo_eval.remote(f"stat -c %U {' '.join(shlex.quote(path) for path in made)}")
-    assert owners.split() == ["root"] * len(made)
+    made = [layout.venv, layout.provision_record, layout.harness_current, f"{layout.uv_dir}/uv"]
+    found = sudo_eval.remote(f"stat -L -c '%U %a' {' '.join(shlex.quote(p) for p in made)}")
+    owners, modes = zip(*(line.split() for line in found.splitlines()), strict=True)
+    assert owners == ("root",) * len(made)
     # Readable by every user of the host (SHARED_UMASK), as on a root login.
-    assert Path(layout.python).resolve().stat().st_mode & 0o005 == 0o005
+    assert modes == ("755", "644", "755", "755")
     assert sudo_eval.stray_files() == []
 
 
