@@ -39,9 +39,11 @@ class AuthenticationError(HostError):
 class RemoteCommandError(HostError):
     """A command on the host exited non-zero where success was required."""
 
-    def __init__(self, host: str, command: str, exit_code: int, stderr: str) -> None:
+    def __init__(
+        self, host: str, command: str, exit_code: int, stderr: str, advice: str = ""
+    ) -> None:
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else "(no error output)"
-        super().__init__(host, f"`{command}` exited {exit_code}: {detail}")
+        super().__init__(host, f"`{command}` exited {exit_code}: {detail}{advice}")
         self.command = command
         self.exit_code = exit_code
         self.stderr = stderr

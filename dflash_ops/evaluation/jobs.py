@@ -22,12 +22,13 @@ from pathlib import Path
 
 from dflash_ops.core.errors import OpsError, RemoteCommandError
 from dflash_ops.core.inventory import EvalHost, Inventory
-from dflash_ops.remote.connection import Host, each_eval_host, with_umask
+from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
+DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
 
 
 class JobError(OpsError):
@@ -236,8 +237,12 @@ def _when(epoch: float | None) -> str:
 
 
 def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
+    """Every run on the host. No runs directory yet: no runs; one the login may not enter
+    (a non-root login without `become`) exits DENIED_EXIT, so it does not read as none."""
+    runs = shlex.quote(runs_dir(entry))
     command = (
-        f"cd {shlex.quote(runs_dir(entry))} 2>/dev/null || exit 0; "
+        f"why=$(cd {runs} 2>&1) || {{ case $why in *'ermission denied'*) "
+        f'echo "$why" >&2; exit {DENIED_EXIT};; esac; exit 0; }}; cd {runs} || exit 0; '
         'for d in */; do d=${d%/}; [ -f "$d/params.json" ] || continue; '
         'code=$(cat "$d/exit_code" 2>/dev/null || echo -); '
         'pid=$(cat "$d/pid" 2>/dev/null || echo -); '
@@ -302,7 +307,16 @@ def _params(text: str) -> tuple[dict, str | None]:
 
 
 def list_runs(host: Host, entry: EvalHost) -> list[Run]:
-    return host.probe(runs_probe(host.name, entry))
+    probe = runs_probe(host.name, entry)
+    listed = host.run(probe.command, check=False)
+    if listed.exit_code == DENIED_EXIT:
+        raise JobError(
+            f"{host.name}: cannot list the runs in {runs_dir(entry)}: "
+            f"{stderr_reason(listed.stderr)}.{host.root_hint()}"
+        )
+    if not listed.ok:
+        raise RemoteCommandError(host.name, "list the runs", listed.exit_code, listed.stderr)
+    return probe.parse(listed.stdout)
 
 
 def find_run(hosts: dict[str, tuple[Host, EvalHost]], run_id: str) -> tuple[Host, EvalHost, Run]:

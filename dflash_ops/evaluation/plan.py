@@ -101,7 +101,8 @@ def _require_ready(host: Host, entry: EvalHost) -> None:
         raise HostError(
             host.name,
             f"the eval venv at {entry.venv.path} is not ready ({problem}); run "
-            f"`fab setup-eval-host --host {host.name}`",
+            f"`fab setup-eval-host --host {host.name}`"
+            f"{host.access_hint(entry.venv.path)}",
         )
     found = host.run(f"test -d {shlex.quote(entry.target_model)}", check=False)
     if not found.ok:

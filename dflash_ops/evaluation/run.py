@@ -345,7 +345,8 @@ def ensure_ready(host: Host, entry: EvalHost, say: Callable[[str], None]) -> str
         raise HostError(
             host.name,
             f"the eval venv at {entry.venv.path} is not ready "
-            f"({problem}); run `fab setup-eval-host --host {host.name}`",
+            f"({problem}); run `fab setup-eval-host --host {host.name}`"
+            f"{host.access_hint(entry.venv.path)}",
         )
     deployed = deploy_harness(host, entry, say=say)
     return str(Path(deployed.path).parent)

@@ -97,6 +97,18 @@ class Host:
             f"{self.inventory.path} and give {self.entry.user} passwordless sudo there."
         )
 
+    def access_hint(self, path: str) -> str:
+        """For `path` found missing: when a non-root login without `become` is denied the way
+        to it (it may be there, root's), that reason and `root_hint`; else nothing."""
+        hint = self.root_hint()
+        if not hint:
+            return ""
+        seen = self.run(f"ls -d -- {shlex.quote(path)}", check=False)
+        if "permission denied" not in seen.stderr.lower():
+            return ""
+        reason = stderr_reason(seen.stderr)
+        return f"; but {path} may be there, hidden from {self.entry.user}: {reason}.{hint}"
+
     def _require_sudo(self, result: Result) -> None:
         """`sudo -n` itself failed (no NOPASSWD rule, no sudo): not the command's fault."""
         if not self.becomes_root or result.exit_code not in (1, 127):
@@ -243,7 +255,11 @@ class Host:
         if not as_login_user:
             self._require_sudo(result)
         if check and not result.ok:
-            raise RemoteCommandError(self.name, command, result.exit_code, result.stderr)
+            # A non-root login denied a write (the workdir, the venv) is the common case
+            # where `become: sudo` is what is missing: say so.
+            denied = "permission denied" in result.stderr.lower()
+            advice = f".{self.root_hint()}" if denied and self.root_hint() else ""
+            raise RemoteCommandError(self.name, command, result.exit_code, result.stderr, advice)
         return result
 
     def upload(self, data: bytes, remote: str, *, private: bool = False) -> None:
