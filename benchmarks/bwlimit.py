@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._lab import one_checkpoint_lab
 from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
@@ -36,24 +36,15 @@ def main() -> None:
     parser.add_argument("--limits", default="8m,16m,32m")
     args = parser.parse_args()
     size = parse_size(args.size)
-    root = Path(tempfile.mkdtemp(prefix="dflash-bwlimit-")) / "lab"
-    config = lab.LabConfig(
-        root=root,
-        steps=(STEP,),
-        checkpoint_size=args.size,
-        trainer_disk=str(size + (64 << 20)),
-        eval_disk=str(size + (400 << 20)),
-    )
-    print(f"building the lab at {root} with a {format_bytes(size)} checkpoint …", flush=True)
-    built = lab.up(config)
-    try:
+    with one_checkpoint_lab(
+        "dflash-bwlimit-",
+        STEP,
+        args.size,
+        trainer_disk=size + (64 << 20),
+        eval_disk=size + (400 << 20),
+    ) as built:
         for limit in [None, *args.limits.split(",")]:
             print(one_run(built, size, limit), flush=True)
-    finally:
-        problems = built.down()
-        if not problems:
-            root.parent.rmdir()
-        print("lab removed" if not problems else f"lab-down problems: {problems}")
 
 
 def one_run(built: lab.Lab, size: int, limit: str | None) -> str:

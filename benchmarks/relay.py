@@ -26,12 +26,12 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._lab import one_checkpoint_lab
 from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.units import format_bytes, parse_size
@@ -55,24 +55,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     size = parse_size(args.size)
-    root = Path(tempfile.mkdtemp(prefix="dflash-bench-")) / "lab"
-    config = lab.LabConfig(
-        root=root,
-        steps=(STEP,),
-        checkpoint_size=args.size,
-        trainer_disk=str(size + (200 << 20)),
-        eval_disk=str(2 * size + (400 << 20)),
+    with one_checkpoint_lab(
+        "dflash-bench-",
+        STEP,
+        args.size,
+        trainer_disk=size + (200 << 20),
+        eval_disk=2 * size + (400 << 20),
         workstation_disk="16m",
-    )
-    print(f"building the lab at {root} with a {format_bytes(size)} checkpoint …", flush=True)
-    built = lab.up(config)
-    try:
+    ) as built:
         run(built, size, args.runs, args.via, args.low_priority)
-    finally:
-        problems = built.down()
-        if not problems:
-            root.parent.rmdir()  # the mkdtemp directory the lab was in
-        print("lab removed" if not problems else f"lab-down problems: {problems}")
 
 
 class RelayClock:

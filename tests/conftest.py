@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,6 +96,26 @@ def make_lab(tmp_path_factory) -> Iterator[Callable[..., labs.Lab]]:
     for each in built:
         problems = each.down()
         assert not problems, problems
+
+
+def provisioned_models_lab(
+    tmp_path_factory: pytest.TempPathFactory, **config: Any
+) -> Iterator[labs.Lab]:
+    """A lab with the tiny target, trained drafter checkpoints and its eval hosts set up
+    (`LabConfig` fields in `config`), for a module fixture to `yield from`: it is removed,
+    and checked, when the module is done."""
+    # Imported here: the provisioning stack costs every other test session half a second.
+    from dflash_ops.provision.setup import setup_eval_hosts
+
+    built = labs.up(
+        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", **config),
+        labs.trained_models,
+    )
+    try:
+        setup_eval_hosts(load_inventory(built.inventory_path), None, False, say=lambda _: None)
+        yield built
+    finally:
+        assert not built.down()
 
 
 @pytest.fixture

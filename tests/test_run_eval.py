@@ -23,35 +23,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
-from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import FAB, REPO, run_fab
+from tests.conftest import FAB, REPO, provisioned_models_lab, run_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
 
 
 @pytest.fixture(scope="module")
 def models_lab(tmp_path_factory):
-    built = labs.up(
-        labs.LabConfig(
-            root=tmp_path_factory.mktemp("lab") / "lab",
-            eval_hosts=2,
-            eval_disk="3g",
-            steps=(2000, 4000, 6000),
-        ),
-        labs.trained_models,
+    yield from provisioned_models_lab(
+        tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=(2000, 4000, 6000)
     )
-    try:
-        inventory = load(built.inventory_path)
-        setup_eval_hosts(inventory, None, False, say=lambda message: None)
-        yield built
-    finally:
-        assert not built.down()
 
 
 def staged_entries(inventory_path: Path) -> dict[str, list[str]]:

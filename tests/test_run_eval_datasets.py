@@ -12,30 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dflash_lab import lab as labs
 from dflash_ops.core.inventory import load
-from dflash_ops.provision.setup import setup_eval_hosts
-from tests.conftest import run_fab
+from tests.conftest import provisioned_models_lab, run_fab
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def models_lab(tmp_path_factory):
-    built = labs.up(
-        labs.LabConfig(
-            root=tmp_path_factory.mktemp("lab") / "lab",
-            eval_hosts=1,
-            eval_disk="3g",
-            steps=(2000, 6000),
-        ),
-        labs.trained_models,
+    yield from provisioned_models_lab(
+        tmp_path_factory, eval_hosts=1, eval_disk="3g", steps=(2000, 6000)
     )
-    try:
-        setup_eval_hosts(load(built.inventory_path), None, False, say=lambda message: None)
-        yield built
-    finally:
-        assert not built.down()
 
 
 @pytest.fixture

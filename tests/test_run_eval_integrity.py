@@ -13,26 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_lab import lab as labs
 from dflash_ops.core.inventory import load
-from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import run_fab
+from tests.conftest import provisioned_models_lab, run_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 
 
 @pytest.fixture(scope="module")
 def models_lab(tmp_path_factory):
-    built = labs.up(
-        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", steps=(2000, 4000, 6000)),
-        labs.trained_models,
-    )
-    try:
-        setup_eval_hosts(load(built.inventory_path), None, False, say=lambda message: None)
-        yield built
-    finally:
-        assert not built.down()
+    yield from provisioned_models_lab(tmp_path_factory, steps=(2000, 4000, 6000))
 
 
 def results_of(models_lab, output: str) -> dict:

@@ -11,31 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dflash_lab import lab as labs
 from dflash_ops.core.inventory import load
-from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.connection import Host
-from tests.conftest import run_fab
+from tests.conftest import provisioned_models_lab, run_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 
 
 @pytest.fixture(scope="module")
 def plan_lab(tmp_path_factory):
-    built = labs.up(
-        labs.LabConfig(
-            root=tmp_path_factory.mktemp("lab") / "lab",
-            eval_hosts=2,
-            eval_disk="3g",
-            steps=(2000, 4000),
-        ),
-        labs.trained_models,
+    yield from provisioned_models_lab(
+        tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=(2000, 4000)
     )
-    try:
-        setup_eval_hosts(load(built.inventory_path), None, False, say=lambda message: None)
-        yield built
-    finally:
-        assert not built.down()
 
 
 def host_listing(inventory_path: Path, name: str) -> str:

@@ -32,11 +32,10 @@ from dflash_ops.evaluation.watch import (
     parse_interval,
 )
 from dflash_ops.evaluation.webhook import Webhook
-from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
 from dflash_ops.ui.watch_view import WatchView, _show_stopped
-from tests.conftest import run_fab
+from tests.conftest import provisioned_models_lab, run_fab
 from tests.test_run_eval import start_fab
 
 STEPS = (2000, 4000, 6000)
@@ -159,17 +158,7 @@ def test_webhook_down_never_blocks_and_never_shows_credentials():
 
 @pytest.fixture(scope="module")
 def watch_lab(tmp_path_factory):
-    built = labs.up(
-        labs.LabConfig(
-            root=tmp_path_factory.mktemp("lab") / "lab", eval_hosts=2, eval_disk="3g", steps=STEPS
-        ),
-        labs.trained_models,
-    )
-    try:
-        setup_eval_hosts(load(built.inventory_path), None, False, say=lambda message: None)
-        yield built
-    finally:
-        assert not built.down()
+    yield from provisioned_models_lab(tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=STEPS)
 
 
 class Trainer:

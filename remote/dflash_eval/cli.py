@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval import schema
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
 from dflash_eval.urls import read_url
+
+if TYPE_CHECKING:
+    from dflash_eval.evaluate import EvalOptions
 
 
 def _int_list(text: str) -> list[int]:
@@ -277,6 +281,11 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "drafter_profile (file contents) and sglang_url stand in for those flags: nothing "
         "needs uploading first",
     )
+    # eval's flags that plan does not take, for _eval_options: --out a path that cannot be
+    # written (a plan writes nothing), no training run, no feature set.
+    plan.set_defaults(
+        out=Path("/nonexistent/plan-writes-nothing"), training_run=None, features=None
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,30 +313,43 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _eval(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.evaluate import EvalOptions, run_eval
+    from dflash_eval.evaluate import run_eval
 
-    options = EvalOptions(
+    results = run_eval(_eval_options(args, given={}), progress)
+    progress.say("\n".join(schema.summary_lines(results)))
+    progress.event("done", out=str(args.out), summary=schema.headline(results))
+    return 0
+
+
+def _eval_options(args: argparse.Namespace, given: dict[str, Any]) -> EvalOptions:
+    """The run's options from eval's flags, which plan parses too (its parser supplies the
+    few it lacks as defaults). `given`: plan's stdin inputs, which stand in for the flags
+    they name."""
+    from dflash_eval.evaluate import EvalOptions
+
+    url = given.get("sglang_url") or (read_url(args.sglang_url) if args.sglang_url else None)
+    return EvalOptions(
         checkpoint=args.checkpoint,
         target=args.target,
         out=args.out,
-        drafter_config=args.drafter_config,
+        drafter_config=given.get("drafter_config", args.drafter_config),
         block_size=args.block_size,
         mask_token_id=args.mask_token_id,
         target_layer_ids=args.target_layer_ids,
-        prompts=args.prompts,
+        prompts=given.get("prompts", args.prompts),
         num_prompts=args.num_prompts,
         max_new_tokens=args.max_new_tokens,
         max_blocks=args.max_blocks,
         ddtree=args.ddtree,
         threads=args.threads,
         reference_drafter=args.reference_drafter,
-        sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
+        sglang_url=url,
         cache_dir=None if args.no_cache else args.cache_dir,
         dtype=args.dtype,
         target_dtype=args.target_dtype,
         allow_unsafe_pickle=args.allow_unsafe_pickle,
         safe_globals=args.safe_globals,
-        drafter_profile=args.drafter_profile,
+        drafter_profile=given.get("drafter_profile", args.drafter_profile),
         accept_default=args.accept_default,
         chunk=args.chunk_anchors,
         per_block=args.per_block,
@@ -337,10 +359,6 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
         verify=args.verify,
         features=args.features,
     )
-    results = run_eval(options, progress)
-    progress.say("\n".join(schema.summary_lines(results)))
-    progress.event("done", out=str(args.out), summary=schema.headline(results))
-    return 0
 
 
 def _features(args: argparse.Namespace, progress: Progress) -> int:
@@ -367,38 +385,11 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _plan(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.evaluate import EvalOptions
     from dflash_eval.plan import make_plan, summary_lines
     from dflash_eval.plan_inputs import stdin_inputs
 
     given = stdin_inputs(sys.stdin.read()) if args.inputs_on_stdin else {}
-    url = given.get("sglang_url") or (read_url(args.sglang_url) if args.sglang_url else None)
-    options = EvalOptions(
-        checkpoint=args.checkpoint,
-        target=args.target,
-        out=Path("/nonexistent/plan-writes-nothing"),
-        drafter_config=given.get("drafter_config", args.drafter_config),
-        block_size=args.block_size,
-        mask_token_id=args.mask_token_id,
-        target_layer_ids=args.target_layer_ids,
-        prompts=given.get("prompts", args.prompts),
-        num_prompts=args.num_prompts,
-        max_new_tokens=args.max_new_tokens,
-        threads=args.threads,
-        reference_drafter=args.reference_drafter,
-        sglang_url=url,
-        cache_dir=None if args.no_cache else args.cache_dir,
-        dtype=args.dtype,
-        target_dtype=args.target_dtype,
-        allow_unsafe_pickle=args.allow_unsafe_pickle,
-        safe_globals=args.safe_globals,
-        drafter_profile=given.get("drafter_profile", args.drafter_profile),
-        accept_default=args.accept_default,
-        step=args.step,
-        thinking=args.thinking == "on",
-        verify=args.verify,
-    )
-    plan = make_plan(options)
+    plan = make_plan(_eval_options(args, given))
     progress.say("\n".join(summary_lines(plan)))
     progress.event("plan", plan=plan)
     return 0

@@ -6,13 +6,21 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
-from dflash_eval.config import DrafterConfig
+from dflash_eval.config import DrafterConfig, TargetShape
+from dflash_eval.errors import HarnessError
 from dflash_eval.evaluate import EvalOptions, run_eval
+from dflash_eval.loaders import load_drafter
 from dflash_eval.model import DFlashDrafter
 from dflash_eval.progress import Progress
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# What the loader tests load drafters against: six layers, so that a drafter of
+# small_config(num_target_layers=6) fits it.
+LOADER_TARGET = TargetShape(
+    num_layers=6, hidden_size=64, vocab_size=101, rms_norm_eps=1e-6, rope_theta=10_000.0
+)
 
 
 def small_config(**overrides: Any) -> DrafterConfig:
@@ -69,6 +77,23 @@ def save_training_checkpoint(
     checkpoint.update(extra or {})
     torch.save(checkpoint, path)
     return path
+
+
+def loader_drafter() -> DFlashDrafter:
+    """A random drafter that fits LOADER_TARGET."""
+    return random_drafter(small_config(num_target_layers=6))
+
+
+def same_weights(model: DFlashDrafter, reference: DFlashDrafter) -> bool:
+    ours, theirs = model.state_dict(), reference.state_dict()
+    return ours.keys() == theirs.keys() and all(torch.equal(t, theirs[k]) for k, t in ours.items())
+
+
+def load_error(path: Path, **kwargs: Any) -> str:
+    """The message of the HarnessError that loading `path` against LOADER_TARGET raises."""
+    with pytest.raises(HarnessError) as caught:
+        load_drafter(path, LOADER_TARGET, **kwargs)
+    return str(caught.value)
 
 
 def copy_tokenizer(source_dir: Path, target_dir: Path) -> None:

@@ -13,35 +13,27 @@ from pathlib import Path
 
 import pytest
 import torch
-from dflash_eval.config import TargetShape
-from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import load_drafter, read_drafter, strip_prefix
 from dflash_eval.pickle_policy import PicklePolicy
 from safetensors.torch import save_file
 
-from .helpers import random_drafter, save_training_checkpoint, small_config
+from .helpers import (
+    LOADER_TARGET,
+    load_error,
+    loader_drafter,
+    random_drafter,
+    same_weights,
+    save_training_checkpoint,
+    small_config,
+)
 
 SAFE_ARGPARSE = PicklePolicy(safe_globals=("argparse",))
 UNSAFE = PicklePolicy(allow_unsafe=True)
-TARGET = TargetShape(
-    num_layers=6, hidden_size=64, vocab_size=101, rms_norm_eps=1e-6, rope_theta=10_000.0
-)
 
 
 @pytest.fixture
 def drafter():
-    return random_drafter(small_config(num_target_layers=6))
-
-
-def same_weights(model, reference) -> bool:
-    ours, theirs = model.state_dict(), reference.state_dict()
-    return ours.keys() == theirs.keys() and all(torch.equal(t, theirs[k]) for k, t in ours.items())
-
-
-def error_of(path: Path, **kwargs) -> str:
-    with pytest.raises(HarnessError) as caught:
-        load_drafter(path, TARGET, **kwargs)
-    return str(caught.value)
+    return loader_drafter()
 
 
 def config_file(tmp_path: Path, drafter, **changes) -> Path:
@@ -84,7 +76,7 @@ class CreatesFile:
 
 def test_a_clean_training_checkpoint_loads_without_warnings_or_notes(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    loaded = load_drafter(path, TARGET)
+    loaded = load_drafter(path, LOADER_TARGET)
     assert loaded.warnings == [] and loaded.notes == [] and loaded.ignored_parameters == []
     assert loaded.config == drafter.config and loaded.trained_block_size == 6
     assert loaded.source.kind == "training-checkpoint" and loaded.source.files == [path]
@@ -97,7 +89,7 @@ def test_a_plain_state_dict_loads_with_a_config_file_and_the_step_from_its_path(
     path = tmp_path / "step_1234" / "weights.pt"
     path.parent.mkdir()
     torch.save({f"module.{k}": v for k, v in drafter.state_dict().items()}, path)
-    loaded = load_drafter(path, TARGET, config_file=config_file(tmp_path, drafter))
+    loaded = load_drafter(path, LOADER_TARGET, config_file=config_file(tmp_path, drafter))
     assert loaded.warnings == [] and loaded.config == drafter.config
     assert loaded.config_source == f"file {tmp_path / 'drafter-config.json'}"
     assert (loaded.source.step, loaded.source.step_source) == (1234, "path")
@@ -129,7 +121,7 @@ def test_global_step_is_used_when_there_is_no_step(tmp_path, drafter):
 def test_other_state_dict_keys_are_found(tmp_path, drafter, key):
     path = tmp_path / "c.pt"
     torch.save({key: drafter.state_dict(), "config": drafter.config.to_hf_dict()}, path)
-    loaded = load_drafter(path, TARGET)
+    loaded = load_drafter(path, LOADER_TARGET)
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
 
@@ -141,7 +133,7 @@ def test_args_as_a_json_string_give_block_size_and_mask_id(tmp_path, drafter):
         with_config=False,
         extra={"config": config_without_block_and_mask(drafter), "args": args},
     )
-    loaded = load_drafter(path, TARGET)
+    loaded = load_drafter(path, LOADER_TARGET)
     assert loaded.config == drafter.config and loaded.warnings == []
     assert loaded.trained_block_size == 6
     assert "block_size 6 from the training args" in loaded.notes
@@ -164,7 +156,7 @@ def test_args_as_objects_give_block_size_and_mask_id(tmp_path, drafter, args, po
         extra={"config": config_without_block_and_mask(drafter), "args": args},
     )
     # Objects are not plain weights: reading them is the user's explicit choice.
-    loaded = load_drafter(path, TARGET, pickle_policy=policy)
+    loaded = load_drafter(path, LOADER_TARGET, pickle_policy=policy)
     assert loaded.config == drafter.config and loaded.warnings == []
     assert loaded.source.extra_hints == {"block_size": 6, "mask_token_id": 3}
 
@@ -182,7 +174,7 @@ def test_config_as_an_object_or_json_under_any_config_key(tmp_path, drafter, key
         path = save_training_checkpoint(
             tmp_path / "c.pt", drafter, with_config=False, extra={key: value}
         )
-        loaded = load_drafter(path, TARGET, pickle_policy=policy)
+        loaded = load_drafter(path, LOADER_TARGET, pickle_policy=policy)
         assert loaded.config == drafter.config and loaded.config_source == "checkpoint"
 
 
@@ -196,7 +188,7 @@ def test_a_config_entry_without_hidden_size_is_not_taken_for_the_config(tmp_path
 def test_a_directory_holding_one_checkpoint_reads_it(tmp_path, drafter):
     directory = tmp_path / "run"
     path = save_training_checkpoint(directory / "last.pt", drafter)
-    loaded = load_drafter(directory, TARGET)
+    loaded = load_drafter(directory, LOADER_TARGET)
     assert loaded.source.path == path and loaded.source.kind == "training-checkpoint"
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
@@ -204,10 +196,10 @@ def test_a_directory_holding_one_checkpoint_reads_it(tmp_path, drafter):
 def test_a_directory_with_two_or_no_checkpoints_is_refused_with_their_names(tmp_path, drafter):
     directory = tmp_path / "run"
     directory.mkdir()
-    assert "found []" in error_of(directory)
+    assert "found []" in load_error(directory)
     save_training_checkpoint(directory / "a.pt", drafter)
     save_training_checkpoint(directory / "b.pth", drafter)
-    message = error_of(directory)
+    message = load_error(directory)
     assert "not exactly one *.pt" in message and "'a.pt', 'b.pth'" in message
 
 
@@ -215,7 +207,7 @@ def test_an_old_format_checkpoint_loads(tmp_path, drafter):
     path = tmp_path / "old.pt"
     checkpoint = {"model_state_dict": drafter.state_dict(), "config": drafter.config.to_hf_dict()}
     torch.save(checkpoint, path, _use_new_zipfile_serialization=False)
-    loaded = load_drafter(path, TARGET)
+    loaded = load_drafter(path, LOADER_TARGET)
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
 
@@ -228,7 +220,7 @@ def test_a_malicious_old_format_pickle_is_still_refused(tmp_path, drafter):
         "payload": CreatesFile(marker),
     }
     torch.save(checkpoint, path, _use_new_zipfile_serialization=False)
-    message = error_of(path)
+    message = load_error(path)
     assert "Refusing to load" in message and "--allow-unsafe-pickle" in message
     assert not marker.exists()
 
@@ -236,27 +228,27 @@ def test_a_malicious_old_format_pickle_is_still_refused(tmp_path, drafter):
 def test_a_pickle_that_is_not_a_dict_is_refused(tmp_path, drafter):
     path = tmp_path / "c.pt"
     torch.save(list(drafter.state_dict().values()), path)
-    assert "unpickles to a list, not a dict" in error_of(path)
+    assert "unpickles to a list, not a dict" in load_error(path)
 
 
 def test_non_tensor_entries_in_the_state_dict_are_refused(tmp_path, drafter):
     state = {**drafter.state_dict(), "layers.0.note": 3}
     path = tmp_path / "c.pt"
     torch.save({"model_state_dict": state, "config": drafter.config.to_hf_dict()}, path)
-    assert "non-tensor entries: ['layers.0.note']" in error_of(path)
+    assert "non-tensor entries: ['layers.0.note']" in load_error(path)
 
 
 def test_a_dict_without_parameters_names_its_keys(tmp_path):
     path = tmp_path / "c.pt"
     torch.save({"epoch": 3, "weights": torch.zeros(2), "lr": 0.1}, path)
-    message = error_of(path)
+    message = load_error(path)
     assert "has no parameters under" in message and "['epoch', 'lr', 'weights']" in message
     torch.save({}, path)
-    assert "has no parameters under" in error_of(path)
+    assert "has no parameters under" in load_error(path)
 
 
 def test_a_missing_path_says_to_stage_it(tmp_path):
-    message = error_of(tmp_path / "step_9" / "checkpoint.pt")
+    message = load_error(tmp_path / "step_9" / "checkpoint.pt")
     assert "does not exist" in message and "stage the checkpoint" in message
 
 
@@ -270,14 +262,14 @@ def test_a_path_given_as_text_is_read_like_a_path(tmp_path, drafter):
 def test_a_file_that_is_no_checkpoint_is_reported_with_its_size(tmp_path, data):
     path = tmp_path / "c.pt"
     path.write_bytes(data)
-    message = error_of(path)
+    message = load_error(path)
     assert f"({len(data)} bytes)" in message and "truncated or not a checkpoint" in message
 
 
 def test_text_that_is_no_pickle_is_reported_as_no_checkpoint(tmp_path):
     path = tmp_path / "c.pt"
     path.write_bytes(b"hello world\n" * 10)
-    assert "truncated or not a checkpoint" in error_of(path)
+    assert "truncated or not a checkpoint" in load_error(path)
 
 
 @pytest.mark.parametrize("policy", [None, UNSAFE], ids=["weights-only", "unsafe-allowed"])
@@ -286,7 +278,7 @@ def test_zero_bytes_are_reported_as_no_checkpoint(tmp_path, policy):
     at an "operand" that is no pickle opcode: a damaged file, not one that wants code."""
     path = tmp_path / "c.pt"
     path.write_bytes(bytes(123))
-    message = error_of(path, pickle_policy=policy)
+    message = load_error(path, pickle_policy=policy)
     assert f"Cannot read {path} (123 bytes, beginning with zero bytes only)" in message
     assert "byte 0x00 is not a pickle opcode" in message
     assert "truncated or not a checkpoint" in message and "Refusing" not in message
@@ -295,7 +287,7 @@ def test_zero_bytes_are_reported_as_no_checkpoint(tmp_path, policy):
 def test_garbage_after_a_valid_pickle_start_is_no_checkpoint_either(tmp_path):
     path = tmp_path / "c.pt"
     path.write_bytes(b"\x80\x02" + bytes([0xFF]) * 40)
-    message = error_of(path)
+    message = load_error(path)
     assert "byte 0xff is not a pickle opcode" in message and "zero bytes" not in message
 
 
@@ -307,7 +299,7 @@ def test_hf_directory_of_several_shards_and_its_step_from_the_path(tmp_path, dra
     save_file({k: state[k] for k in names[:5]}, str(directory / "a.safetensors"))
     save_file({k: state[k] for k in names[5:]}, str(directory / "b.safetensors"))
     (directory / "config.json").write_text(json.dumps(drafter.config.to_hf_dict()))
-    loaded = load_drafter(directory, TARGET)
+    loaded = load_drafter(directory, LOADER_TARGET)
     assert loaded.source.kind == "hf-directory" and loaded.warnings == []
     assert (loaded.source.step, loaded.source.step_source) == (800, "path")
     assert [p.name for p in loaded.source.files] == [
@@ -324,7 +316,7 @@ def test_a_truncated_safetensors_file_is_named(tmp_path, drafter):
     file = directory / "model.safetensors"
     save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(file))
     file.write_bytes(file.read_bytes()[:100])
-    assert f"Cannot read {file} as safetensors" in error_of(directory)
+    assert f"Cannot read {file} as safetensors" in load_error(directory)
 
 
 # --- prefixes and borrowed parameters -------------------------------------------------------
@@ -350,7 +342,7 @@ def test_borrowed_head_and_rotary_buffers_are_set_aside(tmp_path, drafter):
         "layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8),
     }
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state)
-    loaded = load_drafter(path, TARGET)
+    loaded = load_drafter(path, LOADER_TARGET)
     assert loaded.ignored_parameters == ["layers.0.self_attn.rotary_emb.inv_freq", "lm_head.weight"]
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
@@ -359,7 +351,7 @@ def test_borrowed_head_and_rotary_buffers_are_set_aside(tmp_path, drafter):
 
 
 def mismatch_message(tmp_path, drafter, state) -> str:
-    return error_of(save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state))
+    return load_error(save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state))
 
 
 def test_only_missing_parameters(tmp_path, drafter):
@@ -438,21 +430,23 @@ def test_a_wider_fc_and_another_misshaped_parameter_are_named_together(tmp_path,
 
 def test_mask_token_id_zero_is_a_real_id(tmp_path):
     model = random_drafter(small_config(mask_token_id=0, num_target_layers=6))
-    loaded = load_drafter(save_training_checkpoint(tmp_path / "c.pt", model), TARGET)
+    loaded = load_drafter(save_training_checkpoint(tmp_path / "c.pt", model), LOADER_TARGET)
     assert loaded.config.mask_token_id == 0 and loaded.warnings == []
-    overridden = load_drafter(tmp_path / "c.pt", TARGET, mask_token_id=2)
+    overridden = load_drafter(tmp_path / "c.pt", LOADER_TARGET, mask_token_id=2)
     assert any("overrides the checkpoint config's 0" in w for w in overridden.warnings)
 
 
 def test_flags_equal_to_the_checkpoint_config_do_not_warn(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    loaded = load_drafter(path, TARGET, block_size=6, mask_token_id=3, target_layer_ids=[1, 3])
+    loaded = load_drafter(
+        path, LOADER_TARGET, block_size=6, mask_token_id=3, target_layer_ids=[1, 3]
+    )
     assert loaded.warnings == [] and loaded.config == drafter.config
 
 
 def test_a_target_layer_ids_override_warns_and_is_used(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    loaded = load_drafter(path, TARGET, target_layer_ids=[2, 4])
+    loaded = load_drafter(path, LOADER_TARGET, target_layer_ids=[2, 4])
     assert loaded.config.target_layer_ids == (2, 4)
     assert loaded.warnings == [
         "--target-layer-ids [2, 4] overrides the checkpoint config's [1, 3]; "
@@ -462,16 +456,16 @@ def test_a_target_layer_ids_override_warns_and_is_used(tmp_path, drafter):
 
 def test_a_drafter_config_file_that_agrees_with_the_checkpoint_is_accepted(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    loaded = load_drafter(path, TARGET, config_file=config_file(tmp_path, drafter))
+    loaded = load_drafter(path, LOADER_TARGET, config_file=config_file(tmp_path, drafter))
     assert loaded.config_source == "checkpoint" and loaded.warnings == []
     # Fields the file leaves empty are not disagreements.
     sparse = config_file(tmp_path, drafter, block_size=None, dflash_config={})
-    assert load_drafter(path, TARGET, config_file=sparse).config == drafter.config
+    assert load_drafter(path, LOADER_TARGET, config_file=sparse).config == drafter.config
 
 
 def test_a_drafter_config_file_that_disagrees_with_the_checkpoint_is_refused(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    message = error_of(path, config_file=config_file(tmp_path, drafter, intermediate_size=80))
+    message = load_error(path, config_file=config_file(tmp_path, drafter, intermediate_size=80))
     assert "describe different drafters (intermediate_size: checkpoint config 96 vs" in message
     assert "checkpoint config is authoritative" in message
 
@@ -480,6 +474,6 @@ def test_an_unreadable_drafter_config_file_is_named(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
     broken = tmp_path / "broken.json"
     broken.write_text("{")
-    assert f"Cannot read drafter config {broken}" in error_of(path, config_file=broken)
+    assert f"Cannot read drafter config {broken}" in load_error(path, config_file=broken)
     missing = tmp_path / "missing.json"
-    assert f"Cannot read drafter config {missing}" in error_of(path, config_file=missing)
+    assert f"Cannot read drafter config {missing}" in load_error(path, config_file=missing)

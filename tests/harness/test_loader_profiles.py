@@ -10,41 +10,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from dflash_eval.config import TargetShape
-from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import load_drafter
 from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.profile import DrafterProfile, read_profile
 from dflash_eval.provenance import Offer
 
-from .helpers import random_drafter, save_training_checkpoint, small_config
-
-TARGET = TargetShape(
-    num_layers=6, hidden_size=64, vocab_size=101, rms_norm_eps=1e-6, rope_theta=10_000.0
+from .helpers import (
+    LOADER_TARGET,
+    load_error,
+    loader_drafter,
+    same_weights,
+    save_training_checkpoint,
 )
 
 
 @pytest.fixture
 def drafter():
-    return random_drafter(small_config(num_target_layers=6))
-
-
-def same_weights(model, reference) -> bool:
-    ours, theirs = model.state_dict(), reference.state_dict()
-    return ours.keys() == theirs.keys() and all(torch.equal(t, theirs[k]) for k, t in ours.items())
+    return loader_drafter()
 
 
 def profile_of(tmp_path: Path, **content) -> DrafterProfile:
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(content))
     return read_profile(path)
-
-
-def error_of(path: Path, **kwargs) -> str:
-    with pytest.raises(HarnessError) as caught:
-        load_drafter(path, TARGET, **kwargs)
-    return str(caught.value)
 
 
 # --- parameter_prefix -----------------------------------------------------------------------
@@ -60,7 +48,7 @@ def test_a_profile_prefix_on_only_some_names_is_refused_naming_five_others(tmp_p
     others = [n for n in names if not n.startswith("layers.0.")]
     assert carrying > 1 and len(others) > 6  # enough of each for the counts to tell
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, prefix="", state_dict=state)
-    message = error_of(path, profile=profile_of(tmp_path, parameter_prefix="draft."))
+    message = load_error(path, profile=profile_of(tmp_path, parameter_prefix="draft."))
     assert (
         f"parameter_prefix 'draft.' is on only {carrying} of the {len(names)} parameter names "
         f"in {path} (not on e.g. {others[:5]})"
@@ -69,14 +57,18 @@ def test_a_profile_prefix_on_only_some_names_is_refused_naming_five_others(tmp_p
 
 def test_a_profile_prefix_that_no_name_carries_changes_nothing(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, prefix="module.")
-    loaded = load_drafter(path, TARGET, profile=profile_of(tmp_path, parameter_prefix="draft."))
+    loaded = load_drafter(
+        path, LOADER_TARGET, profile=profile_of(tmp_path, parameter_prefix="draft.")
+    )
     assert loaded.source.stripped_prefix == "module." and loaded.source.renamed_parameters == 0
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
 
 def test_the_profile_prefix_goes_first_then_the_usual_wrappers(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, prefix="trainer.module.")
-    loaded = load_drafter(path, TARGET, profile=profile_of(tmp_path, parameter_prefix="trainer."))
+    loaded = load_drafter(
+        path, LOADER_TARGET, profile=profile_of(tmp_path, parameter_prefix="trainer.")
+    )
     assert loaded.source.stripped_prefix == "trainer.module."
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
@@ -87,7 +79,7 @@ def test_the_profile_prefix_goes_first_then_the_usual_wrappers(tmp_path, drafter
 def test_renames_that_map_two_parameters_to_one_name_are_refused(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
     profile = profile_of(tmp_path, parameter_renames=[[r"\.q_proj\.", ".k_proj."]])
-    message = error_of(path, profile=profile)
+    message = load_error(path, profile=profile)
     assert (
         f"parameter_renames map two parameters of {path} to 'layers.0.self_attn.k_proj.weight'"
         in message
@@ -99,7 +91,9 @@ def test_renames_apply_in_order_and_only_changed_names_are_counted(tmp_path, dra
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state)
     # The second rename only matches what the first produced: order matters.
     renames = [[r"\.ffn\.", ".feed_forward."], [r"\.feed_forward\.", ".mlp."]]
-    loaded = load_drafter(path, TARGET, profile=profile_of(tmp_path, parameter_renames=renames))
+    loaded = load_drafter(
+        path, LOADER_TARGET, profile=profile_of(tmp_path, parameter_renames=renames)
+    )
     assert loaded.source.renamed_parameters == 3 * 2  # gate/up/down, two layers
     assert loaded.warnings == [] and same_weights(loaded.model, drafter)
 
@@ -117,19 +111,19 @@ def test_profile_safe_globals_join_the_command_lines(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, extra=extra)
     profile = profile_of(tmp_path, safe_globals=["argparse"])
     numpy_only = PicklePolicy(safe_globals=("numpy",))
-    loaded = load_drafter(path, TARGET, profile=profile, pickle_policy=numpy_only)
+    loaded = load_drafter(path, LOADER_TARGET, profile=profile, pickle_policy=numpy_only)
     assert same_weights(loaded.model, drafter) and loaded.warnings == []
     admitted = loaded.source.pickle.safe_globals
     assert "argparse.Namespace" in admitted and "numpy.ndarray" in admitted
-    assert "Refusing to load" in error_of(path, pickle_policy=numpy_only)
-    assert "Refusing to load" in error_of(path, profile=profile)
+    assert "Refusing to load" in load_error(path, pickle_policy=numpy_only)
+    assert "Refusing to load" in load_error(path, profile=profile)
 
 
 def test_profile_safe_globals_keep_the_command_lines_unsafe_choice(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, extra={"rng": np.arange(2)})
     profile = profile_of(tmp_path, safe_globals=["argparse"])
     unsafe = PicklePolicy(allow_unsafe=True)
-    loaded = load_drafter(path, TARGET, profile=profile, pickle_policy=unsafe)
+    loaded = load_drafter(path, LOADER_TARGET, profile=profile, pickle_policy=unsafe)
     assert loaded.source.pickle.policy == "unsafe allowed (--allow-unsafe-pickle)"
     assert loaded.source.pickle.safe_globals == ["argparse.Namespace"]
 
@@ -146,10 +140,14 @@ def test_profile_safe_globals_keep_the_command_lines_unsafe_choice(tmp_path, dra
     ids=["default", "command-line"],
 )
 def test_a_loaded_drafter_offers_its_dtype_with_its_source(tmp_path, drafter, kwargs, offer):
-    loaded = load_drafter(save_training_checkpoint(tmp_path / "c.pt", drafter), TARGET, **kwargs)
+    loaded = load_drafter(
+        save_training_checkpoint(tmp_path / "c.pt", drafter), LOADER_TARGET, **kwargs
+    )
     assert loaded.dtype_offer() == offer
     # The offer, passed on, reaches the next drafter with its source kept.
     other = load_drafter(
-        save_training_checkpoint(tmp_path / "d.pt", drafter), TARGET, dtype=loaded.dtype_offer()
+        save_training_checkpoint(tmp_path / "d.pt", drafter),
+        LOADER_TARGET,
+        dtype=loaded.dtype_offer(),
     )
     assert other.dtype == offer.value and other.provenance()["dtype"] == offer.source
