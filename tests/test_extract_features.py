@@ -24,10 +24,14 @@ import yaml
 
 from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
+from dflash_ops.core.errors import DiskSpaceError
 from dflash_ops.core.inventory import load
 from dflash_ops.core.units import format_bytes
+from dflash_ops.features.extract import FeatureSet
+from dflash_ops.features.relay import set_destination, set_payload
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.staging.stage import StageOptions, deliver
 from tests.conftest import REPO, run_fab
 
 MAX_NEW_TOKENS = "24"
@@ -334,6 +338,22 @@ def test_a_relay_the_eval_disk_cannot_hold_is_refused_before_a_byte_moves(
         assert f"for feature set {extracted}" in message, message
         assert "fab prune --features --host eval" in message, message
         assert host.run(f"ls -A {shlex.quote(layout.features)}").stdout == ""
+        # Staging's own check (a disk that filled after that look) names the set and its prune
+        # too, not a checkpoint step.
+        inventory = load(without_margin(features_lab, tmp_path))
+        features_dir = EvalLayout(inventory.hosts["features"]).feature_set(extracted)
+        source = FeatureSet("features", extracted, features_dir, {}, False)
+        planned = deliver(
+            inventory,
+            set_payload(inventory, source),
+            set_destination(inventory, "eval", extracted),
+            StageOptions(report=lambda _: None, dry_run=True),
+        )
+        (space,) = [hop.space for hop in planned.plan if hop.space is not None]
+        with pytest.raises(DiskSpaceError) as refused:
+            space.require()
+        assert f"for feature set {extracted}:" in str(refused.value), refused.value
+        assert "fab prune --features --host eval" in str(refused.value), refused.value
 
 
 def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provisioned):

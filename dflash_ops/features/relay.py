@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from dflash_ops.core.errors import CheckpointError, TransferError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.features.extract import FeatureSet
-from dflash_ops.features.space import require_room
+from dflash_ops.features.space import eval_host_advice, require_room
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.destination import Destination
@@ -90,6 +90,8 @@ def set_payload(inventory: Inventory, source: FeatureSet) -> Payload:
         reader,
         select=_all_files,
         extra={"feature_set": source.set_id},
+        what=f"feature set {source.set_id}",
+        space_advice=eval_host_advice,
     )
 
 

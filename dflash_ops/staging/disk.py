@@ -52,6 +52,7 @@ class SpaceCheck:
     needed: int
     free: int
     what: str
+    advice: str = ""  # what to free when it does not fit (default: old staged checkpoints)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +67,9 @@ class SpaceCheck:
 
     def require(self) -> None:
         if not self.ok:
-            raise DiskSpaceError(self.host, self.path, self.needed, self.free, self.what)
+            raise DiskSpaceError(
+                self.host, self.path, self.needed, self.free, self.what, self.advice
+            )
 
 
 def local_free_bytes(path: str | Path) -> int:
@@ -76,7 +79,7 @@ def local_free_bytes(path: str | Path) -> int:
 
 
 def space_check(
-    host: str, path: str, free: int, to_write: int, margin: Margin, what: str
+    host: str, path: str, free: int, to_write: int, margin: Margin, what: str, advice: str = ""
 ) -> SpaceCheck:
     needed = to_write + margin.for_bytes(to_write) if to_write else 0
-    return SpaceCheck(host, path, to_write, needed, free, what)
+    return SpaceCheck(host, path, to_write, needed, free, what, advice)

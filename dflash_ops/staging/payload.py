@@ -29,6 +29,9 @@ class Payload:
     # A directory: which of its files are copied (to list it again before promoting).
     select: Callable[[tuple[Member, ...]], tuple[Member, ...]] | None = None
     extra: dict = field(default_factory=dict)  # more manifest fields (an extraction's source)
+    what: str = ""  # what messages call it (default: the step); a feature set names itself
+    # What to free on a host too small for it, by host name (default: its staged checkpoints).
+    space_advice: Callable[[str], str] | None = None
 
     @property
     def size(self) -> int:

@@ -443,7 +443,8 @@ def _plan_hops(
         state.free,
         to_write,
         context.margin,
-        f"step {payload.identity.step}",
+        payload.what or f"step {payload.identity.step}",
+        payload.space_advice(dest.side.name) if payload.space_advice else "",
     )
     size = payload.size
     hops = [HopPlan(payload.description, dest, size, False, size - to_write, space, len(todo))]
