@@ -10,16 +10,18 @@ import os
 import pwd
 import shlex
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
 from dflash_lab import lab as labs
-from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.errors import InventoryError, TransferError
 from dflash_ops.core.inventory import Inventory, parse
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.remote.connection import Host
+from dflash_ops.staging.stage import StageOptions, stage
 from tests.inventory_documents import minimal_document
 
 STEP = 2000
@@ -121,6 +123,45 @@ def test_without_become_the_stage_fails_saying_to_set_it(sudo_lab, fab, tmp_path
     assert f"The login user {sudo_lab.sudo_user} is not root" in message
     assert "set `become: sudo` on hosts.trainer" in message
     assert "Traceback" not in done.stderr
+
+
+@needs_root_and_sudo
+def test_a_write_denied_to_a_login_without_become_says_so_not_rerun(sudo_lab, tmp_path):
+    """The eval login reaches its staging dir but not a partial root left there (a root stage
+    was interrupted): a rerun would fail the same way, so the error says what will help."""
+    document = yaml.safe_load(sudo_lab.inventory_path.read_text())
+    document["hosts"]["eval"].pop("become")
+    (tmp_path / "inventory.yaml").write_text(yaml.safe_dump(document))
+    inventory = load_inventory(tmp_path / "inventory.yaml")
+    step_dir = sudo_lab.data_dir("eval") / "eval" / "checkpoints" / f"step_{STEP}"
+    aside = step_dir.with_name("aside")
+    login = pwd.getpwnam(sudo_lab.sudo_user)
+    step_dir.parent.mkdir(parents=True, exist_ok=True)  # as a stage as root would have
+    ancestors = [d for d in step_dir.parents if d != Path("/")]
+    modes = {d: d.stat().st_mode for d in ancestors}
+    if step_dir.exists():
+        step_dir.rename(aside)
+    try:
+        for directory in ancestors:
+            directory.chmod(modes[directory] | stat.S_IXOTH)
+        step_dir.mkdir()
+        os.chown(step_dir, login.pw_uid, login.pw_gid)
+        partial = step_dir / "checkpoint.pt.partial"
+        partial.write_bytes(sudo_lab.checkpoint_path(STEP).read_bytes()[: 1 << 20])  # root's
+        with pytest.raises(TransferError) as failed:
+            stage(inventory, STEP, options=StageOptions(report=lambda _: None))
+        message = " ".join(str(failed.value).split())
+        assert f"writing {partial}" in message and "Permission denied" in message, message
+        assert "A rerun cannot write there either" in message, message
+        assert "set `become: sudo` on hosts.eval" in message, message
+        assert "rerun to resume" not in message, message
+        assert partial.stat().st_size == 1 << 20  # what was there is kept
+    finally:
+        shutil.rmtree(step_dir, ignore_errors=True)
+        if aside.exists():
+            aside.rename(step_dir)
+        for directory in ancestors:
+            directory.chmod(stat.S_IMODE(modes[directory]))
 
 
 @needs_root_and_sudo

@@ -35,6 +35,10 @@ class Side:
         """Start a long-lived command whose stdin stays open until `close()`."""
         return ProcessCommand(self.argv(command))
 
+    def root_hint(self) -> str:
+        """For a denied write: what to do when this side's login is not root ('' if it is)."""
+        return ""
+
 
 class RemoteSide(Side):
     def __init__(self, host: Host) -> None:
@@ -46,6 +50,9 @@ class RemoteSide(Side):
 
     def run(self, command: str, *, check: bool = True) -> Result:
         return self.host.run(f"bash -c {shlex.quote(command)}", check=check)
+
+    def root_hint(self) -> str:
+        return self.host.root_hint()
 
     def hold(self, command: str) -> HeldCommand:
         # A channel on the already-open control connection: no second SSH handshake. If the

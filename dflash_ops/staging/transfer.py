@@ -206,8 +206,7 @@ def _require_clean_end(
         raise TransferError(
             f"{dest.side.name}: writing {partial} failed after "
             f"{format_bytes(offset + moved.count)} of {format_bytes(size)} "
-            f"(exit {moved.dest_rc}: {reason}). "
-            + ("Free space there, then rerun to resume." if "No space" in reason else kept)
+            f"(exit {moved.dest_rc}: {reason}). {_after_write_failure(reason, dest, kept)}"
         )
     if moved.source_rc != 0 or moved.count < size - offset:
         raise TransferError(
@@ -215,6 +214,17 @@ def _require_clean_end(
             f"{format_bytes(moved.count)} of {format_bytes(size - offset)} "
             f"(exit {moved.source_rc}: {stderr_reason(moved.source_err)}). {kept}"
         )
+
+
+def _after_write_failure(reason: str, dest: Destination, kept: str) -> str:
+    """What to do when the destination could not write: a rerun alone helps only when the
+    cause was passing (a dropped link), not a full disk or a denied directory."""
+    if "No space" in reason:
+        return "Free space there, then rerun to resume."
+    if "permission denied" in reason.lower():
+        fix = dest.side.root_hint() or f" Check the owner and mode of {dest.directory} there."
+        return f"A rerun cannot write there either.{fix}"
+    return kept
 
 
 def _hash_both(source: Source, side: Side, path: str) -> tuple[str | None, str | None]:
