@@ -15,7 +15,7 @@ the resume moved, then the spread of the pairs' ratios and, last, the whole-task
 median raw time / median stage time. A stage's relay phase runs from the start of its ssh
 processes (which start early, gated, while the control steps run) to its last byte. The lab
 is removed at the end, even on failure.
-Run: `.venv/bin/python benchmarks/relay.py [--runs 5] [--size 1g] [--low-priority]`.
+Run: `.venv/bin/python benchmarks/relay.py [--runs 9] [--size 1g] [--low-priority]`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ STEP = 4000
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--size", default="1g")
     parser.add_argument("--via", default="rootfs", choices=["rootfs", "stream"])
     parser.add_argument(
