@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,10 +16,8 @@ from .helpers import (
     LOADER_TARGET,
     load_error,
     loader_drafter,
-    random_drafter,
     same_weights,
     save_training_checkpoint,
-    small_config,
 )
 
 
@@ -51,12 +50,15 @@ def test_missing_unexpected_and_misshaped_parameters_are_listed(tmp_path, drafte
     assert str(path) in message
 
 
+def _with_config(tmp_path, drafter, **changes) -> Path:
+    """A checkpoint of `drafter`'s weights whose config differs in `changes` only."""
+    config = replace(drafter.config, **changes).to_hf_dict()
+    path = tmp_path / "c.pt"
+    return save_training_checkpoint(path, drafter, with_config=False, extra={"config": config})
+
+
 def test_fc_input_size_mismatch_is_named(tmp_path, drafter):
-    three_layers = replace(drafter.config, target_layer_ids=(1, 2, 3))
-    path = save_training_checkpoint(
-        tmp_path / "c.pt", drafter, with_config=False, extra={"config": three_layers.to_hf_dict()}
-    )
-    message = load_error(path)
+    message = load_error(_with_config(tmp_path, drafter, target_layer_ids=(1, 2, 3)))
     assert "fc.weight" in message and "takes 128 input features" in message
     assert "= 192" in message
 
@@ -80,15 +82,13 @@ def test_a_text_file_as_checkpoint_is_one_clear_error(tmp_path):
     assert "Cannot read" in message and "as a torch checkpoint" in message
 
 
-def test_mask_token_outside_target_vocab_stops(tmp_path):
-    model = random_drafter(small_config(mask_token_id=500))
-    message = load_error(save_training_checkpoint(tmp_path / "c.pt", model))
+def test_mask_token_outside_target_vocab_stops(tmp_path, drafter):
+    message = load_error(_with_config(tmp_path, drafter, mask_token_id=500))
     assert "mask_token_id 500 outside the target vocab" in message
 
 
-def test_hidden_size_and_layer_ids_must_fit_target(tmp_path):
-    model = random_drafter(small_config(target_layer_ids=(1, 9)))
-    message = load_error(save_training_checkpoint(tmp_path / "c.pt", model))
+def test_hidden_size_and_layer_ids_must_fit_target(tmp_path, drafter):
+    message = load_error(_with_config(tmp_path, drafter, target_layer_ids=(1, 9)))
     assert "target_layer_ids [9] outside the target's 0..5" in message
 
 
