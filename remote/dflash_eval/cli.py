@@ -108,6 +108,114 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     _add_progress_flags(features)
 
 
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe a run, shared by `eval` and `plan` so that the same argv
+    means the same run to both: each flag and its default are declared here only."""
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="training checkpoint.pt, Hugging Face DFlash dir, or extracted dir",
+    )
+    parser.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
+    parser.add_argument(
+        "--drafter-config",
+        type=Path,
+        help="drafter config.json, used when the checkpoint carries none",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        help="block size B (default: the one the drafter was trained with)",
+    )
+    parser.add_argument("--mask-token-id", type=int, help="mask token id, if the config lacks it")
+    parser.add_argument(
+        "--target-layer-ids",
+        type=_int_list,
+        help="comma-separated target layer ids, if the config lacks them",
+    )
+    parser.add_argument(
+        "--drafter-profile",
+        type=Path,
+        help="JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
+        "profile, as the workstation sends it)",
+    )
+    parser.add_argument(
+        "--accept-default",
+        type=_name_list,
+        default=[],
+        help="confirm the default rule for these settings when nothing states them "
+        "(comma-separated: target_layer_ids, rope)",
+    )
+    parser.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
+    parser.add_argument(
+        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
+    )
+    parser.add_argument(
+        "--thinking",
+        choices=["on", "off"],
+        default="off",
+        help="enable_thinking for chat templates that have it (default off, as z-lab's benchmark)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="completion length, as z-lab's max_new_tokens (default 256)",
+    )
+    parser.add_argument(
+        "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
+    )
+    parser.add_argument(
+        "--ddtree",
+        type=_int_list,
+        default=[4, 8, 16, 32],
+        help="DDTree budgets, comma-separated (default 4,8,16,32; '' for none)",
+    )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--reference-drafter",
+        type=Path,
+        help="also evaluate this drafter on the same hidden states",
+    )
+    parser.add_argument(
+        "--sglang-url",
+        help="get completions from SGLang's /generate (default: local greedy); @FILE reads "
+        "the URL from FILE, keeping credentials out of the command line",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path.home() / ".cache" / "dflash-eval",
+        help="completion/hidden-state cache (default ~/.cache/dflash-eval)",
+    )
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="drafter dtype (default: the profile's, else float32)",
+    )
+    parser.add_argument(
+        "--target-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="target dtype (default: as saved)",
+    )
+    _add_pickle_flags(parser)
+    parser.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
+    parser.add_argument(
+        "--per-block",
+        action="store_true",
+        help="one drafter forward per block (slow; for cross-checking)",
+    )
+    parser.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash the checkpoint even when the staging manifest beside it records its sha256",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dflash_eval",
@@ -116,111 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("eval", help="evaluate a drafter checkpoint against a target")
-    run.add_argument(
-        "--checkpoint",
-        type=Path,
-        required=True,
-        help="training checkpoint.pt, Hugging Face DFlash dir, or extracted dir",
-    )
-    run.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
+    _add_run_flags(run)
     run.add_argument("--out", type=Path, required=True, help="results JSON to write")
-    run.add_argument(
-        "--drafter-config",
-        type=Path,
-        help="drafter config.json, used when the checkpoint carries none",
-    )
-    run.add_argument(
-        "--block-size",
-        type=int,
-        help="block size B (default: the one the drafter was trained with)",
-    )
-    run.add_argument("--mask-token-id", type=int, help="mask token id, if the config lacks it")
-    run.add_argument(
-        "--target-layer-ids",
-        type=_int_list,
-        help="comma-separated target layer ids, if the config lacks them",
-    )
-    run.add_argument(
-        "--drafter-profile",
-        type=Path,
-        help="JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
-        "profile, as the workstation sends it)",
-    )
-    run.add_argument(
-        "--accept-default",
-        type=_name_list,
-        default=[],
-        help="confirm the default rule for these settings when nothing states them "
-        "(comma-separated: target_layer_ids, rope)",
-    )
-    run.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
-    run.add_argument(
-        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
-    )
-    run.add_argument(
-        "--thinking",
-        choices=["on", "off"],
-        default="off",
-        help="enable_thinking for chat templates that have it (default off, as z-lab's benchmark)",
-    )
-    run.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=256,
-        help="completion length, as z-lab's max_new_tokens (default 256)",
-    )
-    run.add_argument(
-        "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
-    )
-    run.add_argument(
-        "--ddtree",
-        type=_int_list,
-        default=[4, 8, 16, 32],
-        help="DDTree budgets, comma-separated (default 4,8,16,32; '' for none)",
-    )
-    run.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    run.add_argument(
-        "--reference-drafter",
-        type=Path,
-        help="also evaluate this drafter on the same hidden states",
-    )
-    run.add_argument(
-        "--sglang-url",
-        help="get completions from SGLang's /generate (default: local greedy); @FILE reads "
-        "the URL from FILE, keeping credentials out of the command line",
-    )
-    run.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path.home() / ".cache" / "dflash-eval",
-        help="completion/hidden-state cache (default ~/.cache/dflash-eval)",
-    )
-    run.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    run.add_argument(
-        "--dtype",
-        choices=["float32", "bfloat16"],
-        help="drafter dtype (default: the profile's, else float32)",
-    )
-    run.add_argument(
-        "--target-dtype",
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="target dtype (default: as saved)",
-    )
-    _add_pickle_flags(run)
-    run.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
-    run.add_argument(
-        "--per-block",
-        action="store_true",
-        help="one drafter forward per block (slow; for cross-checking)",
-    )
-    run.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
     run.add_argument("--training-run", help="record the training run the checkpoint belongs to")
-    run.add_argument(
-        "--verify",
-        action="store_true",
-        help="hash the checkpoint even when the staging manifest beside it records its sha256",
-    )
     run.add_argument(
         "--features",
         type=Path,
@@ -244,36 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
-    """`plan`: eval's inputs (its run options are accepted, so the same argv works), no
-    --out: it writes nothing."""
+    """`plan`: eval's run flags (so the same argv works), no --out: it writes nothing."""
     plan = commands.add_parser(
-        "plan", help="what an eval with these flags would find cached, compute, need and take"
+        "plan",
+        help="what an eval with these flags would find cached, compute, need and take",
+        description="Takes eval's run flags. The checkpoint may be absent (not staged yet); "
+        "--max-blocks, --chunk-anchors and --per-block are accepted and ignored.",
     )
-    plan.add_argument("--checkpoint", type=Path, required=True, help="the drafter (may be absent)")
-    plan.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
-    for flag in ("--drafter-config", "--drafter-profile", "--prompts", "--reference-drafter"):
-        plan.add_argument(flag, type=Path, help=f"as eval's {flag}")
-    for flag in ("--block-size", "--mask-token-id", "--num-prompts", "--threads", "--step"):
-        plan.add_argument(flag, type=int, help=f"as eval's {flag}")
-    plan.add_argument("--max-new-tokens", type=int, default=256, help="as eval's")
-    plan.add_argument("--max-blocks", type=int, help="as eval's (ignored)")
-    plan.add_argument("--chunk-anchors", type=int, help="as eval's (ignored)")
-    plan.add_argument("--target-layer-ids", type=_int_list, help="as eval's")
-    plan.add_argument("--accept-default", type=_name_list, default=[], help="as eval's")
-    plan.add_argument("--ddtree", type=_int_list, default=[4, 8, 16, 32], help="as eval's")
-    plan.add_argument("--thinking", choices=["on", "off"], default="off", help="as eval's")
-    plan.add_argument("--dtype", choices=["float32", "bfloat16"], help="as eval's")
-    plan.add_argument(
-        "--target-dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="as eval's"
-    )
-    plan.add_argument("--sglang-url", help="as eval's (@FILE reads it from FILE)")
-    plan.add_argument(
-        "--cache-dir", type=Path, default=Path.home() / ".cache" / "dflash-eval", help="as eval's"
-    )
-    plan.add_argument("--no-cache", action="store_true", help="as eval's")
-    plan.add_argument("--per-block", action="store_true", help="as eval's (ignored)")
-    plan.add_argument("--verify", action="store_true", help="as eval's")
-    _add_pickle_flags(plan)
+    _add_run_flags(plan)
     plan.add_argument(
         "--inputs-on-stdin",
         action="store_true",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from dflash_eval.completions import (
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.feature_record import features_record
+from dflash_eval.inputs import require_writable
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
 from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
@@ -230,15 +230,7 @@ def _check_options(options: FeaturesOptions) -> None:
         raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
-    parent = Path(options.out).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=parent).close()
-    except OSError as error:
-        raise HarnessError(
-            f"--out {options.out}: cannot write in {parent} ({error.strerror}). Choose a "
-            "writable directory (and check free space) before a long run, not after it."
-        ) from None
+    require_writable(f"--out {options.out}", Path(options.out).parent)
 
 
 def _load_prompts(path: Path | None) -> list[Prompt]:

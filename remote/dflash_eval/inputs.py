@@ -38,14 +38,21 @@ def check_paths(options: EvalOptions) -> None:
     outputs = [("--out", Path(options.out).parent)]
     outputs += [("--cache-dir", options.cache_dir)] * bool(options.cache_dir)
     for flag, directory in outputs:
-        try:
-            Path(directory).mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=directory).close()
-        except OSError as error:
-            raise HarnessError(
-                f"{flag}: cannot write in {directory} ({error.strerror}). Choose a writable "
-                "directory (and check free space) before a long run, not after it."
-            ) from None
+        require_writable(flag, directory)
+
+
+def require_writable(label: str, directory: Path) -> None:
+    """Create `directory` if needed and write a scratch file in it, so that a run whose
+    output cannot land fails now, not after hours of work. `label` names the flag (and
+    value) in the message."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as error:
+        raise HarnessError(
+            f"{label}: cannot write in {directory} ({error.strerror}). Choose a writable "
+            "directory (and check free space) before a long run, not after it."
+        ) from None
 
 
 def load_prompts(options: EvalOptions) -> list[Prompt]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dflash_eval import schema
+from dflash_eval.cli import build_parser
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
@@ -81,3 +82,17 @@ def test_expected_failure_exits_2_with_a_message_and_no_traceback(lab, tmp_path)
     last = json.loads(result.stdout.splitlines()[-1])
     assert last["event"] == "error" and str(missing) in last["message"]
     assert not (tmp_path / "r.json").exists()
+
+
+def test_plan_reads_every_eval_run_flag_with_the_same_default():
+    # The workstation sends plan the argv it would send eval: a default that differs between
+    # the two would make the plan describe another run than the eval that follows it.
+    parser = build_parser()
+    evaluated = vars(
+        parser.parse_args(["eval", "--checkpoint", "c", "--target", "t", "--out", "o"])
+    )
+    planned = vars(parser.parse_args(["plan", "--checkpoint", "c", "--target", "t"]))
+    assert set(evaluated) - set(planned) == {"progress_file", "quiet"}
+    assert set(planned) - set(evaluated) == {"inputs_on_stdin"}
+    shared = set(evaluated) & set(planned) - {"command", "out"}
+    assert {dest: planned[dest] for dest in shared} == {dest: evaluated[dest] for dest in shared}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -159,6 +160,15 @@ def test_a_rerun_with_the_same_inputs_is_a_no_op_and_other_inputs_are_refused(la
     with pytest.raises(HarnessError, match=r"other inputs \(differing: \['max_new_tokens'\]\)"):
         _extract(lab, setdir, max_new_tokens=12)
     assert _snapshot(setdir) == before
+
+
+def test_an_unwritable_out_is_refused_before_the_target_loads(lab, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    setdir = blocker / "sets" / "s"
+    expected = f"--out {setdir}: cannot write in {setdir.parent} (Not a directory)"
+    with pytest.raises(HarnessError, match=re.escape(expected)):
+        _extract(lab, setdir)
 
 
 def test_an_interrupted_build_leaves_no_set_and_is_resumed(lab, tmp_path):

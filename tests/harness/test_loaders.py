@@ -4,49 +4,37 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 from dflash_eval.cli import main
-from dflash_eval.config import TargetShape
-from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import load_drafter
 from safetensors.torch import save_file
 
-from .helpers import random_drafter, save_training_checkpoint, small_config
-
-TARGET = TargetShape(
-    num_layers=6, hidden_size=64, vocab_size=101, rms_norm_eps=1e-6, rope_theta=10_000.0
+from .helpers import (
+    LOADER_TARGET,
+    load_error,
+    loader_drafter,
+    same_weights,
+    save_training_checkpoint,
 )
 
 
 @pytest.fixture
 def drafter():
-    return random_drafter(small_config(num_target_layers=6))
-
-
-def _same_weights(a, b) -> bool:
-    theirs = b.state_dict()
-    return a.state_dict().keys() == theirs.keys() and all(
-        torch.equal(t, theirs[name]) for name, t in a.state_dict().items()
-    )
+    return loader_drafter()
 
 
 @pytest.mark.parametrize("prefix", ["module.", "draft_model.", "module.draft_model.", ""])
 def test_training_checkpoint_loads_with_prefix_removed(tmp_path, drafter, prefix):
     path = save_training_checkpoint(tmp_path / "step_500" / "checkpoint.pt", drafter, prefix=prefix)
-    loaded = load_drafter(path, TARGET)
+    loaded = load_drafter(path, LOADER_TARGET)
     assert loaded.source.stripped_prefix == prefix
     assert loaded.source.step == 1000 and loaded.config_source == "checkpoint"
     assert loaded.warnings == []
     assert "optimizer_state_dict" in loaded.source.dropped_entries
-    assert _same_weights(loaded.model, drafter)
-
-
-def _error(path, **kwargs) -> str:
-    with pytest.raises(HarnessError) as caught:
-        load_drafter(path, TARGET, **kwargs)
-    return str(caught.value)
+    assert same_weights(loaded.model, drafter)
 
 
 def test_missing_unexpected_and_misshaped_parameters_are_listed(tmp_path, drafter):
@@ -55,19 +43,22 @@ def test_missing_unexpected_and_misshaped_parameters_are_listed(tmp_path, drafte
     state["layers.0.self_attn.extra.weight"] = torch.zeros(2)
     state["layers.0.self_attn.q_proj.weight"] = torch.zeros(32, 64)
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state)
-    message = _error(path)
+    message = load_error(path)
     assert "missing (1): layers.1.mlp.up_proj.weight" in message
     assert "unexpected (1): layers.0.self_attn.extra.weight" in message
     assert "layers.0.self_attn.q_proj.weight (expected [64, 64], found [32, 64])" in message
     assert str(path) in message
 
 
+def _with_config(tmp_path, drafter, **changes) -> Path:
+    """A checkpoint of `drafter`'s weights whose config differs in `changes` only."""
+    config = replace(drafter.config, **changes).to_hf_dict()
+    path = tmp_path / "c.pt"
+    return save_training_checkpoint(path, drafter, with_config=False, extra={"config": config})
+
+
 def test_fc_input_size_mismatch_is_named(tmp_path, drafter):
-    three_layers = replace(drafter.config, target_layer_ids=(1, 2, 3))
-    path = save_training_checkpoint(
-        tmp_path / "c.pt", drafter, with_config=False, extra={"config": three_layers.to_hf_dict()}
-    )
-    message = _error(path)
+    message = load_error(_with_config(tmp_path, drafter, target_layer_ids=(1, 2, 3)))
     assert "fc.weight" in message and "takes 128 input features" in message
     assert "= 192" in message
 
@@ -78,7 +69,7 @@ def test_every_mismatch_is_listed_at_once_with_a_wider_fc(tmp_path, drafter):
     del state["norm.weight"]
     state["layers.0.extra.weight"] = torch.zeros(3)
     state["fc.weight"] = torch.zeros(state["fc.weight"].shape[0], state["fc.weight"].shape[1] * 2)
-    message = _error(save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state))
+    message = load_error(save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state))
     assert "missing (1): norm.weight" in message
     assert "unexpected (1): layers.0.extra.weight" in message
     assert "fc.weight in" in message and "input features" in message
@@ -87,25 +78,23 @@ def test_every_mismatch_is_listed_at_once_with_a_wider_fc(tmp_path, drafter):
 def test_a_text_file_as_checkpoint_is_one_clear_error(tmp_path):
     path = tmp_path / "checkpoint.pt"
     path.write_text("hello world\n")
-    message = _error(path)
+    message = load_error(path)
     assert "Cannot read" in message and "as a torch checkpoint" in message
 
 
-def test_mask_token_outside_target_vocab_stops(tmp_path):
-    model = random_drafter(small_config(mask_token_id=500))
-    message = _error(save_training_checkpoint(tmp_path / "c.pt", model))
+def test_mask_token_outside_target_vocab_stops(tmp_path, drafter):
+    message = load_error(_with_config(tmp_path, drafter, mask_token_id=500))
     assert "mask_token_id 500 outside the target vocab" in message
 
 
-def test_hidden_size_and_layer_ids_must_fit_target(tmp_path):
-    model = random_drafter(small_config(target_layer_ids=(1, 9)))
-    message = _error(save_training_checkpoint(tmp_path / "c.pt", model))
+def test_hidden_size_and_layer_ids_must_fit_target(tmp_path, drafter):
+    message = load_error(_with_config(tmp_path, drafter, target_layer_ids=(1, 9)))
     assert "target_layer_ids [9] outside the target's 0..5" in message
 
 
 def test_block_size_override_is_a_loud_warning(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    loaded = load_drafter(path, TARGET, block_size=4)
+    loaded = load_drafter(path, LOADER_TARGET, block_size=4)
     assert loaded.config.block_size == 4 and loaded.trained_block_size == 6
     assert any(
         "differs from the block size the drafter was trained with (6)" in w for w in loaded.warnings
@@ -114,11 +103,11 @@ def test_block_size_override_is_a_loud_warning(tmp_path, drafter):
 
 def test_config_inferred_from_shapes_needs_block_size_and_mask(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, with_config=False)
-    assert "--mask-token-id" in _error(path, block_size=6)
-    assert "--block-size" in _error(path, mask_token_id=3)
+    assert "--mask-token-id" in load_error(path, block_size=6)
+    assert "--block-size" in load_error(path, mask_token_id=3)
     loaded = load_drafter(
         path,
-        TARGET,
+        LOADER_TARGET,
         block_size=6,
         mask_token_id=3,
         target_layer_ids=[1, 3],
@@ -126,7 +115,7 @@ def test_config_inferred_from_shapes_needs_block_size_and_mask(tmp_path, drafter
     )
     assert loaded.config_source.startswith("inferred")
     assert loaded.config.target_layer_ids == (1, 3)
-    assert _same_weights(loaded.model, drafter)
+    assert same_weights(loaded.model, drafter)
 
 
 def test_config_from_explicit_file_and_from_training_args(tmp_path, drafter):
@@ -138,8 +127,8 @@ def test_config_from_explicit_file_and_from_training_args(tmp_path, drafter):
     )
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(drafter.config.to_hf_dict()))
-    assert load_drafter(path, TARGET, config_file=config_file).config == drafter.config
-    from_args = load_drafter(path, TARGET, target_layer_ids=[1, 3], accept_default=["rope"])
+    assert load_drafter(path, LOADER_TARGET, config_file=config_file).config == drafter.config
+    from_args = load_drafter(path, LOADER_TARGET, target_layer_ids=[1, 3], accept_default=["rope"])
     assert from_args.config.block_size == 6 and from_args.config.mask_token_id == 3
     assert from_args.provenance()["block_size"] == "training args"
 
@@ -147,13 +136,13 @@ def test_config_from_explicit_file_and_from_training_args(tmp_path, drafter):
 def test_borrowed_target_copies_are_set_aside_not_loaded(tmp_path, drafter):
     state = {**drafter.state_dict(), "embed_tokens.weight": torch.zeros(101, 64)}
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, state_dict=state)
-    assert load_drafter(path, TARGET).ignored_parameters == ["embed_tokens.weight"]
+    assert load_drafter(path, LOADER_TARGET).ignored_parameters == ["embed_tokens.weight"]
 
 
 def test_truncated_checkpoint_is_reported(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
     path.write_bytes(path.read_bytes()[:2000])
-    assert "truncated" in _error(path)
+    assert "truncated" in load_error(path)
 
 
 def test_hf_directory_loads(tmp_path, drafter):
@@ -164,9 +153,9 @@ def test_hf_directory_loads(tmp_path, drafter):
         str(directory / "model.safetensors"),
     )
     (directory / "config.json").write_text(json.dumps(drafter.config.to_hf_dict()))
-    loaded = load_drafter(directory, TARGET)
+    loaded = load_drafter(directory, LOADER_TARGET)
     assert loaded.source.kind == "hf-directory" and loaded.config == drafter.config
-    assert _same_weights(loaded.model, drafter)
+    assert same_weights(loaded.model, drafter)
 
 
 def test_extract_strips_optimizer_and_round_trips(tmp_path, drafter, capsys):
@@ -188,14 +177,14 @@ def test_extract_strips_optimizer_and_round_trips(tmp_path, drafter, capsys):
         "dflash_extract.json",
         "model.safetensors",
     ]
-    loaded = load_drafter(out, TARGET)
+    loaded = load_drafter(out, LOADER_TARGET)
     assert loaded.source.kind == "extracted" and loaded.source.step == 700
     assert loaded.source.step_source == "extract provenance"
-    assert _same_weights(loaded.model, drafter)
+    assert same_weights(loaded.model, drafter)
 
 
 def test_flags_that_contradict_the_checkpoint_config_warn(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter)
-    loaded = load_drafter(path, TARGET, mask_token_id=4)
+    loaded = load_drafter(path, LOADER_TARGET, mask_token_id=4)
     assert loaded.config.mask_token_id == 4
     assert any("overrides the checkpoint config's 3" in w for w in loaded.warnings)

@@ -20,7 +20,13 @@ from dflash_eval.loaders import load_drafter
 from dflash_eval.profile import read_profile
 from dflash_eval.schema import summary_lines
 
-from .helpers import quick_eval, random_drafter, save_training_checkpoint, small_config
+from .helpers import (
+    quick_eval,
+    random_drafter,
+    same_weights,
+    save_training_checkpoint,
+    small_config,
+)
 
 # A 6-layer target: the default rule for K=2 gives [1, 3]; this drafter was trained on [1, 4].
 TARGET = TargetShape(
@@ -39,11 +45,6 @@ def configless(tmp_path, drafter):
     return save_training_checkpoint(
         tmp_path / "step_100" / "checkpoint.pt", drafter, with_config=False
     )
-
-
-def _same_weights(a, b) -> bool:
-    theirs = b.state_dict()
-    return all(torch.equal(t, theirs[name]) for name, t in a.state_dict().items())
 
 
 def _profile(tmp_path, **content) -> object:
@@ -85,7 +86,7 @@ def test_the_right_layer_ids_on_the_command_line_load_without_a_warning(configle
         "dtype": "default rule",
     }
     assert loaded.accepted_defaults() == {"rope": "command line"}
-    assert _same_weights(loaded.model, drafter)
+    assert same_weights(loaded.model, drafter)
 
 
 def test_settings_from_training_args_are_labelled_as_such(tmp_path, drafter):
