@@ -3,6 +3,8 @@ verdict, then what was (or would be) freed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.table import Table
 
 from dflash_ops.core.arguments import parse_count, parse_steps
@@ -47,16 +49,7 @@ def run_prune(
         verdict = f"keep ({item.keep})" if item.keep else "[red]remove[/]"
         table.add_row(item.host, item.run or "-", str(item.step), format_bytes(item.size), verdict)
     console.print(table)
-    dropped = [item for item in judged if item.keep is None]
-    total = format_bytes(sum(item.size for item in dropped))
-    if not dropped:
-        console.print("nothing to remove")
-    elif not yes:
-        console.print(f"dry run: would free {total} ({len(dropped)} step(s)); pass --yes to remove")
-    else:
-        console.print(
-            f"removed {len(dropped)} step(s), freed {format_bytes(prune.apply(inventory, dropped))}"
-        )
+    _outcome(judged, "step(s)", yes, lambda dropped: prune.apply(inventory, dropped))
 
 
 def run_prune_sets(
@@ -79,12 +72,16 @@ def run_prune_sets(
         verdict = f"keep ({item.keep})" if item.keep else "[red]remove[/]"
         table.add_row(item.host, item.target, item.set_id, format_bytes(item.size), verdict)
     console.print(table)
+    _outcome(judged, "set(s)", yes, lambda dropped: prune_sets.apply(inventory, dropped))
+
+
+def _outcome(judged: list, noun: str, yes: bool, remove: Callable[[list], int]) -> None:
+    """Under the table: nothing to do, what a dry run would free, or what `remove` freed."""
     dropped = [item for item in judged if item.keep is None]
-    total = format_bytes(sum(item.size for item in dropped))
     if not dropped:
         console.print("nothing to remove")
     elif not yes:
-        console.print(f"dry run: would free {total} ({len(dropped)} set(s)); pass --yes to remove")
+        total = format_bytes(sum(item.size for item in dropped))
+        console.print(f"dry run: would free {total} ({len(dropped)} {noun}); pass --yes to remove")
     else:
-        freed = format_bytes(prune_sets.apply(inventory, dropped))
-        console.print(f"removed {len(dropped)} set(s), freed {freed}")
+        console.print(f"removed {len(dropped)} {noun}, freed {format_bytes(remove(dropped))}")
