@@ -144,9 +144,8 @@ class _Context:
     sides: dict[str, Side] = field(default_factory=dict)
 
     def destination(self, host: str, step: int, kind: Kind) -> Destination:
-        """Where `host` keeps this step's copy of `kind`; one side per host, so every
-        destination on a host shares its control connection (one SSH handshake, not one per
-        step of the stage)."""
+        """Where `host` keeps this step's copy of `kind`. One side per host: every destination
+        on a host shares its control connection (one SSH handshake per host, not one per use)."""
         if host not in self.sides:
             local = host == LocalSide.name
             self.sides[host] = LocalSide() if local else RemoteSide(Host(self.inventory, host))
