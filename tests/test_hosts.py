@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import subprocess
 
 import pytest
 
+from dflash_lab import processes
+from dflash_lab.teardown import NETNS_DIR
 from dflash_ops.core.errors import (
     AuthenticationError,
     HostKeyError,
@@ -146,10 +149,16 @@ def test_connections_refused_once_the_lab_network_is_gone(make_lab):
 
     built = make_lab()
     inv = load(built.inventory_path)
-    Host(inv, "eval").run("true")
+    host = Host(inv, "eval")
+    host.run("true")
+    host.close()
     if built.state.mode != "netns":
         pytest.skip("loopback lab: no namespaces to lose")
-    subprocess.run(["ip", "netns", "del", built.state.hosts["eval"].netns], check=True)
+    # The namespace goes as a crashed lab's would: its processes first. A session left in a
+    # namespace whose name is gone would outlive the lab (its teardown finds them by name).
+    netns = built.state.hosts["eval"].netns
+    assert not processes.empty_namespace(os.stat(NETNS_DIR / netns).st_ino)
+    subprocess.run(["ip", "netns", "del", netns], check=True)
     with pytest.raises(LabError, match=r"lab namespace .*-eval of eval is gone; refusing"):
         Host(inv, "eval").run("true")
     with pytest.raises(LabError, match="is gone"):
