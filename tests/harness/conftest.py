@@ -9,6 +9,8 @@ import torch
 
 from dflash_lab.models import LabModels, build_lab_models
 
+from .helpers import loader_drafter
+
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> LabModels:
@@ -27,3 +29,10 @@ def _deterministic_threads():
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def drafter():
+    """The loader tests' drafter (fitting LOADER_TARGET); modules that test another drafter
+    define their own `drafter`."""
+    return loader_drafter()

@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 from .helpers import (
     LOADER_TARGET,
     load_error,
-    loader_drafter,
     random_drafter,
     same_weights,
     save_training_checkpoint,
@@ -29,11 +28,6 @@ from .helpers import (
 
 SAFE_ARGPARSE = PicklePolicy(safe_globals=("argparse",))
 UNSAFE = PicklePolicy(allow_unsafe=True)
-
-
-@pytest.fixture
-def drafter():
-    return loader_drafter()
 
 
 def config_file(tmp_path: Path, drafter, **changes) -> Path:

@@ -18,15 +18,9 @@ from dflash_eval.provenance import Offer
 from .helpers import (
     LOADER_TARGET,
     load_error,
-    loader_drafter,
     same_weights,
     save_training_checkpoint,
 )
-
-
-@pytest.fixture
-def drafter():
-    return loader_drafter()
 
 
 def profile_of(tmp_path: Path, **content) -> DrafterProfile:

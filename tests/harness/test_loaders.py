@@ -15,15 +15,9 @@ from safetensors.torch import save_file
 from .helpers import (
     LOADER_TARGET,
     load_error,
-    loader_drafter,
     same_weights,
     save_training_checkpoint,
 )
-
-
-@pytest.fixture
-def drafter():
-    return loader_drafter()
 
 
 @pytest.mark.parametrize("prefix", ["module.", "draft_model.", "module.draft_model.", ""])
