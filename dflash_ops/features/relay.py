@@ -67,7 +67,7 @@ def relay_set(
     destinations = {name: set_destination(inventory, name, source.set_id) for name in to}
     quiet = StageOptions(report=lambda _: None, dry_run=True)
     planned = [deliver(inventory, payload, dest, quiet) for dest in destinations.values()]
-    require_room(planned, source.set_id)  # every short host named before a byte moves
+    require_room(planned)  # every short host named before a byte moves
     relayed = []
     for dest in destinations.values():
         if options.verify:

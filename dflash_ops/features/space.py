@@ -73,16 +73,9 @@ def check_features_host(
         space["to_write_bytes"],
         margin,
         f"feature set {set_id} ({bound})",
+        features_host_advice(host.name),
     )
-    if not check.ok:
-        raise DiskSpaceError(
-            host.name,
-            check.path,
-            check.needed,
-            check.free,
-            check.what,
-            features_host_advice(host.name),
-        )
+    check.require()
     report(
         f"{host.name}: feature set {set_id} needs {bound}; {format_bytes(check.free)} free at "
         f"{shlex.quote(check.path)}"
@@ -90,7 +83,7 @@ def check_features_host(
     return check
 
 
-def require_room(planned: list[StagedCheckpoint], set_id: str) -> None:
+def require_room(planned: list[StagedCheckpoint]) -> None:
     """Refuse before any relay when a host's planned copy does not fit (all named)."""
     short = [
         hop.space
@@ -111,6 +104,6 @@ def require_room(planned: list[StagedCheckpoint], set_id: str) -> None:
         first.path,
         first.needed,
         first.free,
-        f"feature set {set_id} ({format_bytes(first.to_write)} to relay)",
-        eval_host_advice(first.host) + also,
+        f"{first.what} ({format_bytes(first.to_write)} to relay)",
+        first.advice + also,
     )

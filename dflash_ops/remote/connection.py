@@ -257,8 +257,8 @@ class Host:
         if check and not result.ok:
             # A non-root login denied a write (the workdir, the venv) is the common case
             # where `become: sudo` is what is missing: say so.
-            denied = "permission denied" in result.stderr.lower()
-            advice = f".{self.root_hint()}" if denied and self.root_hint() else ""
+            hint = self.root_hint() if "permission denied" in result.stderr.lower() else ""
+            advice = f".{hint}" if hint else ""
             raise RemoteCommandError(self.name, command, result.exit_code, result.stderr, advice)
         return result
 
