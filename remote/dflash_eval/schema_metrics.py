@@ -56,7 +56,7 @@ class Metrics(TauBlock):
     """One row for each block position k = 1..B−1."""
     ddtree: dict[str, TauBlock]
     """For each budget b (`"4"`, …): the best-first tree of b nodes from the same drafter
-    pass (see "DDTree" above); same round rules."""
+    pass (see the DDTree paragraph above); same round rules."""
     capped: Capped
     """The schema-1 convention, kept for comparison with older runs: rounds start at the
     first completion token and end at its last one, the last round commits at most the

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflash_eval import schema_check
+from dflash_eval import schema_check, schema_doc
 from dflash_eval.summary import headline, summary_lines
 
 from tests.schema_samples import LATER_KEYS, results_dict
@@ -111,3 +111,12 @@ def test_keys_the_types_do_not_name_pass_a_newer_harness_may_add_them():
     results = results_dict()
     results["metrics"]["something_new"] = {"any": ["shape"]}
     assert schema_check.parse_results(results) is results
+
+
+def test_the_schema_page_is_written_from_the_types_and_shows_every_one():
+    page = (REMOTE.parent / "docs" / "results-schema.md").read_text(encoding="utf-8")
+    assert schema_doc.render(page) == page, (
+        "docs/results-schema.md differs from the types: run "
+        "`cd remote && python -m dflash_eval.schema_doc ../docs/results-schema.md`"
+    )
+    assert schema_doc.reachable() <= schema_doc.documented(page)
