@@ -114,7 +114,8 @@ def alias_lab_inventory(lab, tmp_path, extra: str = "") -> str:
     return str(path)
 
 
-def test_check_hosts_reaches_lab_hosts_named_by_alias(lab, tmp_path, fab):
+def test_lab_hosts_named_by_alias_are_checked_listed_and_staged(make_lab, tmp_path, fab):
+    lab = make_lab(steps=(4000,), checkpoint_size="1m")
     inventory_path = alias_lab_inventory(lab, tmp_path)
     rows = checks.check_inventory(load(inventory_path))
     by_check = {(row.host, row.check): row for row in rows}
@@ -125,8 +126,12 @@ def test_check_hosts_reaches_lab_hosts_named_by_alias(lab, tmp_path, fab):
         assert by_check[(name, "authenticated")].status is Status.OK
     assert "no (transfers relay" in by_check[("trainer", "reaches eval")].detail
     assert not checks.failed(rows)
-    listed = fab(inventory_path, "list-checkpoints")  # the relay's OpenSSH side too
+    listed = fab(inventory_path, "list-checkpoints")
     assert listed.returncode == 0, listed.stdout + listed.stderr
+    staged = fab(inventory_path, "stage-checkpoint", "--step", "4000")  # OpenSSH's side too
+    assert staged.returncode == 0, staged.stdout + staged.stderr
+    checkpoint = lab.data_dir("eval") / "eval" / "checkpoints" / "step_4000" / "checkpoint.pt"
+    assert checkpoint.stat().st_size == 1 << 20
 
 
 def test_a_lab_alias_that_leads_outside_the_lab_is_refused_before_connecting(lab, tmp_path):
