@@ -237,6 +237,30 @@ def _check_eval(host: Host, entry: HarnessHost) -> Iterator[Row]:
         optional=["python3", "uv", "systemd-run"],
         extra_dirs=["$HOME/.local/bin", "$HOME/.cargo/bin"],
     )
+    venv_python = f"{entry.venv.path}/bin/python"
+    if info[entry.venv.path].stat is not None and info[entry.target_model].stat is not None:
+        yield _transformers_row(host, venv_python, entry.target_model)
+
+
+def _transformers_row(host: Host, python: str, target: str) -> Row:
+    """Before anything is staged: can the venv's transformers build the target's model_type?"""
+    support = host.probe(probes.transformers_support(python, target))
+    if support.error is None:
+        return Row(
+            host.name,
+            "transformers",
+            Status.OK,
+            f"{support.version} builds the target's {support.model_type} config",
+        )
+    version = f"transformers {support.version}" if support.version else "the venv"
+    return Row(
+        host.name,
+        "transformers",
+        Status.FAIL,
+        f"{version} cannot read {target}/config.json: {support.error}. Rerun `fab "
+        "setup-eval-host` (it installs a tested transformers range), or set venv.versions."
+        "transformers in the inventory to one that supports this model family",
+    )
 
 
 def _directory_row(
