@@ -16,7 +16,7 @@ that the walk scores every round as z-lab's live loop counts it (metrics.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ class EvalOptions:
     num_prompts: int | None = None
     max_new_tokens: int = 256
     max_blocks: int | None = None
-    ddtree: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
+    ddtree: list[int] | None = None  # DDTree budgets; None: DEFAULT_DDTREE (see ddtree_budgets)
     threads: int | None = None
     reference_drafter: Path | None = None
     sglang_url: str | None = None
@@ -105,7 +105,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         torch.set_num_threads(options.threads)
     threads = torch.get_num_threads()
     inputs.check_paths(options)
-    if any(b < 1 for b in options.ddtree):
+    if any(b < 1 for b in options.ddtree or []):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
@@ -133,6 +133,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             if options.reference_drafter
             else None
         )
+    options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
     with timer.phase("hash"):
         checkpoint_identity = record.checkpoint_identity(drafter, options.step, options.verify)
         if options.training_run:
@@ -259,6 +260,25 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
     }
     write_results(options.out, results)
     return results
+
+
+DEFAULT_DDTREE = [4, 8, 16, 32]
+
+
+def ddtree_budgets(asked: list[int] | None, loaded: list[LoadedDrafter | None]) -> list[int]:
+    """The budgets to evaluate: as asked, else the default; none when a drafter is DFlash-2
+    (DDTree is defined over per-slot distributions that a DFlash-2 drafter does not have:
+    docs/dflash2.md), and asking for some then is refused."""
+    dflash2 = [str(d.source.path) for d in loaded if d is not None and d.config.dflash2]
+    if not dflash2:
+        return DEFAULT_DDTREE if asked is None else asked
+    if asked:
+        raise HarnessError(
+            f"--ddtree {','.join(map(str, asked))}: {dflash2[0]} is a DFlash-2 drafter, whose "
+            "drafts come from a sequential candidate selector, and DDTree is not defined over "
+            "it (docs/dflash2.md); leave --ddtree out or pass --ddtree ''."
+        )
+    return []
 
 
 def _load(

@@ -42,6 +42,8 @@ def checkpoint_identity(loaded: LoadedDrafter, step: int | None, verify: bool) -
 
 def drafter_block(loaded: LoadedDrafter) -> dict[str, Any]:
     return {
+        # z-lab's class for this drafter: "DFlashDraftModel" or "DFlash2DraftModel".
+        "architecture": loaded.config.to_hf_dict()["architectures"][0],
         "config": loaded.config.to_hf_dict(),
         "config_source": loaded.config_source,
         "config_notes": loaded.notes,
