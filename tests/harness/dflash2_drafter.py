@@ -61,7 +61,7 @@ def dflash2_weights(body: dict[str, torch.Tensor], config: dict[str, Any], seed:
             )
     weights["candidate_selector.hidden_projection.weight"] = noise(RANK, hidden, std=0.15)
     for name in CODEBOOKS:
-        weights[f"candidate_selector.{name}.weight"] = noise(vocab, RANK, std=0.8)
+        weights[f"candidate_selector.{name}.weight"] = noise(vocab, RANK, std=0.4)
     return weights
 
 
