@@ -226,18 +226,31 @@ def test_strict_loading_names_a_bad_dflash2_parameter(files, target, tmp_path, c
     assert expected.format(V=vocab) in str(refused.value)
 
 
+def _plain(config: dict) -> dict:
+    """The config with its DFlash-2 parts taken out: a plain DFlash config."""
+    plain = json.loads(json.dumps(config))
+    del plain["architectures"]
+    for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        del plain["dflash_config"][key]
+    return plain
+
+
 def test_a_plain_config_over_dflash2_weights_says_it_needs_the_dflash2_config(
     files, target, tmp_path
 ):
-    plain = {k: v for k, v in files.config.items() if k != "architectures"}
-    plain["dflash_config"] = {
-        k: v
-        for k, v in plain["dflash_config"].items()
-        if k in ("target_layer_ids", "mask_token_id")
-    }
-    directory = save_hf_dir(tmp_path / "plain", plain, hf_names(files.weights))
+    directory = save_hf_dir(tmp_path / "plain", _plain(files.config), hf_names(files.weights))
     with pytest.raises(HarnessError, match=r"DFlash-2 parts .* needs its DFlash-2 config"):
         load_drafter(directory, target.shape)
+
+
+def test_a_plain_config_file_against_the_profiles_dflash2_config_is_refused(
+    files, target, tmp_path
+):
+    config_file = tmp_path / "plain.json"
+    config_file.write_text(json.dumps(_plain(files.config)))
+    profile = read_profile(files.profile)
+    with pytest.raises(HarnessError, match=r"describe different drafters \(dflash2: "):
+        load_drafter(files.checkpoint, target.shape, config_file=config_file, profile=profile)
 
 
 @pytest.mark.parametrize(
