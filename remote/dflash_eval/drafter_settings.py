@@ -38,7 +38,7 @@ from dflash_eval.provenance import (
     accepted_defaults,
     resolve,
 )
-from dflash_eval.schema import format_setting
+from dflash_eval.summary import format_setting
 
 if TYPE_CHECKING:
     from dflash_eval.loaders import DrafterSource

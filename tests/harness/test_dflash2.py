@@ -17,6 +17,7 @@ from dflash_eval.metrics import PromptWalk, Span, walk_prompt
 from dflash_eval.model_dflash2 import DFlash2Drafter
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.profile import read_profile
+from dflash_eval.schema_check import parse_results
 from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
 from transformers import AutoModelForCausalLM
 
@@ -184,7 +185,8 @@ def test_run_eval_reports_dflash2_metrics_as_the_live_loop(lab, files, live, tmp
     stops = stop_token_ids(lab.target_dir, load_tokenizer(lab.target_dir))
     rounds = [live_lengths(live, ids, MAX_NEW_TOKENS, stops)[1] for ids in _prompt_ids(lab)]
     metrics = results["metrics"]
-    assert results["drafter"]["architecture"] == "DFlash2DraftModel"
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert parse_results(written)["drafter"]["architecture"] == "DFlash2DraftModel"
     assert results["drafter"]["config"]["dflash_config"]["selector_top_k"] == 4
     assert metrics["tau_macro"] == pytest.approx(_mean([_mean(r) for r in rounds]), rel=1e-12)
     assert metrics["tau_pooled"] == pytest.approx(sum(map(sum, rounds)) / sum(map(len, rounds)))
