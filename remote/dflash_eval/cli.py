@@ -169,8 +169,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ddtree",
         type=_int_list,
-        default=[4, 8, 16, 32],
-        help="DDTree budgets, comma-separated (default 4,8,16,32; '' for none)",
+        help="DDTree budgets, comma-separated (default 4,8,16,32, none for a DFlash-2 "
+        "drafter; '' for none)",
     )
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument(

@@ -71,6 +71,7 @@ ARCHITECTURE_FIELDS = (
     "max_position_embeddings",
     "layer_types",
     "sliding_window",
+    "dflash2",  # a DFlash-2 config against a plain one (or other DFlash-2 parts)
 )
 
 

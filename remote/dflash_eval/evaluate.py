@@ -17,7 +17,7 @@ assembles the results from what the phases produced.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class EvalOptions:
     num_prompts: int | None = None
     max_new_tokens: int = 256
     max_blocks: int | None = None
-    ddtree: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
+    ddtree: list[int] | None = None  # DDTree budgets; None: DEFAULT_DDTREE (see ddtree_budgets)
     threads: int | None = None
     reference_drafter: Path | None = None
     sglang_url: str | None = None
@@ -95,7 +95,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         torch.set_num_threads(options.threads)
     threads = torch.get_num_threads()
     inputs.check_paths(options)
-    if any(b < 1 for b in options.ddtree):
+    if any(b < 1 for b in options.ddtree or []):
         raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
@@ -123,6 +123,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
             if options.reference_drafter
             else None
         )
+    options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
     with timer.phase("hash"):
         drafter_identity = record.checkpoint_identity(
             drafter, options.step, options.verify, options.training_run
@@ -248,6 +249,25 @@ def _evaluate(
     role = phase.replace("_", " ")
     _warn_about_walks(parts.sequences, run.walks, role, parts.warnings, progress)
     return record.Evaluated(loaded, identity, run, metrics)
+
+
+DEFAULT_DDTREE = [4, 8, 16, 32]
+
+
+def ddtree_budgets(asked: list[int] | None, loaded: list[LoadedDrafter | None]) -> list[int]:
+    """The budgets to evaluate: as asked, else the default; none when a drafter is DFlash-2
+    (DDTree is defined over per-slot distributions that a DFlash-2 drafter does not have:
+    docs/dflash2.md), and asking for some then is refused."""
+    dflash2 = [str(d.source.path) for d in loaded if d is not None and d.config.dflash2]
+    if not dflash2:
+        return DEFAULT_DDTREE if asked is None else asked
+    if asked:
+        raise HarnessError(
+            f"--ddtree {','.join(map(str, asked))}: {dflash2[0]} is a DFlash-2 drafter, whose "
+            "drafts come from a sequential candidate selector, and DDTree is not defined over "
+            "it (docs/dflash2.md); leave --ddtree out or pass --ddtree ''."
+        )
+    return []
 
 
 def _load(

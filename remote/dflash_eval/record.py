@@ -145,6 +145,7 @@ def checkpoint_identity(
 
 def drafter_block(loaded: LoadedDrafter) -> Drafter:
     return Drafter(
+        architecture=loaded.config.to_hf_dict()["architectures"][0],
         config=loaded.config.to_hf_dict(),
         config_source=loaded.config_source,
         config_notes=loaded.notes,

@@ -122,6 +122,9 @@ class _DrafterKeys(TypedDict):
 
 
 class Drafter(_DrafterKeys, total=False):
+    architecture: str
+    """z-lab's class for this drafter: `DFlashDraftModel` | `DFlash2DraftModel`
+    (docs/dflash2.md); absent in older results: DFlash."""
     settings: dict[str, Any]
     """The value of each of `block_size`, `target_layer_ids`, `mask_token_id`,
     `num_target_layers`, `rope` (transformers' `rope_parameters`) and `dtype` (see
