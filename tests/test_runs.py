@@ -262,8 +262,9 @@ def test_two_runs_with_the_same_step_are_staged_side_by_side(make_lab, fab):
     listed = fab(inventory, "list-checkpoints", "--run", "v5")
     assert listed.returncode == 0, listed.stderr
     assert f"trainer:{V5_DIR} (training run v5)" in " ".join(listed.stdout.split())
-    rows = {line.split()[1]: line for line in listed.stdout.splitlines() if "│ " in line}
-    assert "staged" in rows["4000"] and "staged" in rows["2000"]
+    as_json = fab(inventory, "list-checkpoints", "--run", "v5", "--format", "json")
+    rows = {row["step"]: row for row in json.loads(as_json.stdout)}
+    assert rows[4000]["on_eval"] == rows[2000]["on_eval"] == "staged"
 
     unknown = fab(inventory, "stage-checkpoint", "--run", "v6", "--step", "4000")
     assert unknown.returncode == 1

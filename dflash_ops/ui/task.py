@@ -10,12 +10,26 @@ import functools
 import inspect
 from collections.abc import Callable
 
-from fabric import task
+from fabric import Task, task
 from invoke.exceptions import Exit
 
 from dflash_ops.core.errors import OpsError
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
+
+# The one-letter flags the tasks do take (invoke's automatic ones are off: see ops_task).
+SHORT_FLAGS = {"yes": "y", "verbose": "v"}
+
+
+class _OpsTask(Task):
+    """A Fabric task whose parameters named in SHORT_FLAGS also answer to their letter."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(name)
+        if short and short not in taken_names:
+            opts["names"] = [*opts["names"], short]
+        return opts
 
 
 def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
@@ -40,6 +54,6 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
         helps = {**({"inventory": INVENTORY_HELP} if takes_inventory else {}), **(help or {})}
         # Long flags only: invoke's automatic one-letter flags (-h for --host…) confuse more
         # than they save.
-        return task(help=helps, auto_shortflags=False, **task_options)(run)
+        return task(help=helps, auto_shortflags=False, klass=_OpsTask, **task_options)(run)
 
     return decorate
