@@ -364,3 +364,23 @@ def test_a_run_that_will_not_be_comparable_is_named_before_it_starts(tmp_path):
     shorter = EvalRequest(step=6000, harness_args=harness_args({"max_new_tokens": "64"}))
     assert "max new tokens 64 vs 256" in comparability_warning(tmp_path, shorter)
     assert comparability_warning(tmp_path / "none", fewer) is None  # nothing pulled yet
+
+
+def test_fab_refuses_a_missing_step_and_mixed_step_flags_before_deploying(lab, fab):
+    """The lab's eval host has no venv: a run that got as far as deploying would say so."""
+    missing = fab(lab.inventory_path, "run-eval", "--step", "9999")
+    assert missing.returncode == 1
+    assert "no checkpoint for step 9999" in missing.stderr and "venv" not in missing.stderr
+    assert "available steps: 2000, 4000, 6000" in missing.stderr
+    mixed = fab(lab.inventory_path, "run-eval", "--steps", "2000", "--step", "4000")
+    assert mixed.returncode == 1
+    assert "--step and --steps exclude each other: pass one of them" in mixed.stderr
+    assert "Traceback" not in missing.stderr + mixed.stderr
+
+
+def test_prune_takes_dry_run_and_y(lab, fab):
+    dry = fab(lab.inventory_path, "prune", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    both = fab(lab.inventory_path, "prune", "-y", "--dry-run")
+    assert both.returncode == 1
+    assert "--yes and --dry-run exclude each other" in both.stderr

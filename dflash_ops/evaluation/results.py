@@ -252,13 +252,7 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
         differing = comparison.differences.get(row.run_id)
         records.append(
             {
-                "run_id": row.run_id,
-                "short_id": ids[row.run_id],
-                "training_run": row.training_run,
-                "step": row.step,
-                "host": row.run.get("host"),
-                "tag": row.tag,
-                "group": comparison.group_of(row.run_id),
+                **_identity(row, comparison, ids),
                 "comparable": not differing,
                 "differs": ", ".join(differing) if differing else None,
                 "tau_macro": metrics["tau_macro"],
@@ -275,6 +269,19 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
             }
         )
     return records
+
+
+def _identity(row: RunResult, comparison: Comparison, ids: dict[str, str]) -> dict[str, Any]:
+    """What names a run in a record: ids, training run, step, host, tag, group."""
+    return {
+        "run_id": row.run_id,
+        "short_id": ids[row.run_id],
+        "training_run": row.training_run,
+        "step": row.step,
+        "host": row.run.get("host"),
+        "tag": row.tag,
+        "group": comparison.group_of(row.run_id),
+    }
 
 
 def table_columns(comparison: Comparison) -> list[tuple[str, Callable[[dict], str]]]:
@@ -384,15 +391,7 @@ def set_records(comparison: Comparison) -> list[dict[str, Any]]:
     ids = short_ids(row.run_id for row in comparison.rows)
     records = []
     for row in comparison.rows:
-        common = {
-            "run_id": row.run_id,
-            "short_id": ids[row.run_id],
-            "training_run": row.training_run,
-            "step": row.step,
-            "host": row.run.get("host"),
-            "tag": row.tag,
-            "group": comparison.group_of(row.run_id),
-        }
+        common = _identity(row, comparison, ids)
         for name, prompts, metric, interval in _set_metrics(row, comparison.budgets):
             low, high = (interval["low"], interval["high"]) if interval else (None, None)
             records.append(
