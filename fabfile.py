@@ -11,7 +11,7 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from dflash_lab import lab
-from dflash_ops.core.arguments import parse_count
+from dflash_ops.core.arguments import one_of, parse_count
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
 from dflash_ops.evaluation.harness_options import pick as pick_harness_options
@@ -20,6 +20,7 @@ from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
 from dflash_ops.ui.console import check_table, console
+from dflash_ops.ui.output import FORMAT_HELP
 from dflash_ops.ui.task import ops_task
 
 
@@ -134,12 +135,12 @@ RUN_HELP = (
 )
 
 
-@ops_task(help={"run": RUN_HELP})
-def list_checkpoints(c, inventory=None, run=None):
+@ops_task(help={"run": RUN_HELP, "format": FORMAT_HELP, "wide": "every column, however wide"})
+def list_checkpoints(c, inventory=None, run=None, format="table", wide=False):
     """List the trainer's checkpoints: size, mtime, completeness, staged on each eval host."""
-    from dflash_ops.ui.staging_view import checkpoints_table
+    from dflash_ops.ui.staging_view import show_checkpoints
 
-    console.print(checkpoints_table(load_inventory(inventory).for_run(run)))
+    show_checkpoints(load_inventory(inventory).for_run(run), format, wide)
 
 
 BWLIMIT_HELP = (
@@ -213,6 +214,7 @@ def stage_checkpoint(
         "keep_last": "keep the newest N steps of each training run (default 2)",
         "keep_steps": "also keep these steps, comma-separated",
         "yes": "really remove (default: show what would go)",
+        "dry_run": "show what would go, remove nothing (the default without --yes)",
         "run": "only this training run's staged steps (default: every run's)",
         "features": "prune feature sets instead, on the features and eval hosts (newest N of "
         "each target kept)",
@@ -229,10 +231,12 @@ def prune(
     run=None,
     features=False,
     keep_sets=None,
+    dry_run=False,
 ):
     """Remove old staged checkpoints (--features: feature sets) by policy; dry run by default."""
     from dflash_ops.ui.prune_view import run_prune
 
+    one_of(("--yes", yes), ("--dry-run", dry_run))
     run_prune(
         load_inventory(inventory),
         host=host,
@@ -265,8 +269,9 @@ def prune(
         "mask_token_id": "the drafter's mask token id (overrides what the checkpoint says)",
         "target_layer_ids": "target layers feeding the drafter, comma-separated, e.g. 1,9,17",
         "accept_default": "confirm default rules, e.g. target_layer_ids,rope (else refused)",
-        "dtype": "drafter dtype: float32 or bfloat16 (default: the profile's, else float32)",
-        "target_dtype": "target dtype: auto, float32 or bfloat16",
+        "dtype": "drafter dtype: float32 or bfloat16, bf16/fp32 accepted (default: the "
+        "profile's, else float32)",
+        "target_dtype": "target dtype: auto, float32 or bfloat16 (bf16/fp32 accepted)",
         "safe_globals": "pickle globals to allow by name, e.g. argparse,numpy",
         "allow_unsafe_pickle": "unpickle anything (runs code from the file; recorded)",
         "no_cache": "neither read nor write the harness's completion/hidden-state cache",
@@ -288,6 +293,7 @@ def prune(
         "would be computed, target memory vs available, an estimated time); write nothing",
         "features": "use a relayed feature set (fab extract-features) instead of computing "
         "completions and hidden states on the eval host: its id, or 'latest'",
+        "verbose": "the harness's whole summary at the end (default: 3 lines)",
     }
 )
 def run_eval(
@@ -330,6 +336,7 @@ def run_eval(
     features=None,
     inventory=None,
     run=None,
+    verbose=False,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
     from dflash_ops.evaluation.run import request_options
@@ -346,6 +353,7 @@ def run_eval(
         detach=detach,
         dry_run=dry_run,
         features=features,
+        verbose=verbose,
     )
 
 
@@ -417,20 +425,23 @@ def fetch_datasets(c, dataset, refresh=False):
     fetch(dataset, refresh)
 
 
-@ops_task()
-def eval_status(c, inventory=None):
-    """All runs on all eval hosts: state, step, host, start time, duration."""
+@ops_task(help={"format": FORMAT_HELP, "wide": "every column, however wide"})
+def eval_status(c, inventory=None, format="table", wide=False):
+    """All runs on all eval hosts, newest first: state, progress or τ, start, duration."""
     from dflash_ops.ui.eval_commands import show_status
 
-    show_status(load_inventory(inventory))
+    show_status(load_inventory(inventory), format, wide)
 
 
 # `--id`, not `--run`: on the other tasks `--run` names a training run.
-RUN_ID_HELP = "run id or a unique prefix (fab eval-status lists them)"
+RUN_ID_HELP = (
+    "run id, its short id or any unique part of it (fab eval-status lists them; default: the "
+    "running run, else the newest)"
+)
 
 
 @ops_task(help={"id": RUN_ID_HELP, "follow": "keep printing until the run ends"})
-def eval_logs(c, id, follow=False, inventory=None):
+def eval_logs(c, id=None, follow=False, inventory=None):
     """Print a run's log (the harness's stderr); --follow streams it until the run ends."""
     from dflash_ops.ui.eval_commands import show_logs
 
@@ -438,7 +449,7 @@ def eval_logs(c, id, follow=False, inventory=None):
 
 
 @ops_task(help={"id": RUN_ID_HELP})
-def eval_cancel(c, id, inventory=None):
+def eval_cancel(c, id=None, inventory=None):
     """Stop a running evaluation (SIGTERM to the harness); its files stay on the host."""
     from dflash_ops.ui.eval_commands import cancel_run
 
@@ -457,14 +468,29 @@ def fetch_results(c, inventory=None):
     help={
         "steps": "only these steps, comma-separated",
         "tag": "only runs with this tag",
-        "allow_mixed": "show incomparable runs (flagged) instead of refusing",
+        "allow_mixed": "also show the other comparability groups' runs, flagged",
         "plots": "directory for the PNG plots (default: <results>/plots)",
         "samples": "also print each run's decoded drafts next to the target's text",
         "run": "only this training run's results (default: every run's, grouped by run)",
+        "format": FORMAT_HELP,
+        "wide": "every column (default: a compact table that fits the terminal)",
+        "group": "compare this comparability group (default 1, the largest; compare lists them)",
+        "baseline": "compare the group of this run (its id or any unique part of it)",
     }
 )
 def compare(
-    c, steps=None, tag=None, allow_mixed=False, plots=None, samples=False, inventory=None, run=None
+    c,
+    steps=None,
+    tag=None,
+    allow_mixed=False,
+    plots=None,
+    samples=False,
+    inventory=None,
+    run=None,
+    format="table",
+    wide=False,
+    group=None,
+    baseline=None,
 ):
     """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
     from dflash_ops.ui.eval_commands import show_comparison
@@ -478,7 +504,27 @@ def compare(
         Path(plots) if plots else None,
         samples,
         inv.require_run(run),
+        fmt=format,
+        wide=wide,
+        group=parse_count("--group", group, minimum=1),
+        baseline=baseline,
     )
+
+
+@ops_task(
+    help={
+        "out": "CSV or JSON file, by its suffix (default: <results>/export.csv)",
+        "steps": "only these steps, comma-separated",
+        "tag": "only runs with this tag",
+        "run": "only this training run's results",
+    }
+)
+def export(c, out=None, steps=None, tag=None, inventory=None, run=None):
+    """Write the results as one tidy table: a row per run × prompt set × metric (pandas-ready)."""
+    from dflash_ops.ui.eval_commands import export_results
+
+    inv = load_inventory(inventory)
+    export_results(inv.local.results, Path(out) if out else None, steps, tag, inv.require_run(run))
 
 
 @ops_task(

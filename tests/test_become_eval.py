@@ -187,11 +187,10 @@ def test_run_eval_through_sudo_pulls_results_and_leaves_root_files(sudo_eval):
     assert status.returncode == 0, status.stderr
     row = next(line for line in status.stdout.splitlines() if run_id in line)
     assert "succeeded" in row and "eval" in row and str(STEP) in row
-    # The run id is eval-logs' positional argument (whatever its option is called).
-    logs = run_fab(sudo_eval.inventory_path, "eval-logs", run_id)
+    logs = run_fab(sudo_eval.inventory_path, "eval-logs", "--id", run_id)
     assert logs.returncode == 0, logs.stderr
     assert "Checkpoint" in logs.stdout  # the harness's summary, read from the root-only log
-    followed = run_fab(sudo_eval.inventory_path, "eval-logs", run_id, "--follow")
+    followed = run_fab(sudo_eval.inventory_path, "eval-logs", "--id", run_id, "--follow")
     assert followed.returncode == 0, followed.stderr
     assert f"run {run_id} succeeded" in followed.stdout
 

@@ -215,10 +215,11 @@ def test_fab_stage_checkpoint_then_already_staged_then_listed(make_lab, fab):
     assert sha256(staged_file(lab, 4000)) == sha256(lab.checkpoint_path(4000))
     second = fab(lab.inventory_path, "stage-checkpoint", "--step", "4000")
     assert second.returncode == 0 and "already staged" in second.stdout
-    listed = fab(lab.inventory_path, "list-checkpoints")
+    listed = fab(lab.inventory_path, "list-checkpoints", "--format", "json")
     assert listed.returncode == 0, listed.stderr
-    rows = {line.split()[1]: line for line in listed.stdout.splitlines() if "│ " in line}
-    assert "staged" in rows["4000"] and "staged" not in rows["2000"]
+    rows = {row["step"]: row for row in json.loads(listed.stdout)}
+    assert rows[4000]["on_eval"] == "staged" and rows[2000]["on_eval"] is None
+    assert rows[4000]["complete"] is True and rows[4000]["size_bytes"] == 2 * 2**20
 
 
 def test_fab_missing_step_is_one_clear_error(lab, fab):

@@ -144,7 +144,7 @@ def test_run_survives_the_workstation_reader(eval_host, tmp_path):
 
 
 def test_parse_runs_states():
-    line = "r1\t{code}\t{pid}\t{alive}\t{results}\t{finished}\t{params}"
+    line = "r1\t{code}\t{pid}\t{alive}\t{results}\t{finished}\t-\t{params}"
     params = json.dumps({"step": 2000, "started": 1000.0})
 
     def state(**fields) -> str:
@@ -212,7 +212,7 @@ def test_a_truncated_params_file_lists_the_run_as_broken(eval_host, lab, fab, tm
 
 
 def test_parse_runs_never_fails_on_one_bad_line():
-    output = 'a\t0\t1\tno\tyes\t5\t{"step": 1, "started": 1}\nb\t-\t-\tno\tno\t-\t[1]\n'
+    output = 'a\t0\t1\tno\tyes\t5\t-\t{"step": 1, "started": 1}\nb\t-\t-\tno\tno\t-\t-\t[1]\n'
     bad, good = jobs.parse_runs("eval", output, now=100)  # oldest first; b has no start
     assert (good.run_id, good.state) == ("a", "succeeded")
     assert (bad.run_id, bad.state, bad.problem) == (

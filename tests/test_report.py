@@ -136,7 +136,7 @@ def test_results_without_intervals_show_none(tmp_path):
 def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
     pull(three_steps, 8000, 3.5, prompts={"max_new_tokens": 48})  # not comparable
     comparison = results.compare(results.load_runs(three_steps))
-    mixed = results.check_mixed(comparison, allow_mixed=True)
+    mixed = results.mixed_note(comparison)
     text = report.render(comparison, mixed)
     for absent in ("<script", "<link", "<img", "<iframe", "src=", "@import"):
         assert absent not in text
@@ -149,7 +149,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
     assert 'id="per-dataset"' in text and ">humaneval<" in text
     assert "org/gsm8k" in text and "feedc0defeedc0de" in text  # the sets' provenance
     assert "Janet sells the &lt;eggs&gt; &amp; keeps" in text  # samples, escaped
-    assert "differ from the latest run" in text  # the banner…
+    assert "differ from comparability group 1 (3 run(s))" in text  # the banner…
     assert '<tr class="flagged">' in text and "≠ max new tokens" in text  # …and flags
 
 

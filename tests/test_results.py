@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from dflash_eval import schema
 
+from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import results
 from tests.schema_samples import results_dict
 
@@ -32,7 +33,7 @@ def test_table_reads_each_run_through_the_schema(tmp_path):
     runs = results.load_runs(tmp_path)
     assert [run.step for run in runs] == [2000, 4000, 6000]
     comparison = results.compare(runs)
-    assert results.check_mixed(comparison, allow_mixed=False) is None
+    assert results.mixed_note(comparison) is None
     header, cells = results.table_rows(comparison)
     assert header == [
         "run", "step", "host", "τ macro", "τ pooled", "tree-4", "tree-8",
@@ -44,17 +45,24 @@ def test_table_reads_each_run_through_the_schema(tmp_path):
     assert cells[1][-3:] == ["3.000", "0.50×", "yes"]
 
 
-def test_runs_that_differ_in_what_shapes_the_numbers_are_refused_unless_allowed(tmp_path):
+def test_runs_that_differ_in_what_shapes_the_numbers_are_flagged_against_the_largest_group(
+    tmp_path,
+):
     longer = results_dict()
     longer["prompts"]["max_new_tokens"] = 48
-    pull(tmp_path, "a", 2000, longer)
+    pull(tmp_path, "a", 2000, results_dict())
     pull(tmp_path, "b", 4000, results_dict())
+    pull(tmp_path, "c", 6000, longer)  # the latest run is the odd one: the others stay
     comparison = results.compare(results.load_runs(tmp_path))
-    with pytest.raises(results.ResultsError, match="differ from the latest run in max new"):
-        results.check_mixed(comparison, allow_mixed=False)
-    assert "not comparable" in results.check_mixed(comparison, allow_mixed=True)
+    assert [len(group.rows) for group in comparison.groups] == [2, 1]
+    assert "1 run(s) differ from comparability group 1 (2 run(s)) in max new tokens" in (
+        results.mixed_note(comparison)
+    )
     _, cells = results.table_rows(comparison)
-    assert [row[-1] for row in cells] == ["≠ max new tokens", "yes"]
+    assert [row[-1] for row in cells] == ["yes", "yes", "≠ max new tokens"]
+    assert [row.run_id for row in comparison.within().rows] == ["a", "b"]
+    (line,) = results.group_lines(comparison)
+    assert line.startswith("group 2: 1 run(s) (step 6000 c) differ in max new tokens")
 
 
 @pytest.mark.parametrize(
@@ -90,3 +98,37 @@ def test_only_failed_runs_is_one_clear_error(tmp_path):
     pull(tmp_path, "failed", 2000, None)
     with pytest.raises(results.ResultsError, match=r"no successful runs to compare \(1 failed"):
         results.compare(results.load_runs(tmp_path))
+
+
+def test_a_group_is_chosen_by_number_or_by_a_run_of_it(tmp_path):
+    longer = results_dict()
+    longer["prompts"]["max_new_tokens"] = 48
+    for run_id, step in (("20261201-120000-step2000-eval-aaaa", 2000), ("x-step4000-bbbb", 4000)):
+        pull(tmp_path, run_id, step, results_dict())
+    pull(tmp_path, "20261201-130000-step6000-eval-cccc", 6000, longer)
+    runs = results.load_runs(tmp_path)
+    second = results.compare(runs, group=2)
+    assert second.compared == 2 and second.differences.keys() == {
+        "20261201-120000-step2000-eval-aaaa",
+        "x-step4000-bbbb",
+    }
+    assert [r.step for r in second.within().rows] == [6000]
+    assert results.compare(runs, baseline="cccc").compared == 2  # its short id
+    assert results.compare(runs, baseline="step4000").compared == 1  # any unique part
+    with pytest.raises(results.ResultsError, match="pass 1 to 2"):
+        results.compare(runs, group=3)
+    with pytest.raises(OpsError, match="part of several run ids"):
+        results.compare(runs, baseline="step")
+    with pytest.raises(results.ResultsError, match="pass one of them"):
+        results.compare(runs, group=1, baseline="cccc")
+
+
+def test_run_records_carry_plain_values_and_short_ids(tmp_path):
+    pull(tmp_path, "20261201-120000-step2000-eval-ab12", 2000, results_dict(budgets=("4", "8")))
+    pull(tmp_path, "20261201-130000-step4000-eval-cd34", 4000, results_dict(reference=True))
+    records = results.run_records(results.compare(results.load_runs(tmp_path)))
+    first, second = records
+    assert (first["short_id"], first["step"], first["group"]) == ("ab12", 2000, 1)
+    assert first["best_tree"] == max(first["tree_4"], first["tree_8"])
+    assert first["best_tree_budget"] in (4, 8) and first["comparable"] is True
+    assert second["vs_reference"] == 0.5 and second["reference_tau"] == 3.0

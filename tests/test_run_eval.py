@@ -162,7 +162,7 @@ def pulled(inventory_path: Path) -> list[Path]:
 
 def test_run_eval_end_to_end(inventory_path):
     result = fab_eval(
-        inventory_path, "run-eval", "--step", "2000", "--host", "eval", "--reference", *QUICK
+        inventory_path, "run-eval", "--step", "2000", "--host", "eval", "--reference", "-v", *QUICK
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "succeeded (exit code 0)" in result.stdout
@@ -295,7 +295,7 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
         env={**os.environ, "COLUMNS": "200"},
     )
     assert cli.returncode == 0, cli.stderr
-    assert "tree-8" in cli.stdout and (results / "cli-plots" / "tau_vs_step.png").exists()
+    assert "best tree" in cli.stdout and (results / "cli-plots" / "tau_vs_step.png").exists()
     listing = subprocess.run(
         [str(FAB.parent / "dflash-ops"), "results", "list", "--results", str(results)],
         capture_output=True,
@@ -306,7 +306,7 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert (plots / "tau_vs_step.png").stat().st_size > 1000
     assert (plots / "acceptance_per_position.png").stat().st_size > 1000
 
-    # A run with other completion lengths is not comparable: refused, or flagged on request.
+    # A run with other completion lengths is not comparable: a group of its own, named.
     other = fab_eval(
         inventory_path,
         "run-eval",
@@ -322,9 +322,10 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
         "4,8",
     )
     assert other.returncode == 0, other.stderr
-    refused = fab_eval(inventory_path, "compare")
-    assert refused.returncode == 1
-    assert "differ from the latest run in max new tokens" in refused.stderr
+    assert "will not be comparable with the 3 pulled run(s)" in " ".join(other.stdout.split())
+    grouped = fab_eval(inventory_path, "compare")
+    assert grouped.returncode == 0, grouped.stderr
+    assert "differ in max new tokens; compare them with --group 2" in grouped.stdout
     mixed = fab_eval(inventory_path, "compare", "--allow-mixed")
     assert mixed.returncode == 0 and "≠ max new tokens" in mixed.stdout
 

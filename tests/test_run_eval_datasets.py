@@ -72,7 +72,7 @@ def test_a_sweep_on_named_sets_gives_per_set_intervals_compare_and_a_report(mode
 
     compared = run_fab(inventory, "compare")
     assert compared.returncode == 0, compared.stdout + compared.stderr
-    assert "per prompt set, with 95 % bootstrap confidence intervals" in compared.stdout
+    assert "per prompt set (95 % bootstrap intervals over prompts)" in compared.stdout
     assert re.search(r"step 2000 → 6000, gsm8k: τ macro .*: intervals", compared.stdout)
     report_file = results_root / "report.html"
     assert f"report: {report_file}" in compared.stdout.replace("\n", "")

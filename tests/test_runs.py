@@ -262,8 +262,9 @@ def test_two_runs_with_the_same_step_are_staged_side_by_side(make_lab, fab):
     listed = fab(inventory, "list-checkpoints", "--run", "v5")
     assert listed.returncode == 0, listed.stderr
     assert f"trainer:{V5_DIR} (training run v5)" in " ".join(listed.stdout.split())
-    rows = {line.split()[1]: line for line in listed.stdout.splitlines() if "│ " in line}
-    assert "staged" in rows["4000"] and "staged" in rows["2000"]
+    as_json = fab(inventory, "list-checkpoints", "--run", "v5", "--format", "json")
+    rows = {row["step"]: row for row in json.loads(as_json.stdout)}
+    assert rows[4000]["on_eval"] == rows[2000]["on_eval"] == "staged"
 
     unknown = fab(inventory, "stage-checkpoint", "--run", "v6", "--step", "4000")
     assert unknown.returncode == 1
@@ -338,12 +339,11 @@ def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(make_lab, fab):
     assert pulled["v4", 4000]["sha256"] != pulled["v5", 4000]["sha256"]
     assert "/checkpoints/v5/step_4000/" in pulled["v5", 4000]["path"]
 
-    compared = fab(inventory, "compare")
+    compared = fab(inventory, "compare", "--format", "json")
     assert compared.returncode == 0, compared.stdout + compared.stderr
-    table = compared.stdout.split("per prompt set")[0]  # the comparison, not the per-set table
-    rows = [line.split("│") for line in table.splitlines() if "-step" in line]
-    assert [(cells[2].strip(), cells[3].strip()) for cells in rows] == [
-        ("v4", "2000"), ("v4", "4000"), ("v5", "2000"), ("v5", "4000"),
+    rows = json.loads(compared.stdout)["runs"]
+    assert [(row["training_run"], row["step"]) for row in rows] == [
+        ("v4", 2000), ("v4", 4000), ("v5", 2000), ("v5", 4000),
     ]  # fmt: skip
     page = (inventories.load(inventory).local.results / "report.html").read_text()
     assert "(v4 step 4000)" in page and "(v5 step 4000)" in page

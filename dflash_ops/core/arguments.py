@@ -19,6 +19,14 @@ def parse_count(flag: str, text: str | int | None, minimum: int = 0) -> int | No
     return int(value)
 
 
+def one_of(*flags: tuple[str, object]) -> None:
+    """Refuse flags that exclude each other (`--steps 2000 --step 4000` would run one):
+    (flag, value) pairs; a value other than None, False, 0 or '' counts as given."""
+    given = [flag for flag, value in flags if value not in (None, False, "", 0)]
+    if len(given) > 1:
+        raise OpsError(f"{' and '.join(given)} exclude each other: pass one of them")
+
+
 def parse_choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise OpsError(f"{flag}: expected one of {', '.join(allowed)}, found {value!r}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from dflash_eval.dtypes import dtype_name
+
 from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.errors import OpsError
 
@@ -40,6 +42,16 @@ def choice(*allowed: str) -> Check:
     return check
 
 
+def dtype_choice(*allowed: str) -> Check:
+    """A dtype flag: aliases (bf16, fp32…) normalised as the harness does, then checked."""
+    check_name = choice(*allowed)
+
+    def check(flag: str, value: object) -> str | None:
+        return check_name(flag, None if value in (None, "") else dtype_name(str(value)))
+
+    return check
+
+
 def switch(flag: str, value: object) -> bool | None:
     return True if value else None
 
@@ -56,8 +68,8 @@ OPTIONS: dict[str, tuple[str, Check]] = {
     "mask_token_id": ("--mask-token-id", count(0)),
     "target_layer_ids": ("--target-layer-ids", text),
     "accept_default": ("--accept-default", text),
-    "dtype": ("--dtype", choice(*DTYPES)),
-    "target_dtype": ("--target-dtype", choice("auto", *DTYPES)),
+    "dtype": ("--dtype", dtype_choice(*DTYPES)),
+    "target_dtype": ("--target-dtype", dtype_choice("auto", *DTYPES)),
     "safe_globals": ("--safe-globals", text),
     "allow_unsafe_pickle": ("--allow-unsafe-pickle", switch),
     "no_cache": ("--no-cache", switch),

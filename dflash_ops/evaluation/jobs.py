@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dflash_ops.core.errors import OpsError, RemoteCommandError
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.evaluation import run_ids
 from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
@@ -52,6 +53,7 @@ class Run:
     params: dict
     finished: float | None  # epoch seconds when exit_code was written
     problem: str | None = None  # why its files cannot be read (state "broken")
+    last_event: dict | None = None  # the harness's latest progress (or done) event
 
     @property
     def step(self) -> int | None:
@@ -251,8 +253,10 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
         'results=no; [ -f "$d/results.json" ] && results=yes; '
         '[ -f "$d/cancelled" ] && results=cancelled; '
         'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
-        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
-        '"$results" "$finished" "$(tr -d \'\\n\' < "$d/params.json")"; done'
+        'last=$(tail -n 50 "$d/events.jsonl" 2>/dev/null | grep -E '
+        "'^[{]\"event\": \"(progress|done)\"' | tail -n 1 | tr -d '\\t'); "
+        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
+        '"$results" "$finished" "${last:--}" "$(tr -d \'\\n\' < "$d/params.json")"; done'
     )
     return Probe(command, lambda output: parse_runs(host_name, output))
 
@@ -263,7 +267,7 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
     for line in output.splitlines():
         if not line.strip():
             continue
-        run_id, code, pid, alive, results, finished, params = line.split("\t", 6)
+        run_id, code, pid, alive, results, finished, last, params = line.split("\t", 7)
         params_data, problem = _params(params)
         exit_code = int(code) if code.lstrip("-").isdigit() else None
         if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
@@ -289,6 +293,7 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
                 params_data,
                 float(finished) if finished != "-" else None,
                 problem,
+                next(parse_events([last]), None),
             )
         )
     return sorted(runs, key=lambda run: run.started or 0)
@@ -319,20 +324,23 @@ def list_runs(host: Host, entry: EvalHost) -> list[Run]:
     return probe.parse(listed.stdout)
 
 
-def find_run(hosts: dict[str, tuple[Host, EvalHost]], run_id: str) -> tuple[Host, EvalHost, Run]:
-    """The run with this id (or unique id prefix) on any of the hosts."""
-    matches = [
-        (host, entry, run)
-        for host, entry in hosts.values()
-        for run in list_runs(host, entry)
-        if run.run_id.startswith(run_id)
-    ]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise JobError(f"no run {run_id!r} on {', '.join(hosts)}; `fab eval-status` lists runs")
-    names = ", ".join(run.run_id for _, _, run in matches)
-    raise JobError(f"{run_id!r} matches several runs ({names}); give more of the id")
+def find_run(
+    hosts: dict[str, tuple[Host, EvalHost]], run_id: str | None
+) -> tuple[Host, EvalHost, Run]:
+    """The run this id names (the id, its short id, any unique part: run_ids.match) on any of
+    the hosts; None: the only running run, else the newest one."""
+    found = [(host, entry, run) for host, entry in hosts.values() for run in list_runs(host, entry)]
+    where = f"on {', '.join(hosts)}"
+    if not found:
+        raise JobError(f"no runs {where} yet; start one with `fab run-eval --step N`")
+    if run_id is not None:
+        chosen = run_ids.match([run.run_id for _, _, run in found], run_id, where)
+        return next(match for match in found if match[2].run_id == chosen)
+    running = [match for match in found if not match[2].done]
+    if len(running) > 1:
+        names = ", ".join(f"{run.run_id} ({host.name})" for host, _, run in running)
+        raise JobError(f"several runs are running ({names}); pass --id with one of them")
+    return running[0] if running else max(found, key=lambda match: match[2].started or 0)
 
 
 # --- following -----------------------------------------------------------------------------
@@ -465,9 +473,9 @@ def all_runs(inventory: Inventory) -> list[Run]:
     return sorted(runs, key=lambda run: run.started or 0)
 
 
-def locate(inventory: Inventory, run_id: str) -> tuple[Host, EvalHost, Run]:
-    """The run with this id (or unique prefix) on any eval or features host, with its host
-    left open for what the caller does next."""
+def locate(inventory: Inventory, run_id: str | None) -> tuple[Host, EvalHost, Run]:
+    """The run with this id (or unique part; None: the running or newest one) on any eval or
+    features host, with its host left open for what the caller does next."""
     hosts = {
         name: (Host(inventory, name), entry) for name, entry in inventory.harness_hosts.items()
     }

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ from dflash_eval.schema_check import SchemaError, parse_results
 from dflash_eval.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.evaluation import run_ids
+from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
+from dflash_ops.evaluation.run_ids import short_ids
 
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
 TRAINING_RUN = "training run"  # the column shown when some row belongs to a named run
@@ -116,14 +120,33 @@ def read_results(path: Path) -> Results:
 
 @dataclass
 class Comparison:
-    rows: list[RunResult]
+    rows: list[RunResult]  # every selected run with results, the compared group's and others'
     budgets: list[str]
     differences: dict[str, list[str]] = field(default_factory=dict)  # run_id -> what differs
     skipped: list[RunResult] = field(default_factory=list)  # selected, but no usable results
+    groups: list[RunGroup[RunResult]] = field(default_factory=list)  # largest first
+    compared: int = 1  # the number of the group the others are measured against
 
     @property
     def mixed(self) -> bool:
         return bool(self.differences)
+
+    @property
+    def group(self) -> RunGroup[RunResult]:
+        return self.groups[self.compared - 1]
+
+    def others(self) -> list[RunGroup[RunResult]]:
+        """The groups not compared, each with what sets it apart."""
+        return [group for group in self.groups if group.number != self.compared]
+
+    def within(self) -> Comparison:
+        """Only the compared group's runs (nothing flagged); the other groups stay known."""
+        rows = [row for row in self.rows if row.run_id not in self.differences]
+        budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
+        return replace(self, rows=rows, budgets=budgets, differences={})
+
+    def group_of(self, run_id: str) -> int:
+        return next(g.number for g in self.groups if any(r.run_id == run_id for r in g.rows))
 
 
 def compare(
@@ -131,10 +154,13 @@ def compare(
     steps: list[int] | None = None,
     tag: str | None = None,
     training_run: str | None = None,
+    group: int | None = None,
+    baseline: str | None = None,
 ) -> Comparison:
     """The successful runs (optionally of some steps / one tag / one training run), grouped
-    by training run, against the latest run's comparability key; runs that differ are listed
-    with what differs."""
+    by training run, split into comparability groups (dflash_ops.evaluation.groups); the
+    runs outside the compared group (`group`, else the one holding run `baseline`, else the
+    largest) are listed with what differs."""
     selected = [
         r
         for r in runs
@@ -151,80 +177,164 @@ def compare(
             f"no successful runs to compare ({len(skipped)} failed or unreadable); fetch "
             "finished runs with `fab fetch-results`, or check the --steps/--tag/--run filters"
         )
-    baseline = rows[-1].key()
-    differences = {}
-    for row in rows:
-        differing = [name for name, value in row.key().items() if value != baseline[name]]
-        if differing:
-            differences[row.run_id] = differing
+    found = group_runs(rows, RunResult.key, lambda r: r.run.get("started") or 0)
+    chosen = _chosen_group(found, rows, group, baseline)
+    mark_against(found, chosen)
+    differences = {
+        row.run_id: other.differs for other in found if other is not chosen for row in other.rows
+    }
     budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
-    return Comparison(rows, budgets, differences, skipped)
+    return Comparison(rows, budgets, differences, skipped, found, chosen.number)
 
 
-def check_mixed(comparison: Comparison, allow_mixed: bool) -> str | None:
-    """What sets the incomparable runs apart from the latest one (None when nothing does).
-    Mixing them is refused unless `allow_mixed`."""
+def _chosen_group(
+    found: list[RunGroup[RunResult]],
+    rows: list[RunResult],
+    number: int | None,
+    baseline: str | None,
+) -> RunGroup[RunResult]:
+    if number is not None and baseline is not None:
+        raise ResultsError("--group and --baseline both choose the group: pass one of them")
+    if baseline is not None:
+        run_id = run_ids.match([r.run_id for r in rows], baseline, "among the results compared")
+        return next(g for g in found if any(r.run_id == run_id for r in g.rows))
+    if number is None:
+        return found[0]
+    if not 1 <= number <= len(found):
+        raise ResultsError(
+            f"--group {number}: the selected runs form {len(found)} comparability group(s); "
+            f"pass 1 to {len(found)} (compare lists them)"
+        )
+    return found[number - 1]
+
+
+def mixed_note(comparison: Comparison) -> str | None:
+    """What sets the runs outside the compared group apart (None when all are in it)."""
     if not comparison.mixed:
         return None
     what = sorted({name for names in comparison.differences.values() for name in names})
-    message = (
-        f"{len(comparison.differences)} run(s) differ from the latest run in "
-        f"{', '.join(what)}: their numbers are not comparable"
+    size = len(comparison.group.rows)
+    return (
+        f"{len(comparison.differences)} run(s) differ from comparability group "
+        f"{comparison.compared} ({size} run(s)) in {', '.join(what)}: their numbers are not "
+        "comparable with that group's"
     )
-    if not allow_mixed:
-        raise ResultsError(
-            f"{message}. Narrow the selection (--steps/--tag) or pass "
-            "--allow-mixed to show them flagged."
+
+
+def group_lines(comparison: Comparison) -> list[str]:
+    """One line per group not compared: its runs and what sets it apart, and how to see it."""
+    lines = []
+    for other in comparison.others():
+        ids = short_ids(r.run_id for r in comparison.rows)
+        runs = ", ".join(f"step {r.step} {ids[r.run_id]}" for r in other.rows[:4])
+        more = f" and {len(other.rows) - 4} more" if len(other.rows) > 4 else ""
+        lines.append(
+            f"group {other.number}: {len(other.rows)} run(s) ({runs}{more}) differ in "
+            f"{', '.join(other.differs)}; compare them with --group {other.number}"
         )
-    return message
+    return lines
 
 
-def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
-    """Header and cells of the comparison table."""
+def run_records(comparison: Comparison) -> list[dict[str, Any]]:
+    """One record per compared run: plain values (None where a run has none), the keys of
+    `fab compare --format json|csv`; the tables format them (`table_rows`, the UI's)."""
     block = max(row.metrics["block_size"] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
-    with_reference = any(row.done["reference"] for row in comparison.rows)
-    with_intervals = any(row.done.get("by_dataset") for row in comparison.rows)
-    with_runs = any(row.training_run for row in comparison.rows)
-    header = ["run", *[TRAINING_RUN] * with_runs, "step", "host", "τ macro", "τ pooled"]
-    header += ["τ macro 95% CI"] if with_intervals else []
-    header += [f"tree-{b}" for b in comparison.budgets]  # DDTree τ at budget b
-    header += [f"acc@{k}" for k in positions]
-    header += ["ref τ", "vs ref"] if with_reference else []
-    header += ["comparable"]
-    cells = []
+    ids = short_ids(row.run_id for row in comparison.rows)
+    records = []
     for row in comparison.rows:
         metrics = row.metrics
         per_position = reading.conditional_by_position(metrics)
+        interval = reading.overall_interval(row.done)
+        trees = {b: reading.ddtree_tau(metrics, b) for b in comparison.budgets}
+        best = max((b for b in trees if trees[b] is not None), key=lambda b: trees[b], default=None)
         reference = row.done["reference"]
-        ratio = (row.done["comparison"] or {}).get("tau_macro")
         differing = comparison.differences.get(row.run_id)
-        cells.append(
-            [
-                row.run_id,
-                *[row.training_run or DEFAULT_RUN] * with_runs,
-                str(row.step),
-                row.run.get("host", "?"),
-                _number(metrics["tau_macro"]),
-                _number(metrics["tau_pooled"]),
-                *([_bounds(reading.overall_interval(row.done))] * with_intervals),
-                *(_number(reading.ddtree_tau(metrics, b)) for b in comparison.budgets),
-                *(_number(per_position.get(k)) for k in positions),
-                *(
-                    [
-                        _number(reference["metrics"]["tau_macro"]) if reference else "-",
-                        f"{ratio:.2f}×" if ratio else "-",
-                    ]
-                    if with_reference
-                    else []
-                ),
-                "≠ " + ", ".join(differing) if differing else "yes",
-            ]
+        records.append(
+            {
+                **_identity(row, comparison, ids),
+                "comparable": not differing,
+                "differs": ", ".join(differing) if differing else None,
+                "tau_macro": metrics["tau_macro"],
+                "has_interval": interval is not None,
+                "tau_macro_low": interval["low"] if interval else None,
+                "tau_macro_high": interval["high"] if interval else None,
+                "tau_pooled": metrics["tau_pooled"],
+                **{f"tree_{b}": tau for b, tau in trees.items()},
+                "best_tree": trees[best] if best else None,
+                "best_tree_budget": int(best) if best else None,
+                **{f"acc_{k}": per_position.get(k) for k in positions},
+                "reference_tau": reference["metrics"]["tau_macro"] if reference else None,
+                "vs_reference": (row.done["comparison"] or {}).get("tau_macro"),
+            }
         )
-    return header, cells
+    return records
 
 
-def _number(value: float | None) -> str:
+def _identity(row: RunResult, comparison: Comparison, ids: dict[str, str]) -> dict[str, Any]:
+    """What names a run in a record: ids, training run, step, host, tag, group."""
+    return {
+        "run_id": row.run_id,
+        "short_id": ids[row.run_id],
+        "training_run": row.training_run,
+        "step": row.step,
+        "host": row.run.get("host"),
+        "tag": row.tag,
+        "group": comparison.group_of(row.run_id),
+    }
+
+
+def table_columns(comparison: Comparison) -> list[tuple[str, Callable[[dict], str]]]:
+    """The complete comparison table (`--wide`, the report): each column's title and how it
+    shows a run record."""
+    rows = comparison.rows
+    block = max(row.metrics["block_size"] for row in rows)
+    with_intervals = any(row.done.get("by_dataset") for row in rows)
+    columns: list[tuple[str, Callable[[dict], str]]] = [("run", lambda r: r["run_id"])]
+    if any(row.training_run for row in rows):
+        columns.append((TRAINING_RUN, lambda r: r["training_run"] or DEFAULT_RUN))
+    columns += [
+        ("step", lambda r: str(r["step"])),
+        ("host", lambda r: r["host"] or "?"),
+        ("τ macro", _shown("tau_macro")),
+        ("τ pooled", _shown("tau_pooled")),
+    ]
+    if with_intervals:
+        columns.append(("τ macro 95% CI", lambda r: bounds_of(r, "tau_macro")))
+    columns += [(f"tree-{b}", _shown(f"tree_{b}")) for b in comparison.budgets]
+    columns += [(f"acc@{k}", _shown(f"acc_{k}")) for k in POSITIONS_SHOWN if k < block]
+    if any(row.done["reference"] for row in rows):
+        columns += [("ref τ", _shown("reference_tau")), ("vs ref", ratio)]
+    columns.append(("comparable", lambda r: "≠ " + r["differs"] if r["differs"] else "yes"))
+    return columns
+
+
+def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of the complete comparison table."""
+    columns = table_columns(comparison)
+    cells = [[show(record) for _, show in columns] for record in run_records(comparison)]
+    return [title for title, _ in columns], cells
+
+
+def _shown(key: str) -> Callable[[dict], str]:
+    return lambda record: number(record.get(key))
+
+
+def ratio(record: dict) -> str:
+    """The run's τ macro over its reference drafter's."""
+    return f"{record['vs_reference']:.2f}×" if record.get("vs_reference") else "-"
+
+
+def bounds_of(record: dict, key: str) -> str:
+    """A run record's interval of `key` as '[low, high]' ('-': none recorded)."""
+    low, high = record.get(f"{key}_low"), record.get(f"{key}_high")
+    if not record.get("has_interval"):
+        return "-"
+    return "[1 unit]" if low is None else f"[{low:.3f}, {high:.3f}]"
+
+
+def number(value: float | None) -> str:
+    """A metric as the tables show it."""
     return "-" if value is None else f"{value:.3f}"
 
 
@@ -272,6 +382,56 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
                 ]
             )
     return header, cells
+
+
+def set_records(comparison: Comparison) -> list[dict[str, Any]]:
+    """The tidy form (`fab export`, compare's per-set table): one record per run × prompt
+    set × metric, with its 95 % interval. A run from before intervals gives its overall
+    metrics under ALL_PROMPTS, without bounds."""
+    ids = short_ids(row.run_id for row in comparison.rows)
+    records = []
+    for row in comparison.rows:
+        common = _identity(row, comparison, ids)
+        for name, prompts, metric, interval in _set_metrics(row, comparison.budgets):
+            low, high = (interval["low"], interval["high"]) if interval else (None, None)
+            records.append(
+                {
+                    **common,
+                    "prompt_set": name,
+                    "prompts": prompts,
+                    "metric": metric,
+                    "value": interval["value"] if interval else None,
+                    "low": low,
+                    "high": high,
+                }
+            )
+    return records
+
+
+def _set_metrics(
+    row: RunResult, budgets: list[str]
+) -> Iterator[tuple[str, int, str, Interval | None]]:
+    """(prompt set, prompts, metric, its interval) of every metric of every set of a run."""
+    sets = groups(row.done)
+    if not sets:  # results from before intervals: the overall values, unbounded
+        metrics = row.metrics
+        prompts = row.done["prompts"]["count"]
+        values = {"tau_macro": metrics["tau_macro"], "tau_pooled": metrics["tau_pooled"]}
+        values |= {f"tree_{b}": reading.ddtree_tau(metrics, b) for b in budgets}
+        conditional = reading.conditional_by_position(metrics)
+        values |= {f"acc_{k}": conditional.get(k) for k in ACCEPTANCE_IN_SETS}
+        for metric, value in values.items():
+            bound = None if value is None else Interval(value=value, low=None, high=None)
+            yield reading.ALL_PROMPTS, prompts, metric, bound
+        return
+    for name, group in sets.items():
+        conditional = {p["position"]: p["conditional"] for p in group["per_position"]}
+        yield name, group["prompts"], "tau_macro", group["tau_macro"]
+        yield name, group["prompts"], "tau_pooled", group["tau_pooled"]
+        for b in budgets:
+            yield name, group["prompts"], f"tree_{b}", reading.ddtree_interval(group, b)
+        for k in ACCEPTANCE_IN_SETS:
+            yield name, group["prompts"], f"acc_{k}", conditional.get(k)
 
 
 def overlap_notes(comparison: Comparison) -> list[str]:

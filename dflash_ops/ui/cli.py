@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.ui.output import FORMATS
 
 RESULTS = click.option(
     "--results",
@@ -16,6 +17,15 @@ RESULTS = click.option(
     default=Path("results"),
     show_default=True,
     help="directory holding one sub-directory per pulled run",
+)
+
+FORMAT = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="output format",
 )
 
 
@@ -33,7 +43,7 @@ def results() -> None:
 @RESULTS
 @click.option("--steps", help="only these steps, comma-separated")
 @click.option("--tag", help="only runs with this tag")
-@click.option("--allow-mixed", is_flag=True, help="show incomparable runs (flagged)")
+@click.option("--allow-mixed", is_flag=True, help="also show the other comparability groups' runs")
 @click.option(
     "--plots",
     type=click.Path(path_type=Path),
@@ -41,6 +51,12 @@ def results() -> None:
 )
 @click.option("--samples", is_flag=True, help="also print each run's decoded drafts")
 @click.option("--run", "training_run", help="only this training run's results")
+@FORMAT
+@click.option("--wide", is_flag=True, help="every column (default: a compact table)")
+@click.option(
+    "--group", type=click.IntRange(min=1), help="compare this comparability group (default 1)"
+)
+@click.option("--baseline", help="compare the group of this run (id or unique part)")
 def compare_command(
     results_root: Path,
     steps: str | None,
@@ -49,13 +65,52 @@ def compare_command(
     plots: Path | None,
     samples: bool,
     training_run: str | None,
+    fmt: str,
+    wide: bool,
+    group: int | None,
+    baseline: str | None,
 ) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     _guarded(
-        lambda: show_comparison(results_root, steps, tag, allow_mixed, plots, samples, training_run)
+        lambda: show_comparison(
+            results_root,
+            steps,
+            tag,
+            allow_mixed,
+            plots,
+            samples,
+            training_run,
+            fmt=fmt,
+            wide=wide,
+            group=group,
+            baseline=baseline,
+        )
     )
+
+
+@results.command("export")
+@RESULTS
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="CSV or JSON file, by its suffix (default: RESULTS/export.csv)",
+)
+@click.option("--steps", help="only these steps, comma-separated")
+@click.option("--tag", help="only runs with this tag")
+@click.option("--run", "training_run", help="only this training run's results")
+def export_command(
+    results_root: Path,
+    out: Path | None,
+    steps: str | None,
+    tag: str | None,
+    training_run: str | None,
+) -> None:
+    """One tidy table: a row per run × prompt set × metric (pandas: read_csv)."""
+    from dflash_ops.ui.eval_commands import export_results
+
+    _guarded(lambda: export_results(results_root, out, steps, tag, training_run))
 
 
 @results.command("report")

@@ -11,30 +11,28 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.summary import sample_lines
+from rich.markup import escape
 
-from dflash_ops.core.arguments import parse_steps
+from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import figures, jobs, results, sweep
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
+from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.run import EvalRequest, build_request, run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report
-from dflash_ops.ui.console import console
-from dflash_ops.ui.eval_view import (
-    LiveView,
-    PrefixedView,
-    comparison_table,
-    dataset_table,
-    runs_table,
-    show_finished,
-)
+from dflash_ops.ui.compare_view import export, print_comparison
+from dflash_ops.ui.console import console, errors
+from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
+from dflash_ops.ui.output import parse_format
 from dflash_ops.ui.plan_view import plan_lines
 
 PROMPT_SETS_DIR = "prompt-sets"  # under the results directory: the prompts files uploaded
+EXPORT_NAME = "export.csv"  # fab export's file under the results directory
 
 
 def request_from(inventory: Inventory, options: Mapping[str, object], **fixed: Any) -> EvalRequest:
@@ -60,10 +58,13 @@ def run_eval_command(
     detach: bool = False,
     dry_run: bool = False,
     features: str | None = None,
+    verbose: bool = False,
 ) -> None:
     """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts;
     with `dry_run`, only their plan (nothing staged, run or written). `options`: the
-    request's options from the task's flags (run.request_options)."""
+    request's options from the task's flags (run.request_options); `verbose`: the whole
+    summary of a single run."""
+    one_of(("--step", step), ("--steps", steps), ("--latest", latest), ("--all-new", all_new))
     if latest:
         step = resolve_step(inventory, None, latest=True).step
     if dry_run and options.get("dataset"):
@@ -71,21 +72,32 @@ def run_eval_command(
             "--dry-run with --dataset is not supported: the prompts file would be written. "
             "Build it with a real run first, or pass --prompts FILE"
         )
+    steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
+    if steps_of_sweep is None and not latest:
+        resolve_step(inventory, step, latest=False)  # a missing step, before anything deploys
     request = request_from(
         inventory, options, step=step, host=host, detach=detach, features=features
     )
-    steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
+    if not dry_run:
+        warn_if_incomparable(inventory, request)
     if dry_run:
         _show_plans(inventory, request, steps_of_sweep or [request.step])
     elif steps_of_sweep is None:
-        _evaluate_one(inventory, request)
+        _evaluate_one(inventory, request, verbose)
     else:
         _evaluate_sweep(inventory, steps_of_sweep, request)
 
 
-def _evaluate_one(inventory: Inventory, request: EvalRequest) -> None:
+def warn_if_incomparable(inventory: Inventory, request: EvalRequest) -> None:
+    """Say, before it starts, when a run will not be comparable with the pulled results."""
+    warning = comparability_warning(inventory.local.results, request)
+    if warning:
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+def _evaluate_one(inventory: Inventory, request: EvalRequest, verbose: bool) -> None:
     try:
-        run_eval(inventory, request, LiveView())
+        run_eval(inventory, request, LiveView(verbose))
     except Detached as detached:
         console.print(
             f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
@@ -110,6 +122,8 @@ def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalReques
             "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
         )
         raise SystemExit(130) from None
+    for step, outcome in sorted(outcomes.items()):
+        console.print(step_line(step, outcome))
     sweep.require_success(outcomes)
 
 
@@ -134,26 +148,35 @@ def fetch_datasets(sets: str, refresh: bool) -> None:
         console.print(f"{loaded.spec.name}: {len(loaded.rows)} rows ({origin})")
 
 
-def show_status(inventory: Inventory) -> None:
+def show_status(inventory: Inventory, fmt: str = "table", wide: bool = False) -> None:
     """`fab eval-status`."""
-    console.print(runs_table(jobs.all_runs(inventory)))
+    show_runs(jobs.all_runs(inventory), parse_format(fmt), wide)
 
 
-def show_logs(inventory: Inventory, run_id: str, follow: bool) -> None:
+def show_logs(inventory: Inventory, run_id: str | None, follow: bool) -> None:
     """`fab eval-logs`: the run's log, or (--follow) its lines as they come until it ends."""
     host, entry, run = jobs.locate(inventory, run_id)
+    if run_id is None:  # say which run was chosen, beside the log (stdout stays the log)
+        errors.print(f"log of run {run.run_id} on {host.name} ({run.state})")
     if not follow:
-        console.print(jobs.log_tail(host, entry, run.run_id, lines=100_000), end="")
+        log = jobs.log_tail(host, entry, run.run_id, lines=100_000)
+        console.print(log, end="", markup=False, soft_wrap=True)
         return
     try:
-        final = jobs.follow(host, entry, run.run_id, "log", console.print)
+        final = jobs.follow(
+            host,
+            entry,
+            run.run_id,
+            "log",
+            lambda line: console.print(line, markup=False, soft_wrap=True),
+        )
     except KeyboardInterrupt:
         console.print(f"\n[yellow]stopped following[/]; run {run.run_id} goes on")
         raise SystemExit(130) from None
     show_finished(console.print, final, [], None)
 
 
-def cancel_run(inventory: Inventory, run_id: str) -> None:
+def cancel_run(inventory: Inventory, run_id: str | None) -> None:
     """`fab eval-cancel`."""
     host, entry, run = jobs.locate(inventory, run_id)
     jobs.cancel(host, entry, run)
@@ -181,45 +204,68 @@ def show_comparison(
     plots: Path | None = None,
     samples: bool = False,
     training_run: str | None = None,
+    *,
+    fmt: str = "table",
+    wide: bool = False,
+    group: int | None = None,
+    baseline: str | None = None,
 ) -> results.Comparison:
-    """`fab compare` / `dflash-ops results compare`: the table, the per-set table with
-    confidence intervals and whether consecutive steps' overlap, the plots, and the HTML
-    report (rewritten); incomparable runs are refused unless `allow_mixed` (and then
-    flagged). The report is written first, with such runs flagged, either way. Runs of
-    several training runs are grouped and labelled by run; `training_run` keeps one."""
+    """`fab compare` / `dflash-ops results compare`: the runs of one comparability group
+    (the largest, `group`, or `baseline`'s) in a table that fits the terminal (`wide`: the
+    complete one) or as `fmt`; the other groups, named; per-set results with confidence
+    intervals and whether consecutive steps' overlap; the plots; the HTML report
+    (rewritten, every selected run in it, those of other groups flagged). `allow_mixed`
+    shows the other groups' runs in the table too, flagged. Runs of several training runs
+    are grouped and labelled by run; `training_run` keeps one."""
+    fmt = parse_format(fmt)
     selected = parse_steps(steps)
-    comparison = results.compare(results.load_runs(results_root), selected, tag, training_run)
-    console.print(comparison_table(comparison))
-    for run in comparison.skipped:
-        why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
-        console.print(f"[yellow]skipped[/] {run.run_id} ({_step_of(run)}): {why}")
-    path = report.write(
-        comparison,
-        results_root / report.REPORT_NAME,
-        results.check_mixed(comparison, allow_mixed=True),
+    every = results.compare(
+        results.load_runs(results_root), selected, tag, training_run, group, baseline
     )
-    mixed = results.check_mixed(comparison, allow_mixed)
-    if mixed:
-        console.print(f"[yellow]warning:[/] {mixed} (flagged above; left out of the plots)")
-    per_set = dataset_table(comparison)
-    if per_set is not None:
-        console.print(per_set)
+    comparison = every if allow_mixed else every.within()
+    # Anything but the table goes to stdout alone, for a program to read; notes to stderr.
+    notes = console if fmt == "table" else errors
+    print_comparison(comparison, fmt, wide, console)
+    for line in results.group_lines(every):
+        notes.print(f"[yellow]{escape(line)}[/]")
+    for run in every.skipped:
+        why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
+        notes.print(f"[yellow]skipped[/] {run.run_id} ({_step_of(run)}): {escape(why)}")
+    path = report.write(every, results_root / report.REPORT_NAME, results.mixed_note(every))
     for note in results.overlap_notes(comparison):
-        console.print(note)
+        notes.print(note)
     if samples:
         for run in comparison.rows:
             lines = sample_lines(run.done) or ["(no decoded samples in this run)"]
-            console.print(f"[bold]{run.run_id}[/] ({_step_of(run)}):")
+            notes.print(f"[bold]{run.run_id}[/] ({_step_of(run)}):")
             for line in lines:
-                console.print(f"  {line}", markup=False)
+                notes.print(f"  {line}", markup=False)
     for plot in figures.plot(comparison, plots or results_root / "plots"):
-        console.print(f"plot: {plot}")
-    console.print(f"report: {path}")
+        notes.print(f"plot: {plot}")
+    notes.print(f"report: {path}")
     return comparison
 
 
 def _step_of(run: results.RunResult) -> str:
     return f"{run.training_run} step {run.step}" if run.training_run else f"step {run.step}"
+
+
+def export_results(
+    results_root: Path,
+    out: Path | None = None,
+    steps: str | None = None,
+    tag: str | None = None,
+    training_run: str | None = None,
+) -> Path:
+    """`fab export`: every selected run's per-set metrics, one row per run × prompt set ×
+    metric (with its comparability group), as CSV or JSON."""
+    comparison = results.compare(
+        results.load_runs(results_root), parse_steps(steps), tag, training_run
+    )
+    path = out or results_root / EXPORT_NAME
+    rows = export(comparison, path)
+    console.print(f"{rows} rows ({len(comparison.rows)} runs) → {path}")
+    return path
 
 
 def write_report(
@@ -233,9 +279,7 @@ def write_report(
     pulled = results.load_runs(results_root)
     comparison = results.compare(pulled, parse_steps(steps), tag, training_run)
     path = report.write(
-        comparison,
-        out or results_root / report.REPORT_NAME,
-        results.check_mixed(comparison, allow_mixed=True),
+        comparison, out or results_root / report.REPORT_NAME, results.mixed_note(comparison)
     )
     console.print(f"report: {path}")
     return path

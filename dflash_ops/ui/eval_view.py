@@ -13,15 +13,26 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Column as RichColumn
 
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.results import TRAINING_RUN, Comparison, dataset_rows, table_rows
 from dflash_ops.evaluation.run import TransferProgress
+from dflash_ops.evaluation.run_ids import short_ids
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui.console import console
+from dflash_ops.ui.output import Column, field, render
 from dflash_ops.ui.staging_view import transfer_bars
 
 PHASES = {
@@ -32,11 +43,17 @@ PHASES = {
 }
 
 
-class LiveView:
-    """One run in the foreground: a progress bar per harness phase."""
+STATUS = "status"  # the spinner's task: what the harness is loading
 
-    def __init__(self) -> None:
+
+class LiveView:
+    """One run in the foreground: a spinner with what the harness is loading (a large target
+    takes minutes), then a progress bar with time left per harness phase; at the end a
+    3-line summary (`verbose`: the harness's whole summary)."""
+
+    def __init__(self, verbose: bool = False) -> None:
         self._progress: Progress | None = None
+        self.verbose = verbose
 
     def say(self, message: str) -> None:
         console.print(message)
@@ -48,21 +65,22 @@ class LiveView:
         """Nothing to show: run_eval itself names a run that Ctrl-C detached."""
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
-        progress = Progress(
-            TextColumn("{task.description:<24}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        )
+        progress = phase_bars()
         progress.start()
         self._progress = progress
         tasks: dict[str, int] = {}
 
         def on_event(event: dict) -> None:
             kind = event["event"]
-            if kind == "progress":
+            if kind == "status":  # the whole message above, its start beside the spinner
+                progress.console.print(f"[dim]{escape(event['message'])}[/]")
+                if STATUS not in tasks:
+                    tasks[STATUS] = progress.add_task("", total=None)
+                progress.update(tasks[STATUS], description=_short(event["message"], LABEL_WIDTH))
+            elif kind == "progress":
                 phase = event["phase"]
+                if STATUS in tasks:  # loading is over once a phase counts
+                    progress.remove_task(tasks.pop(STATUS))
                 if phase not in tasks:
                     tasks[phase] = progress.add_task(PHASES.get(phase, phase), total=event["total"])
                 progress.update(tasks[phase], completed=event["done"], total=event["total"])
@@ -76,7 +94,31 @@ class LiveView:
     def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
         if self._progress is not None:
             self._progress.stop()
-        show_finished(console.print, run, summary, local_dir)
+        show_finished(console.print, run, summary, local_dir, self.verbose)
+
+
+def phase_bars(on: Console | None = None) -> Progress:
+    """Bars of the harness's phases: spinner, label, bar, done/total, elapsed, time left;
+    about 70 columns wide."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}", table_column=RichColumn(width=LABEL_WIDTH, no_wrap=True)),
+        BarColumn(bar_width=16),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=on or console,
+    )
+
+
+LABEL_WIDTH = 22
+
+
+def _short(message: str, width: int = 60) -> str:
+    """A status message on one line of at most `width` characters."""
+    line = " ".join(message.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 class PrefixedView:
@@ -124,6 +166,8 @@ class PrefixedView:
                     )
             elif event["event"] in ("warning", "error"):
                 self.say(f"harness {event['event']}: {event['message']}")
+            elif event["event"] == "status":
+                self.say(event["message"])
 
         return on_event
 
@@ -132,83 +176,126 @@ class PrefixedView:
 
 
 def show_finished(
-    say: Callable[[str], None], run: jobs.Run, summary: list[str], local_dir: Path | None
+    say: Callable[[str], None],
+    run: jobs.Run,
+    summary: list[str],
+    local_dir: Path | None,
+    verbose: bool = False,
 ) -> None:
+    """The run's state, its headline numbers and where its results are (3 lines); `verbose`:
+    every line of the harness's summary."""
     style = "green" if run.state == "succeeded" else "red"
     say(f"[{style}]run {run.run_id} {run.state}[/] (exit code {run.exit_code})")
-    for line in summary:
-        say(f"  {line}")
+    for line in summary if verbose else summary[:1]:
+        say(f"  {escape(line)}")
+    more = "; -v for the whole summary" if len(summary) > 1 and not verbose else ""
     if local_dir is not None:
-        say(f"results pulled to {local_dir}")
+        say(f"results pulled to {local_dir}{more}")
 
 
-def runs_table(runs: list[jobs.Run]) -> Table:
-    table = Table(title="runs (evaluations and feature extractions)", title_justify="left")
-    for column in ("run", "host", "step", "state", "exit", "started", "duration"):
-        table.add_column(column)
-    styles = {
-        "running": "cyan",
-        "succeeded": "green",
-        "failed": "red",
-        "lost": "red",
-        "broken": "red",
-        "cancelled": "yellow",
-        "starting": "cyan",
-    }
-    for run in runs:
-        end = run.finished or time.time()
-        duration = f"{end - run.started:.0f} s" if run.started else "?"
-        started = (
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
-            if run.started
-            else run.problem or "?"
+def run_progress(run: jobs.Run) -> str:
+    """Where the harness is ('drafter 12/40') or, once done, its τ macro ('τ 3.210')."""
+    event = run.last_event or {}
+    if event.get("event") == "done":
+        tau = (event.get("summary") or {}).get("tau_macro")
+        return f"τ {tau:.3f}" if isinstance(tau, (int, float)) else "done"
+    if event.get("event") == "progress":
+        return f"{event.get('phase')} {event.get('done')}/{event.get('total')}"
+    return ""
+
+
+def step_line(step: int, outcome: jobs.Run | Exception | str) -> str:
+    """One line per step at the end of a sweep or a watch pass: its τ, or why not (an
+    exception, or what to say when the run itself is not known)."""
+    if isinstance(outcome, str):
+        return f"step {step}: {outcome}"
+    if isinstance(outcome, Exception):
+        reason = str(outcome).splitlines()[0] if str(outcome) else type(outcome).__name__
+        return f"step {step}: [red]failed[/]: {escape(reason)}"
+    result = run_progress(outcome) if outcome.state == "succeeded" else outcome.state
+    return f"step {step}: {result or outcome.state} on {outcome.host} (run {outcome.run_id})"
+
+
+STATE_STYLES = {
+    "running": "cyan",
+    "starting": "cyan",
+    "succeeded": "green",
+    "failed": "red",
+    "lost": "red",
+    "broken": "red",
+    "cancelled": "yellow",
+}
+
+
+def status_records(runs: list[jobs.Run], now: float | None = None) -> list[dict]:
+    """`fab eval-status`'s runs, newest first, as plain values (its --format json/csv)."""
+    now = time.time() if now is None else now
+    ids = short_ids(run.run_id for run in runs)
+    records = []
+    for run in sorted(runs, key=lambda run: run.started or 0, reverse=True):
+        event = run.last_event or {}
+        summary = event.get("summary") or {}
+        records.append(
+            {
+                "run_id": run.run_id,
+                "short_id": ids[run.run_id],
+                "host": run.host,
+                "kind": run.params.get("kind") or "eval",
+                "step": run.step,
+                "state": run.state,
+                "exit_code": run.exit_code,
+                "started": run.started,
+                "duration_s": round((run.finished or now) - run.started) if run.started else None,
+                "progress": run_progress(run) or None,
+                "tau_macro": summary.get("tau_macro"),
+                "problem": run.problem,
+            }
         )
-        table.add_row(
-            run.run_id,
-            run.host,
-            "features" if run.params.get("kind") == "features" else str(run.step),
-            f"[{styles.get(run.state, 'white')}]{run.state}[/]",
-            "" if run.exit_code is None else str(run.exit_code),
-            started,
-            duration,
-        )
-    if not runs:
-        table.caption = "no runs yet: start one with `fab run-eval --step N`"
-    return table
+    return records
 
 
-def comparison_table(comparison: Comparison) -> Table:
-    header, cells = table_rows(comparison)
-    table = Table(
-        title="comparison (tree-b: DDTree τ at budget b; acc@k: P(slot k | slots < k))",
-        title_justify="left",
+def _started(record: dict) -> str:
+    if not record["started"]:
+        return record["problem"] or "?"
+    return time.strftime("%m-%d %H:%M", time.localtime(record["started"]))
+
+
+STATUS_COLUMNS = [
+    Column("id", field("short_id"), keep=10),
+    Column("step", lambda r: "features" if r["kind"] == "features" else field("step")(r), keep=9),
+    Column("host", field("host"), keep=7),
+    Column("state", field("state"), keep=10),
+    Column("progress", lambda r: r["progress"] or "", keep=8),
+    Column("started", _started, keep=5),
+    Column("took", lambda r: format_duration(r["duration_s"]), keep=6, right=True),
+    Column("exit", lambda r: "" if r["exit_code"] is None else str(r["exit_code"]), keep=2),
+    Column("run id", field("run_id"), keep=3),
+]
+
+
+def show_runs(runs: list[jobs.Run], fmt: str, wide: bool) -> None:
+    """`fab eval-status`: newest first."""
+    records = status_records(runs)
+    if not records and fmt == "table":
+        console.print("no runs yet: start one with `fab run-eval --step N`")
+        return
+    render(
+        records,
+        STATUS_COLUMNS,
+        fmt,
+        console=console,
+        title="runs (evaluations and feature extractions), newest first",
+        wide=wide,
+        style=lambda record: STATE_STYLES.get(record["state"]),
     )
-    for column in header:
-        table.add_column(
-            column,
-            justify="left" if column in ("run", TRAINING_RUN, "host", "comparable") else "right",
-            no_wrap=column == "run",
-        )
-    for row in cells:
-        styled = [*row[:-1], row[-1] if row[-1] == "yes" else f"[bold red]{row[-1]}[/]"]
-        table.add_row(*styled)
-    return table
 
 
-def dataset_table(comparison: Comparison) -> Table | None:
-    """τ, DDTree τ and acceptance per prompt set with 95 % intervals (None when no run has
-    intervals)."""
-    header, cells = dataset_rows(comparison)
-    if not cells:
-        return None
-    table = Table(
-        title="per prompt set, with 95 % bootstrap confidence intervals over prompts",
-        title_justify="left",
-    )
-    for column in header:
-        left = ("run", TRAINING_RUN, "prompt set")
-        table.add_column(column, justify="left" if column in left else "right")
-    for row in cells:
-        flagged = row[0] in comparison.differences
-        table.add_row(*(f"[red]{cell}[/]" if flagged else cell for cell in row))
-    return table
+def format_duration(seconds: float | None) -> str:
+    """'45 s', '12 min', '3.2 h'."""
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

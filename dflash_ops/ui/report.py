@@ -156,8 +156,8 @@ def _comparability(comparison: Comparison) -> str:
         cells.append([row.run_id, str(row.step), *(_short(key[name]) for name in names)])
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
     explanation = (
-        "<p>What must match for two runs' numbers to be comparable; runs that differ from the "
-        "latest run are flagged.</p>"
+        "<p>What must match for two runs' numbers to be comparable; runs outside the compared "
+        "comparability group (the largest, unless chosen) are flagged.</p>"
     )
     return explanation + _table(
         ["run", "step", *names], cells, "comparability", flagged, text_columns=set(names) | {"run"}

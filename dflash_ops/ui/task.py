@@ -10,7 +10,7 @@ import functools
 import inspect
 from collections.abc import Callable
 
-from fabric import task
+from fabric import Task, task
 from invoke.exceptions import Exit
 
 from dflash_ops.core.errors import OpsError
@@ -59,6 +59,21 @@ def ignored_core_flags(context: object) -> list[str]:
     return [key for key, value in found.items() if value]
 
 
+# The one-letter flags the tasks do take (invoke's automatic ones are off: see ops_task).
+SHORT_FLAGS = {"yes": "y", "verbose": "v"}
+
+
+class _OpsTask(Task):
+    """A Fabric task whose parameters named in SHORT_FLAGS also answer to their letter."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(name)
+        if short and short not in taken_names:
+            opts["names"] = [*opts["names"], short]
+        return opts
+
+
 def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
     """`@task` with OpsError handling; an `inventory` parameter gets its standard help."""
 
@@ -86,6 +101,6 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
         helps = {**({"inventory": INVENTORY_HELP} if takes_inventory else {}), **(help or {})}
         # Long flags only: invoke's automatic one-letter flags (-h for --host…) confuse more
         # than they save.
-        return task(help=helps, auto_shortflags=False, **task_options)(run)
+        return task(help=helps, auto_shortflags=False, klass=_OpsTask, **task_options)(run)
 
     return decorate

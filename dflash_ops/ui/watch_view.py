@@ -21,8 +21,8 @@ from dflash_ops.evaluation.watch import PassOutcome, Watch, WatchOptions, parse_
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
-from dflash_ops.ui.eval_commands import request_from
-from dflash_ops.ui.eval_view import PrefixedView
+from dflash_ops.ui.eval_commands import request_from, warn_if_incomparable
+from dflash_ops.ui.eval_view import PrefixedView, step_line
 
 STOPPING_WEBHOOK_WAIT_S = 2.0  # after Ctrl-C, for posts still queued: stopping stays prompt
 WEBHOOK_ENV = "DFLASH_WATCH_WEBHOOK"  # keeps a URL with credentials out of argv and history
@@ -32,10 +32,17 @@ class _TrackedView(PrefixedView):
     """A host's runs, remembering which are being launched and which have started and not
     finished (to name on Ctrl-C)."""
 
-    def __init__(self, host: str, running: dict[str, str], launching: dict[str, str]) -> None:
+    def __init__(
+        self,
+        host: str,
+        running: dict[str, str],
+        launching: dict[str, str],
+        ended: dict[int, jobs.Run],
+    ) -> None:
         super().__init__(host)
         self._running = running
         self._launching = launching
+        self._ended = ended
 
     def starting(self, run_id: str) -> None:
         self._launching[run_id] = self.host
@@ -47,6 +54,8 @@ class _TrackedView(PrefixedView):
 
     def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
         self._running.pop(run.run_id, None)
+        if run.step is not None:
+            self._ended[run.step] = run
         super().finished(run, summary, local_dir)
 
 
@@ -57,12 +66,13 @@ class WatchView:
     def __init__(self) -> None:
         self.running: dict[str, str] = {}  # run id → host, for runs started and not finished
         self.launching: dict[str, str] = {}  # run id → host, launched but not confirmed yet
+        self.ended: dict[int, jobs.Run] = {}  # step → its run, as runs end (for the pass's lines)
 
     def say(self, message: str) -> None:
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}")
 
     def host(self, name: str) -> PrefixedView:
-        return _TrackedView(name, self.running, self.launching)
+        return _TrackedView(name, self.running, self.launching, self.ended)
 
     def pass_done(self, outcome: PassOutcome, next_in_s: float | None) -> None:
         parts = [
@@ -82,6 +92,11 @@ class WatchView:
         after = (
             f"; next look in {_duration(next_in_s)} (Ctrl-C stops)" if next_in_s is not None else ""
         )
+        ends = {step: "evaluated" for step in outcome.evaluated}
+        ends |= {step: "failed (see above)" for step in outcome.failed}
+        ends |= {step: "given up (see above)" for step in outcome.skipped}
+        for step, otherwise in sorted(ends.items()):
+            self.say("  " + step_line(step, self.ended.pop(step, None) or otherwise))
         self.say(f"pass {outcome.number}: {'; '.join(parts)}{after}")
 
 
@@ -98,6 +113,7 @@ def watch_command(
     """`fab watch`; `options`: the runs' request options from the task's flags, as run-eval's
     (run.request_options)."""
     template = request_from(inventory, options, step=0, host=None)
+    warn_if_incomparable(inventory, template)
     timing = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
     view = WatchView()
     url = webhook or os.environ.get(WEBHOOK_ENV)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.dtypes import dtype_name
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
 from dflash_eval.summary import headline, summary_lines
@@ -79,6 +80,7 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     )
     features.add_argument(
         "--target-dtype",
+        type=dtype_name,
         choices=["auto", "float32", "bfloat16"],
         default="auto",
         help="target dtype (default: as saved; float32 for linear attention on CPU)",
@@ -192,11 +194,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument(
         "--dtype",
+        type=dtype_name,
         choices=["float32", "bfloat16"],
         help="drafter dtype (default: the profile's, else float32)",
     )
     parser.add_argument(
         "--target-dtype",
+        type=dtype_name,
         choices=["auto", "float32", "bfloat16"],
         default="auto",
         help="target dtype (default: as saved)",

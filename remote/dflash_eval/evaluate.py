@@ -282,7 +282,7 @@ def _load(
     one checkpoint apply to the drafter only; the reference runs in the drafter's dtype."""
     main = drafter is None
     role = "drafter" if main else "reference drafter"
-    progress.say(f"Loading {role} {path} …")
+    progress.status(f"Loading {role} {path} …")
     loaded = load_drafter(
         path,
         target_shape,

@@ -45,6 +45,12 @@ class Progress:
         self._last_progress[phase] = now
         self.event("progress", phase=phase, done=done, total=total)
 
+    def status(self, message: str) -> None:
+        """What the harness is busy with before a phase counts (loading a model): told to
+        people, and as an event the workstation shows beside a spinner."""
+        self.event("status", message=message)
+        self.say(message)
+
     def say(self, message: str) -> None:
         if not self._quiet:
             print(message, file=self._human, flush=True)

@@ -82,7 +82,7 @@ class TargetSource:
         """The whole model, loaded on first use."""
         if self._target is None:
             with self._timer.phase("load_target"):
-                self._progress.say(f"Loading target {self.path} ({self.dtype_choice.name}) …")
+                self._progress.status(f"Loading target {self.path} ({self.dtype_choice.name}) …")
                 self._target = load_target(
                     self.path, self.dtype_choice.name, self.device, self.config
                 )

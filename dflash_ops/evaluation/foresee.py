@@ -1,0 +1,84 @@
+"""Before a run starts: will its numbers be comparable with the results already pulled?
+
+The comparability key (dflash_eval.reading.comparability_key) is read from results, after the
+run. Most of it follows from the run's options, known before: the harness's own parser reads
+the run's harness argv (its defaults included), the prompts are hashed as the harness hashes
+them, and the harness is the one this checkout deploys. What only the eval host can tell (the
+target's fingerprint, the checkpoint's block size, a dtype left to `auto`) is left out: the
+warning names only what certainly differs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dflash_eval.cli import build_parser
+from dflash_eval.version import harness_hash
+
+from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
+from dflash_ops.evaluation.results import RunResult, load_runs
+from dflash_ops.evaluation.run import EvalRequest
+
+
+def expected_key(request: EvalRequest) -> dict[str, Any]:
+    """The parts of the run's comparability key that its options decide."""
+    placeholders = ["--checkpoint", "-", "--target", "-", "--out", "-"]
+    args = build_parser().parse_args(["eval", *placeholders, *request.harness_args])
+    key: dict[str, Any] = {
+        "max new tokens": args.max_new_tokens,
+        "max blocks": args.max_blocks,
+        "thinking": args.thinking == "on",
+        "harness": harness_hash(),
+    }
+    if request.features is None:  # a feature set brings its own prompts and completions
+        key["completions"] = "sglang" if request.sglang else "local-greedy"
+        prompts = _prompts_hash(request.prompts, args.num_prompts)
+        if prompts is not None:
+            key["prompts"] = prompts
+    if args.block_size is not None:
+        key["block size"] = args.block_size
+    if args.dtype is not None:
+        key["drafter dtype"] = args.dtype
+    if args.target_dtype not in (None, "auto"):
+        key["target dtype"] = args.target_dtype
+    return key
+
+
+def _prompts_hash(path: Path | None, count: int | None) -> str | None:
+    """The prompts' sha256 as the harness records it; None where this workstation cannot
+    read prompts as the harness does (its module needs torch: the `eval` extra)."""
+    try:
+        from dflash_eval.completions import builtin_prompts, prompts_hash, read_prompts_jsonl
+    except ImportError:
+        return None
+    prompts = read_prompts_jsonl(path) if path else builtin_prompts()
+    return prompts_hash(prompts[:count] if count else prompts)
+
+
+def comparability_warning(results_root: Path, request: EvalRequest) -> str | None:
+    """What sets the run apart from the largest comparability group of the pulled results
+    (None: nothing that can be told before it runs, or no results yet)."""
+    pulled = [run for run in load_runs(results_root) if run.results is not None]
+    if not pulled:
+        return None
+    group = group_runs(pulled, RunResult.key, lambda run: run.run.get("started") or 0)[0]
+    expected = expected_key(request)
+    names = differing(expected, {name: group.key.get(name) for name in expected})
+    if not names:
+        return None
+    details = "; ".join(_difference(name, expected[name], group) for name in names)
+    return (
+        f"this run will not be comparable with the {len(group.rows)} pulled run(s) of "
+        f"comparability group 1 ({details}); `compare` will show it in a group of its own"
+    )
+
+
+def _difference(name: str, value: Any, group: RunGroup[RunResult]) -> str:
+    theirs = group.key.get(name)
+    if name == "prompts":
+        count = group.rows[0].done["prompts"]["count"]
+        return f"prompts sha256 {value[:12]}… vs {theirs[:12]}… ({count} prompts)"
+    if name == "harness":
+        return f"harness {value[:12]}… vs {theirs[:12]}… (the harness code changed)"
+    return f"{name} {value} vs {theirs}"

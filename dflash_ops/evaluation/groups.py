@@ -1,0 +1,63 @@
+"""Comparability groups: runs whose comparability keys are equal, compared among themselves.
+
+The key is one function of a results file (dflash_eval.reading.comparability_key): every
+rule about what must match lives there. Groups are numbered largest first (ties: the group
+holding the most recently started run first), so `--group 1`, the default, is the one most
+runs belong to; one odd run (`--num-prompts 4` once) makes a group of its own instead of
+making the others incomparable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+Row = TypeVar("Row")
+
+
+@dataclass
+class RunGroup(Generic[Row]):
+    number: int  # 1 = the largest
+    rows: list[Row]
+    key: dict[str, Any]
+    differs: list[str] = field(default_factory=list)  # key names unlike the compared group's
+
+
+def canonical(key: dict[str, Any]) -> str:
+    """A key as text that is equal exactly when the keys are (nested dicts included)."""
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def group_runs(
+    rows: Sequence[Row], key: Callable[[Row], dict[str, Any]], started: Callable[[Row], float]
+) -> list[RunGroup[Row]]:
+    """`rows` split by equal `key`, largest group first; each keeps the rows' order."""
+    found: dict[str, RunGroup[Row]] = {}
+    for row in rows:
+        row_key = key(row)
+        found.setdefault(canonical(row_key), RunGroup(0, [], row_key)).rows.append(row)
+    ordered = sorted(
+        found.values(),
+        key=lambda group: (len(group.rows), max(started(row) for row in group.rows)),
+        reverse=True,
+    )
+    for number, group in enumerate(ordered, start=1):
+        group.number = number
+    return ordered
+
+
+def differing(key: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
+    """The names whose values differ between two keys, in the key's order."""
+    return [
+        name
+        for name, value in key.items()
+        if canonical({0: value}) != canonical({0: baseline.get(name)})
+    ]
+
+
+def mark_against(groups: list[RunGroup[Row]], chosen: RunGroup[Row]) -> None:
+    """Record in each group what sets it apart from `chosen`."""
+    for group in groups:
+        group.differs = differing(group.key, chosen.key)
