@@ -35,6 +35,10 @@ class JobError(OpsError):
     """A run could not be launched, found or followed."""
 
 
+class HostBusy(JobError):
+    """Another run holds the eval host: a reason to wait, not a failure of the step."""
+
+
 class Detached(Exception):
     """The user stopped following (Ctrl-C); the remote run goes on."""
 
@@ -119,7 +123,7 @@ def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict)
     clearly when another run holds the host."""
     busy = [run for run in list_runs(host, entry) if not run.done]
     if busy:
-        raise JobError(_busy_message(host.name, busy[0]))
+        raise HostBusy(_busy_message(host.name, busy[0]))
     directory = run_dir(entry, run_id)
     params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
     script = wrapper_script(entry, run_id, command)
@@ -206,7 +210,7 @@ def _wait_started(host: Host, entry: EvalHost, run_id: str, timeout: float = 20)
                 run for run in list_runs(host, entry) if not run.done and run.run_id != run_id
             ]
             host.run(f"rm -rf -- {quoted}")
-            raise JobError(
+            raise HostBusy(
                 _busy_message(host.name, holder[0])
                 if holder
                 else f"{host.name}: another run took the host's eval lock first; retry"
