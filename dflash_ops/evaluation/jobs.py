@@ -15,7 +15,7 @@ import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -96,14 +96,19 @@ def run_dir(entry: EvalHost, run_id: str) -> str:
 # --- launching -----------------------------------------------------------------------------
 
 
-def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
-    """The shell wrapper that runs `command` in the run directory and records its exit code."""
+def wrapper_script(
+    entry: EvalHost, run_id: str, command: str, private_files: Sequence[str] = ()
+) -> str:
+    """The shell wrapper that runs `command` in the run directory and records its exit code;
+    it removes `private_files` (credentials the harness reads) however it ends."""
     lock = shlex.quote(f"{runs_dir(entry)}/.lock")
+    removal = f"rm -f -- {shlex.join(private_files)}"
     return "\n".join(
         [
             "#!/bin/sh",
             "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
             "# record its pid and exit code next to its output.",
+            *([f"trap {shlex.quote(removal)} EXIT"] if private_files else []),
             f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
             "umask 077",
             "echo $$ > wrapper.pid",
@@ -112,31 +117,48 @@ def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
             f"{command} > events.jsonl 2> log &",
             "echo $! > pid.tmp && mv pid.tmp pid",
             "wait $!",
-            "echo $? > exit_code.tmp && mv exit_code.tmp exit_code",
+            "code=$?",
+            # Gone before the exit code says the run is over (the trap covers early exits).
+            *([removal] if private_files else []),
+            'echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code',
             "",
         ]
     )
 
 
-def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict) -> str:
+def launch(
+    host: Host,
+    entry: EvalHost,
+    run_id: str,
+    command: str,
+    params: dict,
+    private_files: Sequence[str] = (),
+) -> str:
     """Start `command` detached in a new run directory; return how it was started. Refuses
-    clearly when another run holds the host."""
-    busy = [run for run in list_runs(host, entry) if not run.done]
-    if busy:
-        raise HostBusy(_busy_message(host.name, busy[0]))
+    clearly when another run holds the host. `private_files` (uploaded for the run) are
+    removed by the wrapper when it ends, or here when it is not started."""
     directory = run_dir(entry, run_id)
-    params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
-    script = wrapper_script(entry, run_id, command)
     quoted = shlex.quote(directory)
-    # Run directories are the user's own (umask 077): their logs may quote prompts and paths.
-    host.run(
-        with_umask(
-            "077",
-            f"mkdir -p {quoted} && cd {quoted} && "
-            f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
-            f"printf '%s' {shlex.quote(script)} > run.sh",
+    try:
+        busy = [run for run in list_runs(host, entry) if not run.done]
+        if busy:
+            raise HostBusy(_busy_message(host.name, busy[0]))
+        params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
+        script = wrapper_script(entry, run_id, command, private_files)
+        # Run directories are the user's own (umask 077): their logs may quote prompts and
+        # paths.
+        host.run(
+            with_umask(
+                "077",
+                f"mkdir -p {quoted} && cd {quoted} && "
+                f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
+                f"printf '%s' {shlex.quote(script)} > run.sh",
+            )
         )
-    )
+    except BaseException:
+        if private_files:
+            host.run(f"rm -f -- {shlex.join(private_files)}", check=False)
+        raise
     unit = f"dflash-eval-{run_id}"
     start = (
         'if [ -d /run/systemd/system ] && [ "$(id -u)" = 0 ] && command -v systemd-run '
@@ -160,13 +182,15 @@ def launch_and_follow(
     say: Callable[[str], None],
     on_events: Callable[[str], Callable[[dict], None]],
     detach: bool = False,
+    private_files: Sequence[str] = (),
 ) -> Run:
     """Launch `command` as run `run_id` (see `launch`), say where it started, and pass each
     harness event to what `on_events(run_id)` returns until the run ends; return its final
     state. `detach`: return as soon as it started. A Ctrl-C once the run holds the host
-    raises Detached: the run goes on there, and the caller says how to reattach."""
+    raises Detached: the run goes on there, and the caller says how to reattach; `private_files`:
+    see `launch`."""
     try:
-        launcher = launch(host, entry, run_id, command, params)
+        launcher = launch(host, entry, run_id, command, params, private_files)
         say(f"{host.name}: run {run_id} started ({launcher}) in {run_dir(entry, run_id)}")
         if detach:
             return wait_finished(host, entry, run_id, timeout=0)
