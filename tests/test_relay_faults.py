@@ -4,6 +4,7 @@ the reason, and a lock whose holder is gone is taken over at once."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import socket
 import subprocess
 import time
@@ -71,6 +72,63 @@ def test_a_link_that_dies_mid_transfer_fails_in_bounded_time(make_lab):
     (result,) = stage(inventory, 4000, options=StageOptions(report=lambda _: None))
     assert result.sha256 == sha256(lab.checkpoint_path(4000))
     assert 0 < result.moved < 96 << 20  # resumed from what arrived before the link died
+
+
+def live_processes_naming(text: str) -> list[int]:
+    """Processes (not zombies: PID 1 here reaps none) whose command line holds `text`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            named = text.encode() in (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if named and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def test_the_eval_side_writer_dies_with_its_stream(make_lab):
+    """The link to the eval host goes down mid-transfer and stays down: the workstation gives
+    up (keepalive), and the writer on the host gives up too after transfer.stall_timeout,
+    closing the partial: removing it then frees its space, and no writer is left behind."""
+    lab = make_lab(steps=(4000,), checkpoint_size="96m", trainer_disk="160m")
+    if lab.state.mode != "netns":
+        pytest.skip("needs the lab's network namespaces (root)")
+    inventory = load_inventory(lab.inventory_path)
+    settings = {"keepalive": 1, "stall_timeout": 3}
+    quick = inventory.model_copy(
+        update={"transfer": inventory.transfer.model_copy(update=settings)}
+    )
+    partial = staged_dir(lab, 4000) / "checkpoint.pt.partial"
+    disk = lab.data_dir("eval")
+    free_before = shutil.disk_usage(disk).free
+    veth = lab.state.hosts["eval"].veth
+
+    dropped: list[float] = []
+
+    def drop_once(state) -> None:
+        if not dropped and state.done >= 8 << 20:
+            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+            dropped.append(time.monotonic())
+
+    try:
+        with pytest.raises(TransferError):
+            stage(quick, 4000, options=StageOptions(report=lambda _: None, on_progress=drop_once))
+        # The link is still down: whatever ends the writer now is its own stall timeout.
+        deadline = dropped[0] + 30
+        while live_processes_naming(str(partial)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        writers = live_processes_naming(str(partial))
+        gone_after = time.monotonic() - dropped[0]
+        assert writers == [], f"writers still alive {gone_after:.0f} s after the link went down"
+        assert partial.stat().st_size >= 8 << 20  # what arrived stays, for a resume
+        partial.unlink()  # as a discard or the user would: its space must come back
+        assert shutil.disk_usage(disk).free >= free_before - (1 << 20)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+    (result,) = stage(inventory, 4000, options=StageOptions(report=lambda _: None))
+    assert result.sha256 == sha256(lab.checkpoint_path(4000))
 
 
 def test_a_lock_whose_holder_is_gone_is_taken_over_at_once(make_lab):
