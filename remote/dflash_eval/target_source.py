@@ -22,6 +22,7 @@ from dflash_eval.features import (
     kernel_record,
     weight_bytes,
 )
+from dflash_eval.health import context_length
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.target import (
     DTYPES,
@@ -63,6 +64,7 @@ class TargetSource:
         self.device = device
         self.config = read_target_config(self.path)
         self.shape: TargetShape = shape_from_config(self.config)
+        self.context = context_length(self.config)  # positions it was trained on (or None)
         self.family = family_of(self.config)
         # What a float32 copy for the fidelity check must fit in: host or GPU memory.
         self.available_bytes = (
