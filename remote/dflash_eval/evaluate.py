@@ -350,7 +350,7 @@ def _lookup(
     if features_set is not None:
         manifest = features_set.manifest
         return pipeline.Lookup(
-            DiskCache(features_set.path),
+            features_set.cache(),
             manifest["shared_key"],
             manifest["completions"]["source"],
             manifest["block_size"],
