@@ -324,8 +324,8 @@ def test_a_busy_host_is_a_wait_not_a_failed_attempt(watch_lab, trainer):
         ([2000], [], [], []),
         ([2000], [], [], []),
     ]
-    state = json.loads(WatchState.file_for(inventory.local.results, None).read_text())
-    assert state["attempts"] == {} and state["skipped"] == {} and state["evaluated"] == {}
+    state = WatchState.load(inventory.local.results, None)  # no attempt spent, none saved
+    assert (state.attempts, state.skipped, state.evaluated) == ({}, {}, {})
     for host, entry, run_id in holders:
         jobs.cancel(host, entry, jobs.wait_finished(host, entry, run_id, timeout=0))
         jobs.wait_finished(host, entry, run_id)
