@@ -1,6 +1,6 @@
 """STAND-IN for an SGLang server (SGLang needs a GPU build; it cannot run here).
 
-It answers SGLang's native `POST /generate` JSON (input_ids + sampling_params →
+It answers SGLang's native `POST [PREFIX]/generate[?QUERY]` JSON (input_ids + sampling_params →
 output_ids, text, meta_info), and nothing else. In-process it serves the harness's client
 tests with made-up tokens and failure modes; as a script, started inside a lab host's
 network namespace, it answers with the model's own greedy continuation:
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 Generate = Callable[[list[int], int], list[int]]
 
@@ -41,8 +42,9 @@ class StandIn(BaseHTTPRequestHandler):
         if StandIn.log:
             with StandIn.log.open("a") as log:
                 log.write(json.dumps(request) + "\n")
-        if self.path != "/generate" or StandIn.mode == "error":
-            self._reply(500, {"error": "boom"})
+        # A proxy's prefix may come before /generate, and its query string after.
+        if not urlsplit(self.path).path.endswith("/generate") or StandIn.mode == "error":
+            self._reply(500, {"error": f"boom at {self.path}"})  # as proxies echo the URL
             return
         count = body["sampling_params"]["max_new_tokens"]
         output_ids = StandIn.generate(body["input_ids"], count)

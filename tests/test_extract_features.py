@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -406,6 +407,28 @@ def test_an_eval_on_the_relayed_set_matches_one_computing_its_own(features_lab, 
     assert "features" in refused.stderr and "--allow-mixed" in said(refused.stderr), refused.stderr
     mixed = run_fab(inventory_path, "compare", "--allow-mixed")
     assert mixed.returncode == 0, mixed.stdout + mixed.stderr
+
+
+def test_a_tampered_copy_on_the_eval_host_is_refused_at_use(features_lab, extracted):
+    """One value flipped in the eval host's copy (same size): the eval refuses it, naming
+    the file and the fix, instead of scoring it; `--verify` repairs it."""
+    copy = set_dir(features_lab, "eval", extracted)
+    for victim in (copy / "hidden").glob("*.safetensors"):  # whichever the run reads first
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0x40  # the last value of the last tensor
+        victim.write_bytes(bytes(data))
+    prompts = ["--prompts", str(features_lab.root / labs.LAB_PROMPTS)]
+    refused = run_fab(
+        features_lab.inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts,
+        *DTYPE, "--features", "latest", timeout=900,
+    )  # fmt: skip
+    output = said(refused.stdout + refused.stderr)
+    assert refused.returncode == 1, output
+    assert re.search(r"hidden/[0-9a-f]{64}\.safetensors does not match feature-set\.json", output)
+    assert "fab extract-features --verify" in output
+    repaired = extract(features_lab, "--verify")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert digests(copy) == digests(set_dir(features_lab, "features", extracted))
 
 
 @pytest.fixture

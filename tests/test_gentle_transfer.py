@@ -202,7 +202,7 @@ def paced_copy(inventory, lab, step: int, bwlimit: int | None, name: str):
     dest = RemoteSide(Host(inventory, "eval"))
     pipe = Pipe(
         source.side.argv(source.command(0, hashed=True)),
-        dest.argv(sink(str(target), append=False, hashed=True)),
+        dest.argv(sink(str(target), append=False, hashed=True, stall_timeout=None)),
         gated=False,
         bwlimit=bwlimit,
     )

@@ -8,14 +8,21 @@ the test opens the gate (or stops the run), so no test depends on how fast anyth
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shlex
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from dflash_ops.core.errors import DiskSpaceError
 from dflash_ops.core.inventory import load
-from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation import jobs, run_listing
 from dflash_ops.remote.connection import Host
 
 FAKE_HARNESS = """
@@ -157,7 +164,7 @@ def test_parse_runs_states():
             "params": params,
             **fields,
         }
-        return jobs.parse_runs("eval", line.format(**values), now=1010.0)[0].state
+        return run_listing.parse_runs("eval", line.format(**values), now=1010.0)[0].state
 
     assert state(alive="yes") == "running"
     assert state(code="0", results="yes", finished="1005") == "succeeded"
@@ -213,7 +220,7 @@ def test_a_truncated_params_file_lists_the_run_as_broken(eval_host, lab, fab, tm
 
 def test_parse_runs_never_fails_on_one_bad_line():
     output = 'a\t0\t1\tno\tyes\t5\t-\t{"step": 1, "started": 1}\nb\t-\t-\tno\tno\t-\t-\t[1]\n'
-    bad, good = jobs.parse_runs("eval", output, now=100)  # oldest first; b has no start
+    bad, good = run_listing.parse_runs("eval", output, now=100)  # oldest first; b has no start
     assert (good.run_id, good.state) == ("a", "succeeded")
     assert (bad.run_id, bad.state, bad.problem) == (
         "b",
@@ -230,3 +237,66 @@ def test_run_files_are_private_whatever_the_login_umask(eval_host):
     directory = shlex.quote(jobs.run_dir(entry, run_id))
     modes = host.run(f"cd {directory} && stat -c '%n %a' . params.json log").stdout.split("\n")
     assert modes[:3] == [". 700", "params.json 600", "log 600"]
+
+
+# --- a full disk ------------------------------------------------------------------------------
+
+
+@contextmanager
+def filled(lab, directory: Path) -> Iterator[None]:
+    """`directory`'s filesystem (one of the lab's size-limited tmpfs disks) with no byte
+    free while inside; as it was after."""
+    if lab.state.mode != "netns":
+        pytest.skip("needs the lab's tmpfs disks (root)")
+    filler = directory / ".filler"
+    handle = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for block in (b"\0" * (1 << 20), b"\0" * 4096, b"\0"):
+            try:
+                while True:
+                    os.write(handle, block)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        yield
+    finally:
+        os.close(handle)
+        filler.unlink()
+
+
+def test_a_full_eval_disk_at_launch_is_one_line_and_leaves_no_run(lab, eval_host):
+    host, entry = eval_host
+    host.run(f"mkdir -p {shlex.quote(jobs.runs_dir(entry))}")
+    run_id = jobs.new_run_id(2000, "eval")
+    with filled(lab, lab.data_dir("eval")), pytest.raises(DiskSpaceError) as raised:
+        jobs.launch(host, entry, run_id, fake(1), {"step": 2000})
+    message = str(raised.value)
+    assert message.startswith(f"eval: not enough free space at {jobs.runs_dir(entry)} for run ")
+    assert "free 0 B" in message and "\n" not in message and "#!/bin/sh" not in message
+    assert jobs.list_runs(host, entry) == []  # no half-made ("lost") run
+    jobs.launch(host, entry, run_id, fake(1), {"step": 2000})  # room again: it starts
+    assert jobs.wait_finished(host, entry, run_id, timeout=60).state == "succeeded"
+
+
+def test_a_full_workstation_disk_while_fetching_is_one_line_and_fetching_resumes(
+    lab, eval_host, fab
+):
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, run_id, fake(200), {"step": 2000})
+    assert jobs.wait_finished(host, entry, run_id, timeout=60).state == "succeeded"
+    results = load(lab.inventory_path).local.results
+    try:
+        with filled(lab, lab.workstation_dir):
+            refused = fab(lab.inventory_path, "fetch-results")
+            left = sorted(p.name for p in results.iterdir()) if results.is_dir() else []
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        line = refused.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line, line
+        assert f"workstation: not enough free space at {results} for run {run_id}'s files" in line
+        assert "free 0 B" in line
+        assert left == []  # no half-pulled run, no partial
+        pulled = fab(lab.inventory_path, "fetch-results")
+        assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+        assert json.loads((results / run_id / "results.json").read_text()) == {"ok": True}
+    finally:
+        subprocess.run(["rm", "-rf", str(results)], check=True)

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from dflash_ops.core.arguments import one_of
 from dflash_ops.core.errors import OpsError
-from dflash_ops.evaluation import jobs, results, run_ids
+from dflash_ops.evaluation import jobs, results, run_ids, run_listing
 from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.evaluation.run import EvalRequest
@@ -210,7 +210,7 @@ def test_eval_status_is_newest_first_with_progress_and_tau_and_fits_80_columns()
             ),
         ]
     )
-    runs = jobs.parse_runs("eval", output, now=2100.0)
+    runs = run_listing.parse_runs("eval", output, now=2100.0)
     records = status_records(runs, now=2100.0)
     assert [r["short_id"] for r in records] == ["c3d4", "a1b2"]
     assert records[0]["progress"] == "drafter 12/40" and records[1]["tau_macro"] == 3.21
@@ -236,7 +236,7 @@ def printing_on(on: Console) -> Iterator[None]:
 
 
 def test_a_sweep_ends_with_one_line_per_step():
-    run = jobs.parse_runs(
+    run = run_listing.parse_runs(
         "eval",
         listing(
             "20261201-120301-step2000-eval-a1b2",
@@ -285,7 +285,7 @@ def test_phase_bars_show_time_left_at_80_columns():
 
 
 def test_a_run_shows_what_loads_then_its_phases_then_three_lines(tmp_path):
-    run = jobs.parse_runs(
+    run = run_listing.parse_runs(
         "eval", listing("20261201-120301-step2000-eval-a1b2", 1.0, "succeeded", None)
     )[0]
     summary = ["step 2000  τ macro 3.210  τ pooled 3.100", "DDTree τ: b=4: 3.900", "more"]

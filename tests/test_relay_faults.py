@@ -4,6 +4,7 @@ the reason, and a lock whose holder is gone is taken over at once."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import socket
 import subprocess
 import time
@@ -38,28 +39,43 @@ def live_pids_holding(path: Path) -> list[int]:
     return found
 
 
+class LinkCut:
+    """A lab whose trainer holds a 96 MiB checkpoint, its inventory with quick `transfer`
+    settings (`fast`), and a progress callback that takes the eval host's link down once
+    8 MiB have moved (`at`: when); `restore()` brings it back."""
+
+    def __init__(self, make_lab, **transfer) -> None:
+        self.lab = make_lab(steps=(4000,), checkpoint_size="96m", trainer_disk="160m")
+        if self.lab.state.mode != "netns":
+            pytest.skip("needs the lab's network namespaces (root)")
+        self.inventory = load_inventory(self.lab.inventory_path)
+        settings = self.inventory.transfer.model_copy(update=transfer)
+        self.fast = self.inventory.model_copy(update={"transfer": settings})
+        self.veth = self.lab.state.hosts["eval"].veth
+        self.at: float | None = None
+
+    def on_progress(self, state) -> None:
+        if self.at is None and state.done >= 8 << 20:
+            subprocess.run(["ip", "link", "set", self.veth, "down"], check=True)
+            self.at = time.monotonic()
+
+    def restore(self) -> None:
+        subprocess.run(["ip", "link", "set", self.veth, "up"], check=True)
+
+
 def test_a_link_that_dies_mid_transfer_fails_in_bounded_time(make_lab):
-    lab = make_lab(steps=(4000,), checkpoint_size="96m", trainer_disk="160m")
-    if lab.state.mode != "netns":
-        pytest.skip("needs the lab's network namespaces (root)")
-    inventory = load_inventory(lab.inventory_path)
-    fast = inventory.model_copy(
-        update={"transfer": inventory.transfer.model_copy(update={"keepalive": 1})}
-    )
-    veth = lab.state.hosts["eval"].veth
-    dropped_at: list[float] = []
-
-    def drop_link(state) -> None:
-        if not dropped_at and state.done >= 8 << 20:
-            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
-            dropped_at.append(time.monotonic())
-
+    cut = LinkCut(make_lab, keepalive=1)
+    lab, inventory = cut.lab, cut.inventory
     try:
         with pytest.raises(TransferError) as raised:
-            stage(fast, 4000, options=StageOptions(report=lambda _: None, on_progress=drop_link))
-        failed_after = time.monotonic() - dropped_at[0]
+            stage(
+                cut.fast,
+                4000,
+                options=StageOptions(report=lambda _: None, on_progress=cut.on_progress),
+            )
+        failed_after = time.monotonic() - cut.at
     finally:
-        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        cut.restore()
     message = str(raised.value)
     assert "exit 255" in message and "not responding" in message, message
     assert "rerun to resume" in message
@@ -71,6 +87,63 @@ def test_a_link_that_dies_mid_transfer_fails_in_bounded_time(make_lab):
     (result,) = stage(inventory, 4000, options=StageOptions(report=lambda _: None))
     assert result.sha256 == sha256(lab.checkpoint_path(4000))
     assert 0 < result.moved < 96 << 20  # resumed from what arrived before the link died
+
+
+def live_writers_of(path: Path) -> list[int]:
+    """The relay's writer processes for `path` (the host's `bash -c` and its python3), not
+    zombies (PID 1 here reaps none): their command line holds the sink's script and `path`.
+    (The destination's lock holder names the path too, but holds only the lock file: a
+    leftover holder is taken over by the next stage, see the test below.)"""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (proc / "cmdline").read_bytes()
+            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if str(path).encode() in command and b"import hashlib" in command and state != "Z":
+            found.append(int(proc.name))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
+    except OSError:
+        return "(gone)"
+
+
+def test_the_eval_side_writer_dies_with_its_stream(make_lab):
+    """The link to the eval host goes down mid-transfer and stays down: the workstation gives
+    up (keepalive), and the writer on the host gives up too after transfer.stall_timeout,
+    closing the partial: removing it then frees its space, and no writer is left behind."""
+    cut = LinkCut(make_lab, keepalive=1, stall_timeout=3)
+    lab, inventory = cut.lab, cut.inventory
+    partial = staged_dir(lab, 4000) / "checkpoint.pt.partial"
+    disk = lab.data_dir("eval")
+    free_before = shutil.disk_usage(disk).free
+    try:
+        with pytest.raises(TransferError):
+            stage(
+                cut.fast,
+                4000,
+                options=StageOptions(report=lambda _: None, on_progress=cut.on_progress),
+            )
+        # The link is still down: whatever ends the writer now is its own stall timeout.
+        deadline = cut.at + 30
+        while live_writers_of(partial) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        alive = {pid: command_line(pid) for pid in live_writers_of(partial)}
+        gone_after = time.monotonic() - cut.at
+        assert not alive, f"alive {gone_after:.0f} s after the link went down: {alive}"
+        assert live_pids_holding(partial) == []
+        assert partial.stat().st_size > 0  # what arrived stays, for a resume
+        partial.unlink()  # as a discard or the user would: its space must come back
+        assert shutil.disk_usage(disk).free >= free_before - (1 << 20)
+    finally:
+        cut.restore()
+    (result,) = stage(inventory, 4000, options=StageOptions(report=lambda _: None))
+    assert result.sha256 == sha256(lab.checkpoint_path(4000))
 
 
 def test_a_lock_whose_holder_is_gone_is_taken_over_at_once(make_lab):

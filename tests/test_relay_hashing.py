@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,19 +121,52 @@ def test_the_source_command_adds_the_stat_and_keeps_the_read_status(hasher_path,
 def test_sink_writes_hashes_appends_and_truncates(hasher_path, tmp_path):
     target = tmp_path / "dest dir" / "it's.partial"
     target.parent.mkdir()
-    first = bash(sink(str(target), append=False, hashed=True), hasher_path, PAYLOAD[:1000])
+    first = bash(
+        sink(str(target), append=False, hashed=True, stall_timeout=None),
+        hasher_path,
+        PAYLOAD[:1000],
+    )
     assert first.returncode == 0, first.stderr
     assert digest_in(first.stdout.decode()) == hashlib.sha256(PAYLOAD[:1000]).hexdigest()
-    rest = bash(sink(str(target), append=True, hashed=False), hasher_path, PAYLOAD[1000:])
+    rest = bash(
+        sink(str(target), append=True, hashed=False, stall_timeout=None),
+        hasher_path,
+        PAYLOAD[1000:],
+    )
     assert rest.returncode == 0 and "unhashed" in rest.stdout.decode()
     assert digest_in(rest.stdout.decode()) is None
     assert target.read_bytes() == PAYLOAD
-    bash(sink(str(target), append=False, hashed=True), hasher_path, b"short")
+    bash(sink(str(target), append=False, hashed=True, stall_timeout=None), hasher_path, b"short")
     assert target.read_bytes() == b"short"
 
 
+def test_a_sink_fed_nothing_for_its_stall_timeout_gives_up_and_closes_its_file(tmp_path):
+    """A stream that goes silent without ending (a dead link): the writer keeps what arrived
+    and exits, instead of holding the file open for as long as sshd keeps the session."""
+    target = tmp_path / "x.partial"
+    feeder = subprocess.Popen(["bash", "-c", "printf first; exec sleep 60"], stdout=subprocess.PIPE)
+    started = time.monotonic()
+    try:
+        writer = subprocess.run(
+            ["bash", "-c", sink(str(target), append=False, hashed=True, stall_timeout=1)],
+            stdin=feeder.stdout,
+            capture_output=True,
+            timeout=30,
+        )
+    finally:
+        feeder.kill()
+        feeder.wait()
+    assert writer.returncode == 3 and time.monotonic() - started < 20
+    assert f"writing {target}: nothing for 1 s" in writer.stderr.decode()
+    assert target.read_bytes() == b"first"
+
+
 def test_a_sink_that_cannot_write_fails(hasher_path, tmp_path):
-    done = bash(sink(str(tmp_path / "missing" / "x"), append=False, hashed=True), hasher_path, b"x")
+    done = bash(
+        sink(str(tmp_path / "missing" / "x"), append=False, hashed=True, stall_timeout=None),
+        hasher_path,
+        b"x",
+    )
     assert done.returncode != 0  # (what it printed does not count: the status decides)
 
 
@@ -156,7 +190,7 @@ def test_move_relays_every_byte_and_both_digests_agree(source_file, tmp_path):
     read = f"cat -- {quoted(source_file)}"
     stat = f"stat -c '%s %Y %F' -- {quoted(source_file)}"
     source = ["bash", "-c", source_command(read, stat, hashed=True, path=str(source_file))]
-    dest = ["bash", "-c", sink(str(target), append=False, hashed=True)]
+    dest = ["bash", "-c", sink(str(target), append=False, hashed=True, stall_timeout=None)]
     moved = move(source, dest, len(PAYLOAD), progress)
     assert (moved.count, moved.source_rc, moved.dest_rc) == (len(PAYLOAD), 0, 0)
     assert moved.source_digest == moved.dest_digest == DIGEST
@@ -168,7 +202,9 @@ def test_move_relays_every_byte_and_both_digests_agree(source_file, tmp_path):
 def test_a_destination_that_cannot_write_is_reported_with_its_reason(source_file, tmp_path):
     target = tmp_path / "no such dir" / "copy.partial"
     source = ["bash", "-c", stream_hashed("", str(source_file))]
-    moved = move(source, ["bash", "-c", sink(str(target), append=False, hashed=True)], 10)
+    moved = move(
+        source, ["bash", "-c", sink(str(target), append=False, hashed=True, stall_timeout=None)], 10
+    )
     assert moved.dest_rc != 0 and moved.dest_digest is None
     assert stderr_reason(moved.dest_err) == (
         f"dflash-relay: writing {target}: No such file or directory"

@@ -409,8 +409,10 @@ def sglang_stand_in(models_lab, tmp_path):
 
 def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_path):
     server, url, log = sglang_stand_in
-    # Credentials in the URL (the stand-in ignores them) must reach no recorded file.
-    secret_url = url.replace("http://", "http://dflash:s3cret-token@")
+    # Credentials in the URL (the stand-in ignores them) must reach no recorded file: a
+    # password, a token in the path (a proxy's prefix) and one in the query string.
+    secret_url = url.replace("http://", "http://dflash:s3cret-pw@") + "/s3cret-path/?k=s3cret-q"
+    runs = Path(EvalLayout(load(inventory_path).eval_hosts["eval"]).runs)
     document = yaml.safe_load(inventory_path.read_text())
     document["hosts"]["eval"]["sglang_url"] = secret_url
     with_sglang = tmp_path / "inventory.yaml"
@@ -419,13 +421,13 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     served = fab_eval(with_sglang, "run-eval", *step, "--sglang", *QUICK)
     assert served.returncode == 0, served.stdout + served.stderr
     requests = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [request["path"] for request in requests] == ["/generate", "/generate"]
+    assert [request["path"] for request in requests] == ["/s3cret-path/generate?k=s3cret-q"] * 2
     # The reference runs one block past --max-new-tokens (the live loop's last round).
     asked = {request["sampling_params"]["max_new_tokens"] for request in requests}
     assert asked == {24 + BLOCK_SIZE}
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
-    redacted = url.replace("http://", "http://***@")
+    redacted = f"{url}/***"  # scheme, host and port only
     assert results["completions"] == {
         "source": "sglang",
         "sglang_url": redacted,
@@ -434,6 +436,7 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     for pulled_file in run_file.parent.iterdir():
         assert "s3cret" not in pulled_file.read_text(errors="replace"), pulled_file.name
     assert "s3cret" not in served.stdout + served.stderr
+    assert list(runs.glob(".sglang-url-*")) == []  # the run is over: its secret file too
     # The stand-in serves the target's own greedy continuations: same metrics as local.
     local = fab_eval(inventory_path, "run-eval", *step, *QUICK)
     assert local.returncode == 0, local.stdout + local.stderr
@@ -460,7 +463,8 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     assert down.returncode == 1
     output = " ".join((down.stdout + down.stderr).split())
     assert f"Cannot reach the SGLang server at {redacted}" in output
-    assert "Start it on the eval host" in output
+    assert "Start it on the eval host" in output and "s3cret" not in output
+    assert list(runs.glob(".sglang-url-*")) == []  # a failed run's too
 
 
 def test_strip_optimizer_evaluates_the_extracted_copy(inventory_path):

@@ -307,6 +307,33 @@ def test_a_failing_step_is_retried_then_skipped(watch_lab, trainer, hook):
     assert skipped["attempts"] == 2 and skipped["failures"] == {"8000": {"skipped": True}}
 
 
+def test_a_busy_host_is_a_wait_not_a_failed_attempt(watch_lab, trainer):
+    """Every eval host runs something else (a run by hand of another training run): the
+    step waits, spends no attempt even with --retries 0, and is evaluated once a host is
+    free."""
+    trainer.only(2000)
+    inventory = load(watch_lab.inventory_path)
+    holders = []
+    for name, entry in inventory.eval_hosts.items():
+        host = Host(inventory, name)
+        run_id = f"by-hand-{name}"
+        jobs.launch(host, entry, run_id, "sleep 600", {"step": 1, "training_run": "by-hand"})
+        holders.append((host, entry, run_id))
+    first = a_watch(watch_lab, WatchView(), interval_s=0, retries=0, max_passes=2).run()
+    assert [(p.waiting, p.failed, p.skipped, p.evaluated) for p in first] == [
+        ([2000], [], [], []),
+        ([2000], [], [], []),
+    ]
+    state = WatchState.load(inventory.local.results, None)  # no attempt spent, none saved
+    assert (state.attempts, state.skipped, state.evaluated) == ({}, {}, {})
+    for host, entry, run_id in holders:
+        jobs.cancel(host, entry, jobs.wait_finished(host, entry, run_id, timeout=0))
+        jobs.wait_finished(host, entry, run_id)
+        host.close()
+    [freed] = a_watch(watch_lab, WatchView(), interval_s=0, retries=0, max_passes=1).run()
+    assert (freed.evaluated, freed.waiting, freed.failed) == ([2000], [], [])
+
+
 def wait_for_state(lab: labs.Lab, state: str, count: int = 1) -> list[jobs.Run]:
     """Poll the eval hosts (bounded) until `count` runs are in `state`."""
     for _ in range(240):

@@ -247,6 +247,9 @@ class TransferSettings(Strict):
     margin_fraction: float = Field(default=0.02, ge=0, le=1)
     # Seconds between SSH keepalives; a link silent for KEEPALIVE_COUNT of them is dead.
     keepalive: int = Field(default=15, ge=1)
+    # Seconds an eval-side writer waits for bytes before it gives up and closes its file: a
+    # dead link then leaves no writer holding the partial (or its space) on the host.
+    stall_timeout: float = Field(default=60, ge=1, allow_inf_nan=False)
     # The trainer-side readers at nice 19 / ionice idle (dflash_ops.remote.priority): false
     # lets a copy take its full share of the trainer's CPU and disk.
     low_priority: bool = True

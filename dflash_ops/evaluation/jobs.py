@@ -15,25 +15,29 @@ import secrets
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dflash_ops.core.errors import OpsError, RemoteCommandError
+from dflash_ops.core.errors import DiskSpaceError, OpsError, RemoteCommandError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.evaluation import run_ids
+from dflash_ops.evaluation.pulled import store_run
+from dflash_ops.evaluation.run_listing import DENIED_EXIT, Run, parse_events, runs_probe
+from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.remote.probes import Probe
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
-DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
 
 
 class JobError(OpsError):
     """A run could not be launched, found or followed."""
+
+
+class HostBusy(JobError):
+    """Another run holds the eval host: a reason to wait, not a failure of the step."""
 
 
 class Detached(Exception):
@@ -42,30 +46,6 @@ class Detached(Exception):
     def __init__(self, run_id: str, host: str) -> None:
         super().__init__(run_id, host)
         self.run_id, self.host = run_id, host
-
-
-@dataclass(frozen=True)
-class Run:
-    run_id: str
-    host: str
-    state: str  # starting | running | succeeded | failed | cancelled | lost | broken
-    exit_code: int | None
-    params: dict
-    finished: float | None  # epoch seconds when exit_code was written
-    problem: str | None = None  # why its files cannot be read (state "broken")
-    last_event: dict | None = None  # the harness's latest progress (or done) event
-
-    @property
-    def step(self) -> int | None:
-        return self.params.get("step")
-
-    @property
-    def started(self) -> float | None:
-        return self.params.get("started")
-
-    @property
-    def done(self) -> bool:
-        return self.state in ("succeeded", "failed", "cancelled", "lost", "broken")
 
 
 def new_run_id(
@@ -94,14 +74,19 @@ def run_dir(entry: EvalHost, run_id: str) -> str:
 # --- launching -----------------------------------------------------------------------------
 
 
-def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
-    """The shell wrapper that runs `command` in the run directory and records its exit code."""
+def wrapper_script(
+    entry: EvalHost, run_id: str, command: str, private_files: Sequence[str] = ()
+) -> str:
+    """The shell wrapper that runs `command` in the run directory and records its exit code;
+    it removes `private_files` (credentials the harness reads) however it ends."""
     lock = shlex.quote(f"{runs_dir(entry)}/.lock")
+    removal = f"rm -f -- {shlex.join(private_files)}"
     return "\n".join(
         [
             "#!/bin/sh",
             "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
             "# record its pid and exit code next to its output.",
+            *([f"trap {shlex.quote(removal)} EXIT"] if private_files else []),
             f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
             "umask 077",
             "echo $$ > wrapper.pid",
@@ -110,31 +95,53 @@ def wrapper_script(entry: EvalHost, run_id: str, command: str) -> str:
             f"{command} > events.jsonl 2> log &",
             "echo $! > pid.tmp && mv pid.tmp pid",
             "wait $!",
-            "echo $? > exit_code.tmp && mv exit_code.tmp exit_code",
+            "code=$?",
+            # Gone before the exit code says the run is over (the trap covers early exits).
+            *([removal] if private_files else []),
+            'echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code',
             "",
         ]
     )
 
 
-def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict) -> str:
+def launch(
+    host: Host,
+    entry: EvalHost,
+    run_id: str,
+    command: str,
+    params: dict,
+    private_files: Sequence[str] = (),
+) -> str:
     """Start `command` detached in a new run directory; return how it was started. Refuses
-    clearly when another run holds the host."""
-    busy = [run for run in list_runs(host, entry) if not run.done]
-    if busy:
-        raise JobError(_busy_message(host.name, busy[0]))
+    clearly when another run holds the host. `private_files` (uploaded for the run) are
+    removed by the wrapper when it ends, or here when it is not started."""
     directory = run_dir(entry, run_id)
-    params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
-    script = wrapper_script(entry, run_id, command)
     quoted = shlex.quote(directory)
-    # Run directories are the user's own (umask 077): their logs may quote prompts and paths.
-    host.run(
-        with_umask(
-            "077",
-            f"mkdir -p {quoted} && cd {quoted} && "
-            f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
-            f"printf '%s' {shlex.quote(script)} > run.sh",
+    try:
+        busy = [run for run in list_runs(host, entry) if not run.done]
+        if busy:
+            raise HostBusy(_busy_message(host.name, busy[0]))
+        params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
+        script = wrapper_script(entry, run_id, command, private_files)
+        # Run directories are the user's own (umask 077): their logs may quote prompts and
+        # paths.
+        written = host.run(
+            with_umask(
+                "077",
+                f"mkdir -p {quoted} && cd {quoted} && "
+                f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
+                f"printf '%s' {shlex.quote(script)} > run.sh",
+            ),
+            check=False,
         )
-    )
+        if not written.ok:  # a full disk, most likely: leave no half-made run behind
+            host.run(f"rm -rf -- {quoted}", check=False)
+            size = len(script) + len(json.dumps(params))
+            raise _unwritable(host, entry, run_id, written.stderr, size)
+    except BaseException:
+        if private_files:
+            host.run(f"rm -f -- {shlex.join(private_files)}", check=False)
+        raise
     unit = f"dflash-eval-{run_id}"
     start = (
         'if [ -d /run/systemd/system ] && [ "$(id -u)" = 0 ] && command -v systemd-run '
@@ -149,6 +156,16 @@ def launch(host: Host, entry: EvalHost, run_id: str, command: str, params: dict)
     return launcher
 
 
+def _unwritable(host: Host, entry: EvalHost, run_id: str, stderr: str, size: int) -> OpsError:
+    """One line for a run directory that could not be written (not the script it held)."""
+    runs = runs_dir(entry)
+    if "no space left" in stderr.lower():
+        free = host.probe(probes.free_bytes(runs))
+        advice = f"old staged checkpoints and feature sets: `fab prune --host {host.name}`"
+        return DiskSpaceError(host.name, runs, size, free, f"run {run_id}", advice)
+    return JobError(f"{host.name}: cannot write run {run_id} in {runs}: {stderr_reason(stderr)}")
+
+
 def launch_and_follow(
     host: Host,
     entry: EvalHost,
@@ -158,13 +175,15 @@ def launch_and_follow(
     say: Callable[[str], None],
     on_events: Callable[[str], Callable[[dict], None]],
     detach: bool = False,
+    private_files: Sequence[str] = (),
 ) -> Run:
     """Launch `command` as run `run_id` (see `launch`), say where it started, and pass each
     harness event to what `on_events(run_id)` returns until the run ends; return its final
     state. `detach`: return as soon as it started. A Ctrl-C once the run holds the host
-    raises Detached: the run goes on there, and the caller says how to reattach."""
+    raises Detached: the run goes on there, and the caller says how to reattach; `private_files`:
+    see `launch`."""
     try:
-        launcher = launch(host, entry, run_id, command, params)
+        launcher = launch(host, entry, run_id, command, params, private_files)
         say(f"{host.name}: run {run_id} started ({launcher}) in {run_dir(entry, run_id)}")
         if detach:
             return wait_finished(host, entry, run_id, timeout=0)
@@ -208,7 +227,7 @@ def _wait_started(host: Host, entry: EvalHost, run_id: str, timeout: float = 20)
                 run for run in list_runs(host, entry) if not run.done and run.run_id != run_id
             ]
             host.run(f"rm -rf -- {quoted}")
-            raise JobError(
+            raise HostBusy(
                 _busy_message(host.name, holder[0])
                 if holder
                 else f"{host.name}: another run took the host's eval lock first; retry"
@@ -236,79 +255,6 @@ def _when(epoch: float | None) -> str:
 
 
 # --- listing -------------------------------------------------------------------------------
-
-
-def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
-    """Every run on the host. No runs directory yet: no runs; one the login may not enter
-    (a non-root login without `become`) exits DENIED_EXIT, so it does not read as none."""
-    runs = shlex.quote(runs_dir(entry))
-    command = (
-        f"why=$(cd {runs} 2>&1) || {{ case $why in *'ermission denied'*) "
-        f'echo "$why" >&2; exit {DENIED_EXIT};; esac; exit 0; }}; cd {runs} || exit 0; '
-        'for d in */; do d=${d%/}; [ -f "$d/params.json" ] || continue; '
-        'code=$(cat "$d/exit_code" 2>/dev/null || echo -); '
-        'pid=$(cat "$d/pid" 2>/dev/null || echo -); '
-        'alive=no; for p in "$pid" "$(cat "$d/wrapper.pid" 2>/dev/null)"; do '
-        '[ -n "$p" ] && [ "$p" != - ] && kill -0 "$p" 2>/dev/null && alive=yes; done; '
-        'results=no; [ -f "$d/results.json" ] && results=yes; '
-        '[ -f "$d/cancelled" ] && results=cancelled; '
-        'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
-        'last=$(tail -n 50 "$d/events.jsonl" 2>/dev/null | grep -E '
-        "'^[{]\"event\": \"(progress|done)\"' | tail -n 1 | tr -d '\\t'); "
-        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
-        '"$results" "$finished" "${last:--}" "$(tr -d \'\\n\' < "$d/params.json")"; done'
-    )
-    return Probe(command, lambda output: parse_runs(host_name, output))
-
-
-def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Run]:
-    now = time.time() if now is None else now
-    runs = []
-    for line in output.splitlines():
-        if not line.strip():
-            continue
-        run_id, code, pid, alive, results, finished, last, params = line.split("\t", 7)
-        params_data, problem = _params(params)
-        exit_code = int(code) if code.lstrip("-").isdigit() else None
-        if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
-            state = "cancelled" if exit_code is not None or alive != "yes" else "running"
-        elif exit_code is not None:
-            # An eval run's product is results.json; a features run's is its feature set.
-            produced = results == "yes" or params_data.get("kind") == "features"
-            state = "succeeded" if exit_code == 0 and produced else "failed"
-        elif alive == "yes":
-            state = "running"
-        elif pid == "-" and now - params_data.get("started", 0) < 30:
-            state = "starting"
-        else:
-            state = "lost"  # the wrapper died without recording an exit code
-        if problem and state in ("starting", "lost"):
-            state = "broken"
-        runs.append(
-            Run(
-                run_id,
-                host_name,
-                state,
-                exit_code,
-                params_data,
-                float(finished) if finished != "-" else None,
-                problem,
-                next(parse_events([last]), None),
-            )
-        )
-    return sorted(runs, key=lambda run: run.started or 0)
-
-
-def _params(text: str) -> tuple[dict, str | None]:
-    """A run's params.json, or ({}, why not): one damaged run directory (a truncated write,
-    a full disk) must not make every listing of the host fail."""
-    try:
-        params = json.loads(text) if text else {}
-    except json.JSONDecodeError as exc:
-        return {}, f"params.json is not valid JSON ({exc.msg} at character {exc.pos})"
-    if not isinstance(params, dict):
-        return {}, "params.json is not a JSON object"
-    return params, None
 
 
 def list_runs(host: Host, entry: EvalHost) -> list[Run]:
@@ -396,18 +342,6 @@ def _one_run(host: Host, entry: EvalHost, run_id: str) -> Run:
     raise JobError(f"{host.name}: run {run_id} not found under {runs_dir(entry)}")
 
 
-def parse_events(lines: Iterator[str] | list[str]) -> Iterator[dict]:
-    """The JSON events among `lines` (anything else is skipped)."""
-    for line in lines:
-        if line.startswith("{"):
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and "event" in event:
-                yield event
-
-
 def log_tail(host: Host, entry: EvalHost, run_id: str, lines: int = 30) -> str:
     path = shlex.quote(f"{run_dir(entry, run_id)}/log")
     return host.run(f"tail -n {int(lines)} {path} 2>/dev/null || true").stdout
@@ -424,21 +358,20 @@ def cancel(host: Host, entry: EvalHost, run: Run) -> None:
 
 
 def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | None:
-    """Copy a finished run's files into `results_root/<run-id>/` (atomically); None when it
-    was already there, so fetching twice changes nothing."""
-    destination = results_root / run.run_id
-    if (destination / "run.json").exists():
+    """Copy a finished run's files into `results_root/<run-id>/` (whole or not at all, see
+    dflash_ops.evaluation.pulled); None when it was already there, so fetching twice changes
+    nothing."""
+    if (results_root / run.run_id / "run.json").exists():
         return None
-    partial = results_root / f".{run.run_id}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
     remote = run_dir(entry, run.run_id)
+    files = {}
     for name in RUN_FILES:
         try:
             data = host.download(f"{remote}/{name}")
         except OSError as exc:
             raise RemoteCommandError(host.name, f"get {remote}/{name}", 1, str(exc)) from None
         if data is not None:  # a failed run has no results.json: none is written here either
-            (partial / name).write_bytes(data)
+            files[name] = data
     summary = {
         "run_id": run.run_id,
         "host": host.name,
@@ -452,9 +385,8 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
         "remote_dir": remote,
         "problem": run.problem,
     }
-    (partial / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
-    partial.replace(destination)
-    return destination
+    files["run.json"] = (json.dumps(summary, indent=2) + "\n").encode()
+    return store_run(results_root, run.run_id, files)
 
 
 # --- across every eval host ----------------------------------------------------------------

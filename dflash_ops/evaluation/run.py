@@ -46,6 +46,7 @@ from dflash_ops.staging.strip import nothing_to_strip
 TransferProgress = Callable[[str, int], ProgressCallback]
 
 EXTRACT_RECORD = "dflash_extract.json"  # what the harness's extract records beside the copy
+SGLANG_URL_FILE = "sglang-url"  # the private upload; its run's wrapper removes it
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2
@@ -252,7 +253,15 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
         }
         reporter.starting(run_id)
         run = jobs.launch_and_follow(
-            host, entry, run_id, command, params, reporter.say, reporter.follow, request.detach
+            host,
+            entry,
+            run_id,
+            command,
+            params,
+            reporter.say,
+            reporter.follow,
+            request.detach,
+            [upload_path(entry, SGLANG_URL_FILE, run_id)] if request.sglang else [],
         )
         if request.detach:
             reporter.say(
@@ -480,7 +489,7 @@ def harness_command(
     if uploads:
         host.run(f"mkdir -p {shlex.quote(layout.runs)}")
     for flag, data, name, private in uploads:
-        remote = f"{layout.runs}/.{name}-{run_id}"
+        remote = upload_path(entry, name, run_id)
         host.upload(data, remote, private=private)
         argv += [flag, f"@{remote}" if flag == "--sglang-url" else remote]
     argv += host_defaults_argv(entry, request, profile) + request.harness_args
@@ -513,15 +522,19 @@ def host_defaults_argv(entry: EvalHost, request: EvalRequest, profile: dict | No
     return argv
 
 
+def upload_path(entry: EvalHost, name: str, run_id: str) -> str:
+    """Where the run's uploaded file `name` lives on the host (beside the run directories)."""
+    return f"{EvalLayout(entry).runs}/.{name}-{run_id}"
+
+
 def _uploads(
     entry: EvalHost, request: EvalRequest, profile: dict | None
 ) -> list[tuple[str, bytes, str, bool]]:
     """(harness flag, content, file name, private) of each file the run needs on the host.
     The SGLang URL goes through a private file: it may carry credentials, which must not
-    reach argv, `ps`, the run's recorded command or its log."""
+    reach argv, `ps`, the run's recorded command or its log. It comes last: an upload that
+    fails before it leaves no credentials on the host (the run's wrapper removes them)."""
     uploads = []
-    if request.sglang:
-        uploads.append(("--sglang-url", entry.sglang_url.encode(), "sglang-url", True))
     if request.prompts is not None:
         uploads.append(("--prompts", request.prompts.read_bytes(), "prompts.jsonl", False))
     if request.drafter_config is not None:
@@ -531,6 +544,8 @@ def _uploads(
         harness_profile = {k: v for k, v in profile.items() if k != "target_dtype"}
         data = json.dumps(harness_profile, indent=2).encode()
         uploads.append(("--drafter-profile", data, "drafter-profile.json", False))
+    if request.sglang:
+        uploads.append(("--sglang-url", entry.sglang_url.encode(), SGLANG_URL_FILE, True))
     return uploads
 
 

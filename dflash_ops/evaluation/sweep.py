@@ -60,7 +60,9 @@ def run_sweep(
     host takes a step it already has staged first, else the next step (and stages it).
     `reporters(host)` gives the reporter that shows that host's runs. Once `stop` is set no
     host takes another step; `on_outcome(step, outcome)` is called as each step ends (from
-    its host's thread), so a caller can record progress before the whole sweep is over."""
+    its host's thread), so a caller can record progress before the whole sweep is over. A
+    host that another run holds hands its step back to the others and takes no more; a step
+    no host could take ends as that jobs.HostBusy."""
     infos = [info for info in list_checkpoints(inventory) if info.step in steps]
     staged = {
         name: {
@@ -73,6 +75,7 @@ def run_sweep(
     pending = list(steps)
     taking = threading.Lock()
     outcomes: Outcomes = {}
+    waiting: dict[int, jobs.HostBusy] = {}  # steps handed back by a busy host, not retaken
 
     def next_step(name: str) -> int | None:
         with taking:
@@ -88,6 +91,14 @@ def run_sweep(
             try:
                 request = replace(template, step=step, host=name)
                 outcomes[step] = run_eval(inventory, request, reporter)
+                waiting.pop(step, None)
+            except jobs.HostBusy as busy:
+                # The step is not at fault: another host may take it; this one takes no more.
+                reporter.say(f"[yellow]step {step} waits:[/] {busy}")
+                with taking:
+                    pending.insert(0, step)
+                    waiting[step] = busy
+                return
             except OpsError as exc:
                 reporter.say(f"[red]step {step} failed:[/] {exc}")
                 outcomes[step] = exc
@@ -103,6 +114,11 @@ def run_sweep(
         thread.start()
     for thread in threads:
         thread.join()
+    for step in pending:
+        if step in waiting:  # every host that could take it was busy
+            outcomes[step] = waiting[step]
+            if on_outcome is not None:
+                on_outcome(step, waiting[step])
     return outcomes
 
 

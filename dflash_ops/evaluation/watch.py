@@ -15,7 +15,9 @@ A step counts as done when the state says so or when a successful run of it (of 
 training run, and with the same tag when one is given) is among the local results, so a
 restart — or a `run-eval` by hand — never runs a step twice. Each pass first pulls finished
 runs from the eval hosts and leaves alone the steps still running there (launched by a watch
-that was stopped): they are neither re-launched nor counted as failures.
+that was stopped): they are neither re-launched nor counted as failures. A step that finds
+every eval host busy with another run (by hand, another series) waits for the next pass
+without spending an attempt: only a run that failed counts against `retries`.
 
 Stopping: `stop()` (or the front door on Ctrl-C) ends the wait between passes at once and
 lets no host take another step; runs already started go on, detached, on their hosts.
@@ -129,6 +131,7 @@ class PassOutcome:
     failed: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # given up on in this pass
     in_flight: list[int] = field(default_factory=list)  # running on a host: left alone
+    waiting: list[int] = field(default_factory=list)  # every host busy: tried next pass
     error: OpsError | None = None  # the pass itself could not run (e.g. trainer unreachable)
 
 
@@ -248,7 +251,12 @@ class Watch:
         """Called from a host's thread as each step ends: state first, then the news."""
         with self._recording:
             state = self.state
-            if isinstance(result, Exception):
+            if isinstance(result, jobs.HostBusy):
+                # Another run holds the hosts: the step has not been tried, so no attempt
+                # is spent on it.
+                outcome.waiting.append(step)
+                self.reporter.say(f"step {step} waits for a free eval host; tried next pass")
+            elif isinstance(result, Exception):
                 error = str(result)[:ERROR_CHARS]
                 state.attempts[step] = attempts = state.attempts.get(step, 0) + 1
                 given_up = attempts > self.options.retries

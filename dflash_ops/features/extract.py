@@ -195,11 +195,11 @@ def _run(
         _remove(host, uploads)
         raise
     params = {"kind": "features", "out": out, "harness": harness, "command": command}
+    # The run's wrapper removes the URL file (it may hold credentials) however the run ends.
+    private = [uploads["--sglang"]] if "--sglang" in uploads else []
     run = jobs.launch_and_follow(
-        host, entry, run_id, command, params, reporter.say, reporter.follow
+        host, entry, run_id, command, params, reporter.say, reporter.follow, private_files=private
     )
-    if "--sglang" in uploads:  # the run is over: its credentials need not stay on the host
-        _remove(host, {"--sglang": uploads["--sglang"]})
     reporter.finished(run, [], None)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run_id))

@@ -34,6 +34,7 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import STAGED_NAME, EvalLayout
 from dflash_ops.staging.lock import DestinationLock, glob_literal
 from dflash_ops.staging.manifest import Identity, Kind, Member, matches
+from dflash_ops.staging.relay import sink
 from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
 
 STAGED_NAMES: dict[Kind, str] = {
@@ -188,6 +189,13 @@ class Destination:
     def writes_to(self, member: Member) -> str:
         """The partial file a member's bytes go to."""
         return f"{self.partial}/{member.name}.partial" if self.is_set else self.partial
+
+    def sink(self, partial: str, *, append: bool = False) -> str:
+        """The writer of `partial` on this side: it hashes a fresh file, appends to a resumed
+        one, and gives up after the side's stall timeout without bytes."""
+        return sink(
+            partial, append=append, hashed=not append, stall_timeout=self.side.stall_timeout
+        )
 
     def prepare_command(self, members: tuple[Member, ...], *, fresh: bool) -> str:
         """Make the directories the members' partials go to (`fresh`: after removing what an

@@ -97,16 +97,23 @@ sys.stderr.write("dflash-sha256 %s\\n" % h.hexdigest())
 )
 
 # Write stdin to argv[1] (truncate or append), fsync, print the digest of what was written.
+# Nothing on stdin for argv[4] seconds: the stream is gone (a dead link need not end sshd's
+# session for a long time), so give up and close the file rather than hold it open.
 PY_SINK = (
     PY_PIPE
     + """\
-import hashlib, os, sys
+import hashlib, os, select, sys
 path, append, hashed = sys.argv[1], sys.argv[2] == "append", sys.argv[3] == "hash"
+stall = float(sys.argv[4]) or None  # 0: no limit
 h = hashlib.sha256()
 flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
 try:
     fd = os.open(path, flags, 0o644)
     while True:
+        if not select.select([0], [], [], stall)[0]:
+            os.fsync(fd)  # what arrived stays, for a resume
+            sys.stderr.write("dflash-relay: writing %s: nothing for %g s\\n" % (path, stall))
+            sys.exit(3)
         b = os.read(0, 1 << 20)
         if not b:
             break
@@ -200,10 +207,13 @@ def source_command(read_command: str, stat_command: str, *, hashed: bool, path: 
     )
 
 
-def sink(path: str, *, append: bool, hashed: bool) -> str:
-    """Write stdin to `path`, fsync; print the digest of the bytes written if `hashed`."""
+def sink(path: str, *, append: bool, hashed: bool, stall_timeout: float | None) -> str:
+    """Write stdin to `path`, fsync; print the digest of the bytes written if `hashed`. The
+    python3 writer exits, closing the file, when nothing arrives for `stall_timeout` seconds
+    (openssl/sha256sum hosts: tee has no such timeout)."""
     quoted = shlex.quote(path)
-    python = _py(PY_SINK, path, "append" if append else "create", "hash" if hashed else "-")
+    mode, digest = "append" if append else "create", "hash" if hashed else "-"
+    python = _py(PY_SINK, path, mode, digest, str(stall_timeout or 0))
     tee = f"tee --output-error=exit {'-a ' if append else ''}-- {quoted}"
 
     def other(tool: str) -> str:

@@ -35,6 +35,13 @@ class Side:
         """Start a long-lived command whose stdin stays open until `close()`."""
         return ProcessCommand(self.argv(command))
 
+    @property
+    def stall_timeout(self) -> float | None:
+        """Seconds a writer on this side waits for bytes before it gives up
+        (transfer.stall_timeout); None: the workstation's own writers, which end with the
+        relay that feeds them."""
+        return None
+
     def root_hint(self) -> str:
         """For a denied write: what to do when this side's login is not root ('' if it is)."""
         return ""
@@ -53,6 +60,10 @@ class RemoteSide(Side):
 
     def root_hint(self) -> str:
         return self.host.root_hint()
+
+    @property
+    def stall_timeout(self) -> float:
+        return self.host.inventory.transfer.stall_timeout
 
     def hold(self, command: str) -> HeldCommand:
         # A channel on the already-open control connection: no second SSH handshake. If the

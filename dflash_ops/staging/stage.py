@@ -46,7 +46,6 @@ from dflash_ops.staging.relay import (
     Pipe,
     ProgressCallback,
     gated,
-    sink,
 )
 from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
 from dflash_ops.staging.sources import Described, TrainerFiles, Via
@@ -212,7 +211,7 @@ def _head_start(
         source = reader.source(path)
         pipe = Pipe(
             source.side.argv(gated(source.command(0, hashed=True))),
-            dest.side.argv(gated(sink(dest.partial, append=False, hashed=True))),
+            dest.side.argv(gated(dest.sink(dest.partial))),
             gated=True,
             bwlimit=reader.inventory.transfer.bwlimit,
         )
@@ -319,7 +318,7 @@ def _start_early(payload: Payload, dest: Destination, context: _Context) -> Pipe
     source = payload.source(first)
     return Pipe(
         source.side.argv(gated(source.command(0, hashed=True))),
-        dest.side.argv(gated(sink(dest.writes_to(first), append=False, hashed=True))),
+        dest.side.argv(gated(dest.sink(dest.writes_to(first)))),
         gated=True,
         bwlimit=context.inventory.transfer.bwlimit,
     )

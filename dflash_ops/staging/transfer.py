@@ -27,7 +27,6 @@ from dflash_ops.staging.relay import (
     digest_in,
     hash_file,
     hash_stdin,
-    sink,
     stderr_reason,
 )
 from dflash_ops.staging.sides import Side
@@ -157,7 +156,7 @@ def _transfer(
         if pipe is None:
             pipe = Pipe(
                 source.side.argv(source.command(offset, hashed=fresh)),
-                dest.side.argv(sink(partial, append=not fresh, hashed=fresh)),
+                dest.side.argv(dest.sink(partial, append=not fresh)),
                 gated=False,
                 bwlimit=bwlimit,
             )

@@ -82,6 +82,7 @@ class WatchView:
                 ("failed", outcome.failed),
                 ("skipped", outcome.skipped),
                 ("still running on a host", outcome.in_flight),
+                ("waiting for a free eval host", outcome.waiting),
             )
             if steps
         ]

@@ -24,10 +24,11 @@ CACHE_FORMAT = 1
 
 
 def key_digest(key: dict[str, Any]) -> str:
-    return hashlib.sha256(_canonical(key).encode()).hexdigest()
+    return hashlib.sha256(canonical_key(key).encode()).hexdigest()
 
 
-def _canonical(key: dict[str, Any]) -> str:
+def canonical_key(key: dict[str, Any]) -> str:
+    """The key as an entry stores it (and as its file name hashes it)."""
     return json.dumps({"cache_format": CACHE_FORMAT, **key}, sort_keys=True)
 
 
@@ -41,6 +42,10 @@ class DiskCache:
     def __init__(self, root: Path | None) -> None:
         self.root = Path(root) if root is not None else None
 
+    def read_bytes(self, path: Path) -> bytes:
+        """An entry's bytes (a subclass checks them as they are read)."""
+        return path.read_bytes()
+
     def _path(self, kind: str, key: dict[str, Any], suffix: str) -> Path | None:
         if self.root is None:
             return None
@@ -51,17 +56,17 @@ class DiskCache:
         if path is None or not path.is_file():
             return None
         try:
-            entry = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            entry = json.loads(self.read_bytes(path))
+        except (OSError, ValueError):
             return None
-        if entry.get("key") != json.loads(_canonical(key)):
+        if entry.get("key") != json.loads(canonical_key(key)):
             return None
         return entry["output_ids"]
 
     def put_completion(self, key: dict[str, Any], output_ids: list[int]) -> None:
         path = self._path("completions", key, ".json")
         if path is not None:
-            entry = {"key": json.loads(_canonical(key)), "output_ids": output_ids}
+            entry = {"key": json.loads(canonical_key(key)), "output_ids": output_ids}
             _atomic_write(path, json.dumps(entry).encode())
 
     def get_record(self, kind: str, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -70,15 +75,15 @@ class DiskCache:
         if path is None or not path.is_file():
             return None
         try:
-            entry = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            entry = json.loads(self.read_bytes(path))
+        except (OSError, ValueError):
             return None
-        return entry["record"] if entry.get("key") == json.loads(_canonical(key)) else None
+        return entry["record"] if entry.get("key") == json.loads(canonical_key(key)) else None
 
     def put_record(self, kind: str, key: dict[str, Any], record: dict[str, Any]) -> None:
         path = self._path(kind, key, ".json")
         if path is not None:
-            entry = {"key": json.loads(_canonical(key)), "record": record}
+            entry = {"key": json.loads(canonical_key(key)), "record": record}
             _atomic_write(path, json.dumps(entry).encode())
 
     def get_hidden(self, key: dict[str, Any]) -> dict[int, torch.Tensor] | None:
@@ -87,7 +92,7 @@ class DiskCache:
             return None
         try:
             with safe_open(str(path), framework="pt") as handle:
-                if (handle.metadata() or {}).get("key") != _canonical(key):
+                if (handle.metadata() or {}).get("key") != canonical_key(key):
                     return None
                 return {int(name): handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
         except Exception:  # a corrupt entry is a miss, and gets rewritten
@@ -101,7 +106,7 @@ class DiskCache:
             return False
         try:
             with safe_open(str(path), framework="pt") as handle:
-                return (handle.metadata() or {}).get("key") == _canonical(key)
+                return (handle.metadata() or {}).get("key") == canonical_key(key)
         except Exception:  # a corrupt entry is a miss, as get_hidden counts it
             return False
 
@@ -113,7 +118,7 @@ class DiskCache:
         handle, temp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
         os.close(handle)
         tensors = {str(layer): t.contiguous() for layer, t in hidden.items()}
-        save_file(tensors, temp, metadata={"key": _canonical(key)})
+        save_file(tensors, temp, metadata={"key": canonical_key(key)})
         os.replace(temp, path)
 
 

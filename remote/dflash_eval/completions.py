@@ -25,7 +25,7 @@ import torch
 
 from dflash_eval.errors import HarnessError
 from dflash_eval.schema import PromptSet
-from dflash_eval.urls import redact_url
+from dflash_eval.urls import conceal, endpoint, redact_url
 
 BUILTIN_PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number using memoisation, "
@@ -224,8 +224,9 @@ class SGLangClient:
     """Greedy completions from SGLang's native `/generate` endpoint."""
 
     def __init__(self, url: str, timeout_s: float = 600.0) -> None:
-        self.url = url.rstrip("/")
-        self.shown = redact_url(self.url)  # for messages: never a password or token
+        self.url = url.strip()
+        self.generate_url = endpoint(self.url, "generate")
+        self.shown = redact_url(self.url)  # for messages: scheme, host and port only
         self.timeout_s = timeout_s
 
     def reference(
@@ -251,7 +252,7 @@ class SGLangClient:
             },
         }
         try:
-            response = requests.post(f"{self.url}/generate", json=request, timeout=self.timeout_s)
+            response = requests.post(self.generate_url, json=request, timeout=self.timeout_s)
         except requests.RequestException as error:
             raise HarnessError(
                 f"Cannot reach the SGLang server at {self.shown} ({type(error).__name__}). "
@@ -261,8 +262,9 @@ class SGLangClient:
             ) from None
         if response.status_code != 200:
             raise HarnessError(
-                f"SGLang at {self.shown}/generate answered HTTP {response.status_code}: "
-                f"{response.text[:300]}. Check the server log; the request was greedy "
+                f"SGLang's /generate at {self.shown} answered HTTP {response.status_code}: "
+                f"{conceal(response.text[:300], self.url)}. Check the server log; the request "
+                "was greedy "
                 "generation from input_ids."
             )
         try:
@@ -270,8 +272,9 @@ class SGLangClient:
             output_ids = body["output_ids"]
         except (ValueError, KeyError, TypeError):
             raise HarnessError(
-                f"SGLang at {self.shown}/generate did not return output_ids "
-                f"(got {response.text[:200]!r}). This harness needs token ids, which SGLang's "
+                f"SGLang's /generate at {self.shown} did not return output_ids "
+                f"(got {conceal(response.text[:200], self.url)!r}). This harness needs token "
+                "ids, which SGLang's "
                 "native /generate returns; check the URL points at SGLang, not an "
                 "OpenAI-compatible proxy."
             ) from None

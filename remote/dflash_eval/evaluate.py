@@ -31,6 +31,7 @@ from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.feature_record import features_record, report_fidelity
 from dflash_eval.feature_set import FeatureSet, read_feature_set
+from dflash_eval.health import NonFiniteLogits, non_finite_logits
 from dflash_eval.loaders import LoadedDrafter, load_drafter
 from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.pickle_policy import PicklePolicy
@@ -358,7 +359,7 @@ def _lookup(
     if features_set is not None:
         manifest = features_set.manifest
         return pipeline.Lookup(
-            DiskCache(features_set.path),
+            features_set.cache(),
             manifest["shared_key"],
             manifest["completions"]["source"],
             manifest["block_size"],
@@ -406,9 +407,12 @@ def _walk_all(
             chunk=1 if options.per_block else options.chunk,
             last_anchor=span.limit - 1,  # no round starts at max_new_tokens or later
         )
-        walked = walk_prompt(
-            predictor, seq.tokens, span, config.block_size, options.ddtree, options.max_blocks
-        )
+        try:
+            walked = walk_prompt(
+                predictor, seq.tokens, span, config.block_size, options.ddtree, options.max_blocks
+            )
+        except NonFiniteLogits:
+            raise non_finite_logits(seq.prompt.id, phase, features, head) from None
         run.walks.append(walked)
         if done <= SAMPLE_PROMPTS:
             run.samples.append(

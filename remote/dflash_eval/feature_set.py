@@ -8,6 +8,9 @@ On disk, SETDIR holds the harness's cache layout (cache.py), every entry keyed w
     SETDIR/completions/<sha256>.json      SETDIR/hidden/<sha256>.safetensors
     SETDIR/features/<sha256>.json         SETDIR/feature-set.json
 
+`feature-set.json` lists every other file with its size and sha256 (`files`); an eval
+reads the entries through feature_files.VerifiedCache, which refuses one that differs.
+
 `features` builds it in SETDIR.partial and renames that to SETDIR when complete, so SETDIR
 exists only whole. The partial holds `inputs.json`: an interrupted build is resumed by a
 re-run with the same inputs (entries are content-keyed, so the ones written stay valid) and
@@ -27,6 +30,7 @@ from typing import Any
 from dflash_eval.completions import Prompt
 from dflash_eval.config import DrafterConfig
 from dflash_eval.errors import HarnessError
+from dflash_eval.feature_files import VerifiedCache, file_records
 from dflash_eval.progress import Progress
 
 FORMAT = 1
@@ -116,6 +120,17 @@ class FeatureSet:
                     f"with the set's value, or {REMAKE} and --thinking."
                 )
         return match
+
+    def cache(self) -> VerifiedCache:
+        """The set's entries, each verified against the manifest's `files` as it is read."""
+        files = self.manifest.get("files")
+        if not isinstance(files, dict):
+            raise HarnessError(
+                f"Feature set {self.path} lists no files with their sha256 (an older harness "
+                "made it), so what it holds cannot be verified. Remove it on the features and "
+                "eval hosts (`fab prune --features`) and run `fab extract-features` again."
+            )
+        return VerifiedCache(self.path, files)
 
     def missing(self, prompt: Prompt, what: str) -> HarnessError:
         return HarnessError(
@@ -243,9 +258,11 @@ def open_partial(setdir: Path, inputs: dict[str, Any], progress: Progress) -> Pa
 
 
 def complete(partial: Path, setdir: Path, manifest: dict[str, Any]) -> None:
-    """Write the manifest and make the set appear whole, in one rename."""
+    """Write the manifest, with every file's size and sha256, and make the set appear whole,
+    in one rename."""
     (partial / PARTIAL_INPUTS).unlink()
     temp = partial / (MANIFEST + PARTIAL_SUFFIX)
-    temp.write_text(json.dumps(manifest, indent=1) + "\n")
+    files = file_records(partial, {MANIFEST, temp.name})
+    temp.write_text(json.dumps({**manifest, "files": files}, indent=1) + "\n")
     temp.replace(partial / MANIFEST)
     partial.rename(setdir)

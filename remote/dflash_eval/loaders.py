@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from dflash_eval.config import DrafterConfig, TargetShape, check_against_target
 from dflash_eval.drafter_settings import choose_settings
 from dflash_eval.errors import HarnessError
+from dflash_eval.health import require_finite_weights
 from dflash_eval.model import DFlashDrafter, build_drafter, expected_shapes
 from dflash_eval.model_dflash2 import check_fits_target, drafter_class, reference_key_mapping
 from dflash_eval.pickle_policy import PicklePolicy, PickleRecord, load_pickle
@@ -320,8 +321,9 @@ def load_drafter(
     ignored = check_parameters(source.state_dict, config, path)
     torch_dtype = DTYPES[chosen.settings["dtype"].value]
     model = build_drafter(config, torch_dtype, drafter_class(config))
-    wanted = {k: v for k, v in source.state_dict.items() if k not in ignored}
-    model.load_state_dict({k: v.to(torch_dtype) for k, v in wanted.items()}, strict=True)
+    wanted = {k: v.to(torch_dtype) for k, v in source.state_dict.items() if k not in ignored}
+    require_finite_weights(wanted, path, chosen.settings["dtype"].value)
+    model.load_state_dict(wanted, strict=True)
     return LoadedDrafter(
         source=source,
         config=config,

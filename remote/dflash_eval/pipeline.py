@@ -20,6 +20,7 @@ from dflash_eval.cache import DiskCache
 from dflash_eval.completions import Prompt, SGLangClient, first_stop, greedy_reference
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
+from dflash_eval.health import require_context
 from dflash_eval.metrics import Span
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.target_source import TargetSource
@@ -119,10 +120,20 @@ def make_references(
     """Phase `completions`: each sequence's reference and span (later turns of a
     conversation are encoded once the turn before has its completion)."""
     total = len(sequences)
+
+    def fits(seq: Sequence) -> None:
+        require_context(
+            seq.prompt.id, len(seq.prompt_ids), max_new_tokens, lookup.extra_tokens, target.context
+        )
+
+    for seq in sequences:  # every first turn before any work; later turns once encoded
+        if not seq.prompt.follows:
+            fits(seq)
     progress.progress("completions", 0, total)
     for done, seq in enumerate(sequences, start=1):
         if seq.prompt.follows:
             seq.prompt_ids = conversations.encode(seq.prompt)
+            fits(seq)
         key = cache_keys.completion_key(
             lookup.shared_key,
             lookup.completion_source,

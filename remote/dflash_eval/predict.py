@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dflash_eval.health import require_finite_logits
 from dflash_eval.model import ContextCache, DFlashDrafter
 from dflash_eval.model_dflash2 import DFlash2Drafter
 
@@ -175,6 +176,7 @@ def block_predictions(
     logits = F.linear(hidden[:, 1:].reshape(-1, width), head_weight).float()  # [N·(B-1), V]
     best, greedy = row_max(logits)
     normaliser = (logits - best[:, None]).exp_().sum(dim=-1).log_().add_(best)  # logsumexp
+    require_finite_logits(normaliser)
     best_path = (best - normaliser).view(blocks, slots).cumsum(dim=1)  # P_j, non-increasing
     by_slot, normaliser = logits.view(blocks, slots, -1), normaliser.view(blocks, slots)
     first_values, first_ids = torch.topk(by_slot[:, 0], top_k, dim=-1)  # slot 1: always

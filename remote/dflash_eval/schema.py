@@ -192,7 +192,8 @@ class Prompts(_PromptsKeys, total=False):
 class Completions(TypedDict):
     source: Literal["local-greedy", "sglang"]
     sglang_url: str | None
-    """The server, credentials redacted."""
+    """The server: scheme, host and port only; `/***` where the URL had more (user, password,
+    path and query may hold tokens)."""
     extra_tokens: int
     """How far each reference runs past the end of its completion: the drafter's block size,
     the larger one with `--reference-drafter` (see "metrics")."""

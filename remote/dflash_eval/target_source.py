@@ -56,6 +56,7 @@ class TargetSource:
         self.device = device
         self.config = read_target_config(self.path)
         self.shape: TargetShape = self.config.shape
+        self.context = self.config.max_positions  # positions it was trained on (or None)
         self.family = self.config.family
         # What a float32 copy for the fidelity check must fit in: host or GPU memory.
         self.available_bytes = (

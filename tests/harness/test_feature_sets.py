@@ -300,6 +300,43 @@ def test_a_missing_incomplete_or_corrupt_set_is_refused(lab, lab_set, tmp_path):
         quick_eval(lab, tmp_path, features=broken)
 
 
+def test_every_file_of_the_set_is_listed_with_its_size_and_sha256(lab_set):
+    files = _manifest(lab_set)["files"]
+    on_disk = {
+        p.relative_to(lab_set).as_posix(): p
+        for p in _files(lab_set)
+        if p.name != "feature-set.json"
+    }
+    assert sorted(files) == sorted(on_disk)
+    for name, path in on_disk.items():
+        data = path.read_bytes()
+        assert files[name] == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_a_flipped_value_in_a_hidden_state_file_is_refused_at_use(lab, lab_set, tmp_path):
+    """Same size, one float32 changed: without the check τ would move without a word."""
+    tampered = tmp_path / "tampered"
+    shutil.copytree(lab_set, tampered)
+    victims = sorted((tampered / "hidden").glob("*.safetensors"))
+    for victim in victims:  # whichever of them the run reads first
+        data = bytearray(victim.read_bytes())
+        data[-4:] = torch.tensor([12345.0]).numpy().tobytes()  # the last value of the last
+        victim.write_bytes(bytes(data))
+    with pytest.raises(HarnessError) as caught:
+        quick_eval(lab, tmp_path / "run", features=tampered)
+    message = str(caught.value)
+    read = re.search(r"hidden/(\S+) does not match feature-set\.json", message)
+    assert read and read.group(1) in {victim.name for victim in victims}, message
+    assert message.startswith(f"Feature set {tampered}: hidden/")
+    assert "fab extract-features --verify" in message
+    assert not (tmp_path / "run" / "r.json").exists()
+    manifest = _manifest(tampered)
+    del manifest["files"]  # a set made before sets listed their files
+    (tampered / "feature-set.json").write_text(json.dumps(manifest))
+    with pytest.raises(HarnessError, match="lists no files with their sha256"):
+        quick_eval(lab, tmp_path / "run", features=tampered)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a GPU")
 def test_without_a_gpu_auto_is_the_cpu_and_cuda_is_refused_with_advice(lab, tmp_path):
     assert features_device("auto") == "cpu"

@@ -53,6 +53,20 @@ def test_server_errors_and_missing_ids_are_explained(sglang_url):
         SGLangClient(sglang_url).complete([1], 2)
 
 
+def test_a_prefix_and_query_are_kept_and_never_shown(sglang_url):
+    """A proxy's URL: a token in the path and another in the query string. /generate goes
+    after the path, the query stays; no message shows either token."""
+    url = f"{sglang_url}/tok3n-in-path/?key=s3cret&x=1"
+    assert len(SGLangClient(url).complete([7, 8, 9], 4)) == 4
+    assert [r["path"] for r in StandIn.requests] == ["/tok3n-in-path/generate?key=s3cret&x=1"]
+    StandIn.mode = "error"  # its answer quotes the URL it was asked for
+    with pytest.raises(HarnessError) as caught:
+        SGLangClient(url).complete([1], 2)
+    message = str(caught.value)
+    assert "HTTP 500" in message and f"at {sglang_url}/***" in message
+    assert "tok3n" not in message and "s3cret" not in message
+
+
 def test_unreachable_server_names_the_url_and_the_fix():
     import socket
 
@@ -89,11 +103,10 @@ def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
 def test_a_url_with_credentials_is_shown_redacted_and_can_come_from_a_file(tmp_path):
     from dflash_eval.urls import read_url, redact_url
 
-    assert (
-        redact_url("http://user:pw@127.0.0.1:30000/v1?token=t")
-        == "http://***@127.0.0.1:30000/v1?***"
-    )
+    for secret in ("http://user:pw@127.0.0.1:30000", "http://127.0.0.1:30000/tok/v1?key=t#f"):
+        assert redact_url(secret) == "http://127.0.0.1:30000/***"
     assert redact_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"
+    assert redact_url("https://[::1]:8443/") == "https://[::1]:8443"
     secret = tmp_path / "url"
     secret.write_text("http://user:pw@127.0.0.1:30000\n")
     assert read_url(f"@{secret}") == "http://user:pw@127.0.0.1:30000"

@@ -1,0 +1,52 @@
+"""A finished run's files written into the workstation's results, whole or not at all.
+
+`<results>/.<run-id>.partial/` is filled and renamed to `<results>/<run-id>/` only when every
+file is written, so a listing never sees half a run. The room is checked before the first
+byte (the files are already in memory: their size is known), and a disk that fills meanwhile
+leaves no partial either; fetching again once there is room starts afresh.
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+from pathlib import Path
+
+from dflash_ops.core.errors import DiskSpaceError, OpsError
+
+WORKSTATION = "workstation"
+# Beyond the files themselves: run.json, directory entries, filesystem blocks.
+SLACK_BYTES = 64 << 10
+ADVICE = "remove old runs from local.results, or point local.results at a larger filesystem"
+
+
+def store_run(results_root: Path, run_id: str, files: dict[str, bytes]) -> Path:
+    """Write `files` (name → bytes) as the run's directory under `results_root`."""
+    destination = results_root / run_id
+    partial = results_root / f".{run_id}.partial"
+    needed = sum(map(len, files.values())) + SLACK_BYTES
+    try:
+        results_root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(results_root).free
+        if free < needed:
+            raise _no_room(results_root, run_id, needed, free)
+        partial.mkdir(exist_ok=True)
+        for name, data in files.items():
+            (partial / name).write_bytes(data)
+        partial.replace(destination)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise _no_room(
+                results_root, run_id, needed, shutil.disk_usage(results_root).free
+            ) from None
+        raise OpsError(
+            f"{WORKSTATION}: cannot write run {run_id} into {results_root}: {exc.strerror}"
+        ) from None
+    return destination
+
+
+def _no_room(results_root: Path, run_id: str, needed: int, free: int) -> DiskSpaceError:
+    return DiskSpaceError(
+        WORKSTATION, str(results_root), needed, free, f"run {run_id}'s files", ADVICE
+    )

@@ -1,0 +1,129 @@
+"""What a host's runs directory says: each run's state, read in one round trip.
+
+`runs_probe` lists `{workdir}/runs/*/` with each run's exit code, pid liveness, results and
+params; `parse_runs` turns that into `Run`s. One damaged run directory (a truncated
+params.json) is listed as broken, never fatal to the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from dflash_ops.core.inventory import EvalHost
+from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.probes import Probe
+
+DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    host: str
+    state: str  # starting | running | succeeded | failed | cancelled | lost | broken
+    exit_code: int | None
+    params: dict
+    finished: float | None  # epoch seconds when exit_code was written
+    problem: str | None = None  # why its files cannot be read (state "broken")
+    last_event: dict | None = None  # the harness's latest progress (or done) event
+
+    @property
+    def step(self) -> int | None:
+        return self.params.get("step")
+
+    @property
+    def started(self) -> float | None:
+        return self.params.get("started")
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed", "cancelled", "lost", "broken")
+
+
+def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
+    """Every run on the host. No runs directory yet: no runs; one the login may not enter
+    (a non-root login without `become`) exits DENIED_EXIT, so it does not read as none."""
+    runs = shlex.quote(EvalLayout(entry).runs)
+    command = (
+        f"why=$(cd {runs} 2>&1) || {{ case $why in *'ermission denied'*) "
+        f'echo "$why" >&2; exit {DENIED_EXIT};; esac; exit 0; }}; cd {runs} || exit 0; '
+        'for d in */; do d=${d%/}; [ -f "$d/params.json" ] || continue; '
+        'code=$(cat "$d/exit_code" 2>/dev/null || echo -); '
+        'pid=$(cat "$d/pid" 2>/dev/null || echo -); '
+        'alive=no; for p in "$pid" "$(cat "$d/wrapper.pid" 2>/dev/null)"; do '
+        '[ -n "$p" ] && [ "$p" != - ] && kill -0 "$p" 2>/dev/null && alive=yes; done; '
+        'results=no; [ -f "$d/results.json" ] && results=yes; '
+        '[ -f "$d/cancelled" ] && results=cancelled; '
+        'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
+        'last=$(tail -n 50 "$d/events.jsonl" 2>/dev/null | grep -E '
+        "'^[{]\"event\": \"(progress|done)\"' | tail -n 1 | tr -d '\\t'); "
+        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
+        '"$results" "$finished" "${last:--}" "$(tr -d \'\\n\' < "$d/params.json")"; done'
+    )
+    return Probe(command, lambda output: parse_runs(host_name, output))
+
+
+def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Run]:
+    now = time.time() if now is None else now
+    runs = []
+    for line in output.splitlines():
+        if not line.strip():
+            continue
+        run_id, code, pid, alive, results, finished, last, params = line.split("\t", 7)
+        params_data, problem = _params(params)
+        exit_code = int(code) if code.lstrip("-").isdigit() else None
+        if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
+            state = "cancelled" if exit_code is not None or alive != "yes" else "running"
+        elif exit_code is not None:
+            # An eval run's product is results.json; a features run's is its feature set.
+            produced = results == "yes" or params_data.get("kind") == "features"
+            state = "succeeded" if exit_code == 0 and produced else "failed"
+        elif alive == "yes":
+            state = "running"
+        elif pid == "-" and now - params_data.get("started", 0) < 30:
+            state = "starting"
+        else:
+            state = "lost"  # the wrapper died without recording an exit code
+        if problem and state in ("starting", "lost"):
+            state = "broken"
+        runs.append(
+            Run(
+                run_id,
+                host_name,
+                state,
+                exit_code,
+                params_data,
+                float(finished) if finished != "-" else None,
+                problem,
+                next(parse_events([last]), None),
+            )
+        )
+    return sorted(runs, key=lambda run: run.started or 0)
+
+
+def _params(text: str) -> tuple[dict, str | None]:
+    """A run's params.json, or ({}, why not): one damaged run directory (a truncated write,
+    a full disk) must not make every listing of the host fail."""
+    try:
+        params = json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        return {}, f"params.json is not valid JSON ({exc.msg} at character {exc.pos})"
+    if not isinstance(params, dict):
+        return {}, "params.json is not a JSON object"
+    return params, None
+
+
+def parse_events(lines: Iterator[str] | list[str]) -> Iterator[dict]:
+    """The JSON events among `lines` (anything else is skipped)."""
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and "event" in event:
+                yield event
