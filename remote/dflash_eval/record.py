@@ -14,6 +14,7 @@ from dflash_eval import schema
 from dflash_eval.by_dataset import acceptance_counts
 from dflash_eval.provenance import json_value
 from dflash_eval.results import file_identity
+from dflash_eval.sampled_walk import SampledWalk, prompt_columns
 from dflash_eval.urls import redact_url
 
 if TYPE_CHECKING:
@@ -66,31 +67,42 @@ def throughput(blocks: int, seconds: float) -> dict[str, Any]:
 
 def per_prompt(
     sequences: list[Sequence],
-    walks: list[PromptWalk],
+    walks: list[PromptWalk] | list[SampledWalk],
     budgets: list[int],
     conversations: Conversations,
 ) -> list[dict[str, Any]]:
     rows = []
     for seq, walked in zip(sequences, walks, strict=True):
         assert seq.span is not None, "references are made before the walks"
+        columns = _walk_columns(walked, budgets)
         rows.append(
             {
                 "id": seq.prompt.id,
                 schema.PROMPT_DATASET: seq.prompt.dataset,
                 schema.PROMPT_CONVERSATION: conversations.first_turn(seq.prompt),
-                schema.PROMPT_ACCEPTANCE: acceptance_counts(walked.slot_correct),
+                schema.PROMPT_ACCEPTANCE: columns.pop(schema.PROMPT_ACCEPTANCE),
                 "prompt_tokens": len(seq.prompt_ids),
                 "completion_tokens": len(seq.completion),
                 "stopped": seq.span.stop is not None and seq.span.stop < seq.span.limit,
                 "reference_tokens": len(seq.reference),
-                "rounds": len(walked.lengths),
-                "tau": mean(walked.lengths),
-                "ddtree_tau": {str(b): mean(walked.ddtree_lengths[b]) for b in budgets},
-                "tau_capped": mean(walked.capped_lengths),
+                **columns,
                 "cache": {"completion": seq.completion_hit, "hidden_states": seq.hidden_hit},
             }
         )
     return rows
+
+
+def _walk_columns(walked: PromptWalk | SampledWalk, budgets: list[int]) -> dict[str, Any]:
+    """A row's metric columns: counted at T = 0, expected given the path at T > 0."""
+    if isinstance(walked, SampledWalk):
+        return prompt_columns(walked)
+    return {
+        schema.PROMPT_ACCEPTANCE: acceptance_counts(walked.slot_correct),
+        "rounds": len(walked.lengths),
+        "tau": mean(walked.lengths),
+        "ddtree_tau": {str(b): mean(walked.ddtree_lengths[b]) for b in budgets},
+        "tau_capped": mean(walked.capped_lengths),
+    }
 
 
 def cache_counts(sequences: list[Sequence]) -> dict[str, int]:

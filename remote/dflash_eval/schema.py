@@ -104,6 +104,7 @@ TAU_CONVENTION = "tau_convention"  # "zlab-live-loop": rounds start below max_ne
 CAPPED = "capped"  # the same τ with the last round capped at the completion (schema 1)
 DDTREE = "ddtree"  # {"<budget>": {TAU_MACRO, TAU_POOLED, ROUNDS, COMMITTED_TOKENS}}
 POSITION = "position"
+SAMPLING = "sampling"  # T > 0 only: settings, estimator, Monte Carlo interval (docs/sampling.md)
 CONDITIONAL = "conditional"  # P(slot k correct | slots < k correct)
 
 # --- results[PER_PROMPT] rows (one per prompt; a multi-turn conversation has one per turn) ---
@@ -142,6 +143,8 @@ COMPARABILITY: dict[str, Callable[[dict], Any]] = {
     "thinking": lambda r: r[OPTIONS].get("thinking"),
     "features": lambda r: features_identity(r),
     "τ convention": lambda r: r[METRICS].get(TAU_CONVENTION),
+    # None at T = 0 (greedy); the seed and the Monte Carlo samples do not change what is measured.
+    "sampling": lambda r: _sampling_settings(r[METRICS].get(SAMPLING)),
     "harness": lambda r: r[HARNESS][HARNESS_SHA256],
 }
 
@@ -255,6 +258,10 @@ def features_identity(results: dict) -> dict | None:
     written before the harness recorded it."""
     features = results.get(FEATURES)
     return {name: features.get(name) for name in FEATURES_IDENTITY} if features else None
+
+
+def _sampling_settings(block: dict | None) -> tuple | None:
+    return None if block is None else (block["temperature"], block["top_p"], block["top_k"])
 
 
 def comparability_key(results: dict) -> dict[str, Any]:
