@@ -253,4 +253,4 @@ def test_offline_expectation_is_unbiased_for_the_live_loop(lab):
         statistics.stdev(offline_taus) / math.sqrt(len(offline_taus)),
     )
     assert abs(statistics.mean(live_taus) - statistics.mean(offline_taus)) < 4 * error
-    assert statistics.mean(live_taus) > 1.5  # the drafter gets drafts accepted at T > 0
+    assert statistics.mean(live_taus) > 1.1  # the drafter gets drafts accepted at T > 0
