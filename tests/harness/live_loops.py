@@ -12,6 +12,7 @@ caches), so that nothing is shared with the harness but the drafter's forward. A
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,14 +104,30 @@ def live_lengths(
 ) -> tuple[list[int], list[int]]:
     """(committed tokens after the prompt, acceptance length per round), vanilla or, with a
     budget, DDTree. Like the reference loops: no round is capped at the tokens left."""
-    tokens = [*prompt_ids, target_next(models, prompt_ids)]
+
+    def round_at(tokens: list[int], position: int) -> list[int]:
+        if budget is None:
+            return vanilla_round(models, tokens, position)
+        return tree_round(models, tokens, position, budget)
+
+    first = target_next(models, prompt_ids)
+    return decode(prompt_ids, first, max_new_tokens, stops, round_at)
+
+
+def decode(
+    prompt_ids: list[int],
+    first: int,
+    max_new_tokens: int,
+    stops: list[int],
+    round_at: Callable[[list[int], int], list[int]],
+) -> tuple[list[int], list[int]]:
+    """The loop itself: after the prompt's first token, rounds while the position is below
+    prompt + max_new_tokens, ending after the round that commits a stop token."""
+    tokens = [*prompt_ids, first]
     position, limit = len(prompt_ids), len(prompt_ids) + max_new_tokens
     lengths = []
     while position < limit:
-        if budget is None:
-            committed = vanilla_round(models, tokens, position)
-        else:
-            committed = tree_round(models, tokens, position, budget)
+        committed = round_at(tokens, position)
         tokens = tokens[: position + 1] + committed
         position += len(committed)
         lengths.append(len(committed))
@@ -185,14 +202,10 @@ def live_sampled_lengths(
     rng = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         first = models.target(torch.tensor([prompt_ids])).logits[0, -1]
-    tokens = [*prompt_ids, draw(plain_probs(first, settings), rng)]
-    position, limit = len(prompt_ids), len(prompt_ids) + max_new_tokens
-    lengths = []
-    while position < limit:
-        committed = sampled_round(models, tokens, position, settings, rng)
-        tokens = tokens[: position + 1] + committed
-        position += len(committed)
-        lengths.append(len(committed))
-        if any(token in stops for token in tokens[len(prompt_ids) :]):
-            break
-    return tokens[len(prompt_ids) :], lengths
+    return decode(
+        prompt_ids,
+        draw(plain_probs(first, settings), rng),
+        max_new_tokens,
+        stops,
+        lambda tokens, position: sampled_round(models, tokens, position, settings, rng),
+    )
