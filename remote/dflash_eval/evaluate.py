@@ -42,7 +42,7 @@ from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, write_results
 from dflash_eval.sampled_walk import SampledWalk, summarize_sampled, walk_sequence
 from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
-from dflash_eval.sampling import Sampling, from_options
+from dflash_eval.sampling import Sampling, from_options, refuse_dflash2
 from dflash_eval.schema import Checkpoint, Results
 from dflash_eval.schema_metrics import Metrics
 from dflash_eval.summary import settings_line
@@ -110,7 +110,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
     prompts = inputs.load_prompts(options)
-    from_options(options)  # bad sampling options stop the run before anything loads
+    sampling = from_options(options)
     # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
     features_set = read_feature_set(options.features) if options.features else None
     progress.event(
@@ -134,6 +134,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
             if options.reference_drafter
             else None
         )
+    dflash2 = [d.source.path for d in (drafter, reference) if d is not None and d.config.dflash2]
+    refuse_dflash2(sampling, dflash2)
     options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
     with timer.phase("hash"):
         drafter_identity = record.checkpoint_identity(

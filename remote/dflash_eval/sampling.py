@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,3 +151,15 @@ def from_options(options: Any) -> Sampling:
             "completions; omit --features to sample completions with the target."
         )
     return sampling
+
+
+def refuse_dflash2(sampling: Sampling, dflash2: list[Path]) -> None:
+    """T > 0 is measured for plain DFlash drafters only (`dflash2`: the run's DFlash-2 ones):
+    a DFlash-2 selector's distribution for slot k depends on its choice at slot k − 1, which
+    the acceptance argument of docs/sampling.md does not cover."""
+    if sampling.active and dflash2:
+        raise HarnessError(
+            f"--temperature {sampling.temperature}: {dflash2[0]} is a DFlash-2 drafter, whose "
+            "slots are chosen one after another, and T > 0 is evaluated for plain DFlash "
+            "drafters only (docs/sampling.md); evaluate it at --temperature 0."
+        )
