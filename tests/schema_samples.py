@@ -117,3 +117,33 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         comparison={"tau_macro": 0.5, "tau_pooled": 1.0} if reference else None,
         warnings=["block size 4 differs from the trained 8"],
     )
+
+
+def sampled_results_dict(temperature: float = 0.7, seed: int = 0) -> Results:
+    """A complete T > 0 results dict: expected (float) counts, no DDTree, the sampling block."""
+    results = results_dict(budgets=())
+    metrics = results["metrics"]
+    metrics.update(rounds=7.5, committed_tokens=10.25, histogram={"1": 3.5, "2": 4.0})
+    metrics["capped"].update(rounds=7.25, committed_tokens=9.5)
+    metrics["per_position"][0].update(conditional_rounds=7.5, rounds=7.5)
+    interval = {"value": 1.37, "low": 1.35, "high": 1.39}
+    metrics["sampling"] = {
+        "temperature": temperature,
+        "top_p": 0.95,
+        "top_k": 0,
+        "seed": seed,
+        "samples": 200,
+        "processing": "temperature, then top-k, then top-p (as z-lab's _sampling_probs)",
+        "reference": "z-lab/dflash 10129599dffb338ff38cfd235a53ca6d3667b4dd",
+        "estimator": "exact expectation given each prompt's sampled path",
+        "ddtree": "not evaluated at T > 0",
+        "monte_carlo": {
+            "samples": 200,
+            "level": 0.95,
+            "method": "normal: mean ± z·sd/√samples",
+            "tau_macro": interval,
+            "tau_pooled": None,
+        },
+    }
+    results["completions"]["source"] = "local-sampled"
+    return results

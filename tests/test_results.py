@@ -11,7 +11,7 @@ from dflash_eval import schema
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import results
-from tests.schema_samples import results_dict
+from tests.schema_samples import results_dict, sampled_results_dict
 
 
 def pull(root: Path, run_id: str, step: int, outcome: dict | None) -> None:
@@ -63,6 +63,19 @@ def test_runs_that_differ_in_what_shapes_the_numbers_are_flagged_against_the_lar
     assert [row.run_id for row in comparison.within().rows] == ["a", "b"]
     (line,) = results.group_lines(comparison)
     assert line.startswith("group 2: 1 run(s) (step 6000 c) differ in max new tokens")
+
+
+def test_sampled_runs_read_and_compare_only_at_the_same_sampling_settings(tmp_path):
+    pull(tmp_path, "a", 2000, sampled_results_dict(temperature=1.0))
+    pull(tmp_path, "b", 4000, sampled_results_dict(temperature=0.7, seed=0))
+    pull(tmp_path, "c", 6000, sampled_results_dict(temperature=0.7, seed=3))  # seed: comparable
+    runs = results.load_runs(tmp_path)
+    assert [run.problem for run in runs] == [None, None, None]  # T > 0 results parse
+    comparison = results.compare(runs)
+    with pytest.raises(results.ResultsError, match="differ from the latest run in sampling"):
+        results.check_mixed(comparison, allow_mixed=False)
+    _, cells = results.table_rows(comparison)
+    assert [row[-1] for row in cells] == ["≠ sampling", "yes", "yes"]
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,24 @@ def count(minimum: int) -> Check:
     return check
 
 
+def number(low: float, high: float, low_open: bool = False) -> Check:
+    """A real number in [low, high] ((low, high] when low_open), kept as the text given."""
+
+    def check(flag: str, value: object) -> str | None:
+        if value in (None, ""):
+            return None
+        try:
+            found = float(str(value))
+        except ValueError:
+            found = float("nan")
+        if not (low < found if low_open else low <= found) or not found <= high:
+            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            raise OpsError(f"{flag}: expected a number in {bounds}, found {value!r}")
+        return str(value)
+
+    return check
+
+
 def text(flag: str, value: object) -> str | None:
     return None if value in (None, "") else str(value)
 
@@ -77,6 +95,11 @@ OPTIONS: dict[str, tuple[str, Check]] = {
     "per_block": ("--per-block", switch),
     "thinking": ("--thinking", choice("on", "off")),
     "verify": ("--verify", switch),
+    "temperature": ("--temperature", number(0, float("inf"))),
+    "top_p": ("--top-p", number(0, 1, low_open=True)),
+    "top_k": ("--top-k", count(0)),
+    "seed": ("--seed", count(0)),
+    "samples": ("--samples", count(2)),
 }
 
 

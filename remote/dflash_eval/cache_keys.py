@@ -13,6 +13,7 @@ from dflash_eval.cache import tokens_digest
 from dflash_eval.urls import redact_url
 
 LOCAL_GREEDY = "local-greedy"
+LOCAL_SAMPLED = "local-sampled"  # T > 0: the completion is sampled with the target itself
 
 
 def shared_key(
@@ -45,8 +46,11 @@ def completion_key(
     max_new_tokens: int,
     stops: list[int],
     extra: int,
+    sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """sampling: a sampled completion's settings and seed (absent at T = 0, so greedy
+    entries keep their keys)."""
+    key = {
         **shared,
         "kind": "completion",
         "source": source,
@@ -57,6 +61,7 @@ def completion_key(
         # at the end, from before this rule, lack this field and so never match.
         "extra_tokens": extra,
     }
+    return key if sampling is None else {**key, "sampling": sampling}
 
 
 def hidden_key(shared: dict[str, Any], tokens: list[int], layer_ids: list[int]) -> dict[str, Any]:

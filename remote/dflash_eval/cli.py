@@ -212,11 +212,27 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one drafter forward per block (slow; for cross-checking)",
     )
+    _add_sampling_flags(parser)
     parser.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
     parser.add_argument(
         "--verify",
         action="store_true",
         help="hash the checkpoint even when the staging manifest beside it records its sha256",
+    )
+
+
+def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """T > 0 (docs/sampling.md): the target samples the completion, the drafter its slots."""
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+    )
+    parser.add_argument("--top-p", type=float, default=1.0, help="top-p at T > 0 (default 1: off)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k at T > 0 (default 0: off)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the sampled completions and walks (default 0)"
+    )
+    parser.add_argument(
+        "--samples", type=int, default=1000, help="Monte Carlo walks per prompt (default 1000)"
     )
 
 
@@ -346,6 +362,11 @@ def _eval_options(args: argparse.Namespace, given: dict[str, Any]) -> EvalOption
         thinking=args.thinking == "on",
         verify=args.verify,
         features=args.features,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        samples=args.samples,
     )
 
 

@@ -1,4 +1,5 @@
-"""Prompts and reference completions (the target's own greedy tokens g).
+"""Prompts and reference completions (the target's own greedy tokens g; at T > 0 its
+sampled tokens, seeded per prompt: sampling.py).
 
 Completions come from local greedy generation with the target (default) or from an SGLang
 server's native `/generate` endpoint (greedy: temperature 0). Prompts are a built-in set of
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 
 from dflash_eval.errors import HarnessError
+from dflash_eval.sampling import Sampling, generator, sample_row, stream_seed
 from dflash_eval.schema import PromptSet
 from dflash_eval.urls import conceal, endpoint, redact_url
 
@@ -188,7 +191,6 @@ def reference_length(tokens: list[int], max_new_tokens: int, extra: int, stops: 
     return completion + extra
 
 
-@torch.inference_mode()
 def greedy_reference(
     model: Any, prompt_ids: list[int], max_new_tokens: int, extra: int, stops: list[int]
 ) -> list[int]:
@@ -197,21 +199,63 @@ def greedy_reference(
     Not `generate()`: given no EOS ids it falls back to the model's generation_config
     ones and stops there, and the reference must go on `extra` tokens past a stop token.
     """
+    return decode_reference(model, prompt_ids, max_new_tokens, extra, stops, _greedy)[0]
+
+
+def sampled_reference(
+    model: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    extra: int,
+    stops: list[int],
+    sampling: Sampling,
+) -> tuple[list[int], list[float]]:
+    """The target's sampled reference (T > 0), seeded per prompt, and each token's processed
+    probability p (what the acceptance ratios divide by)."""
+    rng = generator(stream_seed(sampling.seed, "completion", prompt_ids))
+    return decode_reference(
+        model,
+        prompt_ids,
+        max_new_tokens,
+        extra,
+        stops,
+        lambda logits: sample_row(logits, sampling, rng),
+    )
+
+
+def _greedy(logits: torch.Tensor) -> tuple[int, float]:
+    return int(logits.argmax()), 1.0
+
+
+@torch.inference_mode()
+def decode_reference(
+    model: Any,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    extra: int,
+    stops: list[int],
+    choose: Callable[[torch.Tensor], tuple[int, float]],
+) -> tuple[list[int], list[float]]:
+    """(tokens, probability of each) of a reference: `choose` picks each token from the
+    last position's logits."""
     tokens: list[int] = []
+    probs: list[float] = []
     wanted = max_new_tokens + extra
     cache_name = _cache_argument(model)
     device = next(model.parameters()).device
     step = {"input_ids": torch.tensor([prompt_ids], device=device), cache_name: None}
     while len(tokens) < wanted:
         output = model(**step, use_cache=True, logits_to_keep=1)
-        tokens.append(int(output.logits[0, -1].argmax()))
+        token, prob = choose(output.logits[0, -1].cpu())
+        tokens.append(token)
+        probs.append(prob)
         if tokens[-1] in stops:  # only the first stop shortens it; later ones change nothing
             wanted = min(wanted, reference_length(tokens, max_new_tokens, extra, stops))
         step = {
             "input_ids": torch.tensor([tokens[-1:]], device=device),
             cache_name: output[cache_name],
         }
-    return tokens
+    return tokens, probs
 
 
 def _cache_argument(model: Any) -> str:

@@ -10,7 +10,8 @@ Phases 2 and 3 are pipeline.py, shared with `features`; with `--features SETDIR`
 entries come from a feature set (feature_set.py) and are never computed here.
 
 The reference of each prompt is its completion plus `block size` more greedy tokens, so
-that the walk scores every round as z-lab's live loop counts it (metrics.py). record.py
+that the walk scores every round as z-lab's live loop counts it (metrics.py). At T > 0 the
+reference is sampled and the walks are expectations along it (sampled_walk.py). record.py
 assembles the results from what the phases produced.
 """
 
@@ -25,6 +26,7 @@ import torch
 
 from dflash_eval import inputs, pipeline, record
 from dflash_eval.cache import DiskCache
+from dflash_eval.cache_keys import LOCAL_SAMPLED
 from dflash_eval.completions import Prompt, SGLangClient, template_reads_thinking
 from dflash_eval.config import DrafterConfig, TargetShape
 from dflash_eval.conversation import Conversations
@@ -35,12 +37,15 @@ from dflash_eval.health import NonFiniteLogits, non_finite_logits
 from dflash_eval.loaders import LoadedDrafter, load_drafter
 from dflash_eval.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.pickle_policy import PicklePolicy
-from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
+from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor, SampledPredictor
 from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, write_results
+from dflash_eval.sampled_walk import SampledWalk, summarize_sampled, walk_sequence
 from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
+from dflash_eval.sampling import Sampling, from_options, refuse_dflash2
 from dflash_eval.schema import Checkpoint, Results
+from dflash_eval.schema_metrics import Metrics
 from dflash_eval.summary import settings_line
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_source import TargetSource
@@ -77,13 +82,18 @@ class EvalOptions:
     thinking: bool = False  # enable_thinking for chat templates that have it
     verify: bool = False  # hash the checkpoint even when its staging manifest has the sha256
     features: Path | None = None  # a feature set: completions and hidden states read from it
+    temperature: float = 0.0  # > 0: sampled completions and acceptance (sampling.py)
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    samples: int = 1000  # Monte Carlo walks per prompt at T > 0
 
 
 @dataclass
 class DrafterRun:
     """One drafter's walks over all sequences, its cost and its decoded samples."""
 
-    walks: list[PromptWalk]
+    walks: list[Any]  # PromptWalk, or SampledWalk at T > 0
     blocks: int
     seconds: float
     samples: list[dict[str, Any]]
@@ -101,6 +111,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
     if options.max_new_tokens < 1:
         raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
     prompts = inputs.load_prompts(options)
+    sampling = from_options(options)
     # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
     features_set = read_feature_set(options.features) if options.features else None
     progress.event(
@@ -124,6 +135,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
             if options.reference_drafter
             else None
         )
+    dflash2 = [d.source.path for d in (drafter, reference) if d is not None and d.config.dflash2]
+    refuse_dflash2(sampling, dflash2)
     options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
     with timer.phase("hash"):
         drafter_identity = record.checkpoint_identity(
@@ -197,6 +210,9 @@ def _target_side(
         else None
     )
     lookup = _lookup(options, features_set, drafters, identity, target, libraries, client)
+    sampling = from_options(options)
+    if sampling.active:
+        lookup.completion_source, lookup.sampling = LOCAL_SAMPLED, sampling
     pipeline.target_side(
         sequences,
         lookup,
@@ -246,7 +262,9 @@ def _evaluate(
     decode = tokenizer_decoder(parts.tokenizer)
     with timer.phase(phase):
         run = _walk_all(loaded, phase, parts.sequences, borrowed, parts.options, decode, progress)
-    metrics = summarize(run.walks, loaded.config.block_size, parts.options.ddtree)
+    metrics = _summarize(
+        run.walks, loaded.config.block_size, parts.options.ddtree, from_options(parts.options)
+    )
     role = phase.replace("_", " ")
     _warn_about_walks(parts.sequences, run.walks, role, parts.warnings, progress)
     return record.Evaluated(loaded, identity, run, metrics)
@@ -387,8 +405,10 @@ def _walk_all(
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype)
-    predictor_class = PerBlockPredictor if options.per_block else Predictor
     top_k = max([1, *options.ddtree])
+    sampling = from_options(options)
+    predictor_class = PerBlockPredictor if options.per_block else Predictor
+    predictor_class = SampledPredictor if sampling.active else predictor_class
     run = DrafterRun([], 0, 0.0, [])
     total = len(sequences)
     progress.progress(phase, 0, total)
@@ -408,13 +428,22 @@ def _walk_all(
             last_anchor=span.limit - 1,  # no round starts at max_new_tokens or later
         )
         try:
-            walked = walk_prompt(
-                predictor, seq.tokens, span, config.block_size, options.ddtree, options.max_blocks
-            )
+            if isinstance(predictor, SampledPredictor):
+                walked = None
+                run.walks.append(walk_sequence(predictor, seq, sampling, options.max_blocks))
+            else:
+                walked = walk_prompt(
+                    predictor,
+                    seq.tokens,
+                    span,
+                    config.block_size,
+                    options.ddtree,
+                    options.max_blocks,
+                )
+                run.walks.append(walked)
         except NonFiniteLogits:
             raise non_finite_logits(seq.prompt.id, phase, features, head) from None
-        run.walks.append(walked)
-        if done <= SAMPLE_PROMPTS:
+        if walked is not None and done <= SAMPLE_PROMPTS:
             run.samples.append(
                 draft_sample(
                     seq.prompt.id,
@@ -434,15 +463,26 @@ def _walk_all(
     return run
 
 
+def _summarize(
+    walks: list[Any], block_size: int, budgets: list[int], sampling: Sampling
+) -> Metrics:
+    if sampling.active:
+        return summarize_sampled(walks, block_size, sampling)
+    return summarize(walks, block_size, budgets)
+
+
 def _warn_about_walks(
     sequences: list[pipeline.Sequence],
-    walks: list[PromptWalk],
+    walks: list[PromptWalk] | list[SampledWalk],
     role: str,
     warnings: list[str],
     progress: Progress,
 ) -> None:
     for seq, walked in zip(sequences, walks, strict=True):
-        if not walked.lengths:
+        walked_any = (
+            walked.main.tau is not None if isinstance(walked, SampledWalk) else walked.lengths
+        )
+        if not walked_any:
             warnings.append(
                 f"{role}, prompt {seq.prompt.id}: no rounds (the reference has "
                 f"{len(seq.reference)} tokens)"

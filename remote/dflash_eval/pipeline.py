@@ -17,12 +17,19 @@ import torch
 
 from dflash_eval import cache_keys
 from dflash_eval.cache import DiskCache
-from dflash_eval.completions import Prompt, SGLangClient, first_stop, greedy_reference
+from dflash_eval.completions import (
+    Prompt,
+    SGLangClient,
+    first_stop,
+    greedy_reference,
+    sampled_reference,
+)
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.health import require_context
 from dflash_eval.metrics import Span
 from dflash_eval.progress import Progress, Timer
+from dflash_eval.sampling import Sampling
 from dflash_eval.target_source import TargetSource
 
 LOCAL_GREEDY = cache_keys.LOCAL_GREEDY
@@ -38,6 +45,7 @@ class Sequence:
     reference: list[int] = field(default_factory=list)
     span: Span | None = None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    target_probs: list[float] = field(default_factory=list)  # T > 0: p of each reference token
     completion_hit: bool = False
     hidden_hit: bool = False
 
@@ -73,6 +81,7 @@ class Lookup:
     extra_tokens: int  # reference tokens past the completion's end: the largest block size
     layer_ids: list[int]  # the target layers whose hidden states are stored
     missing: Missing | None = None  # None: compute a miss and store it
+    sampling: Sampling | None = None  # T > 0: references sampled locally (sampling.py)
 
 
 def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]) -> dict:
@@ -141,13 +150,17 @@ def make_references(
             max_new_tokens,
             stops,
             lookup.extra_tokens,
+            lookup.sampling.key() if lookup.sampling else None,
         )
-        reference = lookup.cache.get_completion(key)
-        seq.completion_hit = reference is not None
+        args = (seq.prompt_ids, max_new_tokens, lookup.extra_tokens, stops)
+        if lookup.sampling is not None:
+            reference = _sampled(seq, key, lookup, target, args)
+        else:
+            reference = lookup.cache.get_completion(key)
+            seq.completion_hit = reference is not None
         if reference is None:
             if lookup.missing is not None:
                 raise lookup.missing(seq.prompt, "completion")
-            args = (seq.prompt_ids, max_new_tokens, lookup.extra_tokens, stops)
             if client is not None:
                 reference = client.reference(*args)
             else:
@@ -156,6 +169,30 @@ def make_references(
         seq.take_reference(reference, max_new_tokens, stops)
         conversations.replied(seq.prompt, seq.completion)
         progress.progress("completions", done, total)
+
+
+def _sampled(
+    seq: Sequence,
+    key: dict[str, Any],
+    lookup: Lookup,
+    target: TargetSource,
+    args: tuple[list[int], int, int, list[int]],
+) -> list[int]:
+    """A sampled reference and its tokens' probabilities (`seq.target_probs`), from the
+    cache (both entries) or sampled with the target and stored."""
+    assert lookup.sampling is not None, "only for sampled references"
+    reference = lookup.cache.get_completion(key)
+    probs = lookup.cache.get_record("path_probs", key)
+    seq.completion_hit = reference is not None and probs is not None
+    if reference is None or probs is None:
+        reference, seq.target_probs = sampled_reference(
+            target.target().model, *args, lookup.sampling
+        )
+        lookup.cache.put_completion(key, reference)
+        lookup.cache.put_record("path_probs", key, {"probs": seq.target_probs})
+    else:
+        seq.target_probs = probs["probs"]
+    return reference
 
 
 def hidden_states(

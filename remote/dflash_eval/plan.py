@@ -44,6 +44,7 @@ from dflash_eval.pipeline import Sequence
 from dflash_eval.plan_drafter import DrafterFacts, drafter_facts, reference_facts
 from dflash_eval.plan_inputs import is_memory_file
 from dflash_eval.results import library_versions, staged_sha256
+from dflash_eval.sampling import from_options
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_config import TargetConfig, read_target_config
 from dflash_eval.target_source import DEVICE
@@ -199,7 +200,12 @@ def count_cache(
         DEVICE,
         kernel_record(config),
     )
-    source = cache_keys.completion_source(options.sglang_url)
+    sampling = from_options(options)
+    source = (
+        cache_keys.LOCAL_SAMPLED
+        if sampling.active
+        else cache_keys.completion_source(options.sglang_url)
+    )
     cache = DiskCache(options.cache_dir)
     conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
     answered: set[str] = set()
@@ -210,7 +216,13 @@ def count_cache(
             continue
         seq = Sequence(prompt, conversations.encode(prompt))
         key = cache_keys.completion_key(
-            shared, source, seq.prompt_ids, options.max_new_tokens, stops, extra
+            shared,
+            source,
+            seq.prompt_ids,
+            options.max_new_tokens,
+            stops,
+            extra,
+            sampling.key() if sampling.active else None,
         )
         reference_tokens = cache.get_completion(key)
         if reference_tokens is None:

@@ -5,14 +5,17 @@ instead of one drafter forward per visited block, the drafter runs over chunks o
 *consecutive* anchors at once (model.forward_blocks with a block-structured mask) and the
 walk reads the precomputed predictions. `PerBlockPredictor` runs one forward per anchor
 on the same context cache, the same maths without the batching, kept for comparison
-(`--per-block`, benchmarks/harness.py, tests).
+(`--per-block`, benchmarks/harness.py, tests). `SampledPredictor` reads the same forward at
+T > 0: each slot's acceptance probability along the sampled path.
 
 A DFlash-2 drafter's draft is its candidate selector's sequential choice (model_dflash2.py),
-not the per-slot argmax; it has no DDTree candidates (docs/dflash2.md says why).
+not the per-slot argmax; it has no DDTree candidates and no T > 0 evaluation here
+(docs/dflash2.md says why).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from dflash_eval.health import require_finite_logits
 from dflash_eval.model import ContextCache, DFlashDrafter
 from dflash_eval.model_dflash2 import DFlash2Drafter
+from dflash_eval.sampling import Sampling, token_probs
 
 
 @dataclass
@@ -231,3 +235,39 @@ class PerBlockPredictor(Predictor):
             )
             predictions += self._from_hidden(hidden, single)
         return predictions
+
+
+class SampledPredictor(Predictor):
+    """At T > 0: per anchor, the acceptance probability of each slot along the sampled path,
+    r = min(1, q(y) / p(y)) (sampled_walk.py), NaN for slots past the known path.
+
+    Built as a Predictor, then told the path's settings and probabilities (`follow`).
+    """
+
+    sampling = Sampling()
+    target_probs = torch.zeros(0, dtype=torch.float64)
+
+    def follow(self, sampling: Sampling, target_probs: list[float]) -> None:
+        """target_probs[t]: the target's processed probability of tokens[t], t ≥ first_anchor
+        (the prompt's positions are never a draft slot)."""
+        self.sampling = sampling
+        padding = [math.nan] * self.first_anchor
+        self.target_probs = torch.tensor(padding + target_probs, dtype=torch.float64)
+
+    def table(self, last_anchor: int) -> torch.Tensor:
+        """[anchors first_anchor..last_anchor, B-1] ratios (NaN past the path)."""
+        rows = [self._block(a) for a in range(self.first_anchor, last_anchor + 1)]
+        return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), self.block_size - 1)
+
+    @torch.inference_mode()
+    def _predict(self, anchors: torch.Tensor) -> list[list[float]]:  # type: ignore[override]
+        hidden = self.drafter.forward_blocks(self._block_embeds(anchors), anchors, self._context())
+        slots = self.block_size - 1
+        logits = F.linear(hidden[:, 1:].reshape(-1, hidden.shape[-1]), self.head.head_weight)
+        positions = anchors[:, None] + torch.arange(1, slots + 1)[None, :]  # [N, B-1]
+        known = positions < len(self.tokens)
+        path = self.tokens[positions.clamp(max=len(self.tokens) - 1)]
+        drafted = token_probs(logits, path.reshape(-1), self.sampling).double().view(-1, slots)
+        target = self.target_probs[positions.clamp(max=len(self.tokens) - 1)]
+        ratios = torch.where(known, (drafted / target).clamp(max=1.0), float("nan"))
+        return ratios.tolist()

@@ -26,6 +26,8 @@ COMPARABILITY: dict[str, Callable[[Results], Any]] = {
     "thinking": lambda r: r["options"].get("thinking"),
     "features": lambda r: features_identity(r),
     "τ convention": lambda r: r["metrics"]["tau_convention"],
+    # None at T = 0 (greedy); the seed and the Monte Carlo samples do not change what is measured.
+    "sampling": lambda r: sampling_settings(r["metrics"]),
     "harness": lambda r: r["harness"]["content_sha256"],
 }
 
@@ -33,6 +35,12 @@ COMPARABILITY: dict[str, Callable[[Results], Any]] = {
 def comparability_key(results: Results) -> dict[str, Any]:
     """Everything that must match for two results to be compared, by what it is called."""
     return {name: read(results) for name, read in COMPARABILITY.items()}
+
+
+def sampling_settings(metrics: Metrics) -> tuple[float, float, int] | None:
+    """(temperature, top_p, top_k) of a T > 0 run; None at T = 0."""
+    found = metrics.get("sampling")
+    return None if found is None else (found["temperature"], found["top_p"], found["top_k"])
 
 
 def features_identity(results: Results) -> dict[str, Any] | None:

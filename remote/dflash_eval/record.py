@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval import pipeline
 from dflash_eval.by_dataset import acceptance_counts, intervals
+from dflash_eval.cache_keys import LOCAL_SAMPLED
 from dflash_eval.completions import prompt_sets, prompts_hash, template_reads_thinking
 from dflash_eval.provenance import json_value
 from dflash_eval.results import file_identity, host_info, utc_now
+from dflash_eval.sampled_walk import SampledWalk, prompt_columns
+from dflash_eval.sampling import from_options
 from dflash_eval.schema import (
     KIND,
     SCHEMA_VERSION,
@@ -85,8 +88,8 @@ def results(
     """The whole record; the intervals (from the per-prompt rows) are its last phase."""
     options = parts.options
     rows = per_prompt(parts.sequences, drafter.run.walks, options.ddtree, parts.conversations)
-    with timer.phase("intervals"):
-        by_dataset = intervals(rows, options.ddtree)
+    with timer.phase("intervals"):  # no DDTree at T > 0
+        by_dataset = intervals(rows, [] if from_options(options).active else options.ddtree)
     timer.seconds["total"] = time.perf_counter() - started
     reference_block = reference_record(reference) if reference else None
     return Results(
@@ -192,13 +195,13 @@ def prompts_block(parts: RunParts) -> Prompts:
 
 def completions_block(options: EvalOptions, lookup: pipeline.Lookup) -> Completions:
     source = lookup.completion_source
-    from_sglang = source != pipeline.LOCAL_GREEDY
+    from_sglang = source not in (pipeline.LOCAL_GREEDY, LOCAL_SAMPLED)
     if options.features is None:
         url = redact_url(options.sglang_url) if options.sglang_url else None
     else:
         url = source.removeprefix("sglang ") if from_sglang else None
     return Completions(
-        source="sglang" if from_sglang else "local-greedy",
+        source="sglang" if from_sglang else source,  # local-greedy or local-sampled
         sglang_url=url,
         extra_tokens=lookup.extra_tokens,
     )
@@ -224,7 +227,7 @@ def throughput(blocks: int, seconds: float) -> Throughput:
 
 def per_prompt(
     sequences: list[pipeline.Sequence],
-    walks: list[PromptWalk],
+    walks: list[PromptWalk] | list[SampledWalk],
     budgets: list[int],
     conversations: Conversations,
 ) -> list[PromptRow]:
@@ -236,19 +239,29 @@ def per_prompt(
                 id=seq.prompt.id,
                 dataset=seq.prompt.dataset,
                 conversation=conversations.first_turn(seq.prompt),
-                acceptance=acceptance_counts(walked.slot_correct),
                 prompt_tokens=len(seq.prompt_ids),
                 completion_tokens=len(seq.completion),
                 stopped=seq.span.stop is not None and seq.span.stop < seq.span.limit,
                 reference_tokens=len(seq.reference),
-                rounds=len(walked.lengths),
-                tau=mean(walked.lengths),
-                ddtree_tau={str(b): mean(walked.ddtree_lengths[b]) for b in budgets},
-                tau_capped=mean(walked.capped_lengths),
+                **_walk_columns(walked, budgets),
                 cache={"completion": seq.completion_hit, "hidden_states": seq.hidden_hit},
             )
         )
     return rows
+
+
+def _walk_columns(walked: PromptWalk | SampledWalk, budgets: list[int]) -> dict[str, Any]:
+    """A row's metric columns (PromptRow's `acceptance`, `rounds`, `tau`, `ddtree_tau`,
+    `tau_capped`): counted at T = 0, expected given the path at T > 0."""
+    if isinstance(walked, SampledWalk):
+        return prompt_columns(walked)
+    return {
+        "acceptance": acceptance_counts(walked.slot_correct),
+        "rounds": len(walked.lengths),
+        "tau": mean(walked.lengths),
+        "ddtree_tau": {str(b): mean(walked.ddtree_lengths[b]) for b in budgets},
+        "tau_capped": mean(walked.capped_lengths),
+    }
 
 
 def cache_counts(sequences: list[pipeline.Sequence]) -> CacheCounts:

@@ -190,7 +190,8 @@ class Prompts(_PromptsKeys, total=False):
 
 
 class Completions(TypedDict):
-    source: Literal["local-greedy", "sglang"]
+    source: Literal["local-greedy", "sglang", "local-sampled"]
+    """`local-sampled`: at T > 0, sampled with the target itself (docs/sampling.md)."""
     sglang_url: str | None
     """The server: scheme, host and port only; `/***` where the URL had more (user, password,
     path and query may hold tokens)."""

@@ -1,6 +1,9 @@
 """The numbers of the results JSON as types: metrics, per-prompt rows, decoded samples,
 confidence intervals, throughput (the provenance around them is in schema.py, which says how
 these types are used and documented). Stdlib only.
+
+Counts typed `int | float` are whole numbers at T = 0 and expectations given the sampled
+paths at T > 0 (docs/sampling.md "In the results").
 """
 
 from typing import TypedDict
@@ -23,8 +26,9 @@ class TauBlock(TypedDict):
     convention)."""
     tau_pooled: float | None
     """Sum of round lengths / rounds over all prompts (SGLang convention)."""
-    rounds: int
-    committed_tokens: int
+    rounds: int | float
+    """At T > 0 the expected rounds given the sampled paths, as every count typed so."""
+    committed_tokens: int | float
     """The sum of round lengths (may exceed the completion tokens: last rounds run past the
     end)."""
 
@@ -36,8 +40,8 @@ class PositionRate(TypedDict):
     """P(slot k correct | slots < k correct); null when no round qualifies."""
     unconditional: float | None
     """P(slot k correct)."""
-    conditional_rounds: int
-    rounds: int
+    conditional_rounds: int | float
+    rounds: int | float
     """Rounds where slot k was checked: all of them."""
 
 
@@ -45,12 +49,59 @@ class Capped(TauBlock):
     ddtree: dict[str, TauBlock]
 
 
-class Metrics(TauBlock):
+# --- metrics.sampling (T > 0) ------------------------------------------------------------------
+
+
+class MeanInterval(TypedDict):
+    value: float
+    """The mean over the Monte Carlo samples."""
+    low: float
+    high: float
+    """`value` ± z·sd/√samples."""
+
+
+class MonteCarlo(TypedDict):
+    samples: int
+    """Walks per prompt (`--samples`)."""
+    level: float
+    """0.95."""
+    method: str
+    """`normal: mean ± z·sd/√samples`."""
+    tau_macro: MeanInterval | None
+    """Each sample's τ macro over all prompts: their mean and interval; null when no prompt
+    has a round."""
+    tau_pooled: MeanInterval | None
+    """Each sample's Σ tokens / Σ rounds over all prompts."""
+
+
+class SamplingRecord(TypedDict):
+    temperature: float
+    top_p: float
+    top_k: int
+    """0: off."""
+    seed: int
+    """Seeds each prompt's sampled completion and its Monte Carlo walks."""
+    samples: int
+    """Monte Carlo walks per prompt."""
+    processing: str
+    """How both models' logits become probabilities: temperature, then top-k, then top-p."""
+    reference: str
+    """The z-lab/dflash commit whose sampling and rejection rule are followed."""
+    estimator: str
+    """`exact expectation given each prompt's sampled path`: what the other metrics hold."""
+    ddtree: str
+    """`not evaluated at T > 0`."""
+    monte_carlo: MonteCarlo
+    """A seeded check of the exact values: its interval is Monte Carlo error only, not the
+    paths' noise (`by_dataset` has that: docs/sampling.md "The intervals")."""
+
+
+class _MetricsKeys(TauBlock):
     block_size: int
     """B used for this evaluation."""
     tau_convention: str
     """`"zlab-live-loop"`: the round rules above."""
-    histogram: dict[str, int]
+    histogram: dict[str, int | float]
     """`{"1": count, …, "B": count}` of round lengths."""
     per_position: list[PositionRate]
     """One row for each block position k = 1..B−1."""
@@ -66,13 +117,20 @@ class Metrics(TauBlock):
     stopped early); should be 0, otherwise a warning names them."""
 
 
+class Metrics(_MetricsKeys, total=False):
+    sampling: SamplingRecord
+    """T > 0 only (absent at T = 0): the sampling settings, the estimator and its Monte Carlo
+    check. The other keys then hold expectations given the sampled paths, and `ddtree` is
+    `{}` ([sampling.md](sampling.md) "In the results")."""
+
+
 # --- per prompt, samples -----------------------------------------------------------------------
 
 
 class Acceptance(TypedDict):
-    hits: list[int]
+    hits: list[int | float]
     """Per block position k = 1..: rounds where slots < k were right and slot k too."""
-    trials: list[int]
+    trials: list[int | float]
     """Per k: rounds where slots < k were right and slot k was checked."""
 
 
@@ -91,7 +149,7 @@ class _PromptRowKeys(TypedDict):
     """The completion ends at a stop token."""
     reference_tokens: int
     """Completion + the tokens generated past its end."""
-    rounds: int
+    rounds: int | float
     tau: float | None
     ddtree_tau: dict[str, float | None]
     """`{"4": τ, …}`."""
@@ -158,7 +216,7 @@ class Group(TypedDict):
     """Prompts (turns) in the group."""
     units: int
     """Conversations resampled (prompts with rounds; = prompts without multi-turn sets)."""
-    rounds: int
+    rounds: int | float
     tau_macro: Interval | None
     """Of τ macro (mean of per-prompt τ); null when undefined (no rounds)."""
     tau_pooled: Interval | None

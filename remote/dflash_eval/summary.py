@@ -33,9 +33,18 @@ def summary_lines(results: Results) -> list[str]:
     metrics = results["metrics"]
     lines = [
         f"step {results['checkpoint']['step']}  τ macro {_number(metrics['tau_macro'])}  "
-        f"τ pooled {_number(metrics['tau_pooled'])}  ({metrics['rounds']} rounds, "
-        f"{metrics['committed_tokens']} tokens, block size {metrics['block_size']})"
+        f"τ pooled {_number(metrics['tau_pooled'])}  ({_count(metrics['rounds'])} rounds, "
+        f"{_count(metrics['committed_tokens'])} tokens, block size {metrics['block_size']})"
     ]
+    sampling = metrics.get("sampling")
+    if sampling:
+        mc = sampling["monte_carlo"]
+        lines.append(
+            f"  sampled at T {sampling['temperature']:g} (top-p {sampling['top_p']:g}, top-k "
+            f"{sampling['top_k']}, seed {sampling['seed']}): expectations given the sampled "
+            f"paths; Monte Carlo τ macro {format_interval(mc['tau_macro'])} "
+            f"({mc['samples']} walks per prompt)"
+        )
     capped = metrics["capped"]
     lines.append(
         "  τ as z-lab's live loop counts it (last round uncapped); capped at the "
@@ -135,6 +144,11 @@ def _prompt_sets_note(prompts: Prompts) -> str:
             f"{name} {entry['count']}: {origin}" + (f"@{revision[:12]}" if revision else "")
         )
     return f" ({'; '.join(described)}; thinking {prompts.get('thinking', 'off')})"
+
+
+def _count(value: float) -> str:
+    """A count as it is at T = 0, an expected count (T > 0) to one decimal."""
+    return str(value) if isinstance(value, int) else f"{value:.1f}"
 
 
 def _number(value: float | None, digits: int = 3) -> str:

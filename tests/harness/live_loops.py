@@ -5,12 +5,15 @@ T=0): a round starts while the position is below prompt + max_new_tokens, the ta
 verifies a whole block (or tree) and may accept past that limit, and the loop ends after
 the round that commits a stop token. Every round recomputes everything from scratch (no
 caches), so that nothing is shared with the harness but the drafter's forward; a DFlash-2
-drafter (live_dflash2.py) shares nothing with the harness at all.
+drafter (live_dflash2.py) shares nothing with the harness at all. At T > 0
+(`live_sampled_lengths`) the same loop decodes by rejection sampling, as z-lab's
+`dflash_generate` at commit 10129599 does (`_sampling_probs`, `_rejection_sample`).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -114,17 +117,108 @@ def live_lengths(
 ) -> tuple[list[int], list[int]]:
     """(committed tokens after the prompt, acceptance length per round), vanilla or, with a
     budget, DDTree. Like the reference loops: no round is capped at the tokens left."""
-    tokens = [*prompt_ids, target_next(models, prompt_ids)]
+
+    def round_at(tokens: list[int], position: int) -> list[int]:
+        if budget is None:
+            return vanilla_round(models, tokens, position)
+        return tree_round(models, tokens, position, budget)
+
+    first = target_next(models, prompt_ids)
+    return decode(prompt_ids, first, max_new_tokens, stops, round_at)
+
+
+def decode(
+    prompt_ids: list[int],
+    first: int,
+    max_new_tokens: int,
+    stops: list[int],
+    round_at: Callable[[list[int], int], list[int]],
+) -> tuple[list[int], list[int]]:
+    """The loop itself: after the prompt's first token, rounds while the position is below
+    prompt + max_new_tokens, ending after the round that commits a stop token."""
+    tokens = [*prompt_ids, first]
     position, limit = len(prompt_ids), len(prompt_ids) + max_new_tokens
     lengths = []
     while position < limit:
-        if budget is None:
-            committed = vanilla_round(models, tokens, position)
-        else:
-            committed = tree_round(models, tokens, position, budget)
+        committed = round_at(tokens, position)
         tokens = tokens[: position + 1] + committed
         position += len(committed)
         lengths.append(len(committed))
         if any(token in stops for token in tokens[len(prompt_ids) :]):
             break
     return tokens[len(prompt_ids) :], lengths
+
+
+# --- T > 0: rejection sampling, as z-lab's dflash_generate (commit 10129599) decodes --------
+
+
+@dataclass(frozen=True)
+class Settings:
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+def plain_probs(logits: torch.Tensor, settings: Settings) -> torch.Tensor:
+    """[..., V] → probabilities after temperature, top-k, then top-p, written plainly: the
+    full softmax, zeroed outside the k best and renormalised (the same as a softmax over the
+    k best scores), then zeroed where the mass of the likelier tokens already reaches p."""
+    probs = torch.softmax(logits.float() / settings.temperature, dim=-1)
+    if 0 < settings.top_k < probs.shape[-1]:
+        kth = torch.topk(probs, settings.top_k, dim=-1).values[..., -1:]
+        probs = torch.where(probs >= kth, probs, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if settings.top_p < 1:
+        ordered, order = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(ordered, dim=-1) - ordered
+        ordered = torch.where(before < settings.top_p, ordered, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, ordered)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def draw(probs: torch.Tensor, rng: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=rng))
+
+
+def sampled_round(
+    models: LiveModels, tokens: list[int], anchor: int, settings: Settings, rng: torch.Generator
+) -> list[int]:
+    """One round: every slot drafted from q at once; the target accepts slot k with
+    probability min(1, p/q) in order; at the first rejection a token from max(p − q, 0)
+    normalised (p itself when that is all zero); after a full block a bonus token from p."""
+    q = plain_probs(draft_logits(models, tokens, anchor), settings)  # [B-1, V]
+    drafts = [draw(row, rng) for row in q]
+    with torch.no_grad():
+        logits = models.target(torch.tensor([tokens[: anchor + 1] + drafts])).logits[0]
+    p = plain_probs(logits[anchor:], settings)  # [B, V]: the target's token after each
+    for slot, token in enumerate(drafts):
+        if float(torch.rand(1, generator=rng)) * q[slot, token] < p[slot, token]:
+            continue
+        residual = (p[slot] - q[slot]).clamp(min=0)
+        residual = residual / residual.sum() if residual.sum() > 0 else p[slot]
+        return [*drafts[:slot], draw(residual, rng)]
+    return [*drafts, draw(p[len(drafts)], rng)]
+
+
+def live_sampled_lengths(
+    models: LiveModels,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stops: list[int],
+    settings: Settings,
+    seed: int,
+) -> tuple[list[int], list[int]]:
+    """live_lengths at T > 0: the first token sampled from the target after the prompt, then
+    rounds while the position is below prompt + max_new_tokens, uncapped, ending after the
+    round that commits a stop token."""
+    rng = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        first = models.target(torch.tensor([prompt_ids])).logits[0, -1]
+    return decode(
+        prompt_ids,
+        draw(plain_probs(first, settings), rng),
+        max_new_tokens,
+        stops,
+        lambda tokens, position: sampled_round(models, tokens, position, settings, rng),
+    )

@@ -97,3 +97,17 @@ def test_plan_reads_every_eval_run_flag_with_the_same_default():
     assert set(planned) - set(evaluated) == {"inputs_on_stdin"}
     shared = set(evaluated) & set(planned) - {"command", "out"}
     assert {dest: planned[dest] for dest in shared} == {dest: evaluated[dest] for dest in shared}
+
+
+def test_sampling_flags_reach_the_run_and_a_bad_one_exits_2(lab, tmp_path):
+    args = ["--checkpoint", str(lab.checkpoints[6000]), "--target", str(lab.target_dir)]
+    parsed = build_parser().parse_args(
+        ["eval", *args, "--out", "o", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20"]
+    )
+    assert (parsed.temperature, parsed.top_p, parsed.top_k, parsed.seed) == (0.7, 0.9, 20, 0)
+    result = _run(
+        "eval", *args, "--out", str(tmp_path / "r.json"), "--temperature", "0.7", "--top-p", "2"
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--top-p must be in (0, 1], got 2.0" in result.stderr
+    assert not (tmp_path / "r.json").exists()

@@ -205,6 +205,21 @@ def test_ddtree_over_a_dflash2_drafter_is_refused_in_one_line(lab, files, tmp_pa
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("role", ["drafter", "reference drafter"])
+def test_sampling_with_a_dflash2_drafter_is_refused_in_one_line(lab, files, tmp_path, role):
+    drafters = (
+        {"checkpoint": files.hf_dir}
+        if role == "drafter"
+        else {"reference_drafter": files.hf_dir}  # the plain lab drafter evaluates
+    )
+    with pytest.raises(HarnessError) as refused:
+        quick_eval(lab, tmp_path, **drafters, temperature=0.7, ddtree=None)
+    message = str(refused.value)
+    assert message.startswith("--temperature 0.7: ") and str(files.hf_dir) in message
+    assert "DFlash-2" in message and "--temperature 0" in message and "\n" not in message
+    assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "expected"),
     [

@@ -12,7 +12,7 @@ import pytest
 from dflash_eval import schema_check, schema_doc
 from dflash_eval.summary import headline, summary_lines
 
-from tests.schema_samples import LATER_KEYS, results_dict
+from tests.schema_samples import LATER_KEYS, results_dict, sampled_results_dict
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
@@ -45,6 +45,17 @@ def test_summary_leads_with_step_and_tau_then_says_what_was_evaluated():
     assert lines[6] == "Target tiny (qwen3), 2 prompts"
     assert lines[7] == "Drafter: 8 blocks in 0.5 s (16.0 blocks/s, 1 threads); total 3.2 s"
     assert lines[8] == "WARNING: block size 4 differs from the trained 8"
+
+
+def test_a_sampled_run_summary_says_so_with_its_monte_carlo_interval():
+    lines = summary_lines(schema_check.parse_results(sampled_results_dict()))
+    assert lines[0] == (
+        "step 2000  τ macro 1.500  τ pooled 1.250  (7.5 rounds, 10.2 tokens, block size 4)"
+    )
+    assert lines[1] == (
+        "  sampled at T 0.7 (top-p 0.95, top-k 0, seed 0): expectations given the sampled "
+        "paths; Monte Carlo τ macro 1.370 [1.350, 1.390] (200 walks per prompt)"
+    )
 
 
 def test_summary_leaves_out_what_the_run_did_not_measure():
@@ -80,7 +91,7 @@ def test_a_results_file_written_before_the_later_keys_still_reads():
         (lambda r: r["metrics"].pop("tau_macro"), "results.metrics: no tau_macro"),
         (
             lambda r: r["metrics"]["ddtree"]["4"].update(rounds="8"),
-            "results.metrics.ddtree.4.rounds: expected int, found str '8'",
+            "results.metrics.ddtree.4.rounds: expected int | float, found str '8'",
         ),
         (
             lambda r: r["checkpoint"].update(step=True),
@@ -88,7 +99,8 @@ def test_a_results_file_written_before_the_later_keys_still_reads():
         ),
         (
             lambda r: r["completions"].update(source="magic"),
-            "results.completions.source: expected 'local-greedy' | 'sglang', found str 'magic'",
+            "results.completions.source: expected 'local-greedy' | 'sglang' | 'local-sampled', "
+            "found str 'magic'",
         ),
         (
             lambda r: r["reference"]["metrics"]["per_position"].append(None),

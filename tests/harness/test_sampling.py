@@ -1,0 +1,265 @@
+"""T > 0: the probabilities, the exact walk, its Monte Carlo check, and the live loop.
+
+The proof that the offline estimate measures what a live decode gets: live_loops.py's
+rejection-sampling loop (written from z-lab's reference, sharing nothing with the harness
+but the drafter's forward) is run over many seeds, and its mean τ must fall in the
+harness's interval; and, more sharply, the offline expectation averaged over many sampled
+paths must agree with the live mean within their combined standard error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+
+import pytest
+import torch
+from dflash_eval.completions import encode_prompt, read_prompts_jsonl, sampled_reference
+from dflash_eval.errors import HarnessError
+from dflash_eval.evaluate import EvalOptions
+from dflash_eval.loaders import load_drafter
+from dflash_eval.metrics import Span
+from dflash_eval.pipeline import Sequence
+from dflash_eval.predict import BorrowedHead, SampledPredictor
+from dflash_eval.reading import comparability_key
+from dflash_eval.sampled_walk import (
+    WalkRule,
+    expected_walk,
+    summarize_sampled,
+    walk_sampled,
+    walk_sequence,
+)
+from dflash_eval.sampling import Sampling, from_options, processed_probs
+from dflash_eval.schema_check import parse_results
+from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+
+from .helpers import quick_eval
+from .live_loops import LiveModels, Settings, live_sampled_lengths, plain_probs
+
+# The lab target is nearly deterministic at T ≈ 1 (its successor token's logit stands far
+# above the rest): a high temperature spreads both models, so that acceptance probabilities
+# lie well inside (0, 1) and paths differ between seeds.
+SETTINGS = Settings(temperature=8.0, top_p=0.95, top_k=40)
+MAX_NEW_TOKENS = 16
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "top_k"),
+    [(0.7, 1.0, 0), (1.3, 0.9, 0), (0.8, 1.0, 10), (1.0, 0.8, 12), (0.5, 0.3, 5), (1.0, 1e-4, 0)],
+)
+def test_processed_probabilities_match_a_plain_implementation(temperature, top_p, top_k):
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1)) * 3
+    ours = processed_probs(logits, Sampling(temperature, top_p, top_k))
+    plain = plain_probs(logits, Settings(temperature, top_p, top_k))
+    assert torch.allclose(ours, plain, atol=1e-6)
+    assert torch.allclose(ours.sum(dim=-1), torch.ones(6))
+    if top_p < 1e-3:  # the likeliest token is always kept, whatever top_p
+        assert torch.equal(ours.argmax(dim=-1), logits.argmax(dim=-1))
+        assert torch.allclose(ours.max(dim=-1).values, torch.ones(6))
+
+
+def enumerated(table: torch.Tensor, rule: WalkRule) -> tuple[float, float, float]:
+    """(E[tokens/rounds], E[rounds], E[tokens]) by listing every accept/reject outcome of
+    every slot of every round (slots after a rejection are drawn too and sum out)."""
+    ratios = table.nan_to_num(0.0).tolist()
+    totals = [0.0, 0.0, 0.0]
+
+    def go(anchor: int, rounds: int, chance: float) -> None:
+        if rounds and (rule.ended(anchor) or rounds == rule.max_rounds):
+            committed = anchor - rule.first
+            for i, value in enumerate((committed / rounds, rounds, committed)):
+                totals[i] += chance * value
+            return
+        row = ratios[anchor - rule.first]
+        for outcome in itertools.product((True, False), repeat=len(row)):
+            weight = math.prod(r if ok else 1 - r for r, ok in zip(row, outcome, strict=True))
+            if weight == 0:
+                continue
+            length = next((k for k, ok in enumerate(outcome) if not ok), len(row)) + 1
+            if rule.cap is not None:
+                length = min(length, rule.cap - anchor)
+            go(anchor + length, rounds + 1, chance * weight)
+
+    go(rule.first, 0, 1.0)
+    return totals[0], totals[1], totals[2]
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        WalkRule(10, 17),
+        WalkRule(10, 17, stop=13),
+        WalkRule(10, 16, cap=16),
+        WalkRule(10, 17, max_rounds=3),
+        WalkRule(10, 17, stop=15, max_rounds=4),
+    ],
+)
+def test_exact_walk_equals_the_enumeration_of_every_outcome(rule):
+    generator = torch.Generator().manual_seed(3)
+    table = torch.rand(7, 3, generator=generator, dtype=torch.float64)
+    table[2, 1] = 1.0  # a slot the drafter always gets
+    table[4, 0] = 0.0  # and one it never does
+    table[-1, 1:] = math.nan  # past the known path
+    table[-2, 2:] = math.nan
+    exact = expected_walk(table, rule)
+    tau, rounds, tokens = enumerated(table, rule)
+    assert exact.tau == pytest.approx(tau, rel=1e-12)
+    assert exact.rounds == pytest.approx(rounds, rel=1e-12)
+    assert exact.tokens == pytest.approx(tokens, rel=1e-12)
+    assert sum(exact.histogram) == pytest.approx(rounds, rel=1e-12)
+
+
+def test_certain_and_impossible_acceptance_give_the_greedy_lengths():
+    span = Span(first_anchor=5, limit=25)
+    sampling = Sampling(1.0, samples=10)
+    rng = torch.Generator().manual_seed(0)
+    always = walk_sampled(torch.ones(20, 7, dtype=torch.float64), span, 40, sampling, rng)
+    never = walk_sampled(torch.zeros(20, 7, dtype=torch.float64), span, 40, sampling, rng)
+    assert always.main.tau == 8 and always.main.rounds == 3  # 3 full blocks pass the limit
+    assert always.capped.rounds == 3 and always.capped.tokens == 19  # the last one capped
+    assert never.main.tau == 1 and never.main.rounds == 20
+    assert set(always.mc_rounds) == {3} and set(never.mc_tokens) == {20}
+
+
+def test_monte_carlo_interval_covers_the_exact_expectation():
+    generator = torch.Generator().manual_seed(5)
+    sampling = Sampling(1.0, samples=4000, seed=5)
+    walks = [
+        walk_sampled(
+            torch.rand(30, 5, generator=generator, dtype=torch.float64) ** 0.5,
+            Span(first_anchor=4, limit=34, stop=30 if n else None),
+            44,
+            sampling,
+            torch.Generator().manual_seed(n),
+        )
+        for n in range(3)
+    ]
+    metrics = summarize_sampled(walks, 6, sampling)
+    carlo = metrics["sampling"]["monte_carlo"]
+    assert carlo["tau_macro"]["low"] <= metrics["tau_macro"] <= carlo["tau_macro"]["high"]
+    # Rounds and tokens are linear: their Monte Carlo means agree with the expectations.
+    # (Pooled τ is not: the exact figure is Σ E[tokens] / Σ E[rounds], the Monte Carlo one
+    # the mean of Σ tokens / Σ rounds; they differ by a few % over so few rounds.)
+    for walked in walks:
+        for drawn, exact in (
+            (walked.mc_rounds, walked.main.rounds),
+            (walked.mc_tokens, walked.main.tokens),
+        ):
+            error = statistics.stdev(drawn) / math.sqrt(len(drawn))
+            assert abs(statistics.mean(drawn) - exact) < 4 * error
+    assert metrics["sampling"]["temperature"] == 1.0 and metrics["ddtree"] == {}
+
+
+def test_bad_sampling_options_stop_the_run_with_one_line(tmp_path):
+    def options(**values):
+        return EvalOptions(tmp_path / "c", tmp_path / "t", tmp_path / "r.json", **values)
+
+    with pytest.raises(HarnessError, match="--top-p must be in"):
+        from_options(options(temperature=1.0, top_p=1.5))
+    with pytest.raises(HarnessError, match="need --temperature above 0"):
+        from_options(options(top_k=5))
+    with pytest.raises(HarnessError, match="omit --sglang-url"):
+        from_options(options(temperature=0.5, sglang_url="http://127.0.0.1:1"))
+    with pytest.raises(HarnessError, match="omit --features"):
+        from_options(options(temperature=0.5, features=tmp_path))
+    assert not from_options(options()).active
+
+
+def test_sampled_evaluation_records_its_settings_and_is_reproducible(lab, tmp_path):
+    settings = {"temperature": 8.0, "top_p": 0.95, "top_k": 40, "samples": 200}
+    first = quick_eval(lab, tmp_path, **settings, max_new_tokens=MAX_NEW_TOKENS)
+    again = quick_eval(lab, tmp_path, **settings, max_new_tokens=MAX_NEW_TOKENS)
+    other = quick_eval(lab, tmp_path, **settings, seed=1, max_new_tokens=MAX_NEW_TOKENS)
+    metrics = first["metrics"]
+    assert metrics["sampling"]["seed"] == 0 and metrics["sampling"]["top_k"] == 40
+    assert first["completions"]["source"] == "local-sampled"
+    assert first["features"]["cache"]["completion_hits"] == 0
+    assert again["features"]["cache"]["completion_hits"] == 3  # keyed by settings and seed
+    assert again["metrics"] == metrics
+    assert other["metrics"]["tau_macro"] != metrics["tau_macro"]
+    taus = [row["tau"] for row in first["per_prompt"]]
+    assert metrics["tau_macro"] == pytest.approx(sum(taus) / len(taus))
+    assert 1 < metrics["tau_macro"] < 8
+    written = parse_results(json.loads((tmp_path / "r.json").read_text()))  # `other`'s file
+    assert written["metrics"]["sampling"]["monte_carlo"]["tau_macro"] is not None
+    assert isinstance(written["per_prompt"][0]["rounds"], float)
+    # The seed does not keep runs apart; the settings do, and T = 0 is a setting of its own.
+    assert comparability_key(other) == comparability_key(first)
+    assert comparability_key(first)["sampling"] == (8.0, 0.95, 40)
+
+
+def lab_parts(lab):
+    model = load_target(lab.target_dir, "float32")
+    tokenizer = load_tokenizer(lab.target_dir)
+    loaded = load_drafter(lab.checkpoints[6000], model.shape)
+    live = LiveModels(model.model, loaded.model, model.embed_weight, model.head_weight)
+    stops = stop_token_ids(lab.target_dir, tokenizer)
+    return model, tokenizer, loaded, live, stops
+
+
+def test_live_loop_mean_falls_in_the_harness_interval(lab, tmp_path):
+    results = quick_eval(
+        lab,
+        tmp_path,
+        temperature=SETTINGS.temperature,
+        top_p=SETTINGS.top_p,
+        top_k=SETTINGS.top_k,
+        num_prompts=8,
+        max_new_tokens=MAX_NEW_TOKENS,
+        samples=200,
+    )
+    interval = results["by_dataset"]["overall"]["tau_macro"]
+    _, tokenizer, _, live, stops = lab_parts(lab)
+    prompts = [encode_prompt(tokenizer, p)[0] for p in read_prompts_jsonl(lab.prompts)[:8]]
+    runs = [
+        statistics.mean(
+            statistics.mean(live_sampled_lengths(live, ids, MAX_NEW_TOKENS, stops, SETTINGS, s)[1])
+            for ids in prompts
+        )
+        for s in range(40)
+    ]
+    assert interval["low"] <= statistics.mean(runs) <= interval["high"]
+
+
+def test_offline_expectation_is_unbiased_for_the_live_loop(lab):
+    """The live τ of one prompt over 300 seeds against the harness's exact expectation
+    averaged over 150 sampled paths: the same mean, within 4 combined standard errors."""
+    model, tokenizer, loaded, live, stops = lab_parts(lab)
+    config = loaded.config
+    prompt = read_prompts_jsonl(lab.prompts)[1]
+    prompt_ids = encode_prompt(tokenizer, prompt)[0]
+    live_taus = [
+        statistics.mean(
+            live_sampled_lengths(live, prompt_ids, MAX_NEW_TOKENS, stops, SETTINGS, s)[1]
+        )
+        for s in range(300)
+    ]
+    offline_taus = []
+    for seed in range(150):
+        sampling = Sampling(SETTINGS.temperature, SETTINGS.top_p, SETTINGS.top_k, seed, 2)
+        reference, probs = sampled_reference(
+            model.model, prompt_ids, MAX_NEW_TOKENS, config.block_size, stops, sampling
+        )
+        seq = Sequence(prompt, prompt_ids)
+        seq.take_reference(reference, MAX_NEW_TOKENS, stops)
+        seq.target_probs = probs
+        hidden = model.hidden_features(seq.tokens, list(config.target_layer_ids))
+        predictor = SampledPredictor(
+            loaded.model,
+            BorrowedHead(live.embed, live.head, config.mask_token_id),
+            seq.tokens,
+            torch.cat([hidden[i] for i in config.target_layer_ids], dim=-1),
+            len(prompt_ids),
+            config.block_size,
+            top_k=1,
+            last_anchor=seq.span.limit - 1,
+        )
+        offline_taus.append(walk_sequence(predictor, seq, sampling).main.tau)
+    error = math.hypot(
+        statistics.stdev(live_taus) / math.sqrt(len(live_taus)),
+        statistics.stdev(offline_taus) / math.sqrt(len(offline_taus)),
+    )
+    assert abs(statistics.mean(live_taus) - statistics.mean(offline_taus)) < 4 * error
+    assert statistics.mean(live_taus) > 1.1  # the drafter gets drafts accepted at T > 0
