@@ -44,6 +44,8 @@ def drafter_block(loaded: LoadedDrafter) -> dict[str, Any]:
     return {
         "config": loaded.config.to_hf_dict(),
         "config_source": loaded.config_source,
+        schema.ATTENTION: loaded.config.attention_record(),
+        schema.ACCEPTED_KEYS: dict(loaded.config.accepted_keys),
         "config_notes": loaded.notes,
         schema.SETTINGS: {name: json_value(s.value) for name, s in loaded.settings.items()},
         schema.SETTINGS_PROVENANCE: loaded.provenance(),

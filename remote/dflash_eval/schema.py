@@ -13,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-SCHEMA_VERSION = 2  # 2: τ as z-lab's live loop counts it (metrics.tau_convention)
+# 2: τ as z-lab's live loop counts it (metrics.tau_convention). 3: drafter masks as z-lab's
+# current code (07ebd93) builds them (causal sliding layers, is_causal); `capped` is that
+# code's loop exactly. Schema-2 results stay readable; `compare` keeps apart those whose
+# drafter has sliding layers ("attention rule").
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (2, 3)
 KIND = "dflash-eval-results"  # the value of results[KIND_KEY]
 
 # --- top level -----------------------------------------------------------------------------
@@ -142,7 +147,14 @@ COMPARABILITY: dict[str, Callable[[dict], Any]] = {
     "thinking": lambda r: r[OPTIONS].get("thinking"),
     "features": lambda r: features_identity(r),
     "τ convention": lambda r: r[METRICS].get(TAU_CONVENTION),
+    "attention rule": lambda r: attention_rule(r),
     "harness": lambda r: r[HARNESS][HARNESS_SHA256],
+}
+
+# Why a difference in a comparability key matters, where the name alone does not say it.
+COMPARABILITY_WHY = {
+    "attention rule": "results before schema 3 masked sliding-window layers both ways; z-lab's "
+    "current code (07ebd93) makes them causal unless the config's is_causal says otherwise",
 }
 
 POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first positions only
@@ -151,6 +163,8 @@ POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first position
 # --- results[DRAFTER]: each setting's value and where it came from ---------------------------
 SETTINGS = "settings"
 SETTINGS_PROVENANCE = "provenance"
+ATTENTION = "attention"  # per drafter layer: {"kind", "causal", "window"} (schema 3)
+ACCEPTED_KEYS = "accepted_config_keys"  # {key: value}: unknown keys the profile accepted
 ACCEPTED_DEFAULTS = "accepted_defaults"
 DRAFTER_SETTINGS = (
     "block_size",
@@ -257,6 +271,19 @@ def features_identity(results: dict) -> dict | None:
     return {name: features.get(name) for name in FEATURES_IDENTITY} if features else None
 
 
+def attention_rule(results: dict) -> str | None:
+    """The mask rule the drafter was evaluated under, where it matters: None for a drafter of
+    plain full, non-causal layers (every schema masked those alike)."""
+    drafter = results[DRAFTER]
+    layers = drafter.get(ATTENTION)
+    if layers is None:  # schema 2 recorded no rule: sliding layers were non-causal
+        layer_types = (drafter.get("config") or {}).get("layer_types") or []
+        return "sliding both ways (schema 2)" if "sliding_attention" in layer_types else None
+    if all(layer["kind"] == "full_attention" and not layer["causal"] for layer in layers):
+        return None
+    return "zlab 07ebd93"
+
+
 def comparability_key(results: dict) -> dict[str, Any]:
     """Everything that must match for two results to be compared, by what it is called."""
     return {name: read(results) for name, read in COMPARABILITY.items()}
@@ -267,10 +294,11 @@ def shape_problem(results: Any) -> str | None:
     reader above must work on it, so a damaged or foreign file is caught once, on loading."""
     if not isinstance(results, dict) or results.get(KIND_KEY) != KIND:
         return f"not a dflash-eval results file ({KIND_KEY!r} is not {KIND!r})"
-    if results.get(SCHEMA_VERSION_KEY) != SCHEMA_VERSION:
+    if results.get(SCHEMA_VERSION_KEY) not in READABLE_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
         return (
             f"schema_version {results.get(SCHEMA_VERSION_KEY)!r}, this dflash-ops reads "
-            f"{SCHEMA_VERSION}: compare it with the dflash-ops that wrote it"
+            f"{readable}: compare it with the dflash-ops that wrote it"
         )
     try:
         step(results)
