@@ -5,9 +5,11 @@ A drafter config is a Qwen3 config plus `block_size`, `num_target_layers` and
 `dflash/model.py`) reads it as a transformers `Qwen3Config`, so this module does too: RoPE
 parameters (every rope type transformers implements, `partial_rotary_factor`) and the
 sliding-window rules (`use_sliding_window`, `layer_types`, `max_window_layers`) mean what
-transformers makes of them. Anything the harness cannot honour (biases, other activations,
-DFlash-2 parts) is refused here, loudly, rather than silently evaluated
-with the wrong maths.
+transformers makes of them. What z-lab's current code (commit 07ebd93db9f4) adds is read as it
+reads it: `is_causal` (each layer's mask rule: `LayerAttention`) and the embedding and logit
+fields. Anything the harness cannot honour (biases, other activations, DFlash-2 parts) is
+refused here, loudly, rather than silently evaluated with the wrong maths, and so is any key
+outside config_keys' lists that the profile does not accept.
 """
 
 from __future__ import annotations
