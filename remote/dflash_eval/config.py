@@ -206,6 +206,7 @@ def from_hf_dict(
             "Pass a complete one with --drafter-config FILE."
         )
     _refuse_unsupported(raw, dflash, where)
+    _refuse_two_block_sizes(raw, dflash, where)
     accepted = {} if accept_keys is None else accepted_unknown_keys(raw, accept_keys, where)
     qwen3 = qwen3_config({k: raw[k] for k in _QWEN3_KEYS if k in raw}, where)
     hidden = int(raw["hidden_size"])
@@ -233,6 +234,19 @@ def from_hf_dict(
         **_output_fields(raw, dflash, where),
         accepted_keys=accepted,
     )
+
+
+def _refuse_two_block_sizes(raw: Mapping[str, Any], dflash: Mapping[str, Any], where: str) -> None:
+    """z-lab's code up to 7d2ea1e read the top-level block_size, 07ebd93 reads dflash_config's
+    first: when they differ, the drafter's block size is not known."""
+    top, nested = raw.get("block_size"), dflash.get("block_size")
+    if top is not None and nested is not None and top != nested:
+        raise HarnessError(
+            f"The drafter config from {where} has block_size {top} at the top level and "
+            f"{nested} under dflash_config; z-lab's older code reads the first, its current code "
+            "the second, so the block size the drafter was trained with is unclear. Keep the "
+            "right one in the config (or fix the config given with --drafter-config)."
+        )
 
 
 def _output_fields(

@@ -81,7 +81,9 @@ def test_dflash_fields_at_the_top_level_or_under_dflash_config():
     }
     inner = parse(nested, "x")  # dflash_config wins for ids and mask
     assert (inner.target_layer_ids, inner.mask_token_id, inner.block_size) == ((2, 4), 5, 7)
-    assert parse({**BASE, "block_size": 6, "dflash_config": {"block_size": 7}}, "x").block_size == 6
+    assert parse({**BASE, "block_size": 7, "dflash_config": {"block_size": 7}}, "x").block_size == 7
+    message = refused({**BASE, "block_size": 6, "dflash_config": {"block_size": 7}})
+    assert "block_size 6 at the top level and 7 under dflash_config" in message
 
 
 @pytest.mark.parametrize("key", ["draft_config", "model_config", "drafter_config"])
