@@ -90,3 +90,41 @@ def test_only_failed_runs_is_one_clear_error(tmp_path):
     pull(tmp_path, "failed", 2000, None)
     with pytest.raises(results.ResultsError, match=r"no successful runs to compare \(1 failed"):
         results.compare(results.load_runs(tmp_path))
+
+
+def _with_drafter(version: int, layer_types: list[str], attention: list[dict] | None) -> dict:
+    outcome = results_dict()
+    outcome["schema_version"] = version
+    outcome["drafter"]["config"] = {"layer_types": layer_types}
+    if attention is None:  # schema 2 recorded no rule
+        del outcome["drafter"]["attention"]
+    else:
+        outcome["drafter"]["attention"] = attention
+    return outcome
+
+
+def test_runs_masked_under_the_old_sliding_rule_are_kept_apart_and_told_why(tmp_path):
+    sliding = ["sliding_attention", "full_attention"]
+    now = [
+        {"kind": "sliding_attention", "causal": True, "window": 8},
+        {"kind": "full_attention", "causal": False, "window": None},
+    ]
+    pull(tmp_path, "old", 2000, _with_drafter(2, sliding, None))
+    pull(tmp_path, "new", 4000, _with_drafter(3, sliding, now))
+    comparison = results.compare(results.load_runs(tmp_path))
+    assert comparison.differences == {"old": ["attention rule"]}
+    with pytest.raises(results.ResultsError, match="masked sliding-window layers both ways"):
+        results.check_mixed(comparison, allow_mixed=False)
+
+
+def test_full_attention_drafters_compare_across_the_mask_rule_change(tmp_path):
+    full = ["full_attention", "full_attention"]
+    plain = [{"kind": "full_attention", "causal": False, "window": None}] * 2
+    pull(tmp_path, "old", 2000, _with_drafter(2, full, None))
+    pull(tmp_path, "new", 4000, _with_drafter(3, full, plain))
+    assert results.compare(results.load_runs(tmp_path)).differences == {}
+    # A full layer made causal by is_causal is a rule of its own.
+    causal = [{**layer, "causal": True} for layer in plain]
+    pull(tmp_path, "causal", 6000, _with_drafter(3, full, causal))
+    differences = results.compare(results.load_runs(tmp_path)).differences
+    assert differences == {"old": ["attention rule"], "new": ["attention rule"]}

@@ -170,6 +170,11 @@ def check_mixed(comparison: Comparison, allow_mixed: bool) -> str | None:
     message = (
         f"{len(comparison.differences)} run(s) differ from the latest run in "
         f"{', '.join(what)}: their numbers are not comparable"
+        + "".join(
+            f" ({name}: {reading.COMPARABILITY_WHY[name]})"
+            for name in what
+            if name in reading.COMPARABILITY_WHY
+        )
     )
     if not allow_mixed:
         raise ResultsError(

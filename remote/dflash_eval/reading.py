@@ -26,13 +26,33 @@ COMPARABILITY: dict[str, Callable[[Results], Any]] = {
     "thinking": lambda r: r["options"].get("thinking"),
     "features": lambda r: features_identity(r),
     "τ convention": lambda r: r["metrics"]["tau_convention"],
+    "attention rule": lambda r: attention_rule(r),
     "harness": lambda r: r["harness"]["content_sha256"],
+}
+
+# Why a difference in a comparability key matters, where the name alone does not say it.
+COMPARABILITY_WHY = {
+    "attention rule": "results before schema 3 masked sliding-window layers both ways; z-lab's "
+    "current code (07ebd93) makes them causal unless the config's is_causal says otherwise",
 }
 
 
 def comparability_key(results: Results) -> dict[str, Any]:
     """Everything that must match for two results to be compared, by what it is called."""
     return {name: read(results) for name, read in COMPARABILITY.items()}
+
+
+def attention_rule(results: Results) -> str | None:
+    """The mask rule the drafter was evaluated under, where it matters: None for a drafter of
+    plain full, non-causal layers (every schema masked those alike)."""
+    drafter = results["drafter"]
+    layers = drafter.get("attention")
+    if layers is None:  # schema 2 recorded no rule: sliding layers were non-causal
+        layer_types = drafter["config"].get("layer_types") or []
+        return "sliding both ways (schema 2)" if "sliding_attention" in layer_types else None
+    if all(layer["kind"] == "full_attention" and not layer["causal"] for layer in layers):
+        return None
+    return "zlab 07ebd93"
 
 
 def features_identity(results: Results) -> dict[str, Any] | None:

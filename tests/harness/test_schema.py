@@ -12,7 +12,7 @@ import pytest
 from dflash_eval import schema_check, schema_doc
 from dflash_eval.summary import headline, summary_lines
 
-from tests.schema_samples import LATER_KEYS, results_dict
+from tests.schema_samples import LATER_KEYS, SCHEMA_3_KEYS, results_dict
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
@@ -72,6 +72,21 @@ def test_a_results_file_written_before_the_later_keys_still_reads():
             record.pop(key, None)
     assert schema_check.parse_results(results) is results
     assert summary_lines(results)[0].startswith("step 2000  τ macro 1.500")
+
+
+def test_a_schema_2_file_still_reads_and_schema_1_is_named():
+    results = results_dict(reference=True)
+    results["schema_version"] = 2
+    for block, keys in SCHEMA_3_KEYS.items():
+        for key in keys:
+            results[block].pop(key)
+    results["metrics"]["capped"].pop("tau_convention")
+    assert schema_check.parse_results(results) is results
+    results["schema_version"] = 1
+    with pytest.raises(
+        schema_check.SchemaError, match="schema_version 1, this dflash-ops reads 2, 3"
+    ):
+        schema_check.parse_results(results)
 
 
 @pytest.mark.parametrize(
