@@ -54,9 +54,15 @@ TOP_LEVEL: dict[str, str] = {
     "input_embedding_scale": "multiplies the block's input embeddings",
     "output_multiplier": "multiplies the drafter's logits",
     "final_logit_softcapping": "c > 0: logits become tanh(logits / c) · c",
+    # DFlash-2 (dflash2_config.py, docs/dflash2.md), read under dflash_config first.
+    "conv_kernel_size": "DFlash-2: taps of each layer's causal convolutions",
+    "conv_group_size": "DFlash-2: channels sharing one dynamic convolution weight",
+    "selector_rank": "DFlash-2: width of the candidate selector's codes",
+    "selector_top_k": "DFlash-2: candidates per slot the selector scores",
     # What Hugging Face writes into every config.json.
     "_name_or_path": BOOKKEEPING,
-    "architectures": BOOKKEEPING + " (the class that loads it)",
+    "architectures": "the class that loads it: DFlash2DraftModel makes a DFlash-2 drafter, "
+    "any other is bookkeeping",
     "auto_map": BOOKKEEPING + " (remote-code class names)",
     "model_type": BOOKKEEPING,
     "torch_dtype": BOOKKEEPING + " (the stored dtype; the evaluation dtype is --dtype)",
@@ -77,6 +83,10 @@ UNDER_DFLASH_CONFIG: dict[str, str] = {
     "input_embedding_scale": TOP_LEVEL["input_embedding_scale"],
     "output_multiplier": TOP_LEVEL["output_multiplier"],
     "final_logit_softcapping": TOP_LEVEL["final_logit_softcapping"],
+    "conv_kernel_size": TOP_LEVEL["conv_kernel_size"],
+    "conv_group_size": TOP_LEVEL["conv_group_size"],
+    "selector_rank": TOP_LEVEL["selector_rank"],
+    "selector_top_k": TOP_LEVEL["selector_top_k"],
 }
 
 PREFIX = "dflash_config."

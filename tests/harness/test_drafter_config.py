@@ -19,6 +19,7 @@ from dflash_eval.config import (
 )
 from dflash_eval.config import from_hf_dict as parse
 from dflash_eval.config_keys import TOP_LEVEL, UNDER_DFLASH_CONFIG
+from dflash_eval.dflash2_config import KEYS
 from dflash_eval.errors import HarnessError
 
 from .helpers import small_config
@@ -148,6 +149,43 @@ def test_a_dflash2_config_is_read_from_dflash_config_or_the_top_level():
         "selector_rank": 4,
     }
     assert config.to_hf_dict()["architectures"] == ["DFlash2DraftModel"]
+
+
+def test_a_dflash2_config_as_published_passes_the_key_check_with_its_fields():
+    """z-lab's published DFlash-2 config: sliding layers with is_causal false, the logit
+    fields and the DFlash-2 keys under dflash_config; no accept_keys needed."""
+    dflash = {
+        "block_size": 16,
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "selector_rank": 8,
+        "selector_top_k": 4,
+        "output_multiplier": 0.2,
+        "final_logit_softcapping": 20.0,
+    }
+    raw = {
+        **BASE,
+        "architectures": ["DFlash2DraftModel"],
+        "vocab_size": 100,
+        "is_causal": False,
+        "layer_types": ["sliding_attention", "sliding_attention"],
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 2,
+        "dflash_config": dflash,
+    }
+    config = parse(raw, "x")
+    assert config.dflash2 is not None and config.dflash2.selector_top_k == 4
+    assert (config.output_multiplier, config.final_logit_softcapping) == (0.2, 20.0)
+    assert config.accepted_keys == {}
+    assert config.attention_record()[1] == {
+        "kind": "sliding_attention",
+        "causal": False,
+        "window": 8,
+    }
+    assert parse(config.to_hf_dict(), "x") == config
+    top = {**raw, "dflash_config": {"block_size": 16}, **{k: dflash[k] for k in KEYS}}
+    assert parse(top, "x").dflash2 == config.dflash2  # the top level is read too
 
 
 def test_features_at_their_neutral_values_are_accepted():
