@@ -362,10 +362,15 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """Final hidden [..., H] → float32 logits [..., V] through the target's LM head, then
-        times output_multiplier and softcapped by final_logit_softcapping when it is > 0 (the
-        reference's `compute_logits`; applied in float32, after the head)."""
+        transformed (`transform_logits`, in float32, after the head)."""
         flat = hidden.reshape(-1, hidden.shape[-1])  # one GEMM over all rows is the fastest
         logits = F.linear(flat, head_weight).float().view(*hidden.shape[:-1], -1)
+        return self.transform_logits(logits)
+
+    def transform_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Head logits [..., V] times output_multiplier, then softcapped by
+        final_logit_softcapping when it is > 0 (the reference's `compute_logits`), in the
+        dtype they come in."""
         if self.config.output_multiplier != 1.0:
             logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
