@@ -1,6 +1,7 @@
 """DFlash-2 drafters (docs/dflash2.md): loading both forms strictly, and the harness's τ at T=0
 against a plain live loop with a plain DFlash-2 forward (live_dflash2.py), round for round,
-in both of z-lab's loop conventions.
+in both of z-lab's loop conventions, with full non-causal layers and with causal sliding
+layers and the logit fields.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .live_dflash2 import PlainDFlash2
 from .live_loops import LiveModels, LiveRun, context_features
 
 MAX_NEW_TOKENS = 37  # not a multiple of the block size: the last round runs past it
+WINDOW = 6  # a sliding window narrower than every context
 PROMPTS = 3
 
 
@@ -150,6 +152,48 @@ def test_dflash2_rounds_and_logits_equal_a_plain_live_loop(lab, files, target, l
         accepted += max(live_rounds) > 1
     assert overridden, "the selector should override the per-slot argmax somewhere"
     assert accepted, "some round should accept drafts"
+
+
+def _sliding_with_logit_fields(config: dict) -> dict:
+    """The config as z-lab's current code can state it: every layer sliding (causal, as
+    is_causal is absent) with a window narrower than the context, and both logit fields."""
+    changed = json.loads(json.dumps(config))
+    layers = changed["num_hidden_layers"]
+    changed.update(
+        layer_types=["sliding_attention"] * layers,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=layers,
+    )
+    changed["dflash_config"].update(output_multiplier=0.5, final_logit_softcapping=4.0)
+    return changed
+
+
+def test_a_causal_sliding_dflash2_drafter_with_logit_fields_equals_the_live_loop(
+    lab, files, target, live, tmp_path
+):
+    config = _sliding_with_logit_fields(files.config)
+    directory = save_hf_dir(tmp_path / "sliding", config, hf_names(files.weights))
+    plain = PlainDFlash2(config, files.weights)
+    sliding = LiveModels(live.target, plain, live.embed, live.head)
+    stops = stop_token_ids(lab.target_dir, load_tokenizer(lab.target_dir))
+    prompt_ids = _prompt_ids(lab)[0]
+    run = LiveRun(sliding, prompt_ids, MAX_NEW_TOKENS, stops)
+    offline = _offline(directory, target, live, prompt_ids, stops)
+    assert offline.drafter.config.layer_attention(0).causal
+    assert offline.walked.lengths == run.old_loop()[1]
+    assert offline.walked.capped_lengths == run.current_loop()[1]
+    # The selector reads transformed logits: without the fields some draft would differ.
+    unscaled = PlainDFlash2(
+        {**config, "dflash_config": files.config["dflash_config"]}, files.weights
+    )
+    tokens, changed = offline.tokens, 0
+    for anchor in offline.walked.anchors:
+        features = context_features(sliding, tokens, anchor)
+        _, path = plain.draft(features, tokens[anchor], live.embed, live.head)
+        assert offline.predictor.draft(anchor) == path
+        changed += path != unscaled.draft(features, tokens[anchor], live.embed, live.head)[1]
+    assert changed, "output_multiplier and the softcap should change some selector choice"
 
 
 def test_batched_chunks_equal_one_block_at_a_time(lab, files, target, live):
