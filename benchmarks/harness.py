@@ -93,13 +93,13 @@ def _run_variant(
         fused context and its K/V every time."""
 
         @torch.inference_mode()
-        def _predict(self, anchors: torch.Tensor) -> list:
+        def _predict(self, anchors: torch.Tensor, size: int | None = None) -> list:
             predictions = []
             for anchor in anchors.tolist():
                 ctx = self.drafter.fuse_context(self._features[:anchor])
-                embeds = self._block_embeds(torch.tensor([anchor]))[0]
+                embeds = self._block_embeds(torch.tensor([anchor]), size)[0]
                 hidden = self.drafter.forward_uncached(ctx, embeds)
-                predictions += block_predictions(hidden[None], self.head.head_weight, self.top_k)
+                predictions += block_predictions(self._logits(hidden[None]), self.top_k)
             return predictions
 
     torch.set_num_threads(threads)

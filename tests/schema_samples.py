@@ -15,6 +15,11 @@ LATER_KEYS = {
     "drafter": ("settings", "provenance", "accepted_defaults", "profile"),
     "prompts": ("thinking", "template_reads_thinking", "datasets"),
 }
+# Keys schema 3 added, which a schema-2 file (still read) lacks.
+SCHEMA_3_KEYS = {
+    "drafter": ("attention", "accepted_config_keys"),
+    "metrics": ("conventions",),
+}
 
 
 def _tau(macro: float, pooled: float) -> TauBlock:
@@ -37,7 +42,12 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
             )
         ],
         ddtree={b: _tau(1.75, 1.5) for b in budgets},
-        capped={**_tau(1.5, 1.25), "ddtree": {b: _tau(1.75, 1.5) for b in budgets}},
+        conventions={"zlab-live-loop": "7d2ea1e9828b", "zlab-07ebd93": "07ebd93db9f4"},
+        capped={
+            "tau_convention": "zlab-07ebd93",
+            **_tau(1.5, 1.25),
+            "ddtree": {b: _tau(1.75, 1.5) for b in budgets},
+        },
         incomplete_references=0,
     )
     checkpoint = {
@@ -62,6 +72,8 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         "eval_block_size": 4,
         "dtype": "float32",
         "parameters": 1000,
+        "attention": [{"kind": "full_attention", "causal": False, "window": None}],
+        "accepted_config_keys": {},
     }
     return Results(
         schema_version=SCHEMA_VERSION,

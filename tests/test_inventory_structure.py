@@ -11,6 +11,7 @@ import yaml
 
 from dflash_ops.core import inventory
 from dflash_ops.core.errors import InventoryError
+from dflash_ops.evaluation.run import drafter_profile
 from tests.inventory_documents import minimal_document
 
 
@@ -340,6 +341,11 @@ def test_drafter_profile_bounds(tmp_path):
             f"hosts.trainer.drafter.{key}: expected greater than or equal to {bound}, "
             f"found {bad} (a number)"
         )
+
+
+def test_a_drafter_profile_passes_accept_keys_to_the_harness(tmp_path):
+    inventory = load(tmp_path, with_host("trainer", drafter={"accept_keys": ["draft_vocab_size"]}))
+    assert drafter_profile(inventory) == {"accept_keys": ["draft_vocab_size"]}
 
 
 def test_keepalive_default_and_bound(tmp_path):

@@ -72,8 +72,9 @@ def test_sampled_runs_read_and_compare_only_at_the_same_sampling_settings(tmp_pa
     runs = results.load_runs(tmp_path)
     assert [run.problem for run in runs] == [None, None, None]  # T > 0 results parse
     comparison = results.compare(runs)
-    with pytest.raises(results.ResultsError, match="differ from the latest run in sampling"):
-        results.check_mixed(comparison, allow_mixed=False)
+    assert "1 run(s) differ from comparability group 1 (2 run(s)) in sampling" in (
+        results.mixed_note(comparison) or ""
+    )
     _, cells = results.table_rows(comparison)
     assert [row[-1] for row in cells] == ["≠ sampling", "yes", "yes"]
 
@@ -145,3 +146,41 @@ def test_run_records_carry_plain_values_and_short_ids(tmp_path):
     assert first["best_tree"] == max(first["tree_4"], first["tree_8"])
     assert first["best_tree_budget"] in (4, 8) and first["comparable"] is True
     assert second["vs_reference"] == 0.5 and second["reference_tau"] == 3.0
+
+
+def _with_drafter(version: int, layer_types: list[str], attention: list[dict] | None) -> dict:
+    outcome = results_dict()
+    outcome["schema_version"] = version
+    outcome["drafter"]["config"] = {"layer_types": layer_types}
+    if attention is None:  # schema 2 recorded no rule
+        del outcome["drafter"]["attention"]
+    else:
+        outcome["drafter"]["attention"] = attention
+    return outcome
+
+
+def test_runs_masked_under_the_old_sliding_rule_are_kept_apart_and_told_why(tmp_path):
+    sliding = ["sliding_attention", "full_attention"]
+    now = [
+        {"kind": "sliding_attention", "causal": True, "window": 8},
+        {"kind": "full_attention", "causal": False, "window": None},
+    ]
+    pull(tmp_path, "old", 2000, _with_drafter(2, sliding, None))
+    pull(tmp_path, "new", 4000, _with_drafter(3, sliding, now))
+    comparison = results.compare(results.load_runs(tmp_path))
+    assert comparison.differences == {"old": ["attention rule"]}
+    note = results.mixed_note(comparison) or ""
+    assert "in attention rule" in note and "masked sliding-window layers both ways" in note
+
+
+def test_full_attention_drafters_compare_across_the_mask_rule_change(tmp_path):
+    full = ["full_attention", "full_attention"]
+    plain = [{"kind": "full_attention", "causal": False, "window": None}] * 2
+    pull(tmp_path, "old", 2000, _with_drafter(2, full, None))
+    pull(tmp_path, "new", 4000, _with_drafter(3, full, plain))
+    assert results.compare(results.load_runs(tmp_path)).differences == {}
+    # A full layer made causal by is_causal is a rule of its own.
+    causal = [{**layer, "causal": True} for layer in plain]
+    pull(tmp_path, "causal", 6000, _with_drafter(3, full, causal))
+    differences = results.compare(results.load_runs(tmp_path)).differences
+    assert differences == {"old": ["attention rule"], "new": ["attention rule"]}

@@ -96,6 +96,7 @@ class DrafterProfile(Strict):
     parameter_prefix: str | None = None
     parameter_renames: list[list[str]] | None = None  # [[regex, replacement], …]
     accept_default: list[str] | None = None  # default rules confirmed (target_layer_ids, rope)
+    accept_keys: list[str] | None = None  # drafter config keys known to change nothing
     safe_globals: list[str] | None = None  # named pickle globals (e.g. argparse, numpy)
 
 

@@ -218,6 +218,11 @@ def mixed_note(comparison: Comparison) -> str | None:
         f"{len(comparison.differences)} run(s) differ from comparability group "
         f"{comparison.compared} ({size} run(s)) in {', '.join(what)}: their numbers are not "
         "comparable with that group's"
+        + "".join(
+            f" ({name}: {reading.COMPARABILITY_WHY[name]})"
+            for name in what
+            if name in reading.COMPARABILITY_WHY
+        )
     )
 
 

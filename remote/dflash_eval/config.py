@@ -5,26 +5,53 @@ A drafter config is a Qwen3 config plus `block_size`, `num_target_layers` and
 `dflash/model.py`) reads it as a transformers `Qwen3Config`, so this module does too: RoPE
 parameters (every rope type transformers implements, `partial_rotary_factor`) and the
 sliding-window rules (`use_sliding_window`, `layer_types`, `max_window_layers`) mean what
-transformers makes of them. Anything the harness cannot honour (biases, other activations,
-logit multipliers) is refused here, loudly, rather than silently evaluated with the wrong
-maths. DFlash-2 configs carry their extra parts in `dflash2` (dflash2_config.py).
+transformers makes of them. What z-lab's current code (commit 07ebd93db9f4) adds is read as it
+reads it: `is_causal` (each layer's mask rule: `LayerAttention`) and the embedding and logit
+fields. DFlash-2 configs carry their extra parts in `dflash2` (dflash2_config.py). Anything
+the harness cannot honour (biases, other activations) is refused here, loudly, rather than
+silently evaluated with the wrong maths, and so is any key outside config_keys' lists that
+the profile does not accept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dflash_eval.config_keys import accepted_unknown_keys
 from dflash_eval.dflash2_config import ARCHITECTURE as DFLASH2_ARCHITECTURE
 from dflash_eval.dflash2_config import DFlash2Parts, read_dflash2
 from dflash_eval.errors import HarnessError
+from dflash_eval.schema import LayerAttentionRecord
 
+# The embedding and logit fields of z-lab's current code, with the value that changes nothing.
+OUTPUT_FIELDS = {
+    "input_embedding_scale": 1.0,
+    "output_multiplier": 1.0,
+    "final_logit_softcapping": None,
+}
 # Config keys that state the RoPE settings (absent: transformers' Qwen3 default applies).
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
 # Qwen3Config's defaults, which the reference code gets for keys a config leaves out.
 QWEN3_DEFAULT_ROPE_THETA = 10_000.0
 QWEN3_DEFAULT_MAX_POSITIONS = 32768
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One drafter layer's mask rule (DFLASH.md §2.4). With query position i and key position
+    j (absolute): a causal layer sees j ≤ i; a window w also needs i − j < w and, when the
+    layer is not causal, j − i < w. A non-causal layer without a window sees all it is given.
+    (No window on a sliding layer: the config turns windows off, as Qwen3Config reads it.)"""
+
+    kind: str  # "full_attention" | "sliding_attention"
+    causal: bool
+    window: int | None
+
+    @property
+    def masked(self) -> bool:
+        return self.causal or self.window is not None
 
 
 @dataclass(frozen=True)
@@ -53,13 +80,31 @@ class DrafterConfig:
     num_target_layers: int | None = None
     vocab_size: int | None = None
     dflash2: DFlash2Parts | None = None  # None: a plain DFlash drafter
+    # The config's top-level `is_causal` (every layer); None: the reference's default, a
+    # sliding_attention layer causal and a full_attention layer not.
+    is_causal: bool | None = None
+    # z-lab's current code (07ebd93) reads these at the top level or under dflash_config:
+    # the block's input embeddings are multiplied by input_embedding_scale; the logits by
+    # output_multiplier, then softcapped (tanh(logits / c) · c) when c > 0.
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    # Config keys outside config_keys' lists that the profile's accept_keys let through.
+    accepted_keys: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
-    def layer_window(self, layer_index: int) -> int | None:
-        """Sliding window of one drafter layer, None for full attention (as the reference:
-        a `sliding_attention` layer with no window in effect attends to everything)."""
-        if self.layer_types is None or self.layer_types[layer_index] != "sliding_attention":
-            return None
-        return self.sliding_window
+    def layer_attention(self, layer_index: int) -> LayerAttention:
+        """What one drafter layer's queries see, as z-lab's current code (07ebd93) decides."""
+        kind = "full_attention" if self.layer_types is None else self.layer_types[layer_index]
+        sliding = kind == "sliding_attention"
+        causal = sliding if self.is_causal is None else self.is_causal
+        return LayerAttention(kind, causal, self.sliding_window if sliding else None)
+
+    def attention_record(self) -> list[LayerAttentionRecord]:
+        """Each layer's attention semantics, for the results."""
+        return [
+            LayerAttentionRecord(**asdict(self.layer_attention(i)))
+            for i in range(self.num_hidden_layers)
+        ]
 
     def rope_parameters(self) -> dict[str, Any]:
         """transformers' `rope_parameters` for this config (also the provenance value)."""
@@ -105,6 +150,11 @@ class DrafterConfig:
             config["dflash_config"].update(self.dflash2.to_hf_dict())
         if self.partial_rotary_factor != 1.0:
             config["partial_rotary_factor"] = self.partial_rotary_factor
+        if self.is_causal is not None:
+            config["is_causal"] = self.is_causal
+        for name, unset in OUTPUT_FIELDS.items():
+            if getattr(self, name) != unset:
+                config["dflash_config"][name] = getattr(self, name)
         return config
 
 
@@ -146,10 +196,14 @@ def unnest(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     return raw
 
 
-def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
+def from_hf_dict(
+    raw: Mapping[str, Any], where: str, accept_keys: Iterable[str] | None = ()
+) -> DrafterConfig:
     """Parse a DFlash config dict (config.json, or the `config` of a training checkpoint).
 
-    `where` names the source in error messages. `block_size`, `mask_token_id` and
+    `where` names the source in error messages; a key outside config_keys' lists stops the
+    run unless `accept_keys` names it (None: keys are not checked, for extract, which only
+    copies the config). `block_size`, `mask_token_id` and
     `target_layer_ids` may sit at the top level or under `dflash_config`; missing ones are
     left unset (0, -1, ()) for the provenance rules to fill or refuse.
     """
@@ -163,6 +217,8 @@ def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
             "Pass a complete one with --drafter-config FILE."
         )
     _refuse_unsupported(raw, dflash, where)
+    _refuse_two_block_sizes(raw, dflash, where)
+    accepted = {} if accept_keys is None else accepted_unknown_keys(raw, accept_keys, where)
     qwen3 = qwen3_config({k: raw[k] for k in _QWEN3_KEYS if k in raw}, where)
     hidden = int(raw["hidden_size"])
     heads = int(raw["num_attention_heads"])
@@ -186,7 +242,55 @@ def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
         num_target_layers=stated.get("num_target_layers"),
         vocab_size=int(raw["vocab_size"]) if raw.get("vocab_size") else None,
         dflash2=read_dflash2(raw, dflash, hidden, where),
+        is_causal=_is_causal(raw, where),
+        **_output_fields(raw, dflash, where),
+        accepted_keys=accepted,
     )
+
+
+def _refuse_two_block_sizes(raw: Mapping[str, Any], dflash: Mapping[str, Any], where: str) -> None:
+    """z-lab's code up to 7d2ea1e read the top-level block_size, 07ebd93 reads dflash_config's
+    first: when they differ, the drafter's block size is not known."""
+    top, nested = raw.get("block_size"), dflash.get("block_size")
+    if top is not None and nested is not None and top != nested:
+        raise HarnessError(
+            f"The drafter config from {where} has block_size {top} at the top level and "
+            f"{nested} under dflash_config; z-lab's older code reads the first, its current code "
+            "the second, so the block size the drafter was trained with is unclear. Keep the "
+            "right one in the config (or fix the config given with --drafter-config)."
+        )
+
+
+def _output_fields(
+    raw: Mapping[str, Any], dflash: Mapping[str, Any], where: str
+) -> dict[str, float | None]:
+    """The three fields where the reference reads them: dflash_config first, then the top."""
+    fields: dict[str, float | None] = {}
+    for name, unset in OUTPUT_FIELDS.items():
+        value = dflash.get(name, raw.get(name))
+        if value is None:
+            fields[name] = unset
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise HarnessError(
+                f"The drafter config from {where} has {name}={value!r}; expected a number. "
+                "Fix the config."
+            )
+        else:
+            fields[name] = float(value)
+    return fields
+
+
+def _is_causal(raw: Mapping[str, Any], where: str) -> bool | None:
+    """The reference reads `is_causal` from the top level only (`bool(value)` of anything
+    not None); a value that is not a JSON boolean would mean something surprising there."""
+    value = raw.get("is_causal")
+    if value is not None and not isinstance(value, bool):
+        raise HarnessError(
+            f"The drafter config from {where} has is_causal={value!r}; expected true, false or "
+            "null (null: sliding_attention layers causal, full_attention layers not). Fix the "
+            "config."
+        )
+    return value
 
 
 def qwen3_config(values: Mapping[str, Any], where: str) -> Any:
@@ -280,13 +384,6 @@ def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where
         problems.append("attention_bias=true")
     if raw.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={raw.get('hidden_act')!r}")
-    for name in ("input_embedding_scale", "output_multiplier"):
-        value = dflash.get(name, raw.get(name))
-        if value not in (None, 1, 1.0):
-            problems.append(f"{name}={value!r}")
-    softcap = dflash.get("final_logit_softcapping", raw.get("final_logit_softcapping"))
-    if softcap:
-        problems.append(f"final_logit_softcapping={softcap!r}")
     if problems:
         raise HarnessError(
             f"The drafter config from {where} uses features this harness does not implement: "

@@ -72,6 +72,10 @@ ARCHITECTURE_FIELDS = (
     "layer_types",
     "sliding_window",
     "dflash2",  # a DFlash-2 config against a plain one (or other DFlash-2 parts)
+    "is_causal",
+    "input_embedding_scale",
+    "output_multiplier",
+    "final_logit_softcapping",
 )
 
 
@@ -152,8 +156,9 @@ def _stated_configs(
     ]
     if profile is not None and profile.config is not None:
         given.append((PROFILE, f"{profile.label} config", dict(profile.config)))
+    accept_keys = profile.accept_keys if profile is not None else ()
     stated = [
-        _StatedConfig(kind, label, raw, from_hf_dict(raw, f"{label} ({source.path})"))
+        _StatedConfig(kind, label, raw, from_hf_dict(raw, f"{label} ({source.path})", accept_keys))
         for kind, label, raw in given
         if raw is not None
     ]
@@ -297,6 +302,7 @@ def _notes(
         notes.append(
             "layer_types marks sliding_attention layers but the config has no window in effect "
             "(use_sliding_window is false or sliding_window is null): like the reference "
-            "(transformers' Qwen3Config drops the window), every layer attends to everything"
+            "(transformers' Qwen3Config drops the window), those layers have no window (they "
+            "stay causal unless is_causal says otherwise)"
         )
     return notes

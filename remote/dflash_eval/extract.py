@@ -40,7 +40,9 @@ def extract(
     if config is None and config_file is not None:
         config = json.loads(Path(config_file).read_text())
     if config is not None:
-        from_hf_dict(config, f"checkpoint {checkpoint}")  # refuse a config we cannot use
+        # Refuse a config we cannot use; unknown keys are for the evaluation (and the
+        # profile's accept_keys) to judge.
+        from_hf_dict(config, f"checkpoint {checkpoint}", accept_keys=None)
     out_dir = Path(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)

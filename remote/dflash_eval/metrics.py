@@ -2,20 +2,27 @@
 
 A round at anchor s (g[s] the last committed token) drafts slots 1..B-1; the target accepts
 the longest prefix equal to g[s+1..]; the round commits acc+1 tokens and the next anchor
-is s+acc+1. The rounds are those of z-lab's `dflash_generate` (and of the DDTree authors'
-`ddtree_generate`), the loops whose mean acceptance length their benchmarks report:
+is s+acc+1. Where the walk ends follows one of two versions of z-lab's `dflash_generate`
+(`dflash/model.py`), both reported:
 
-- the first round is anchored at the first completion token (anchor = prompt length);
-- a round starts while the anchor is below prompt length + max_new_tokens, so the round
-  anchored at the last completion token runs too;
-- no round is capped at the tokens left: the live loop verifies a whole block and may
-  accept past max_new_tokens (its output is cut afterwards, its acceptance lengths are not);
-- the round that commits the first stop token is the last one, and counts in full.
+- "zlab-live-loop", the default (the figures at the top of `metrics`): the loop of commit
+  7d2ea1e9828b (z-lab's main branch up to 44947fb, and the DDTree authors'
+  `ddtree_generate`), whose acceptance lengths the published benchmarks average. The first
+  round is anchored at the first completion token; a round starts while the anchor is below
+  prompt length + max_new_tokens (so the round at the last completion token runs too); every
+  round verifies a whole block and none is capped (the output is cut afterwards, the
+  acceptance lengths are not); the round that commits the first stop token is the last one,
+  and counts in full.
+- "zlab-07ebd93" (`metrics.capped`): the loop of commit 07ebd93db9f4. Rounds run while
+  anchor + 1 < max_length (prompt length + max_new_tokens), and none when the first
+  completion token is a stop token; the last block is shortened to min(B, max_length − s)
+  slots (the drafter sees fewer mask slots, which changes its predictions wherever a layer is
+  not causal); a round's count is capped at max_length − s − 1, and cut after the first stop
+  token it commits.
 
-Scoring the last rounds exactly needs the target's greedy tokens up to B-1 past the last
-anchor, past max_new_tokens and past a stop token: the reference ("tokens") is generated
-that much longer (completions.py). The previous convention, capped at the end of the
-completion, is kept as a secondary figure (`capped_*`).
+Scoring the default's last rounds exactly needs the target's greedy tokens up to B-1 past the
+last anchor, past max_new_tokens and past a stop token: the reference ("tokens") is generated
+that much longer (completions.py).
 """
 
 from __future__ import annotations
@@ -27,17 +34,27 @@ from typing import Any, Protocol
 
 from dflash_eval.schema_metrics import Metrics
 
-# The value of metrics.tau_convention (docs/results-schema.md).
+# The value of metrics.tau_convention (docs/results-schema.md), and of metrics.capped's.
 TAU_CONVENTION = "zlab-live-loop"
+CURRENT_CONVENTION = "zlab-07ebd93"
+# metrics.conventions: each convention named with the reference commit it follows.
+CONVENTIONS = {
+    TAU_CONVENTION: "z-lab dflash/model.py dflash_generate at 7d2ea1e9828b: rounds start while "
+    "the anchor is below max_length, whole blocks, no cap (the default)",
+    CURRENT_CONVENTION: "z-lab dflash/model.py dflash_generate at 07ebd93db9f4: rounds run "
+    "while anchor + 1 < max_length, the last block shortened to what is left, its count capped",
+}
 
 
 class Predictions(Protocol):
     """What the walk reads per anchor (predict.Predictor): the greedy draft of slots
     1..B-1, and the top-k candidates (ids, log-probs) of the slots a tree can reach."""
 
-    def draft(self, anchor: int) -> list[int]: ...
+    def draft(self, anchor: int, size: int | None = None) -> list[int]: ...
 
-    def tree(self, anchor: int) -> tuple[list[list[int]], list[list[float]]]: ...
+    def tree(
+        self, anchor: int, size: int | None = None
+    ) -> tuple[list[list[int]], list[list[float]]]: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +91,7 @@ class PromptWalk:
     anchors: list[int] = field(default_factory=list)  # vanilla round anchors
     slot_correct: list[list[bool]] = field(default_factory=list)  # per round, slots 1..B-1
     ddtree_lengths: dict[int, list[int]] = field(default_factory=dict)
-    capped_lengths: list[int] = field(default_factory=list)  # the previous convention
+    capped_lengths: list[int] = field(default_factory=list)  # CURRENT_CONVENTION
     capped_ddtree_lengths: dict[int, list[int]] = field(default_factory=dict)
     reference_complete: bool = True  # False: the reference was too short to decide the end
 
@@ -104,6 +121,31 @@ def walk(
         anchor += length
         if stop is not None and stop <= anchor:
             break
+    return lengths
+
+
+def walk_current(
+    first_anchor: int,
+    max_length: int,
+    block_size: int,
+    round_length: Callable[[int, int], int],
+    stop: int | None = None,
+    max_rounds: int | None = None,
+) -> list[int]:
+    """Round counts of z-lab's loop at 07ebd93: `round_length(anchor, size)` is acc+1 for a
+    block of `size` slots (B, or what is left before max_length)."""
+    lengths: list[int] = []
+    anchor = first_anchor
+    if stop == first_anchor:
+        return lengths  # the token before the first round is already a stop token
+    while anchor + 1 < max_length and (max_rounds is None or len(lengths) < max_rounds):
+        size = min(block_size, max_length - anchor)
+        produced = min(round_length(anchor, size), max_length - anchor - 1)
+        if stop is not None and anchor < stop <= anchor + produced:
+            lengths.append(stop - anchor)
+            break
+        lengths.append(produced)
+        anchor += produced
     return lengths
 
 
@@ -197,43 +239,47 @@ def walk_prompt(
     """
     result = PromptWalk(reference_complete=len(tokens) >= span.needed_tokens(block_size))
     limit = min(span.limit, len(tokens) - 1)
-    capped_last = min(span.end, len(tokens)) - 1  # the previous convention's last token
-    checked: dict[int, tuple[int, list[bool]]] = {}  # anchor → (acc, per-slot correctness)
+    max_length = min(span.limit, len(tokens))  # the current loop's, within the reference
+    checked: dict[tuple[int, int], tuple[int, list[bool]]] = {}  # (anchor, size) → acc, slots
 
-    def vanilla(anchor: int) -> int:
-        if anchor not in checked:
-            future = tokens[anchor + 1 : anchor + block_size]
-            checked[anchor] = accepted_prefix(predictions.draft(anchor), future)
-        return checked[anchor][0]
+    def vanilla(anchor: int, size: int = block_size) -> int:
+        if (anchor, size) not in checked:
+            future = tokens[anchor + 1 : anchor + size]
+            draft = predictions.draft(anchor, size if size < block_size else None)
+            checked[anchor, size] = accepted_prefix(draft, future)
+        return checked[anchor, size][0]
 
     result.lengths = walk(span.first_anchor, limit, lambda a: vanilla(a) + 1, span.stop, max_rounds)
     result.anchors = anchors_of(span.first_anchor, result.lengths)
-    result.slot_correct = [checked[anchor][1] for anchor in result.anchors]
-    result.capped_lengths = walk(
+    result.slot_correct = [checked[anchor, block_size][1] for anchor in result.anchors]
+    result.capped_lengths = walk_current(
         span.first_anchor,
-        capped_last,
-        lambda a: min(vanilla(a) + 1, capped_last - a),
-        max_rounds=max_rounds,
+        max_length,
+        block_size,
+        lambda a, size: vanilla(a, size) + 1,
+        span.stop,
+        max_rounds,
     )
-    tree_paths: dict[int, list[int]] = {}  # anchor → path indices, shared by all budgets
+    tree_paths: dict[tuple[int, int], list[int]] = {}  # path indices, shared by all budgets
 
-    def tree_depth(anchor: int, budget: int) -> int:
-        if anchor not in tree_paths:
-            future = tokens[anchor + 1 : anchor + block_size]
-            tree_paths[anchor] = ddtree_path_indices(
-                *predictions.tree(anchor), future, max(budgets)
-            )
-        return sum(1 for index in tree_paths[anchor] if index < budget)
+    def tree_depth(anchor: int, budget: int, size: int = block_size) -> int:
+        if (anchor, size) not in tree_paths:
+            future = tokens[anchor + 1 : anchor + size]
+            tree = predictions.tree(anchor, size if size < block_size else None)
+            tree_paths[anchor, size] = ddtree_path_indices(*tree, future, max(budgets))
+        return sum(1 for index in tree_paths[anchor, size] if index < budget)
 
     for b in budgets:
         result.ddtree_lengths[b] = walk(
             span.first_anchor, limit, lambda a, b=b: tree_depth(a, b) + 1, span.stop, max_rounds
         )
-        result.capped_ddtree_lengths[b] = walk(
+        result.capped_ddtree_lengths[b] = walk_current(
             span.first_anchor,
-            capped_last,
-            lambda a, b=b: min(tree_depth(a, b) + 1, capped_last - a),
-            max_rounds=max_rounds,
+            max_length,
+            block_size,
+            lambda a, size, b=b: tree_depth(a, b, size) + 1,
+            span.stop,
+            max_rounds,
         )
     return result
 
@@ -274,6 +320,7 @@ def summarize(walks: Sequence[PromptWalk], block_size: int, budgets: Sequence[in
     return {
         "block_size": block_size,
         "tau_convention": TAU_CONVENTION,
+        "conventions": CONVENTIONS,
         "tau_macro": vanilla["macro"],
         "tau_pooled": vanilla["pooled"],
         "rounds": vanilla["rounds"],
@@ -282,6 +329,7 @@ def summarize(walks: Sequence[PromptWalk], block_size: int, budgets: Sequence[in
         "per_position": per_position,
         "ddtree": _ddtree_block([w.ddtree_lengths for w in walks], budgets),
         "capped": {
+            "tau_convention": CURRENT_CONVENTION,
             **_tau_block([w.capped_lengths for w in walks]),
             "ddtree": _ddtree_block([w.capped_ddtree_lengths for w in walks], budgets),
         },

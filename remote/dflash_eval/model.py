@@ -5,21 +5,24 @@ A reader who knows Hugging Face's `modeling_qwen3.py` should recognise every pie
 DFlash differs from Qwen3:
 - keys/values come from the fused target context *and* the block (context first), queries
   from the block only;
-- there is no causal mask: each block slot sees its whole context and its whole block;
+- the mask is z-lab's current one (`dflash/model.py` at commit 07ebd93db9f4, `_attention_mask`):
+  a layer is causal when the config's `is_causal` says so, else when it is a
+  `sliding_attention` layer. With query position i and key position j (absolute), a causal
+  layer sees j ≤ i; a sliding window w also needs i − j < w, and on a non-causal layer
+  j − i < w too; a non-causal full layer sees its whole context and its whole block
+  (`config.LayerAttention`, `visibility` below). Before 07ebd93 every layer was non-causal;
+  results of schema 2 were computed that way;
 - the drafter owns no embedding and no LM head (the caller passes the target's).
 
 Batching: `DFlashDrafter.forward_blocks` evaluates N blocks anchored at different positions
 of one sequence in one pass. The N blocks are laid out as one query sequence, the keys are
 [context; block 0; block 1; …], and a block-structured mask lets block n see context
-positions < s_n and its own block only. The context K/V of each layer is computed once per
-sequence (`context_cache`) and shared by every block.
+positions < s_n and its own block only, narrowed by each layer's rule. The context K/V of
+each layer is computed once per sequence (`context_cache`) and shared by every block.
 
-RoPE and sliding windows follow the reference (z-lab's `dflash/model.py`): the rotary tables
-come from transformers' own rotary embedding for the config (every rope type transformers
-implements; a `partial_rotary_factor` below 1 rotates the leading dimensions only, as the
-Qwen3-family models that support it do), and a `sliding_attention` layer uses the window
-the reference hands to flash-attention for this non-causal attention: a query at position
-p sees keys k with |p − k| < window (behind it in the context, and ahead of it in its block).
+RoPE follows the reference: the rotary tables come from transformers' own rotary embedding
+for the config (every rope type transformers implements; a `partial_rotary_factor` below 1
+rotates the leading dimensions only, as the Qwen3-family models that support it do).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_eval.config import DrafterConfig, qwen3_config, rope_config_values
+from dflash_eval.config import DrafterConfig, LayerAttention, qwen3_config, rope_config_values
 from dflash_eval.errors import HarnessError
 
 
@@ -129,7 +132,7 @@ class DFlashAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.window = config.layer_window(layer_index)
+        self.attention = config.layer_attention(layer_index)
         hidden, q_size = config.hidden_size, self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, q_size, bias=False)
@@ -195,22 +198,29 @@ class DFlashAttention(nn.Module):
         k, v = self._keys_values(torch.cat([ctx, x], dim=0), rope)  # [kv, S+B, D]
         q = self._queries(x, (rope[0][start:], rope[1][start:]))  # [heads, B, D]
         all_positions = torch.arange(start + block_size)
-        mask = window_mask(all_positions[start:], all_positions, self.window)
+        mask = visibility(all_positions[start:], all_positions, self.attention)
         out = F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=mask, enable_gqa=True
         )  # [1, heads, B, D]
         return self.o_proj(out[0].transpose(0, 1).reshape(block_size, -1))
 
 
-def window_mask(
-    query_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None
+def visibility(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, attention: LayerAttention
 ) -> torch.Tensor | None:
-    """Sliding window as the reference applies it (flash-attention's window
-    (window − 1, window − 1) on non-causal attention): a query sees the keys less than
-    `window` positions away from it, behind or ahead. None when there is no window."""
-    if window is None:
+    """[Q, K] True where a query may attend to a key, by the layer's rule (LayerAttention);
+    None when the rule hides nothing."""
+    if not attention.masked:
         return None
-    return (query_positions[:, None] - key_positions[None, :]).abs() < window
+    ahead = key_positions[None, :] - query_positions[:, None]  # j − i
+    visible = torch.ones(ahead.shape, dtype=torch.bool)
+    if attention.causal:
+        visible &= ahead <= 0
+    if attention.window is not None:
+        visible &= -ahead < attention.window
+        if not attention.causal:
+            visible &= ahead < attention.window
+    return visible
 
 
 class DFlashMLP(nn.Module):
@@ -309,7 +319,7 @@ class DFlashDrafter(nn.Module):
                 rope,
                 cache.keys[index][:, :context_length],
                 cache.values[index][:, :context_length],
-                masks[layer.self_attn.window],
+                masks[layer.self_attn.attention],
             )
         return self.norm(x)
 
@@ -319,12 +329,12 @@ class DFlashDrafter(nn.Module):
         positions: torch.Tensor,
         context_length: int,
         dtype: torch.dtype,
-    ) -> dict[int | None, torch.Tensor | None]:
-        """One mask [N·B, S+N·B] per distinct window among the layers (None = full)."""
+    ) -> dict[LayerAttention, torch.Tensor | None]:
+        """One mask [N·B, S+N·B] per distinct attention rule among the layers."""
         blocks, block_size = positions.shape
-        windows = {layer.self_attn.window for layer in self.layers}
-        if blocks == 1 and windows == {None}:
-            return {None: None}  # a single block sees everything it is given
+        rules = {layer.self_attn.attention for layer in self.layers}
+        if blocks == 1 and not any(rule.masked for rule in rules):
+            return dict.fromkeys(rules)  # a single block sees everything it is given
         query_positions = positions.reshape(-1)  # [N·B]
         query_block = torch.arange(blocks).repeat_interleave(block_size)  # [N·B]
         context = torch.arange(context_length)
@@ -332,16 +342,41 @@ class DFlashDrafter(nn.Module):
         sees_block = query_block[:, None] == query_block[None, :]  # [N·B, N·B]
         structure = torch.cat([sees_context, sees_block], dim=1)
         key_positions = torch.cat([context, query_positions])
-        masks: dict[int | None, torch.Tensor | None] = {}
-        for window in windows:
-            limit = window_mask(query_positions, key_positions, window)
+        masks: dict[LayerAttention, torch.Tensor | None] = {}
+        for rule in rules:
+            limit = visibility(query_positions, key_positions, rule)
             visible = structure if limit is None else structure & limit
             # Additive form, built once and shared by every layer (SDPA would otherwise
             # convert a boolean mask in each layer).
-            masks[window] = torch.zeros(visible.shape, dtype=dtype).masked_fill_(
+            masks[rule] = torch.zeros(visible.shape, dtype=dtype).masked_fill_(
                 ~visible, float("-inf")
             )
         return masks
+
+    def embed_block(self, embed_weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Block token ids [...] → input embeddings [..., H]: rows of the target's embedding
+        times the config's input_embedding_scale (the reference's raw embedding lookup)."""
+        embeds = embed_weight[ids]
+        scale = self.config.input_embedding_scale
+        return embeds if scale == 1.0 else embeds * scale
+
+    def logits(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
+        """Final hidden [..., H] → float32 logits [..., V] through the target's LM head, then
+        transformed (`transform_logits`, in float32, after the head)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])  # one GEMM over all rows is the fastest
+        logits = F.linear(flat, head_weight).float().view(*hidden.shape[:-1], -1)
+        return self.transform_logits(logits)
+
+    def transform_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Head logits [..., V] times output_multiplier, then softcapped by
+        final_logit_softcapping when it is > 0 (the reference's `compute_logits`), in the
+        dtype they come in."""
+        if self.config.output_multiplier != 1.0:
+            logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap is not None and cap > 0:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def forward_uncached(self, ctx: torch.Tensor, block_embed: torch.Tensor) -> torch.Tensor:
         """One block [B, H] anchored at s = len(ctx) (fused context [s, H]), recomputing

@@ -155,9 +155,11 @@ class DFlash2Drafter(DFlashDrafter):
         self, hidden: torch.Tensor, head_weight: torch.Tensor, anchor_ids: torch.Tensor
     ) -> torch.Tensor:
         """Final-normed blocks [N, B, H] (forward_blocks) → drafts [N, B−1] at T = 0,
-        scored in the drafter's dtype as the reference scores them."""
+        scored in the drafter's dtype as the reference scores them. The selector reads the
+        logits after output_multiplier and the softcap, as the reference's does."""
         slots = hidden[:, 1:]
-        return self.candidate_selector.choose(slots, F.linear(slots, head_weight), anchor_ids)
+        logits = self.transform_logits(F.linear(slots, head_weight))
+        return self.candidate_selector.choose(slots, logits, anchor_ids)
 
 
 def drafter_class(config: DrafterConfig) -> type[DFlashDrafter]:

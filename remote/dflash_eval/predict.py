@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from dflash_eval.health import require_finite_logits
 from dflash_eval.model import ContextCache, DFlashDrafter
@@ -95,20 +94,35 @@ class Predictor:
         self._features = features
         self._cache: ContextCache | None = None
         self._blocks: dict[int, BlockPrediction] = {}
+        self._short_blocks: dict[tuple[int, int], BlockPrediction] = {}
         self.blocks_computed = 0
         self.seconds = 0.0
 
-    def draft(self, anchor: int) -> list[int]:
-        """The greedy token of each slot 1..B-1 of the block at `anchor`."""
-        return self._block(anchor).draft
+    def draft(self, anchor: int, size: int | None = None) -> list[int]:
+        """The greedy token of each slot 1..B-1 of the block at `anchor` (of `size` slots
+        instead of B, for z-lab's shortened last block)."""
+        return self._block(anchor, size).draft
 
-    def tree(self, anchor: int) -> tuple[list[list[int]], list[list[float]]]:
+    def tree(
+        self, anchor: int, size: int | None = None
+    ) -> tuple[list[list[int]], list[list[float]]]:
         """Top-k ids and log-probs, best first, for slots 1..d of the block at `anchor`,
         where d is the deepest slot a best-first tree of ≤ k nodes can reach."""
-        block = self._block(anchor)
+        block = self._block(anchor, size)
         return block.tree_ids, block.tree_logprobs
 
-    def _block(self, anchor: int) -> BlockPrediction:
+    def _block(self, anchor: int, size: int | None) -> BlockPrediction:
+        if size is not None and size != self.block_size:
+            # A shortened block (at most one per walk): a non-causal layer sees fewer mask
+            # slots, so its predictions differ from the full block's.
+            if (anchor, size) not in self._short_blocks:
+                began = time.perf_counter()
+                single = torch.tensor([anchor])
+                (prediction,) = self._predict(single, size)
+                self.seconds += time.perf_counter() - began
+                self.blocks_computed += 1
+                self._short_blocks[anchor, size] = prediction
+            return self._short_blocks[anchor, size]
         if anchor not in self._blocks:
             self._compute_around(anchor)
         return self._blocks[anchor]
@@ -133,21 +147,28 @@ class Predictor:
         return self._cache
 
     @torch.inference_mode()
-    def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
-        hidden = self.drafter.forward_blocks(self._block_embeds(anchors), anchors, self._context())
+    def _predict(self, anchors: torch.Tensor, size: int | None = None) -> list[BlockPrediction]:
+        embeds = self._block_embeds(anchors, size)
+        hidden = self.drafter.forward_blocks(embeds, anchors, self._context())
         return self._from_hidden(hidden, anchors)
 
     def _from_hidden(self, hidden: torch.Tensor, anchors: torch.Tensor) -> list[BlockPrediction]:
+        """Final hidden [N, B, H] → each block's prediction (a DFlash-2 draft is its
+        selector's choice, over logits transformed as the plain drafter's are)."""
         if isinstance(self.drafter, DFlash2Drafter):
             drafts = self.drafter.choose(hidden, self.head.head_weight, self.tokens[anchors])
             return [BlockPrediction(draft, [], []) for draft in drafts.tolist()]
-        return block_predictions(hidden, self.head.head_weight, self.top_k)
+        return block_predictions(self._logits(hidden), self.top_k)
 
-    def _block_embeds(self, anchors: torch.Tensor) -> torch.Tensor:
-        """[g[s], MASK, …, MASK] embedded → [N, B, H]."""
-        block_tokens = torch.full((len(anchors), self.block_size), self.head.mask_token_id)
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden [N, B, H] → float32 logits [N, B-1, V] of the drafted slots."""
+        return self.drafter.logits(hidden[:, 1:], self.head.head_weight)
+
+    def _block_embeds(self, anchors: torch.Tensor, size: int | None = None) -> torch.Tensor:
+        """[g[s], MASK, …, MASK] embedded → [N, B, H] (B = size when given)."""
+        block_tokens = torch.full((len(anchors), size or self.block_size), self.head.mask_token_id)
         block_tokens[:, 0] = self.tokens[anchors]
-        return self.head.embed_weight[block_tokens]
+        return self.drafter.embed_block(self.head.embed_weight, block_tokens)
 
 
 # Log-prob slack when deciding which slots a tree can reach: far above the rounding of a
@@ -162,10 +183,9 @@ class BlockPrediction:
     tree_logprobs: list[list[float]]  # [d][k] their log-softmax values
 
 
-def block_predictions(
-    hidden: torch.Tensor, head_weight: torch.Tensor, top_k: int
-) -> list[BlockPrediction]:
-    """Final hidden [N, B, H] → the greedy draft and the DDTree candidates of each block.
+def block_predictions(logits: torch.Tensor, top_k: int) -> list[BlockPrediction]:
+    """Drafted slots' float32 logits [N, B-1, V] → the greedy draft and the DDTree
+    candidates of each block.
 
     Every slot needs the full-vocabulary logits (greedy token, log-softmax normaliser), but
     top-k only matters for the slots a best-first tree of ≤ k nodes can reach. The best
@@ -174,10 +194,8 @@ def block_predictions(
     before any node at depth j, so none is ever popped (exact, not a heuristic; a margin
     keeps slots that float32 rounding of P_j, or an exact tie, could let in).
     """
-    blocks, block_size, width = hidden.shape
-    slots = block_size - 1
-    # One flat GEMM over all slots of all blocks (a batched [N, B-1, H] @ Wᵀ is slower).
-    logits = F.linear(hidden[:, 1:].reshape(-1, width), head_weight).float()  # [N·(B-1), V]
+    blocks, slots, _ = logits.shape
+    logits = logits.reshape(blocks * slots, -1)  # [N·(B-1), V]
     best, greedy = row_max(logits)
     normaliser = (logits - best[:, None]).exp_().sum(dim=-1).log_().add_(best)  # logsumexp
     require_finite_logits(normaliser)
@@ -226,12 +244,12 @@ class PerBlockPredictor(Predictor):
     """One drafter forward per anchor (same context cache, same maths, no batching)."""
 
     @torch.inference_mode()
-    def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
+    def _predict(self, anchors: torch.Tensor, size: int | None = None) -> list[BlockPrediction]:
         predictions = []
         for anchor in anchors:
             single = anchor.reshape(1)
             hidden = self.drafter.forward_blocks(
-                self._block_embeds(single), single, self._context()
+                self._block_embeds(single, size), single, self._context()
             )
             predictions += self._from_hidden(hidden, single)
         return predictions
@@ -256,14 +274,19 @@ class SampledPredictor(Predictor):
 
     def table(self, last_anchor: int) -> torch.Tensor:
         """[anchors first_anchor..last_anchor, B-1] ratios (NaN past the path)."""
-        rows = [self._block(a) for a in range(self.first_anchor, last_anchor + 1)]
+        rows = [self._block(a, None) for a in range(self.first_anchor, last_anchor + 1)]
         return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), self.block_size - 1)
 
     @torch.inference_mode()
-    def _predict(self, anchors: torch.Tensor) -> list[list[float]]:  # type: ignore[override]
+    def _predict(  # type: ignore[override]
+        self, anchors: torch.Tensor, size: int | None = None
+    ) -> list[list[float]]:
+        """Whole blocks only: at T > 0 the walk drafts a full block at every anchor."""
         hidden = self.drafter.forward_blocks(self._block_embeds(anchors), anchors, self._context())
         slots = self.block_size - 1
-        logits = F.linear(hidden[:, 1:].reshape(-1, hidden.shape[-1]), self.head.head_weight)
+        # The drafter's own logits, with its output_multiplier and softcap, as q sees them.
+        logits = self.drafter.logits(hidden[:, 1:], self.head.head_weight)
+        logits = logits.reshape(-1, logits.shape[-1])
         positions = anchors[:, None] + torch.arange(1, slots + 1)[None, :]  # [N, B-1]
         known = positions < len(self.tokens)
         path = self.tokens[positions.clamp(max=len(self.tokens) - 1)]

@@ -17,6 +17,8 @@ not silently drop a setting):
       "parameter_prefix": "model.draft.",      # stripped from parameter names when present
       "parameter_renames": [["\\.attn\\.", ".self_attn."]],  # regex → replacement, in order
       "accept_default": ["target_layer_ids"],  # confirm these default rules
+      "accept_keys": ["draft_vocab_size"],     # config keys known to change nothing
+                                               # (config_keys.py; "dflash_config.KEY")
       "safe_globals": ["argparse", "numpy"]    # pickle policy (see pickle_policy.py)
     }
 
@@ -50,6 +52,7 @@ OTHER_KEYS = (
     "parameter_prefix",
     "parameter_renames",
     "accept_default",
+    "accept_keys",
     "safe_globals",
 )
 
@@ -71,6 +74,7 @@ class DrafterProfile:
     config: Mapping[str, Any] | None
     names: NameRules = field(default_factory=NameRules)
     accept_default: tuple[str, ...] = ()
+    accept_keys: tuple[str, ...] = ()
     safe_globals: tuple[str, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict)
 
@@ -109,6 +113,7 @@ def read_profile(path: Path) -> DrafterProfile:
             renames=_renames(raw.get("parameter_renames"), path),
         ),
         accept_default=tuple(_string_list(raw, "accept_default", path)),
+        accept_keys=tuple(_string_list(raw, "accept_keys", path)),
         safe_globals=tuple(_string_list(raw, "safe_globals", path)),
         raw=raw,
     )

@@ -28,7 +28,14 @@ COMPARABILITY: dict[str, Callable[[Results], Any]] = {
     "τ convention": lambda r: r["metrics"]["tau_convention"],
     # None at T = 0 (greedy); the seed and the Monte Carlo samples do not change what is measured.
     "sampling": lambda r: sampling_settings(r["metrics"]),
+    "attention rule": lambda r: attention_rule(r),
     "harness": lambda r: r["harness"]["content_sha256"],
+}
+
+# Why a difference in a comparability key matters, where the name alone does not say it.
+COMPARABILITY_WHY = {
+    "attention rule": "results before schema 3 masked sliding-window layers both ways; z-lab's "
+    "current code (07ebd93) makes them causal unless the config's is_causal says otherwise",
 }
 
 
@@ -41,6 +48,19 @@ def sampling_settings(metrics: Metrics) -> tuple[float, float, int] | None:
     """(temperature, top_p, top_k) of a T > 0 run; None at T = 0."""
     found = metrics.get("sampling")
     return None if found is None else (found["temperature"], found["top_p"], found["top_k"])
+
+
+def attention_rule(results: Results) -> str | None:
+    """The mask rule the drafter was evaluated under, where it matters: None for a drafter of
+    plain full, non-causal layers (every schema masked those alike)."""
+    drafter = results["drafter"]
+    layers = drafter.get("attention")
+    if layers is None:  # schema 2 recorded no rule: sliding layers were non-causal
+        layer_types = drafter["config"].get("layer_types") or []
+        return "sliding both ways (schema 2)" if "sliding_attention" in layer_types else None
+    if all(layer["kind"] == "full_attention" and not layer["causal"] for layer in layers):
+        return None
+    return "zlab 07ebd93"
 
 
 def features_identity(results: Results) -> dict[str, Any] | None:

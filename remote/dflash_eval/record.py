@@ -151,6 +151,8 @@ def drafter_block(loaded: LoadedDrafter) -> Drafter:
         architecture=loaded.config.to_hf_dict()["architectures"][0],
         config=loaded.config.to_hf_dict(),
         config_source=loaded.config_source,
+        attention=loaded.config.attention_record(),
+        accepted_config_keys=dict(loaded.config.accepted_keys),
         config_notes=loaded.notes,
         settings={name: json_value(s.value) for name, s in loaded.settings.items()},
         provenance=loaded.provenance(),

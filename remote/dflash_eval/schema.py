@@ -16,7 +16,12 @@ from typing import Any, Literal, TypedDict
 
 from dflash_eval.schema_metrics import ByDataset, Metrics, PromptRow, Sample, Throughput
 
-SCHEMA_VERSION = 2  # 2: τ as z-lab's live loop counts it (metrics.tau_convention)
+# 2: τ as z-lab's live loop counts it (metrics.tau_convention). 3: drafter masks as z-lab's
+# current code (07ebd93) builds them (causal sliding layers, is_causal); `capped` is that
+# code's loop exactly. Schema-2 results stay readable (their keys are a subset); comparisons
+# keep apart those whose drafter has sliding layers (reading.COMPARABILITY, "attention rule").
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (2, 3)
 KIND = "dflash-eval-results"  # the value of results["kind"]
 
 # --- checkpoint --------------------------------------------------------------------------------
@@ -104,6 +109,14 @@ class ProfileRecord(TypedDict):
     """Everything the profile file said."""
 
 
+class LayerAttentionRecord(TypedDict):
+    kind: Literal["full_attention", "sliding_attention"]
+    causal: bool
+    """The layer's queries see no key ahead of them."""
+    window: int | None
+    """Keys must be less than this many positions away (null: no window)."""
+
+
 class _DrafterKeys(TypedDict):
     config: dict[str, Any]
     """The Hugging Face DFlash config dict, as evaluated."""
@@ -125,6 +138,12 @@ class Drafter(_DrafterKeys, total=False):
     architecture: str
     """z-lab's class for this drafter: `DFlashDraftModel` | `DFlash2DraftModel`
     (docs/dflash2.md); absent in older results: DFlash."""
+    attention: list[LayerAttentionRecord]
+    """Per drafter layer, the mask rule it was evaluated with (docs/harness-spec.md); absent
+    in schema 2, whose every layer was non-causal (a window looked both ways)."""
+    accepted_config_keys: dict[str, Any]
+    """`{key: value}`: config keys of unknown meaning the profile's `accept_keys` let through
+    (`dflash_config.KEY` for nested ones); absent in schema 2."""
     settings: dict[str, Any]
     """The value of each of `block_size`, `target_layer_ids`, `mask_token_id`,
     `num_target_layers`, `rope` (transformers' `rope_parameters`) and `dtype` (see

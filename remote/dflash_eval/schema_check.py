@@ -35,10 +35,11 @@ def parse_results(value: Any) -> schema.Results:
     """`value` as Results, or SchemaError naming the first field that is missing or wrong."""
     if not isinstance(value, dict) or value.get("kind") != schema.KIND:
         raise SchemaError(f"not a dflash-eval results file ('kind' is not {schema.KIND!r})")
-    if value.get("schema_version") != schema.SCHEMA_VERSION:
+    if value.get("schema_version") not in schema.READABLE_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, schema.READABLE_SCHEMA_VERSIONS))
         raise SchemaError(
             f"schema_version {value.get('schema_version')!r}, this dflash-ops reads "
-            f"{schema.SCHEMA_VERSION}: compare it with the dflash-ops that wrote it"
+            f"{readable}: compare it with the dflash-ops that wrote it"
         )
     check(value, schema.Results, "results")
     return cast(schema.Results, value)

@@ -45,7 +45,7 @@ class PositionRate(TypedDict):
     """Rounds where slot k was checked: all of them."""
 
 
-class Capped(TauBlock):
+class _CappedKeys(TauBlock):
     ddtree: dict[str, TauBlock]
 
 
@@ -96,6 +96,11 @@ class SamplingRecord(TypedDict):
     paths' noise (`by_dataset` has that: docs/sampling.md "The intervals")."""
 
 
+class Capped(_CappedKeys, total=False):
+    tau_convention: str
+    """`"zlab-07ebd93"`; absent in schema 2, whose `capped` was the schema-1 convention."""
+
+
 class _MetricsKeys(TauBlock):
     block_size: int
     """B used for this evaluation."""
@@ -109,9 +114,13 @@ class _MetricsKeys(TauBlock):
     """For each budget b (`"4"`, …): the best-first tree of b nodes from the same drafter
     pass (see the DDTree paragraph above); same round rules."""
     capped: Capped
-    """The schema-1 convention, kept for comparison with older runs: rounds start at the
-    first completion token and end at its last one, the last round commits at most the
-    tokens left; its `committed_tokens` = completion tokens − 1 per prompt."""
+    """z-lab's current loop (commit 07ebd93db9f4, docs/harness-spec.md): rounds run while
+    anchor + 1 < prompt length + `max_new_tokens` (none when the first completion token is a
+    stop token), the verified block is min(B, what is left) slots, so the last block is
+    drafted shortened, and a round's count is capped at the tokens left and cut after the
+    first stop token; DDTree under the same end rules, its tree drafted from the shortened
+    block. Its `committed_tokens` = completion tokens − 1 per prompt. Schema 1 and 2 capped
+    the count without shortening the block."""
     incomplete_references: int
     """Prompts whose reference was too short to decide every round (a completion source that
     stopped early); should be 0, otherwise a warning names them."""
@@ -122,6 +131,11 @@ class Metrics(_MetricsKeys, total=False):
     """T > 0 only (absent at T = 0): the sampling settings, the estimator and its Monte Carlo
     check. The other keys then hold expectations given the sampled paths, and `ddtree` is
     `{}` ([sampling.md](sampling.md) "In the results")."""
+
+    conventions: dict[str, str]
+    """`{name: what it is}` for `"zlab-live-loop"` (commit 7d2ea1e9828b) and
+    `"zlab-07ebd93"` (commit 07ebd93db9f4), each naming the reference commit it follows;
+    absent in schema 2."""
 
 
 # --- per prompt, samples -----------------------------------------------------------------------
@@ -154,7 +168,7 @@ class _PromptRowKeys(TypedDict):
     ddtree_tau: dict[str, float | None]
     """`{"4": τ, …}`."""
     tau_capped: float | None
-    """τ in the schema-1 convention."""
+    """τ in the `zlab-07ebd93` convention of `metrics.capped` (schema 2: the schema-1 one)."""
     cache: PromptCache
     """Whether the completion and the hidden states came from the cache."""
 

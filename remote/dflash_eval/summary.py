@@ -46,10 +46,15 @@ def summary_lines(results: Results) -> list[str]:
             f"({mc['samples']} walks per prompt)"
         )
     capped = metrics["capped"]
+    # Schema 2's `capped` (no tau_convention) capped whole blocks at the completion end.
+    other = (
+        "z-lab's 07ebd93 loop (last block shortened, capped at the completion end)"
+        if capped.get("tau_convention")
+        else "capped at the completion end"
+    )
     lines.append(
-        "  τ as z-lab's live loop counts it (last round uncapped); capped at the "
-        f"completion end: macro {_number(capped['tau_macro'])}, "
-        f"pooled {_number(capped['tau_pooled'])}"
+        f"  τ as z-lab's live loop counts it (last round uncapped); {other}: "
+        f"macro {_number(capped['tau_macro'])}, pooled {_number(capped['tau_pooled'])}"
     )
     if metrics["ddtree"]:
         lines.append(

@@ -1,13 +1,22 @@
 """Plain live decoding loops, written independently of the harness's offline walk.
 
 They follow z-lab's `dflash_generate` and the DDTree authors' `ddtree_generate` (greedy,
-T=0): a round starts while the position is below prompt + max_new_tokens, the target
-verifies a whole block (or tree) and may accept past that limit, and the loop ends after
-the round that commits a stop token. Every round recomputes everything from scratch (no
-caches), so that nothing is shared with the harness but the drafter's forward; a DFlash-2
-drafter (live_dflash2.py) shares nothing with the harness at all. At T > 0
-(`live_sampled_lengths`) the same loop decodes by rejection sampling, as z-lab's
-`dflash_generate` at commit 10129599 does (`_sampling_probs`, `_rejection_sample`).
+T=0), in both versions of the loop:
+
+- `LiveRun.old_loop`: the loop of z-lab's commit 7d2ea1e9828b (and of `ddtree_generate`): a
+  round starts while the position is below prompt + max_new_tokens, the target verifies a
+  whole block (or tree) and may accept past that limit, and the loop ends after the round
+  that commits a stop token;
+- `LiveRun.current_loop`: the loop of commit 07ebd93db9f4: rounds run while position + 1 <
+  max_length, the last block is shortened to what is left, a round's count is capped at
+  max_length − position − 1 and cut after the first stop token.
+
+Every round recomputes everything from scratch (no caches), and the drafter is
+`PlainDrafter` (live_drafter.py: the DFlash forward written out from the config dict and the
+weights, with its mask built position by position from the rule as the reference states it)
+or `PlainDFlash2` (live_dflash2.py, the same for DFlash-2). Nothing is shared with the
+harness. At T > 0 (`live_sampled_lengths`) the old loop decodes by rejection sampling, as
+z-lab's `dflash_generate` at commit 10129599 does (`_sampling_probs`, `_rejection_sample`).
 """
 
 from __future__ import annotations
@@ -19,12 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from .live_dflash2 import PlainDFlash2
+from .live_drafter import PlainDrafter
 
 
 @dataclass
 class LiveModels:
     target: torch.nn.Module  # a transformers causal LM
-    drafter: torch.nn.Module | PlainDFlash2  # dflash_eval.model.DFlashDrafter, or DFlash-2
+    drafter: PlainDrafter  # or a PlainDFlash2, whose draft is its selector's
     embed: torch.Tensor  # [V, H] the target's embedding
     head: torch.Tensor  # [V, H] the target's LM head
 
@@ -39,26 +49,32 @@ def context_features(models: LiveModels, tokens: list[int], anchor: int) -> torc
     """[anchor, K·H] the target's hidden states at the drafter's layers, positions < anchor."""
     hidden = models.target(torch.tensor([tokens[:anchor]]), output_hidden_states=True)
     states = hidden.hidden_states
-    return torch.cat([states[i + 1][0] for i in models.drafter.config.target_layer_ids], dim=-1)
+    return torch.cat([states[i + 1][0] for i in models.drafter.target_layer_ids], dim=-1)
 
 
 @torch.no_grad()
-def draft_logits(models: LiveModels, tokens: list[int], anchor: int) -> torch.Tensor:
-    """[B-1, V] drafter logits for the block anchored at `anchor` (context < anchor)."""
-    config = models.drafter.config
+def draft_logits(
+    models: LiveModels, tokens: list[int], anchor: int, size: int | None = None
+) -> torch.Tensor:
+    """[size-1, V] drafter logits for the block of `size` (default B) slots anchored at
+    `anchor` (context < anchor)."""
+    drafter = models.drafter
     features = context_features(models, tokens, anchor)
-    block_ids = [tokens[anchor]] + [config.mask_token_id] * (config.block_size - 1)
-    context = models.drafter.fuse_context(features)
-    return models.drafter.forward_uncached(context, models.embed[block_ids])[1:] @ models.head.T
+    size = size or drafter.block_size
+    block_ids = [tokens[anchor]] + [drafter.mask_token_id] * (size - 1)
+    return drafter.logits(features, block_ids, models.embed, models.head)
 
 
-def vanilla_round(models: LiveModels, tokens: list[int], anchor: int) -> list[int]:
+def vanilla_round(
+    models: LiveModels, tokens: list[int], anchor: int, size: int | None = None
+) -> list[int]:
     """Draft a block, let the target verify all of it: the tokens the round commits."""
     if isinstance(models.drafter, PlainDFlash2):
         features = context_features(models, tokens, anchor)
-        _, draft = models.drafter.draft(features, tokens[anchor], models.embed, models.head)
+        size = size or models.drafter.block_size
+        _, draft = models.drafter.draft(features, tokens[anchor], models.embed, models.head, size)
     else:
-        draft = draft_logits(models, tokens, anchor).argmax(-1).tolist()
+        draft = draft_logits(models, tokens, anchor, size).argmax(-1).tolist()
     with torch.no_grad():
         logits = models.target(torch.tensor([tokens[: anchor + 1] + draft])).logits[0]
     verified = logits[anchor:].argmax(-1).tolist()  # the target's token after each position
@@ -92,9 +108,11 @@ def build_tree(logprobs: torch.Tensor, budget: int) -> list[tuple[int, ...]]:
     return popped
 
 
-def tree_round(models: LiveModels, tokens: list[int], anchor: int, budget: int) -> list[int]:
+def tree_round(
+    models: LiveModels, tokens: list[int], anchor: int, budget: int, size: int | None = None
+) -> list[int]:
     """Draft a tree, then follow the target's greedy tokens down it from the anchor."""
-    logprobs = torch.log_softmax(draft_logits(models, tokens, anchor).float(), dim=-1)
+    logprobs = torch.log_softmax(draft_logits(models, tokens, anchor, size).float(), dim=-1)
     ids = torch.topk(logprobs, min(budget, logprobs.shape[-1]), dim=-1).indices.tolist()
     tree = build_tree(logprobs, budget)
     nodes = {tuple(ids[slot][rank] for slot, rank in enumerate(ranks)) for ranks in tree}
@@ -108,23 +126,47 @@ def tree_round(models: LiveModels, tokens: list[int], anchor: int, budget: int) 
             return list(path)  # the accepted path and the target's bonus token
 
 
-def live_lengths(
-    models: LiveModels,
-    prompt_ids: list[int],
-    max_new_tokens: int,
-    stops: list[int],
-    budget: int | None = None,
-) -> tuple[list[int], list[int]]:
-    """(committed tokens after the prompt, acceptance length per round), vanilla or, with a
-    budget, DDTree. Like the reference loops: no round is capped at the tokens left."""
+@dataclass
+class LiveRun:
+    """One prompt decoded live, vanilla or (with a budget) DDTree."""
 
-    def round_at(tokens: list[int], position: int) -> list[int]:
-        if budget is None:
-            return vanilla_round(models, tokens, position)
-        return tree_round(models, tokens, position, budget)
+    models: LiveModels
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stops: list[int]
+    budget: int | None = None
 
-    first = target_next(models, prompt_ids)
-    return decode(prompt_ids, first, max_new_tokens, stops, round_at)
+    def _round(self, tokens: list[int], position: int, size: int | None = None) -> list[int]:
+        if self.budget is None:
+            return vanilla_round(self.models, tokens, position, size)
+        return tree_round(self.models, tokens, position, self.budget, size)
+
+    def old_loop(self) -> tuple[list[int], list[int]]:
+        """(committed tokens after the prompt, acceptance length per round) of the 7d2ea1e
+        loop: no round is capped at the tokens left."""
+        first = target_next(self.models, self.prompt_ids)
+        return decode(self.prompt_ids, first, self.max_new_tokens, self.stops, self._round)
+
+    def current_loop(self) -> tuple[list[int], list[int]]:
+        """(committed tokens after the prompt, count per round) of the 07ebd93 loop (for
+        DDTree, the same end rules)."""
+        prompt_ids, models = self.prompt_ids, self.models
+        tokens = [*prompt_ids, target_next(models, prompt_ids)]
+        position, max_length = len(prompt_ids), len(prompt_ids) + self.max_new_tokens
+        lengths: list[int] = []
+        stopped = tokens[-1] in self.stops
+        while position + 1 < max_length and not stopped:
+            size = min(models.drafter.block_size, max_length - position)
+            committed = self._round(tokens, position, size)
+            produced = min(len(committed), max_length - position - 1)
+            for index, token in enumerate(committed[:produced]):
+                if token in self.stops:
+                    produced, stopped = index + 1, True
+                    break
+            tokens = tokens[: position + 1] + committed[:produced]
+            position += produced
+            lengths.append(produced)
+        return tokens[len(prompt_ids) :], lengths
 
 
 def decode(

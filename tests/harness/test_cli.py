@@ -55,7 +55,7 @@ def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
     assert phases == {"completions", "hidden_states", "drafter"}
     assert events[-1]["summary"]["step"] == 6000
     results = json.loads(out.read_text())
-    assert results["schema_version"] == 2
+    assert results["schema_version"] == 3
     assert results["metrics"]["tau_macro"] == events[-1]["summary"]["tau_macro"]
     # The workstation reads this file through the same schema: every key it needs is there.
     assert events[-1]["summary"] == summary.headline(results)

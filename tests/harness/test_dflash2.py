@@ -1,5 +1,7 @@
 """DFlash-2 drafters (docs/dflash2.md): loading both forms strictly, and the harness's τ at T=0
-against a plain live loop with a plain DFlash-2 forward (live_dflash2.py), round for round.
+against a plain live loop with a plain DFlash-2 forward (live_dflash2.py), round for round,
+in both of z-lab's loop conventions, with full non-causal layers and with causal sliding
+layers and the logit fields.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from transformers import AutoModelForCausalLM
 from .dflash2_drafter import build_dflash2_files, hf_names, save_hf_dir
 from .helpers import quick_eval
 from .live_dflash2 import PlainDFlash2
-from .live_loops import LiveModels, context_features, live_lengths
+from .live_loops import LiveModels, LiveRun, context_features
 
 MAX_NEW_TOKENS = 37  # not a multiple of the block size: the last round runs past it
+WINDOW = 6  # a sliding window narrower than every context
 PROMPTS = 3
 
 
@@ -102,8 +105,8 @@ class Offline:
         return embed[blocks]
 
 
-def _offline(files, target, live, prompt_ids, stops, **predictor) -> Offline:
-    loaded = load_drafter(files.hf_dir, target.shape)
+def _offline(directory, target, live, prompt_ids, stops, **predictor) -> Offline:
+    loaded = load_drafter(directory, target.shape)
     config = loaded.config
     reference = greedy_reference(target.model, prompt_ids, MAX_NEW_TOKENS, config.block_size, stops)
     tokens = prompt_ids + reference
@@ -120,28 +123,18 @@ def _offline(files, target, live, prompt_ids, stops, **predictor) -> Offline:
     return Offline(tokens, features, loaded.model, made, walked)
 
 
-def _capped(lengths: list[int], max_new_tokens: int) -> list[int]:
-    """The live rounds as the capped convention counts them: the first token is the
-    prefill's, rounds start while fewer than max_new_tokens are out, the last is cut."""
-    capped, produced = [], 1
-    for length in lengths:
-        if produced >= max_new_tokens:
-            break
-        capped.append(min(length, max_new_tokens - produced))
-        produced += capped[-1]
-    return capped
-
-
 def test_dflash2_rounds_and_logits_equal_a_plain_live_loop(lab, files, target, live):
     stops = stop_token_ids(lab.target_dir, load_tokenizer(lab.target_dir))
     overridden = accepted = 0
     for prompt_ids in _prompt_ids(lab):
-        live_tokens, live_rounds = live_lengths(live, prompt_ids, MAX_NEW_TOKENS, stops)
-        offline = _offline(files, target, live, prompt_ids, stops)
+        run = LiveRun(live, prompt_ids, MAX_NEW_TOKENS, stops)
+        live_tokens, live_rounds = run.old_loop()
+        offline = _offline(files.hf_dir, target, live, prompt_ids, stops)
         tokens, walked = offline.tokens, offline.walked
         assert tokens[len(prompt_ids) :][: len(live_tokens)] == live_tokens
         assert walked.lengths == live_rounds
-        assert walked.capped_lengths == _capped(live_rounds, MAX_NEW_TOKENS)
+        # 07ebd93's loop: the last block shortened, through the harness's forward_blocks.
+        assert walked.capped_lengths == run.current_loop()[1]
         # Logits of every live round's block: the plain single-block forward against the
         # harness's batched pass over all of those blocks at once.
         drafter, anchors = offline.drafter, walked.anchors
@@ -161,10 +154,52 @@ def test_dflash2_rounds_and_logits_equal_a_plain_live_loop(lab, files, target, l
     assert accepted, "some round should accept drafts"
 
 
+def _sliding_with_logit_fields(config: dict) -> dict:
+    """The config as z-lab's current code can state it: every layer sliding (causal, as
+    is_causal is absent) with a window narrower than the context, and both logit fields."""
+    changed = json.loads(json.dumps(config))
+    layers = changed["num_hidden_layers"]
+    changed.update(
+        layer_types=["sliding_attention"] * layers,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=layers,
+    )
+    changed["dflash_config"].update(output_multiplier=0.5, final_logit_softcapping=4.0)
+    return changed
+
+
+def test_a_causal_sliding_dflash2_drafter_with_logit_fields_equals_the_live_loop(
+    lab, files, target, live, tmp_path
+):
+    config = _sliding_with_logit_fields(files.config)
+    directory = save_hf_dir(tmp_path / "sliding", config, hf_names(files.weights))
+    plain = PlainDFlash2(config, files.weights)
+    sliding = LiveModels(live.target, plain, live.embed, live.head)
+    stops = stop_token_ids(lab.target_dir, load_tokenizer(lab.target_dir))
+    prompt_ids = _prompt_ids(lab)[0]
+    run = LiveRun(sliding, prompt_ids, MAX_NEW_TOKENS, stops)
+    offline = _offline(directory, target, live, prompt_ids, stops)
+    assert offline.drafter.config.layer_attention(0).causal
+    assert offline.walked.lengths == run.old_loop()[1]
+    assert offline.walked.capped_lengths == run.current_loop()[1]
+    # The selector reads transformed logits: without the fields some draft would differ.
+    unscaled = PlainDFlash2(
+        {**config, "dflash_config": files.config["dflash_config"]}, files.weights
+    )
+    tokens, changed = offline.tokens, 0
+    for anchor in offline.walked.anchors:
+        features = context_features(sliding, tokens, anchor)
+        _, path = plain.draft(features, tokens[anchor], live.embed, live.head)
+        assert offline.predictor.draft(anchor) == path
+        changed += path != unscaled.draft(features, tokens[anchor], live.embed, live.head)[1]
+    assert changed, "output_multiplier and the softcap should change some selector choice"
+
+
 def test_batched_chunks_equal_one_block_at_a_time(lab, files, target, live):
     prompt_ids = _prompt_ids(lab)[0]
-    batched = _offline(files, target, live, prompt_ids, [], chunk=7)
-    single = _offline(files, target, live, prompt_ids, [], predictor_class=PerBlockPredictor)
+    batched = _offline(files.hf_dir, target, live, prompt_ids, [], chunk=7)
+    single = _offline(files.hf_dir, target, live, prompt_ids, [], predictor_class=PerBlockPredictor)
     anchors = range(len(prompt_ids), len(prompt_ids) + MAX_NEW_TOKENS)
     drafts = [batched.predictor.draft(a) for a in anchors]
     assert drafts == [single.predictor.draft(a) for a in anchors]
@@ -183,14 +218,15 @@ def test_run_eval_reports_dflash2_metrics_as_the_live_loop(lab, files, live, tmp
         lab, tmp_path, checkpoint=files.hf_dir, max_new_tokens=MAX_NEW_TOKENS, ddtree=None
     )
     stops = stop_token_ids(lab.target_dir, load_tokenizer(lab.target_dir))
-    rounds = [live_lengths(live, ids, MAX_NEW_TOKENS, stops)[1] for ids in _prompt_ids(lab)]
+    runs = [LiveRun(live, ids, MAX_NEW_TOKENS, stops) for ids in _prompt_ids(lab)]
+    rounds = [run.old_loop()[1] for run in runs]
     metrics = results["metrics"]
     written = json.loads((tmp_path / "r.json").read_text())
     assert parse_results(written)["drafter"]["architecture"] == "DFlash2DraftModel"
     assert results["drafter"]["config"]["dflash_config"]["selector_top_k"] == 4
     assert metrics["tau_macro"] == pytest.approx(_mean([_mean(r) for r in rounds]), rel=1e-12)
     assert metrics["tau_pooled"] == pytest.approx(sum(map(sum, rounds)) / sum(map(len, rounds)))
-    capped = [_capped(r, MAX_NEW_TOKENS) for r in rounds]
+    capped = [run.current_loop()[1] for run in runs]
     assert metrics["capped"]["tau_macro"] == pytest.approx(_mean([_mean(c) for c in capped]))
     first_slot = metrics["per_position"][0]
     hits = sum(r > 1 for walk in rounds for r in walk)

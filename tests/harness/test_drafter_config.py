@@ -4,9 +4,12 @@ provenance rules' business: tests/harness/test_provenance.py.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from dflash_eval.config import (
     DrafterConfig,
+    LayerAttention,
     TargetShape,
     check_against_target,
     default_target_layer_ids,
@@ -15,6 +18,8 @@ from dflash_eval.config import (
     states_rope,
 )
 from dflash_eval.config import from_hf_dict as parse
+from dflash_eval.config_keys import TOP_LEVEL, UNDER_DFLASH_CONFIG
+from dflash_eval.dflash2_config import KEYS
 from dflash_eval.errors import HarnessError
 
 from .helpers import small_config
@@ -77,7 +82,9 @@ def test_dflash_fields_at_the_top_level_or_under_dflash_config():
     }
     inner = parse(nested, "x")  # dflash_config wins for ids and mask
     assert (inner.target_layer_ids, inner.mask_token_id, inner.block_size) == ((2, 4), 5, 7)
-    assert parse({**BASE, "block_size": 6, "dflash_config": {"block_size": 7}}, "x").block_size == 6
+    assert parse({**BASE, "block_size": 7, "dflash_config": {"block_size": 7}}, "x").block_size == 7
+    message = refused({**BASE, "block_size": 6, "dflash_config": {"block_size": 7}})
+    assert "block_size 6 at the top level and 7 under dflash_config" in message
 
 
 @pytest.mark.parametrize("key", ["draft_config", "model_config", "drafter_config"])
@@ -85,7 +92,8 @@ def test_a_config_nested_one_level_down_is_found(key):
     raw = {key: {**BASE, "head_dim": 8}, "dflash_config": {"target_layer_ids": [1]}, "lr": 1}
     config = parse(raw, "x")
     assert config.head_dim == 8 and config.target_layer_ids == (1,)
-    assert parse({key: {"lr": 1}, **BASE}, "x").head_dim == 16  # no hidden_size: not a config
+    # No hidden_size: not a config, so an unknown key of the config around it.
+    assert f"does not know: {key}." in refused({key: {"lr": 1}, **BASE})
 
 
 def test_rope_theta_from_any_of_its_places():
@@ -107,10 +115,6 @@ def test_missing_required_fields_are_listed():
     [
         ({"attention_bias": True}, "attention_bias=true"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-        ({"input_embedding_scale": 2}, "input_embedding_scale=2"),
-        ({"input_embedding_scale": 0}, "input_embedding_scale=0"),
-        ({"dflash_config": {"output_multiplier": 0.5}}, "output_multiplier=0.5"),
-        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
     ],
 )
 def test_each_unsupported_feature_is_named(extra, named):
@@ -147,6 +151,43 @@ def test_a_dflash2_config_is_read_from_dflash_config_or_the_top_level():
     assert config.to_hf_dict()["architectures"] == ["DFlash2DraftModel"]
 
 
+def test_a_dflash2_config_as_published_passes_the_key_check_with_its_fields():
+    """z-lab's published DFlash-2 config: sliding layers with is_causal false, the logit
+    fields and the DFlash-2 keys under dflash_config; no accept_keys needed."""
+    dflash = {
+        "block_size": 16,
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "selector_rank": 8,
+        "selector_top_k": 4,
+        "output_multiplier": 0.2,
+        "final_logit_softcapping": 20.0,
+    }
+    raw = {
+        **BASE,
+        "architectures": ["DFlash2DraftModel"],
+        "vocab_size": 100,
+        "is_causal": False,
+        "layer_types": ["sliding_attention", "sliding_attention"],
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 2,
+        "dflash_config": dflash,
+    }
+    config = parse(raw, "x")
+    assert config.dflash2 is not None and config.dflash2.selector_top_k == 4
+    assert (config.output_multiplier, config.final_logit_softcapping) == (0.2, 20.0)
+    assert config.accepted_keys == {}
+    assert config.attention_record()[1] == {
+        "kind": "sliding_attention",
+        "causal": False,
+        "window": 8,
+    }
+    assert parse(config.to_hf_dict(), "x") == config
+    top = {**raw, "dflash_config": {"block_size": 16}, **{k: dflash[k] for k in KEYS}}
+    assert parse(top, "x").dflash2 == config.dflash2  # the top level is read too
+
+
 def test_features_at_their_neutral_values_are_accepted():
     neutral = {
         "attention_bias": False,
@@ -158,6 +199,66 @@ def test_features_at_their_neutral_values_are_accepted():
     assert parse({**BASE, **neutral}, "x").hidden_size == 64
 
 
+def test_the_embedding_and_logit_fields_are_read_where_the_reference_reads_them():
+    assert parse(BASE, "x").input_embedding_scale == 1.0
+    top = parse({**BASE, "input_embedding_scale": 2, "final_logit_softcapping": 30}, "x")
+    assert (top.input_embedding_scale, top.final_logit_softcapping) == (2.0, 30.0)
+    both = {**BASE, "output_multiplier": 3.0, "dflash_config": {"output_multiplier": 0.5}}
+    assert parse(both, "x").output_multiplier == 0.5  # dflash_config first, as _draft_value
+    config = small_config(output_multiplier=0.5, final_logit_softcapping=20.0)
+    assert config.to_hf_dict()["dflash_config"]["output_multiplier"] == 0.5
+    assert parse(config.to_hf_dict(), "x") == config
+    message = refused({**BASE, "dflash_config": {"output_multiplier": "half"}})
+    assert "output_multiplier='half'; expected a number" in message
+
+
+def test_a_published_hf_config_with_its_bookkeeping_keys_is_accepted():
+    published = {
+        **BASE,
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "dtype": "bfloat16",
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "is_causal": False,
+        "max_window_layers": 2,
+        "model_type": "qwen3",
+        "num_target_layers": 6,
+        "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 8,
+        "use_sliding_window": True,
+        "tie_word_embeddings": False,
+        "transformers_version": "5.15.0",
+        "use_cache": False,
+        "vocab_size": 101,
+        "dflash_config": {"block_size": 16, "mask_token_id": 3, "target_layer_ids": [1, 3]},
+    }
+    config = parse(published, "x")
+    assert config.layer_attention(0) == LayerAttention("sliding_attention", False, 8)
+    assert config.accepted_keys == {}
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"draft_vocab_size": 32000}, "draft_vocab_size"),
+        ({"dflash_config": {"is_causal": True}}, "dflash_config.is_causal"),
+        ({"dflash_config": {"num_target_layers": 6}}, "dflash_config.num_target_layers"),
+    ],
+)
+def test_an_unknown_key_stops_the_run_by_name_unless_the_profile_accepts_it(extra, named):
+    message = refused({**BASE, **extra})
+    assert f"does not know: {named}. " in message and '"accept_keys"' in message
+    config = parse({**BASE, **extra}, "x", accept_keys=[named])
+    assert named in config.accepted_keys
+    assert parse(BASE, "x", accept_keys=[named]).accepted_keys == {}  # absent: nothing
+
+
 def test_several_unsupported_features_are_named_together():
     message = refused({**BASE, "attention_bias": True, "hidden_act": "relu"})
     assert "attention_bias=true, hidden_act='relu'" in message
@@ -166,10 +267,25 @@ def test_several_unsupported_features_are_named_together():
 # --- layers ---------------------------------------------------------------------------------
 
 
-def test_layer_windows():
+def test_layer_attention_follows_the_current_reference():
     config = small_config(layer_types=("sliding_attention", "full_attention"), sliding_window=8)
-    assert [config.layer_window(i) for i in (0, 1)] == [8, None]
-    assert small_config().layer_window(1) is None
+    assert [config.layer_attention(i) for i in (0, 1)] == [
+        LayerAttention("sliding_attention", causal=True, window=8),
+        LayerAttention("full_attention", causal=False, window=None),
+    ]
+    assert small_config().layer_attention(1) == LayerAttention("full_attention", False, None)
+    forced = small_config(is_causal=True).layer_attention(0)
+    assert forced == LayerAttention("full_attention", True, None)
+    assert config.attention_record()[0] == {
+        "kind": "sliding_attention",
+        "causal": True,
+        "window": 8,
+    }
+
+
+def test_is_causal_must_be_a_boolean():
+    assert parse({**BASE, "is_causal": False}, "x").is_causal is False
+    assert "is_causal='no'; expected true, false or null" in refused({**BASE, "is_causal": "no"})
 
 
 # --- checking against the target ------------------------------------------------------------
@@ -255,3 +371,9 @@ def test_the_architecture_is_read_back_from_parameter_shapes():
     del shapes["layers.0.mlp.gate_proj.weight"]
     with pytest.raises(HarnessError, match=r"'layers\.0\.mlp\.gate_proj\.weight' is absent"):
         infer_from_shapes(shapes, TARGET)
+
+
+def test_every_accepted_key_is_in_the_specification():
+    spec = (Path(__file__).parents[2] / "docs" / "harness-spec.md").read_text()
+    missing = [key for key in [*TOP_LEVEL, *UNDER_DFLASH_CONFIG] if f"`{key}`" not in spec]
+    assert missing == []

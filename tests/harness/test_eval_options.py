@@ -94,8 +94,6 @@ def test_unsupported_drafter_features_are_refused():
     for extra in (
         {"attention_bias": True},
         {"rope_scaling": {"rope_type": "made-up", "factor": 4.0}},
-        {"dflash_config": {"output_multiplier": 2.0}},
-        {"final_logit_softcapping": 30.0},
     ):
         with pytest.raises(HarnessError, match="does not implement"):
             from_hf_dict({**base, **extra}, "x")

@@ -14,6 +14,7 @@ from dflash_eval.loaders import load_drafter
 from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.profile import DrafterProfile, read_profile
 from dflash_eval.provenance import Offer
+from dflash_eval.record import drafter_block
 
 from .helpers import (
     LOADER_TARGET,
@@ -145,3 +146,18 @@ def test_a_loaded_drafter_offers_its_dtype_with_its_source(tmp_path, drafter, kw
         dtype=loaded.dtype_offer(),
     )
     assert other.dtype == offer.value and other.provenance()["dtype"] == offer.source
+
+
+# --- accept_keys ----------------------------------------------------------------------------
+
+
+def test_an_unknown_config_key_stops_loading_unless_the_profile_accepts_it(tmp_path, drafter):
+    config = {**drafter.config.to_hf_dict(), "draft_vocab_size": 32000}
+    path = save_training_checkpoint(tmp_path / "c.pt", drafter, extra={"config": config})
+    assert "does not know: draft_vocab_size." in load_error(path)
+    profile = profile_of(tmp_path, accept_keys=["draft_vocab_size"])
+    loaded = load_drafter(path, LOADER_TARGET, profile=profile)
+    assert same_weights(loaded.model, drafter)
+    block = drafter_block(loaded)
+    assert block["accepted_config_keys"] == {"draft_vocab_size": 32000}
+    assert block["profile"]["content"]["accept_keys"] == ["draft_vocab_size"]

@@ -71,11 +71,12 @@ class FixedPredictions:
     def _ids_at(self, anchor):
         return self._ids[anchor] if isinstance(self._ids, dict) else self._ids
 
-    def draft(self, anchor):
-        return [slot[0] for slot in self._ids_at(anchor)]
+    def draft(self, anchor, size=None):
+        return [slot[0] for slot in self._ids_at(anchor)][: size and size - 1]
 
-    def tree(self, anchor):
-        return self._ids_at(anchor), self._logprobs
+    def tree(self, anchor, size=None):
+        logprobs = self._logprobs if size is None else self._logprobs[: size - 1]
+        return self._ids_at(anchor)[: size and size - 1], logprobs
 
 
 # Prompt [1, 2]; max_new_tokens 6: the completion is positions 2..7 and the reference runs
@@ -92,12 +93,14 @@ def test_the_last_round_is_not_capped_and_per_position_rates():
     walked = walk_prompt(FixedPredictions(drafts, None), TOKENS, SPAN, 4)
     assert walked.lengths == [4, 2]  # z-lab's loop: position 8 > 7 was verified too
     assert walked.anchors == [2, 6]
-    assert walked.capped_lengths == [4, 1]  # the previous convention stopped at position 7
+    assert walked.capped_lengths == [4, 1]  # 07ebd93's loop stops at position 7
     assert walked.slot_correct == [[True, True, True], [True, False, True]]
     summary = summarize([walked], 4, [])
     assert summary["tau_convention"] == "zlab-live-loop"
     assert summary["tau_pooled"] == summary["tau_macro"] == 3
     assert summary["capped"]["tau_macro"] == 2.5 and summary["capped"]["rounds"] == 2
+    assert summary["capped"]["tau_convention"] == "zlab-07ebd93"
+    assert set(summary["conventions"]) == {"zlab-live-loop", "zlab-07ebd93"}
     assert summary["histogram"] == {"1": 0, "2": 1, "3": 0, "4": 1}
     rates = {row["position"]: row for row in summary["per_position"]}
     assert sorted(rates) == [1, 2, 3]
@@ -115,7 +118,7 @@ def test_a_round_is_anchored_at_the_last_completion_token():
     }
     walked = walk_prompt(FixedPredictions(drafts, None), TOKENS, SPAN, 4)
     assert walked.lengths == [4, 1, 3]
-    assert walked.capped_lengths == [4, 1]  # the previous convention skipped anchor 7
+    assert walked.capped_lengths == [4, 1]  # 07ebd93's loop skips anchor 7
     assert walked.reference_complete
 
 
@@ -131,6 +134,40 @@ def test_the_round_that_commits_a_stop_token_is_the_last_and_counts_in_full():
     # A stop past the limit changes nothing.
     walked = walk_prompt(predictions, TOKENS, Span(2, 8, stop=9), 4)
     assert walked.lengths == [4, 4]
+
+
+class SizeAwarePredictions(FixedPredictions):
+    """A shortened block drafts other tokens, as a drafter with non-causal layers does."""
+
+    def __init__(self, ids, short_ids):
+        super().__init__(ids, None)
+        self._short = short_ids
+
+    def draft(self, anchor, size=None):
+        if size is None:
+            return super().draft(anchor)
+        return [slot[0] for slot in self._short[anchor, size]]
+
+
+def test_the_current_loop_drafts_its_last_block_shortened():
+    # Limit 9: after 4 tokens from anchor 2, the round at 6 has 3 slots left (2 drafted).
+    full = {2: [[10], [20], [30]], 6: [[99], [99], [99]], 7: [[40], [10], [50]]}
+    short = {(6, 3): [[20], [40]], (7, 2): [[40]]}
+    walked = walk_prompt(SizeAwarePredictions(full, short), TOKENS, Span(2, 9), 4)
+    assert walked.lengths == [4, 1, 4]  # the default loop: full blocks at 6, then at 7
+    # 07ebd93: the shortened block at 6 gets both slots right (3), capped at 9 − 6 − 1 = 2.
+    assert walked.capped_lengths == [4, 2]
+    short[6, 3] = [[20], [99]]  # one slot right: 2, nothing to cap
+    assert walk_prompt(SizeAwarePredictions(full, short), TOKENS, Span(2, 9), 4).capped_lengths == [
+        4,
+        2,
+    ]
+    short[6, 3] = [[99], [40]]  # none right: then a 2-slot block at 7, capped at 1
+    assert walk_prompt(SizeAwarePredictions(full, short), TOKENS, Span(2, 9), 4).capped_lengths == [
+        4,
+        1,
+        1,
+    ]
 
 
 def test_max_rounds_keeps_exactly_the_first_rounds():
@@ -324,13 +361,13 @@ class CountingPredictions(FixedPredictions):
         self.drafts: dict[int, int] = {}
         self.trees: dict[int, int] = {}
 
-    def draft(self, anchor):
-        self.drafts[anchor] = self.drafts.get(anchor, 0) + 1
-        return super().draft(anchor)
+    def draft(self, anchor, size=None):
+        self.drafts[anchor, size] = self.drafts.get((anchor, size), 0) + 1
+        return super().draft(anchor, size)
 
-    def tree(self, anchor):
-        self.trees[anchor] = self.trees.get(anchor, 0) + 1
-        return super().tree(anchor)
+    def tree(self, anchor, size=None):
+        self.trees[anchor, size] = self.trees.get((anchor, size), 0) + 1
+        return super().tree(anchor, size)
 
 
 def test_each_anchor_is_read_once_for_both_conventions_and_every_budget():
@@ -339,7 +376,9 @@ def test_each_anchor_is_read_once_for_both_conventions_and_every_budget():
     predictions = CountingPredictions(IDS, LOGPROBS)
     walked = walk_prompt(predictions, REPEATED, SPAN, 4, [4, 5, 6])
     assert walked.capped_lengths and walked.capped_ddtree_lengths[6]
-    assert sorted(predictions.drafts) == [2, 3, 4, 6, 7]
+    # Whole blocks once per anchor; the current loop's shortened block at 6 (2 slots) once.
+    read = [(2, None), (3, None), (4, None), (6, None), (6, 2), (7, None)]
+    assert sorted(predictions.drafts, key=str) == sorted(read, key=str)
     assert set(predictions.drafts.values()) == {1}
-    assert sorted(predictions.trees) == [2, 3, 4, 6, 7]
+    assert sorted(predictions.trees, key=str) == sorted(read, key=str)
     assert set(predictions.trees.values()) == {1}

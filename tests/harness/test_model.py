@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
-from dflash_eval.config import from_hf_dict
+from dflash_eval.config import LayerAttention, from_hf_dict
 from dflash_eval.metrics import Span, ddtree_pop_order, walk_prompt
 from dflash_eval.predict import (
     BorrowedHead,
@@ -42,8 +43,7 @@ def reference_block_logits(model, features, tokens, anchor, block_size, embed, h
     """Logits [B-1, V] of the block anchored at `anchor`, written out step by step.
 
     `rope(x [T, D], positions)` rotates one head's queries or keys (default: plain RoPE
-    with the config's theta); the sliding window is the reference's (flash-attention's
-    symmetric (w-1, w-1) on this non-causal attention)."""
+    with the config's theta); the mask is z-lab's current rule (07ebd93), see `hidden`."""
     config = model.config
     if rope is None:
 
@@ -64,18 +64,16 @@ def reference_block_logits(model, features, tokens, anchor, block_size, embed, h
         q = (normed @ p("self_attn.q_proj.weight").T).view(block_size, heads, d)
         k = (both @ p("self_attn.k_proj.weight").T).view(len(both), kv_heads, d)
         v = (both @ p("self_attn.v_proj.weight").T).view(len(both), kv_heads, d)
-        window = config.layer_window(index)
         outputs = []
         for h in range(heads):
             g = h // (heads // kv_heads)  # GQA: consecutive query heads share a KV head
             qh = rope(reference_rms(q[:, h], p("self_attn.q_norm.weight"), eps), query_positions)
             kh = rope(reference_rms(k[:, g], p("self_attn.k_norm.weight"), eps), key_positions)
             scores = qh @ kh.T / math.sqrt(d)
-            if window is not None:
-                for qi, qp in enumerate(query_positions):
-                    for ki, kp in enumerate(key_positions):
-                        if abs(qp - kp) >= window:
-                            scores[qi, ki] = float("-inf")
+            for qi, qp in enumerate(query_positions):
+                for ki, kp in enumerate(key_positions):
+                    if hidden(config, index, qp, kp):
+                        scores[qi, ki] = float("-inf")
             outputs.append(torch.softmax(scores, dim=-1) @ v[:, g])
         x = x + torch.cat(outputs, dim=-1) @ p("self_attn.o_proj.weight").T
         normed = reference_rms(x, p("post_attention_layernorm.weight"), eps)
@@ -85,8 +83,24 @@ def reference_block_logits(model, features, tokens, anchor, block_size, embed, h
     return reference_rms(x, state["norm.weight"], eps)[1:] @ head.T
 
 
-def _setup(layer_types=None, sliding_window=None, seed=0):
-    config = small_config(layer_types=layer_types, sliding_window=sliding_window)
+def hidden(config, layer: int, query: int, key: int) -> bool:
+    """Whether `layer` hides key position `key` from query position `query`: causal unless
+    is_causal says otherwise only for sliding layers; a causal layer hides what lies ahead,
+    a window hides what lies `window` or more behind, and (not causal) as far ahead."""
+    kind = config.layer_types[layer] if config.layer_types else "full_attention"
+    causal = kind == "sliding_attention" if config.is_causal is None else config.is_causal
+    window = config.sliding_window if kind == "sliding_attention" else None
+    if causal and key > query:
+        return True
+    if window is not None and query - key >= window:
+        return True
+    return window is not None and not causal and key - query >= window
+
+
+def _setup(layer_types=None, sliding_window=None, seed=0, is_causal=None):
+    config = small_config(
+        layer_types=layer_types, sliding_window=sliding_window, is_causal=is_causal
+    )
     model = random_drafter(config, seed=seed)
     generator = torch.Generator().manual_seed(seed + 1)
     length = 30
@@ -120,11 +134,19 @@ def test_batched_forward_matches_plain_reference_with_gqa_and_sliding_window():
         torch.testing.assert_close(logits[row], expected, atol=2e-5, rtol=2e-5)
 
 
-def test_a_window_narrower_than_the_block_also_hides_slots_far_ahead():
-    # Window 3 < block 6: slot 0 must not see slots 3.., as in the reference's
-    # flash-attention window; and the context beyond 2 positions back stays hidden.
+@pytest.mark.parametrize(
+    ("layer_types", "is_causal"),
+    [
+        (("sliding_attention", "sliding_attention"), False),  # slot 0 must not see slots 3..
+        (("sliding_attention", "full_attention"), None),  # the reference default: causal
+        (("full_attention", "sliding_attention"), True),  # a causal full layer
+    ],
+    ids=["not-causal-sliding", "default-causal-sliding", "causal-full"],
+)
+def test_a_window_narrower_than_the_block_under_each_rule(layer_types, is_causal):
+    # Window 3 < block 6, and the context beyond 2 positions back stays hidden.
     config, model, tokens, features, embed, head = _setup(
-        layer_types=("sliding_attention", "sliding_attention"), sliding_window=3, seed=11
+        layer_types=layer_types, sliding_window=3, seed=11, is_causal=is_causal
     )
     anchors = [4, 13, 21]
     logits = _batched_logits(model, config, tokens, features, embed, head, anchors)
@@ -142,16 +164,22 @@ def test_a_window_narrower_than_the_block_also_hides_slots_far_ahead():
 def test_sliding_window_rules_are_qwen3configs():
     base = small_config().to_hf_dict()
     # The reference reads configs as Qwen3Config, which drops the window unless
-    # use_sliding_window is on: sliding_attention layers then attend to everything.
+    # use_sliding_window is on: sliding_attention layers then keep only their causality.
     off = {**base, "layer_types": ["sliding_attention"] * 2, "sliding_window": 3}
     off["use_sliding_window"] = False
-    assert from_hf_dict(off, "x").layer_window(0) is None
+    assert from_hf_dict(off, "x").layer_attention(0) == LayerAttention(
+        "sliding_attention", True, None
+    )
     # Without layer_types, layers from max_window_layers on slide.
     derived = {**base, "use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1}
     del derived["layer_types"]
     config = from_hf_dict(derived, "x")
-    assert [config.layer_window(i) for i in range(2)] == [None, 3]
+    assert [config.layer_attention(i).window for i in range(2)] == [None, 3]
+    assert [config.layer_attention(i).causal for i in range(2)] == [False, True]
     assert from_hf_dict(config.to_hf_dict(), "x") == config
+    told = from_hf_dict({**derived, "is_causal": False}, "x")
+    assert [told.layer_attention(i).causal for i in range(2)] == [False, False]
+    assert from_hf_dict(told.to_hf_dict(), "x") == told
 
 
 def test_single_block_forward_matches_plain_reference():
@@ -162,8 +190,13 @@ def test_single_block_forward_matches_plain_reference():
 
 
 def test_cached_context_equals_uncached_computation():
-    for layer_types, window in ((None, None), (("sliding_attention", "full_attention"), 5)):
-        config, model, tokens, features, embed, head = _setup(layer_types, window, seed=5)
+    sliding = ("sliding_attention", "full_attention")
+    for layer_types, window, causal in (
+        (None, None, None),
+        (sliding, 5, None),
+        (sliding, 5, False),
+    ):
+        config, model, tokens, features, embed, head = _setup(layer_types, window, 5, causal)
         anchors = [2, 9, 15, 22, 28]
         cached = _batched_logits(model, config, tokens, features, embed, head, anchors)
         for row, anchor in enumerate(anchors):
@@ -211,8 +244,8 @@ def test_tree_candidates_leave_out_only_slots_no_tree_can_reach():
     sharpness = torch.linspace(0.2, 8, blocks)[:, None, None]
     hidden = torch.randn(blocks, slots + 1, width, generator=generator) * sharpness
     head = torch.randn(VOCAB, width, generator=generator)
-    predictions = block_predictions(hidden, head, top_k)
     logits = hidden[:, 1:].reshape(-1, width) @ head.T
+    predictions = block_predictions(logits.view(blocks, slots, -1), top_k)
     values, ids = torch.topk(logits, top_k, dim=-1)
     every_slot = (values - torch.logsumexp(logits, dim=-1, keepdim=True)).view(blocks, slots, -1)
     ids = ids.view(blocks, slots, -1)

@@ -12,7 +12,7 @@ import pytest
 from dflash_eval import schema_check, schema_doc
 from dflash_eval.summary import headline, summary_lines
 
-from tests.schema_samples import LATER_KEYS, results_dict, sampled_results_dict
+from tests.schema_samples import LATER_KEYS, SCHEMA_3_KEYS, results_dict, sampled_results_dict
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
@@ -37,7 +37,10 @@ def test_summary_leads_with_step_and_tau_then_says_what_was_evaluated():
     assert lines[0] == (
         "step 2000  τ macro 1.500  τ pooled 1.250  (8 rounds, 10 tokens, block size 4)"
     )
-    assert lines[1].endswith("capped at the completion end: macro 1.500, pooled 1.250")
+    assert lines[1].endswith(
+        "z-lab's 07ebd93 loop (last block shortened, capped at the completion end): "
+        "macro 1.500, pooled 1.250"
+    )
     assert lines[2] == "DDTree τ: b=4: 1.750, b=8: 1.750"
     assert lines[3] == "acceptance by position (conditional): 1:0.50, 2:0.25, 3:n/a"
     assert lines[4] == "reference drafter τ macro 3.000 (this run: 0.50× of it)"
@@ -83,6 +86,24 @@ def test_a_results_file_written_before_the_later_keys_still_reads():
             record.pop(key, None)
     assert schema_check.parse_results(results) is results
     assert summary_lines(results)[0].startswith("step 2000  τ macro 1.500")
+
+
+def test_a_schema_2_file_still_reads_and_schema_1_is_named():
+    results = results_dict(reference=True)
+    results["schema_version"] = 2
+    for block, keys in SCHEMA_3_KEYS.items():
+        for key in keys:
+            results[block].pop(key)
+    results["metrics"]["capped"].pop("tau_convention")
+    assert schema_check.parse_results(results) is results
+    assert summary_lines(results)[1].endswith(
+        "; capped at the completion end: macro 1.500, pooled 1.250"
+    )
+    results["schema_version"] = 1
+    with pytest.raises(
+        schema_check.SchemaError, match="schema_version 1, this dflash-ops reads 2, 3"
+    ):
+        schema_check.parse_results(results)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
 from transformers import AutoModelForCausalLM
 
 from .helpers import quick_eval, save_tiny_qwen3_5
-from .live_loops import LiveModels, live_lengths
+from .live_loops import LiveModels, LiveRun, PlainDrafter
 
 MAX_NEW_TOKENS = 37  # not a multiple of the block size: the last round runs past it
 BUDGETS = [4, 8, 32]
@@ -40,7 +40,7 @@ def live(lab):
         drafter = load_drafter(lab.checkpoints[step], target.shape).model
         return LiveModels(
             model.eval(),
-            drafter,
+            PlainDrafter(drafter.config.to_hf_dict(), drafter.state_dict()),
             model.model.embed_tokens.weight.detach(),
             model.lm_head.weight.detach(),
         )
@@ -74,7 +74,7 @@ def test_vanilla_and_ddtree_tau_equal_live_loops_that_run_past_max_new_tokens(
     assert metrics["tau_convention"] == "zlab-live-loop"
     prompts = _lab_prompt_ids(lab, 3)
     for budget in [None, *BUDGETS]:
-        runs = [live_lengths(models, ids, MAX_NEW_TOKENS, stops, budget) for ids in prompts]
+        runs = [LiveRun(models, ids, MAX_NEW_TOKENS, stops, budget).old_loop() for ids in prompts]
         lengths = [run[1] for run in runs]
         per_prompt = [_mean(x) for x in lengths]
         pooled = sum(map(sum, lengths)) / sum(map(len, lengths))
@@ -86,14 +86,24 @@ def test_vanilla_and_ddtree_tau_equal_live_loops_that_run_past_max_new_tokens(
             assert [row["tau"] for row in results["per_prompt"]] == pytest.approx(per_prompt)
             # Some last round went past max_new_tokens: the case the convention is about.
             assert any(sum(x) > MAX_NEW_TOKENS - 1 for x in lengths)
+        # z-lab's current loop (07ebd93): the last block shortened, its count capped.
+        runs = [
+            LiveRun(models, ids, MAX_NEW_TOKENS, stops, budget).current_loop() for ids in prompts
+        ]
+        lengths = [run[1] for run in runs]
+        capped = metrics["capped"] if budget is None else metrics["capped"]["ddtree"][str(budget)]
+        assert capped["tau_macro"] == pytest.approx(_mean([_mean(x) for x in lengths]), rel=1e-12)
+        assert capped["rounds"] == sum(map(len, lengths)), budget
     assert metrics["incomplete_references"] == 0
     assert metrics["capped"]["committed_tokens"] == 3 * (MAX_NEW_TOKENS - 1)
+    assert metrics["capped"]["tau_convention"] == "zlab-07ebd93"
 
 
 def _offline(lab, models: LiveModels, prompt_ids, stops, budgets, max_rounds=None):
     """The harness's pieces by hand, with a chosen set of stop tokens."""
     target = load_target(lab.target_dir, "float32")
-    config = models.drafter.config
+    drafter = load_drafter(lab.checkpoints[6000], target.shape).model
+    config = drafter.config
     reference = greedy_reference(target.model, prompt_ids, MAX_NEW_TOKENS, config.block_size, stops)
     tokens = prompt_ids + reference
     first, stop = len(prompt_ids), first_stop(reference, stops)
@@ -101,16 +111,14 @@ def _offline(lab, models: LiveModels, prompt_ids, stops, budgets, max_rounds=Non
     hidden = target.hidden_features(tokens, list(config.target_layer_ids))
     features = torch.cat([hidden[i] for i in config.target_layer_ids], dim=-1)
     head = BorrowedHead(models.embed, models.head, config.mask_token_id)
-    predictor = Predictor(
-        models.drafter, head, tokens, features, first, config.block_size, max(budgets)
-    )
+    predictor = Predictor(drafter, head, tokens, features, first, config.block_size, max(budgets))
     walked = walk_prompt(predictor, tokens, span, config.block_size, budgets, max_rounds)
     return reference, span, walked
 
 
 def test_a_stop_token_ends_the_walk_after_the_round_that_commits_it(lab, live):
     models = live(6000)
-    block_size = models.drafter.config.block_size
+    block_size = models.drafter.block_size
     prompt_ids = _lab_prompt_ids(lab, 1)[0]
     plain = greedy_reference(models.target, prompt_ids, MAX_NEW_TOKENS, 0, [])
     checked = 0
@@ -123,10 +131,15 @@ def test_a_stop_token_ends_the_walk_after_the_round_that_commits_it(lab, live):
         assert reference == plain[: stop + 1] + reference[stop + 1 :]
         assert len(reference) == min(MAX_NEW_TOKENS, stop + 1) + block_size
         for budget in (None, 8):
-            tokens, lengths = live_lengths(models, prompt_ids, MAX_NEW_TOKENS, stops, budget)
+            tokens, lengths = LiveRun(models, prompt_ids, MAX_NEW_TOKENS, stops, budget).old_loop()
             offline = walked.lengths if budget is None else walked.ddtree_lengths[8]
             assert offline == lengths, (stop_at, budget)
             assert tokens[: stop + 1] == reference[: stop + 1]
+            current = walked.capped_lengths if budget is None else walked.capped_ddtree_lengths[8]
+            assert (
+                current
+                == LiveRun(models, prompt_ids, MAX_NEW_TOKENS, stops, budget).current_loop()[1]
+            )
             # The last round committed the stop token, and may have gone past it.
             assert sum(lengths) >= stop and sum(lengths[:-1]) < max(stop, 1)
         checked += stop > 0
