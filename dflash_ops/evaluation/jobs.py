@@ -26,7 +26,7 @@ from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, wi
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
 
-RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
+RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
 DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
 
