@@ -5,8 +5,10 @@ Each fault is a training recipe plus what its checkpoint then claims (the config
 
 - layer-ids: trained on target layers 2,4; its config names 1,3 (the lab default);
 - block-size: trained with blocks of 16; its config (and training args) say 8;
-- soft-target: trained to match the target's softmax at temperature 2 (KL) instead of its
-  greedy token: flat, under-confident slots;
+- soft-target: trained to match the target's softmax at a temperature (KL) instead of its
+  greedy token: flat, under-confident slots. The lab target is near one-hot at temperature
+  2 (mean top-1 probability 0.9999, so that fault changes nothing here); at 8 its mean top-1
+  is 0.33, about as flat as a real target's at 2, so the lab uses 8;
 - fc-width: trained on three target layers 1,3,5 (`fc` is 3·H wide); its config names two.
 
 The checkpoints are labelled step 6000 (150 real optimisation steps, as the lab's best; the
@@ -45,9 +47,9 @@ FAULTS = {
         Training(block_size=16), {"block_size": 8}, "trained with block size 16, config says 8"
     ),
     "soft-target": Fault(
-        Training(soft_temperature=2.0),
+        Training(soft_temperature=8.0),
         {},
-        "trained on the target's softmax at temperature 2 (KL), not its greedy token",
+        "trained on the target's softmax at temperature 8 (KL), not its greedy token",
     ),
     "fc-width": Fault(
         Training(layer_ids=(1, 3, 5)),

@@ -268,8 +268,9 @@ def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
         default=4,
         help="prompts each probe re-evaluates the candidate on (default 4)",
     )
+    diagnose.add_argument("--training-run", help="the training run the candidate belongs to")
     _add_progress_flags(diagnose)
-    diagnose.set_defaults(training_run=None, features=None)
+    diagnose.set_defaults(features=None)
 
 
 def _add_plan_parser(commands: argparse._SubParsersAction) -> None:

@@ -102,6 +102,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         with timer.phase(f"diagnose_{role}"):
             walked = _walk(loaded, parts.sequences, head, run, progress, role)
         sides[role] = _side(loaded, walked, parts, run)
+    sides["candidate"]["training_run"] = run.training_run
     with timer.phase("probes"):
         probes = _probes(options, candidate, other, parts, head, progress, timer)
     diagnosis = {
@@ -192,7 +193,7 @@ def _walk(
 
 
 def probe_settings(
-    layer_ids: list[int], block_size: int, num_layers: int, other_block: int, drafter_layers: int
+    layer_ids: list[int], block_size: int, num_layers: int, other_block: int
 ) -> list[dict[str, Any]]:
     """One setting changed at a time: each layer id ±1, all ±1, the default rule's ids,
     and the other block sizes (half, double, the other drafter's)."""
@@ -203,7 +204,7 @@ def probe_settings(
             candidates.append((f"target layer id {layer} → {layer + shift}", moved))
     for shift in (-1, 1):
         candidates.append((f"all target layer ids {shift:+d}", [i + shift for i in layer_ids]))
-    default = default_target_layer_ids(num_layers, len(layer_ids) or drafter_layers)
+    default = default_target_layer_ids(num_layers, len(layer_ids))
     candidates.append(("the default rule's target layer ids", default))
     probes, seen = [], {tuple(layer_ids)}
     for label, ids in candidates:
@@ -234,7 +235,6 @@ def _probes(
         config.block_size,
         parts.target.shape.num_layers,
         other.config.block_size,
-        config.num_hidden_layers,
     )
     layers = sorted({i for p in settings if p["setting"] == "target_layer_ids" for i in p["value"]})
     sample = _probe_sample(parts, sorted({*layers, *config.target_layer_ids}), options, timer)

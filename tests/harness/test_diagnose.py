@@ -102,7 +102,7 @@ def test_diagnose_without_a_drafter_to_compare_with_says_so(lab, tmp_path, capsy
 
 
 def test_probes_change_one_setting_at_a_time_within_the_target():
-    probes = probe_settings([1, 3], 8, num_layers=6, other_block=8, drafter_layers=2)
+    probes = probe_settings([1, 3], 8, num_layers=6, other_block=8)
     layer_sets = [p["value"] for p in probes if p["setting"] == "target_layer_ids"]
     assert [0, 3] in layer_sets and [1, 4] in layer_sets and [2, 4] in layer_sets
     assert all(0 <= i < 6 for ids in layer_sets for i in ids)
