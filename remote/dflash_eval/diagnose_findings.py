@@ -287,18 +287,20 @@ def context_slope(diagnosis: dict[str, Any]) -> list[Finding]:
     theirs = [b for b in diagnosis["other"]["by_context_length"] if b["tau"] is not None]
     if len(mine) < 2 or len(theirs) < 2:
         return []
-    drop = mine[0]["tau"] - mine[-1]["tau"]
-    other_drop = theirs[0]["tau"] - theirs[-1]["tau"]
-    if drop - other_drop <= 0.25 * mine[0]["tau"]:
+    # τ late in the completion relative to τ early on: a window or position problem makes
+    # the candidate's ratio fall behind the other's.
+    ratio = mine[-1]["tau"] / mine[0]["tau"]
+    other_ratio = theirs[-1]["tau"] / theirs[0]["tau"]
+    if ratio >= 0.75 * other_ratio:
         return []
     return [
         finding(
             45,
             "context length",
-            "τ falls with context length faster than the other's",
+            "the candidate falls behind later in the completion",
             f"candidate τ {mine[0]['tau']:.2f} → {mine[-1]['tau']:.2f} from the first to the "
-            f"last span of the completion; {diagnosis['against']} {theirs[0]['tau']:.2f} → "
-            f"{theirs[-1]['tau']:.2f}",
+            f"last span of the completion (×{ratio:.2f}); {diagnosis['against']} "
+            f"{theirs[0]['tau']:.2f} → {theirs[-1]['tau']:.2f} (×{other_ratio:.2f})",
             "check the sliding window, RoPE (theta, scaling) and the positions used in training",
         )
     ]
