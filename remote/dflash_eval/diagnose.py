@@ -246,7 +246,7 @@ def _probes(
         walk_block = min(config.block_size, probe["value"]) if is_block else config.block_size
         if walk_block not in base:
             walked = _walk(
-                candidate, sample, head, run, progress, "probe", None, None, walk_block, []
+                candidate, sample, head, run, progress, "probe", walk_block=walk_block, budgets=[]
             )
             base[walk_block] = _tau_and_loss(walked, walk_block)
         changed = {"block_size": probe["value"]} if is_block else {"layer_ids": probe["value"]}
