@@ -42,6 +42,7 @@ from dflash_eval.target_source import TargetSource
 
 DIAGNOSIS_FORMAT = 1
 DEFAULT_PROBE_PROMPTS = 4
+PROBE_WALK = {"budgets": [], "every_anchor": True}  # probes score every anchor, vanilla only
 
 
 @dataclass
@@ -158,9 +159,11 @@ def _walk(
     block_size: int | None = None,
     walk_block: int | None = None,
     budgets: list[int] | None = None,
+    every_anchor: bool = False,
 ) -> Walked:
     """Walk every sequence with this drafter; the keywords change one setting (a probe):
-    the feature layers, the block the drafter sees, and the slots the walk scores."""
+    the feature layers, the block the drafter sees, and the slots the walk scores.
+    `every_anchor`: also compute the predictions of the anchors the walk skipped."""
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     borrowed = BorrowedHead.from_target(*head, config.mask_token_id, dtype)
@@ -187,6 +190,9 @@ def _walk(
         walked.walks.append(
             walk_prompt(predictor, seq.tokens, seq.span, walk_block, budgets, run.max_blocks)
         )
+        if every_anchor:
+            for anchor in range(seq.span.first_anchor, predictor.last_anchor + 1):
+                predictor.draft(anchor)
         walked.slot_stats.append(predictor.slot_stats)
         progress.progress(phase, done, len(sequences))
     return walked
@@ -246,7 +252,7 @@ def _probes(
         walk_block = min(config.block_size, probe["value"]) if is_block else config.block_size
         if walk_block not in base:
             walked = _walk(
-                candidate, sample, head, run, progress, "probe", walk_block=walk_block, budgets=[]
+                candidate, sample, head, run, progress, "probe", **PROBE_WALK, walk_block=walk_block
             )
             base[walk_block] = _tau_and_loss(walked, walk_block)
         changed = {"block_size": probe["value"]} if is_block else {"layer_ids": probe["value"]}
@@ -258,8 +264,8 @@ def _probes(
             progress,
             "probe",
             **changed,
+            **PROBE_WALK,
             walk_block=walk_block,
-            budgets=[],
         )
         taus, losses = _tau_and_loss(walked, walk_block)
         base_taus, base_losses = base[walk_block]
@@ -316,7 +322,7 @@ def _unloadable(options: DiagnoseOptions, error: HarnessError, hidden_size: int)
 
 def _tau_and_loss(walked: Walked, walk_block: int) -> tuple[list, list]:
     return (
-        stats.per_prompt_tau(walked.walks),
+        stats.per_prompt_anchor_tau(walked.slot_stats, walk_block - 1),
         stats.per_prompt_loss(walked.walks, walked.slot_stats, walk_block - 1),
     )
 

@@ -133,6 +133,23 @@ def per_prompt_loss(
     return losses
 
 
+def per_prompt_anchor_tau(
+    stats: Sequence[dict[int, list[SlotStats]]], slots: int
+) -> list[float | None]:
+    """Per prompt: the mean acceptance length of a round started at *every* anchor computed
+    (1 + the leading slots whose top-1 is the target's token, of the first `slots`). Every
+    anchor, not only the walk's, so that two settings of one drafter are compared on the
+    same anchors with far less noise than the walk's τ."""
+    taus: list[float | None] = []
+    for by_anchor in stats:
+        lengths = []
+        for rows in by_anchor.values():
+            ranks = [row[2] for row in rows[:slots]]
+            lengths.append(1 + next((k for k, r in enumerate(ranks) if r), len(ranks)))
+        taus.append(sum(lengths) / len(lengths) if lengths else None)
+    return taus
+
+
 def by_prompt_set(datasets: Sequence[str], walks: Sequence[PromptWalk]) -> dict[str, float]:
     """Macro τ per named prompt set."""
     taus: dict[str, list[float]] = {}
