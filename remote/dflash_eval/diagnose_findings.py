@@ -6,7 +6,8 @@ kinds of evidence, not probabilities:
   100  the candidate does not load (nothing else can be measured)
    95  non-finite weights
   80+  a probe raised τ beyond its interval (the checkpoint works better with that setting)
-   85  features outside the fidelity bounds
+   85  features outside the fidelity bounds; 82: bf16 features of a linear-attention
+       target computed on CPU (within the bounds on the first prompt, drift grows with length)
   50+  configuration differences that change numbers; a trained block size the config
        contradicts
   70+  calibration: flat, under-confident slots (a soft-target loss)
@@ -338,6 +339,25 @@ def features(diagnosis: dict[str, Any]) -> list[Finding]:
                 "the target features are outside the fidelity bounds",
                 f"{record.get('dtype')} on {record.get('device')}: " + "; ".join(lines[:3]),
                 "compute features in float32 on CPU, or on a GPU with the training kernels",
+            )
+        ]
+    kernel = (record.get("kernel") or {}).get("linear_attention")
+    if fidelity.get("status") == "measured" and kernel == "torch fallback":
+        worst = max(
+            (row["relative_error"] for row in (fidelity.get("layers") or {}).values()),
+            default=0.0,
+        )
+        return [
+            finding(
+                82,
+                "features",
+                f"{record.get('dtype')} features of a linear-attention target on CPU",
+                f"the target's linear-attention layers ran in {record.get('dtype')} through the "
+                f"torch fallback on {record.get('device')} (largest relative error against "
+                f"float32 on the first prompt: {worst:.3g}); the drafter was trained on "
+                "features from the GPU kernels",
+                "compute features in float32 on CPU (--target-dtype float32) or on a features "
+                "host with the training kernels, and diagnose again",
             )
         ]
     if fidelity.get("status") == "skipped":

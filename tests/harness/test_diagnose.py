@@ -19,6 +19,8 @@ from dflash_eval.progress import Progress
 
 from dflash_lab.faulty import build_faulty_drafter
 
+from .helpers import random_drafter, save_tiny_qwen3_5, save_training_checkpoint, small_config
+
 PROMPTS = 8  # all of the lab's prompts
 
 
@@ -121,3 +123,24 @@ def test_a_paired_difference_counts_only_beyond_its_interval(better, base, signi
 
 def test_one_prompt_is_never_evidence():
     assert math.isinf(paired_difference([5.0], [1.0])["half_width"])
+
+
+def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
+    target = save_tiny_qwen3_5(tmp_path / "target", lab.target_dir, 101, False)
+    config = small_config(target_layer_ids=(1, 2), mask_token_id=3)
+    candidate = save_training_checkpoint(tmp_path / "c" / "checkpoint.pt", random_drafter(config))
+    other = save_training_checkpoint(tmp_path / "o" / "checkpoint.pt", random_drafter(config, 1))
+    options = EvalOptions(
+        checkpoint=candidate,
+        target=target,
+        out=tmp_path / "diagnose.json",
+        prompts=lab.prompts,
+        max_new_tokens=10,
+        target_dtype="bfloat16",
+        cache_dir=tmp_path / "cache",
+        reference_drafter=other,
+    )
+    diagnosis = run_diagnose(DiagnoseOptions(options, "other"), Progress(quiet=True))
+    top = diagnosis["findings"][0]
+    assert top["area"] == "features", summary_lines(diagnosis)
+    assert top["title"] == "bfloat16 features of a linear-attention target on CPU"
