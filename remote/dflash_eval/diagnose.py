@@ -82,6 +82,9 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         write_results(run.out, diagnosis)
         return diagnosis
     other = evaluate._load(run.reference_drafter, run, target.shape, progress, warnings, candidate)
+    # The DDTree budgets as eval resolves them (its default; none for a DFlash-2 drafter).
+    run = dataclasses.replace(run, ddtree=evaluate.ddtree_budgets(run.ddtree, [candidate, other]))
+    options = dataclasses.replace(options, run=run)
     drafters = {"drafter": candidate.config, "reference drafter": other.config}
     parts = evaluate._target_side(
         run,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_eval.metrics import PromptWalk
+from dflash_eval.model_dflash2 import DFlash2Drafter
 from dflash_eval.predict import BlockPrediction, Predictor, block_predictions
 
 CLOSE_RANK = 10
@@ -38,22 +39,29 @@ class CalibratingPredictor(Predictor):
         super().__init__(*args, **kwargs)
         self.slot_stats: dict[int, list[SlotStats]] = {}
 
-    @torch.inference_mode()
-    def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
-        hidden = self.drafter.forward_blocks(self._block_embeds(anchors), anchors, self._context())
-        weight = self.head.head_weight
-        logits = F.linear(hidden[:, 1:], weight).float()  # [N, B-1, V]
+    def _from_hidden(self, hidden: torch.Tensor, anchors: torch.Tensor) -> list[BlockPrediction]:
+        if isinstance(self.drafter, DFlash2Drafter):  # its drafts are the selector's choice
+            return super()._from_hidden(hidden, anchors)
+        logits = self._logits(hidden)  # [N, b-1, V], as the walk drafts them
+        self._record(logits.float(), anchors)
+        return block_predictions(logits, self.top_k)
+
+    def _record(self, logits: torch.Tensor, anchors: torch.Tensor) -> None:
+        """Per anchor and slot: top-1 probability, entropy, the reference token's rank and
+        log-probability (a shortened last block never replaces its anchor's full one)."""
         logprobs = F.log_softmax(logits, dim=-1)
-        top1 = logprobs.max(dim=-1).values.exp()  # [N, B-1]
+        top1 = logprobs.max(dim=-1).values.exp()  # [N, b-1]
         entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-        slots = torch.arange(1, self.block_size)
+        slots = torch.arange(1, logits.shape[1] + 1)
         positions = (anchors[:, None] + slots).clamp(max=len(self.tokens) - 1)
-        truth = self.tokens[positions]  # [N, B-1]
+        truth = self.tokens[positions]  # [N, b-1]
         true_logit = logits.gather(-1, truth[..., None])
         rank = (logits > true_logit).sum(dim=-1)
         true_logprob = logprobs.gather(-1, truth[..., None])[..., 0]
         known = anchors[:, None] + slots < len(self.tokens)
         for row, anchor in enumerate(anchors.tolist()):
+            if anchor in self.slot_stats and logits.shape[1] < self.block_size - 1:
+                continue
             width = int(known[row].sum())
             self.slot_stats[anchor] = list(
                 zip(
@@ -64,7 +72,6 @@ class CalibratingPredictor(Predictor):
                     strict=True,
                 )
             )
-        return block_predictions(hidden, weight, self.top_k)
 
 
 def calibration(
