@@ -29,7 +29,8 @@ from dflash_eval.completions import (
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.feature_record import features_record
-from dflash_eval.inputs import require_writable
+from dflash_eval.inputs import check_values, require_writable
+from dflash_eval.options import default
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
 from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
@@ -43,9 +44,9 @@ class FeaturesOptions:
     layers: list[int]
     block_size: int
     prompts: Path | None = None
-    max_new_tokens: int = 256
-    thinking: bool = False
-    target_dtype: str = "auto"
+    max_new_tokens: int = default("max_new_tokens")
+    thinking: bool = default("thinking")
+    target_dtype: str = default("target_dtype")
     sglang_url: str | None = None
     threads: int | None = None
     host_name: str | None = None  # the inventory's name for this host, recorded as `host`
@@ -228,8 +229,7 @@ def _check_options(options: FeaturesOptions) -> None:
         raise HarnessError(f"--layers must list target layer ids ≥ 0, got {options.layers}.")
     if options.block_size < 1:
         raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
-    if options.max_new_tokens < 1:
-        raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
+    check_values(options, ("max_new_tokens", "threads"))
     require_writable(f"--out {options.out}", Path(options.out).parent)
 
 
