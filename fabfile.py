@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_eval.options import EXTRACT_FEATURES, RUN_EVAL, WATCH
 from invoke.exceptions import Exit
 
 from dflash_lab import lab
 from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
+from dflash_ops.evaluation.harness_options import FEATURES_OPTIONS, task_help
 from dflash_ops.evaluation.harness_options import pick as pick_harness_options
 from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
@@ -255,30 +257,12 @@ def prune(
         "steps": "several steps, comma-separated: spread over all eval hosts in parallel",
         "all_new": "every complete checkpoint without a successful result yet (a sweep)",
         "host": "eval host (default: the only one)",
-        "num_prompts": "evaluate only the first N prompts",
-        "max_new_tokens": "reference completion length",
-        "max_blocks": "stop each prompt's walk after this many rounds",
-        "block_size": "block size B (default: the checkpoint's own)",
-        "ddtree": "DDTree budgets, comma-separated, e.g. 4,8,16,32",
-        "threads": "torch CPU threads on the eval host",
         "drafter_config": "local DFlash config.json for checkpoints that carry none (uploaded)",
-        "mask_token_id": "the drafter's mask token id (overrides what the checkpoint says)",
-        "target_layer_ids": "target layers feeding the drafter, comma-separated, e.g. 1,9,17",
-        "accept_default": "confirm default rules, e.g. target_layer_ids,rope (else refused)",
-        "dtype": "drafter dtype: float32 or bfloat16 (default: the profile's, else float32)",
-        "target_dtype": "target dtype: auto, float32 or bfloat16",
-        "safe_globals": "pickle globals to allow by name, e.g. argparse,numpy",
-        "allow_unsafe_pickle": "unpickle anything (runs code from the file; recorded)",
-        "no_cache": "neither read nor write the harness's completion/hidden-state cache",
-        "chunk_anchors": "anchors per batched drafter pass",
-        "per_block": "one drafter pass per block (the unbatched comparison; slow)",
-        "verify": "hash the staged checkpoint on the eval host instead of trusting its manifest",
         "reference": "also evaluate the inventory's reference_drafter on the same states",
         "prompts": "local JSONL prompts file (uploaded with the run)",
         "dataset": "named prompt sets, comma-separated: gsm8k, math500, humaneval, mbpp, "
         "mt-bench (as z-lab's benchmark formats them; NAME=FILE reads local data files); "
         "--num-prompts N then draws N from each",
-        "thinking": "'on' or 'off' (default): enable_thinking for chat templates that have it",
         "sglang": "reference completions from the inventory's sglang_url",
         "strip_optimizer": "evaluate a copy without optimizer state (harness extract)",
         "tag": "a label stored with the run (for compare --tag)",
@@ -288,6 +272,7 @@ def prune(
         "would be computed, target memory vs available, an estimated time); write nothing",
         "features": "use a relayed feature set (fab extract-features) instead of computing "
         "completions and hidden states on the eval host: its id, or 'latest'",
+        **task_help(RUN_EVAL),
     }
 )
 def run_eval(
@@ -353,15 +338,14 @@ def run_eval(
     help={
         "on": "features host to compute on (default: the only one)",
         "prompts": "local JSONL prompts file (default: the harness's built-in prompts)",
-        **{name: run_eval.help[name] for name in ("dataset", "thinking", "target_dtype")},
+        "dataset": run_eval.help["dataset"],
+        **task_help(EXTRACT_FEATURES),
         "num_prompts": "with --dataset: draw N prompts from each set",
-        "max_new_tokens": "reference completion length (default 256, as run-eval's)",
         "layers": "target layers to keep, comma-separated, e.g. 1,9,17 (default: the "
         "trainer's drafter profile)",
         "block_size": "block size B the completions are extended by (default: the profile's)",
         "device": "where the target runs there: auto (CUDA when torch sees a GPU), cpu, cuda",
         "sglang": "reference completions from the features host's sglang_url",
-        "threads": "torch CPU threads on the features host",
         "to": "eval host(s) to relay the set to, comma-separated (default: every eval host)",
         "verify": "hash every relayed copy again; send again one that no longer matches",
     }
@@ -385,7 +369,6 @@ def extract_features(
     inventory=None,
 ):
     """Compute the target's completions and hidden states on the features host; relay them."""
-    from dflash_ops.features.spec import HARNESS_OPTIONS
     from dflash_ops.ui.features_commands import extract_features_command
 
     extract_features_command(
@@ -394,7 +377,7 @@ def extract_features(
         prompts=prompts,
         dataset=dataset,
         # run-eval's options, as run-eval's (its --verify is another: picked by name here)
-        harness_options=pick_harness_options(locals(), HARNESS_OPTIONS),
+        harness_options=pick_harness_options(locals(), FEATURES_OPTIONS),
         layers=layers,
         device=device,
         sglang=sglang,
@@ -497,19 +480,17 @@ def report(c, steps=None, tag=None, out=None, inventory=None, run=None):
     write_report(inv.local.results, steps, tag, Path(out) if out else None, inv.require_run(run))
 
 
-# run-eval's options that `fab watch` passes on to every run, with run-eval's help.
+# run-eval's own options that `fab watch` passes on to every run, with run-eval's help (the
+# harness's options it passes on are the table's: task_help(WATCH)).
 WATCH_RUN_OPTIONS = (
-    "num_prompts", "max_new_tokens", "max_blocks", "block_size", "ddtree", "threads",
-    "drafter_config", "mask_token_id", "target_layer_ids", "accept_default", "dtype",
-    "target_dtype", "safe_globals", "allow_unsafe_pickle", "no_cache", "chunk_anchors",
-    "per_block", "reference", "prompts", "sglang", "strip_optimizer", "via", "tag",
-    "dataset", "thinking", "run",
+    "drafter_config", "reference", "prompts", "sglang", "strip_optimizer", "via", "dataset", "run",
 )  # fmt: skip
 
 
 @ops_task(
     help={
         **{name: run_eval.help[name] for name in WATCH_RUN_OPTIONS},
+        **task_help(WATCH),
         "interval": "time between looks at the trainer, e.g. 90s, 10m, 1h (default 10m)",
         "retries": "further attempts of a failed step, one per pass, before it is skipped",
         "once": "one pass, then exit (for cron and tests)",

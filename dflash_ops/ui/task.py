@@ -10,12 +10,56 @@ import functools
 import inspect
 from collections.abc import Callable
 
+from dflash_eval import options as table
 from fabric import task
-from invoke.exceptions import Exit
+from fabric.tasks import Task
+from invoke.exceptions import Exit, ParseError
+from invoke.parser import Argument
 
 from dflash_ops.core.errors import OpsError
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
+# The numeric harness options the tasks pass on, by keyword (dflash_eval.options).
+NUMBERS = {
+    option.name: option
+    for option in table.OPTIONS
+    if option.tasks and option.kind in ("int", "float")
+}
+
+
+class _NumberArgument(Argument):
+    """A harness option's flag that is parsed and range-checked by the harness's table as
+    invoke reads it: a bad value is one line (ParseError), not int()'s traceback."""
+
+    def __init__(self, option: table.Option, **kwargs) -> None:
+        # invoke's help shows =INT for int and nothing for any other kind but str.
+        super().__init__(kind=int if option.kind == "int" else str, **kwargs)
+        self.option = option
+
+    def set_value(self, value: object, cast: bool = True) -> None:
+        try:
+            parsed = table.parse(self.option, value) if cast else value
+        except ValueError as error:
+            raise ParseError(f"{self.option.flag}: {error}") from None
+        super().set_value(parsed, cast=False)
+
+
+class _OpsTask(Task):
+    """A Fabric task whose harness-option flags take the harness's kinds."""
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        return [
+            _NumberArgument(
+                NUMBERS[argument.name],
+                names=argument.names,
+                default=argument.default,
+                help=argument.help,
+                attr_name=argument.attr_name,
+            )
+            if argument.name in NUMBERS
+            else argument
+            for argument in super().get_arguments(ignore_unknown_help)
+        ]
 
 
 def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
@@ -40,6 +84,6 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
         helps = {**({"inventory": INVENTORY_HELP} if takes_inventory else {}), **(help or {})}
         # Long flags only: invoke's automatic one-letter flags (-h for --host…) confuse more
         # than they save.
-        return task(help=helps, auto_shortflags=False, **task_options)(run)
+        return task(help=helps, auto_shortflags=False, klass=_OpsTask, **task_options)(run)
 
     return decorate
