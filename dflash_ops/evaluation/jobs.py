@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dflash_ops.core.errors import OpsError, RemoteCommandError
+from dflash_ops.core.errors import JobError, RemoteCommandError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
@@ -29,10 +29,6 @@ from dflash_ops.remote.probes import Probe
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
 DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
-
-
-class JobError(OpsError):
-    """A run could not be launched, found or followed."""
 
 
 class Detached(Exception):

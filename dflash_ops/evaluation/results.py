@@ -23,15 +23,11 @@ from typing import Any
 
 from dflash_eval import schema
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import ResultsError
 
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
 TRAINING_RUN = "training run"  # the column shown when some row belongs to a named run
 DEFAULT_RUN = "-"  # how that column shows the trainer's own checkpoints
-
-
-class ResultsError(OpsError):
-    """Results are missing, unreadable or not comparable."""
 
 
 @dataclass

@@ -14,8 +14,9 @@ from dataclasses import replace
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import load_runs
-from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_eval
+from dflash_ops.evaluation.run import RunReporter, run_eval
 from dflash_ops.staging.catalog import list_checkpoints
 from dflash_ops.staging.destination import staged_status
 

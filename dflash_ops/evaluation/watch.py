@@ -1,6 +1,6 @@
 """`fab watch`: follow training. Every interval, list the trainer's complete checkpoints and
 evaluate the new ones with the sweep machinery (dflash_ops.evaluation.sweep) over the eval
-hosts, with the same request as `fab run-eval` (run.build_request).
+hosts, with the same request as `fab run-eval` (request.build_request).
 
 State lives beside the results, in `<results>/watch-state.json` (`watch-state-<tag>.json`
 for a tagged series; `watch-state@<run>.json`, `watch-state-<tag>@<run>.json` for a named
@@ -33,11 +33,12 @@ from typing import Protocol
 
 from dflash_eval import schema
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import OpsError, WatchError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, sweep
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import load_runs
-from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_flag
+from dflash_ops.evaluation.run import RunReporter, run_flag
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host
 from dflash_ops.staging.catalog import list_checkpoints
@@ -49,10 +50,6 @@ ERROR_CHARS = 500  # of a failure's message kept in the state and the webhook pa
 # The confidence interval of τ macro over every prompt, where results carry one (written by
 # harnesses with per-dataset intervals; schema.BY_DATASET / OVERALL once those land here).
 INTERVAL_PATH = ("by_dataset", "overall", schema.TAU_MACRO)
-
-
-class WatchError(OpsError):
-    """The watch cannot go on: bad arguments or an unreadable state file."""
 
 
 def parse_interval(text: str | int | float) -> float:

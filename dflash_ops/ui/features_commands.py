@@ -15,7 +15,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation.harness_options import checked
 from dflash_ops.evaluation.jobs import Detached
-from dflash_ops.evaluation.run import prompts_file
+from dflash_ops.evaluation.request import prompts_file
 from dflash_ops.features.extract import FeatureSet, extract_features
 from dflash_ops.features.relay import RelayOptions, relay_set
 from dflash_ops.features.spec import FeatureRequest, choose_layers

@@ -76,12 +76,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
         identity = target_identity(options.target)
-    too_deep = [i for i in options.layers if i >= target.shape.num_layers]
-    if too_deep:
-        raise HarnessError(
-            f"--layers {too_deep} do not exist: the target has {target.shape.num_layers} "
-            f"layers (0–{target.shape.num_layers - 1})."
-        )
+    _check_layers(options.layers, target.shape.num_layers)
     client = SGLangClient(options.sglang_url) if options.sglang_url else None
     inputs = _inputs(options, prompts, identity, target, client)
     if feature_set.is_complete_and_same(setdir, inputs):
@@ -91,12 +86,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     progress.event("space", **need.record())
     if options.check_space:
         return {"set": setdir.name, "path": str(setdir), "space": need.record()}
-    if not need.fits:
-        raise HarnessError(
-            f"Not enough free space for feature set {setdir}: it needs {need.describe()}, and "
-            f"{need.path} has {need.free / 2**20:.1f} MiB free. Free space there (old sets: "
-            "`fab prune --features`), or extract fewer prompts or fewer --max-new-tokens."
-        )
+    _require_space(need, setdir)
     partial = feature_set.open_partial(setdir, inputs, progress)
     lookup = pipeline.Lookup(
         DiskCache(partial),
@@ -129,12 +119,9 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         record = features_record(
             target, sequences[0], lookup, progress, warnings, options.host_name
         )
-    provenance = {key: value for key, value in record.items() if key != "fidelity"}
-    provenance["host"] = options.host_name or socket.gethostname()
     manifest = {
         **inputs,
-        "provenance": provenance,
-        "fidelity": record["fidelity"],
+        **_made(record, options.host_name),
         "entries": len(sequences),
         "target_load": target.load_record(),
         "warnings": warnings,
@@ -145,6 +132,31 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     feature_set.complete(partial, setdir, manifest)
     progress.say(f"Feature set {setdir}: {len(sequences)} prompts, layers {lookup.layer_ids}")
     return _summary(setdir, manifest, noop=False)
+
+
+def _check_layers(layers: list[int], num_layers: int) -> None:
+    too_deep = [i for i in layers if i >= num_layers]
+    if too_deep:
+        raise HarnessError(
+            f"--layers {too_deep} do not exist: the target has {num_layers} layers "
+            f"(0–{num_layers - 1})."
+        )
+
+
+def _require_space(need: feature_size.SpaceNeed, setdir: Path) -> None:
+    if not need.fits:
+        raise HarnessError(
+            f"Not enough free space for feature set {setdir}: it needs {need.describe()}, and "
+            f"{need.path} has {need.free / 2**20:.1f} MiB free. Free space there (old sets: "
+            "`fab prune --features`), or extract fewer prompts or fewer --max-new-tokens."
+        )
+
+
+def _made(record: dict[str, Any], host_name: str | None) -> dict[str, Any]:
+    """The manifest's provenance (where and how the states were computed) and fidelity."""
+    provenance = {key: value for key, value in record.items() if key != "fidelity"}
+    provenance["host"] = host_name or socket.gethostname()
+    return {"provenance": provenance, "fidelity": record["fidelity"]}
 
 
 def _inputs(
