@@ -305,6 +305,8 @@ def help_text(option: Option) -> str:
     described = option.help
     if option.choices:
         described += f"; one of {', '.join(option.choices)}"
+    elif option.kind == "on-off":
+        described += "; on or off"
     shown = option.default
     if shown in (None, []) or option.kind == "switch":
         return described
