@@ -264,14 +264,12 @@ def parse(option: Option, value: object) -> object:
         return value == "on"
     if option.kind in ("int", "float"):
         return _number(option, value)
-    if option.kind == "ints":
-        items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[arg-type]
-        return [_number(option, item) for item in items if str(item).strip()]
-    if option.kind == "names":
-        items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[arg-type]
-        return [str(item).strip() for item in items if str(item).strip()]
+    if option.kind in ("ints", "names"):
+        listed = value.split(",") if isinstance(value, str) else value
+        items = [text for text in (str(item).strip() for item in listed) if text]
+        return [_number(option, item) for item in items] if option.kind == "ints" else items
     if option.kind == "path":
-        return Path(value)  # type: ignore[arg-type]
+        return Path(str(value))
     if option.choices and value not in option.choices:
         raise ValueError(f"expected one of {', '.join(option.choices)}, found {value!r}")
     return str(value)
@@ -296,7 +294,7 @@ def as_text(option: Option, value: object) -> str:
     if option.kind == "on-off":
         return "on" if value else "off"
     if option.kind in ("ints", "names"):
-        return ",".join(str(item) for item in value)  # type: ignore[attr-defined]
+        return ",".join(str(item) for item in value)
     return str(value)
 
 
