@@ -59,7 +59,8 @@ def with_venv(**changes) -> dict:
 def test_defaults_of_hosts(tmp_path):
     inv = load(tmp_path, minimal())
     for host in (inv.trainer, inv.eval_host(None)[1]):
-        assert host.port == 22 and host.connect_timeout == 10 and host.user is None
+        # no port: the ssh config's Port for the address applies (else 22)
+        assert host.port is None and host.connect_timeout == 10 and host.user is None
         assert host.known_hosts == "~/.ssh/known_hosts" and host.identity_file is None
     trainer = inv.trainer
     assert trainer.container is None and trainer.complete_marker is None

@@ -86,11 +86,6 @@ def test_no_module_imports_from_a_package_above_its_own():
 
 ROOT = PACKAGE.parent
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
-# Over the limit for now, each with the issue that shrinks it (the test fails once it fits).
-FUNCTIONS_OVER_LIMIT = {
-    # issue 21: its results record is assembled in dflash_eval/record.py on the record branch
-    "remote/dflash_eval/evaluate.py:run_eval",
-}
 
 
 def _sources() -> list[Path]:
@@ -110,6 +105,4 @@ def test_no_function_over_80_lines():
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 name = f"{path.relative_to(ROOT)}:{node.name}"
                 lengths[name] = node.end_lineno - node.lineno + 1
-    too_long = {name for name, lines in lengths.items() if lines > MAX_FUNCTION_LINES}
-    assert too_long - FUNCTIONS_OVER_LIMIT == set()
-    assert FUNCTIONS_OVER_LIMIT - too_long == set(), "fits now: drop it from FUNCTIONS_OVER_LIMIT"
+    assert {name: lines for name, lines in lengths.items() if lines > MAX_FUNCTION_LINES} == {}

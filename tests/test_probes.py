@@ -109,3 +109,31 @@ def test_probes_on_a_real_host(lab, inventory):
     finally:
         weird.unlink(missing_ok=True)
         host.close()
+
+
+def test_transformers_support_is_read_from_the_last_json_line():
+    parse = probes.parse_transformers_support
+    warned = 'some warning on stdout\n{"version": "5.24.0", "model_type": "qwen3_5"}\n'
+    assert parse(warned) == probes.TransformersSupport("5.24.0", "qwen3_5", None)
+    refused = '{"version": "4.40.0", "error": "model type qwen3_5 not recognized"}'
+    assert parse(refused).error == "model type qwen3_5 not recognized"
+    assert parse("").error == "the venv's python did not answer"
+
+
+def test_transformers_support_runs_a_real_python(tmp_path):
+    """The probe's command against this machine's own python (the suite's transformers)."""
+    from transformers import Qwen3Config
+
+    Qwen3Config(num_hidden_layers=2).save_pretrained(str(tmp_path / "t"))
+    import sys
+
+    probe = probes.transformers_support(sys.executable, str(tmp_path / "t"))
+    answer = probe.parse(
+        subprocess.run(["sh", "-c", probe.command], capture_output=True, text=True).stdout
+    )
+    assert (answer.model_type, answer.error) == ("qwen3", None)
+    (tmp_path / "t" / "config.json").write_text('{"model_type": "qwen9_future"}')
+    answer = probe.parse(
+        subprocess.run(["sh", "-c", probe.command], capture_output=True, text=True).stdout
+    )
+    assert answer.model_type is None and "qwen9_future" in answer.error

@@ -28,7 +28,7 @@ from dflash_lab import lab as labs
 from dflash_ops.core.inventory import EvalHost, VenvSpec
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.provision.harness import HARNESS_SOURCE, deploy_harness, short_hash
-from dflash_ops.provision.packages import Sources, requested, requirements
+from dflash_ops.provision.packages import TESTED_VERSIONS, Sources, requested, requirements
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
@@ -49,6 +49,13 @@ def test_requirements_pin_versions_and_keep_specifiers():
         "requests",
         "numpy==2.1.0",
         "rich[jupyter]",
+    ]
+
+
+def test_transformers_defaults_to_the_tested_range():
+    assert requirements(VenvSpec(path="/v"))[:2] == [
+        "torch",
+        f"transformers{TESTED_VERSIONS['transformers']}",
     ]
 
 

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dflash_eval import schema
 from dflash_eval.by_dataset import acceptance_counts, intervals
 
 from dflash_ops.evaluation import results
@@ -40,6 +39,12 @@ def per_prompt(level: float, seed: int) -> list[dict]:
                     "tau": tau,
                     "ddtree_tau": {"4": tau + 0.3, "8": tau + 0.5},
                     "acceptance": acceptance_counts(slots),
+                    "prompt_tokens": 20,
+                    "completion_tokens": 64,
+                    "stopped": False,
+                    "reference_tokens": 68,
+                    "tau_capped": tau,
+                    "cache": {"completion": False, "hidden_states": False},
                 }
             )
     return rows
@@ -48,18 +53,18 @@ def per_prompt(level: float, seed: int) -> list[dict]:
 def pull(root: Path, step: int, level: float, **changes) -> None:
     """A pulled run whose results carry per-set intervals (and, at 6000, decoded samples)."""
     outcome = results_dict()
-    outcome[schema.CHECKPOINT][schema.STEP] = step
+    outcome["checkpoint"]["step"] = step
     rows = per_prompt(level, seed=step)
-    outcome[schema.PER_PROMPT] = rows
-    outcome[schema.BY_DATASET] = intervals(rows, ["4", "8"], resamples=300)
-    overall = outcome[schema.BY_DATASET][schema.OVERALL]
-    for metric in (schema.TAU_MACRO, schema.TAU_POOLED):  # the run's metrics agree with it
-        outcome[schema.METRICS][metric] = overall[metric][schema.VALUE]
-    outcome[schema.PROMPTS][schema.PROMPT_SETS] = {
+    outcome["per_prompt"] = rows
+    outcome["by_dataset"] = intervals(rows, ["4", "8"], resamples=300)
+    overall = outcome["by_dataset"]["overall"]
+    for metric in ("tau_macro", "tau_pooled"):  # the run's metrics agree with it
+        outcome["metrics"][metric] = overall[metric]["value"]
+    outcome["prompts"]["datasets"] = {
         name: {
-            schema.PROMPT_COUNT: 12,
-            schema.PROMPTS_SHA256: "s" * 64,
-            schema.SOURCE: {"repo": f"org/{name}", "revision": "feedc0de" * 5, "seed": 0},
+            "count": 12,
+            "sha256": "s" * 64,
+            "source": {"repo": f"org/{name}", "revision": "feedc0de" * 5, "seed": 0},
         }
         for name in SETS
     }
@@ -68,7 +73,15 @@ def pull(root: Path, step: int, level: float, **changes) -> None:
             {
                 "id": "gsm8k-3",
                 "completion_start": "Janet sells the <eggs> & keeps",
-                "rounds": [{"position": 0, "target": "sells", "draft": "sell", "accepted": 1}],
+                "rounds": [
+                    {
+                        "position": 0,
+                        "anchor": "Janet",
+                        "target": "sells",
+                        "draft": "sell",
+                        "accepted": 1,
+                    }
+                ],
             }
         ]
     for block, values in changes.items():
@@ -111,7 +124,7 @@ def test_results_without_intervals_show_none(tmp_path):
         directory = root / f"old-{step}"
         directory.mkdir(parents=True)
         outcome = results_dict()
-        outcome[schema.CHECKPOINT][schema.STEP] = step
+        outcome["checkpoint"]["step"] = step
         (directory / "run.json").write_text(json.dumps({"run_id": directory.name, "step": step}))
         (directory / "results.json").write_text(json.dumps(outcome))
     comparison = results.compare(results.load_runs(root))
@@ -121,7 +134,7 @@ def test_results_without_intervals_show_none(tmp_path):
 
 
 def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
-    pull(three_steps, 8000, 3.5, prompts={schema.MAX_NEW_TOKENS: 48})  # not comparable
+    pull(three_steps, 8000, 3.5, prompts={"max_new_tokens": 48})  # not comparable
     comparison = results.compare(results.load_runs(three_steps))
     mixed = results.check_mixed(comparison, allow_mixed=True)
     text = report.render(comparison, mixed)

@@ -21,7 +21,7 @@ def pull(root: Path, run_id: str, step: int, outcome: dict | None) -> None:
     run = {"run_id": run_id, "host": "eval", "state": state, "step": step, "started": step}
     (directory / "run.json").write_text(json.dumps(run))
     if outcome is not None:
-        outcome[schema.CHECKPOINT][schema.STEP] = step
+        outcome["checkpoint"]["step"] = step
         (directory / "results.json").write_text(json.dumps(outcome))
 
 
@@ -46,7 +46,7 @@ def test_table_reads_each_run_through_the_schema(tmp_path):
 
 def test_runs_that_differ_in_what_shapes_the_numbers_are_refused_unless_allowed(tmp_path):
     longer = results_dict()
-    longer[schema.PROMPTS][schema.MAX_NEW_TOKENS] = 48
+    longer["prompts"]["max_new_tokens"] = 48
     pull(tmp_path, "a", 2000, longer)
     pull(tmp_path, "b", 4000, results_dict())
     comparison = results.compare(results.load_runs(tmp_path))
@@ -64,7 +64,7 @@ def test_runs_that_differ_in_what_shapes_the_numbers_are_refused_unless_allowed(
         ("[1, 2]", "not a dflash-eval results file"),
         (
             f'{{"kind": "dflash-eval-results", "schema_version": {schema.SCHEMA_VERSION}}}',
-            "missing or malformed field",
+            "results: no checkpoint",
         ),
     ],
 )
@@ -80,7 +80,7 @@ def test_a_damaged_results_file_is_skipped_and_named_not_fatal(tmp_path, content
 
 def test_a_results_file_of_another_schema_version_is_named(tmp_path):
     newer = results_dict()
-    newer[schema.SCHEMA_VERSION_KEY] = schema.SCHEMA_VERSION + 1
+    newer["schema_version"] = schema.SCHEMA_VERSION + 1
     pull(tmp_path, "newer", 2000, newer)
     (run,) = results.load_runs(tmp_path)
     assert run.results is None and "schema_version" in run.problem

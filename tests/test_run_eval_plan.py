@@ -141,3 +141,39 @@ def test_clear_errors_for_a_missing_target_and_an_unreachable_host(plan_lab, tmp
         inventory_path, "run-eval", "--dry-run", "--step", "2000", "--dataset", "gsm8k"
     )
     assert datasets.returncode == 1 and "--dry-run with --dataset" in datasets.stderr
+
+
+def test_a_target_the_venv_transformers_cannot_build_is_named_before_anything_is_staged(
+    plan_lab, tmp_path
+):
+    import json
+    import shutil
+
+    from dflash_ops.remote import checks
+    from dflash_ops.remote.checks import Status
+
+    inventory_path = plan_lab.inventory_path
+    rows = {(r.host, r.check): r for r in checks.check_inventory(load(inventory_path))}
+    supported = rows[("eval", "transformers")]
+    assert supported.status is Status.OK and "builds the target's qwen3 config" in supported.detail
+
+    target = Path(load(inventory_path).eval_hosts["eval"].target_model)
+    future = target.with_name(target.name + "-future")
+    shutil.copytree(target, future)
+    try:
+        config = json.loads((future / "config.json").read_text())
+        (future / "config.json").write_text(json.dumps({**config, "model_type": "qwen9_future"}))
+        broken = broken_inventory(inventory_path, tmp_path, target_model=str(future))
+        rows = {(r.host, r.check): r for r in checks.check_inventory(load(broken))}
+        refused = rows[("eval", "transformers")]
+        assert refused.status is Status.FAIL
+        assert "cannot read" in refused.detail and "setup-eval-host" in refused.detail
+        before = everything(broken)
+        result = run_fab(broken, "run-eval", "--dry-run", "--step", "2000", "--host", "eval")
+        assert "model_type 'qwen9_future'" in " ".join(
+            result.stdout.split() + result.stderr.split()
+        )
+        assert everything(broken) == before
+        assert "Traceback" not in result.stderr
+    finally:
+        shutil.rmtree(future)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dflash_eval import schema
 
 from dflash_lab import lab as labs
 from dflash_ops.core import inventory as inventories
@@ -161,10 +160,10 @@ def test_each_run_s_watch_has_its_own_state_file(tmp_path):
 def pull(root: Path, run_id: str, step: int, training_run: str | None, tau: float) -> None:
     """A pulled run directory, as `fab fetch-results` leaves it."""
     outcome = results_dict()
-    outcome[schema.CHECKPOINT][schema.STEP] = step
+    outcome["checkpoint"]["step"] = step
     if training_run:
-        outcome[schema.CHECKPOINT][schema.TRAINING_RUN] = training_run
-    outcome[schema.METRICS][schema.TAU_MACRO] = tau
+        outcome["checkpoint"]["training_run"] = training_run
+    outcome["metrics"]["tau_macro"] = tau
     directory = root / run_id
     directory.mkdir(parents=True)
     run = {"run_id": run_id, "host": "eval", "state": "succeeded", "step": step, "started": 1}
@@ -331,13 +330,13 @@ def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(make_lab, fab):
     assert "sweep: steps 2000 over eval" in sweep.stdout
     pulled: dict[tuple, dict] = {}
     for path in inventories.load(inventory).local.results.glob("*/results.json"):
-        checkpoint = json.loads(path.read_text())[schema.CHECKPOINT]
-        pulled[checkpoint[schema.TRAINING_RUN], checkpoint[schema.STEP]] = checkpoint
+        checkpoint = json.loads(path.read_text())["checkpoint"]
+        pulled[checkpoint["training_run"], checkpoint["step"]] = checkpoint
         run_id = path.parent.name  # the training run is in the id: `…-v4-step4000-eval-…`
-        assert f"-{checkpoint[schema.TRAINING_RUN]}-step{checkpoint[schema.STEP]}-" in run_id
+        assert f"-{checkpoint['training_run']}-step{checkpoint['step']}-" in run_id
     assert sorted(pulled) == [("v4", 2000), ("v4", 4000), ("v5", 2000), ("v5", 4000)]
-    assert pulled["v4", 4000][schema.SHA256] != pulled["v5", 4000][schema.SHA256]
-    assert "/checkpoints/v5/step_4000/" in pulled["v5", 4000][schema.PATH]
+    assert pulled["v4", 4000]["sha256"] != pulled["v5", 4000]["sha256"]
+    assert "/checkpoints/v5/step_4000/" in pulled["v5", 4000]["path"]
 
     compared = fab(inventory, "compare")
     assert compared.returncode == 0, compared.stdout + compared.stderr

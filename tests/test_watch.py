@@ -379,3 +379,34 @@ def test_ctrl_c_during_a_launch_names_the_run_if_the_host_started_it(watch_lab):
         for run_id in states:
             host.run(f"rm -rf {shlex.quote(jobs.run_dir(entry, run_id))}")
         host.close()
+
+
+def test_webhook_posts_carry_a_chat_text_line(hook):
+    webhook = Webhook(hook.url(), print, backoff_s=0.01)
+    evaluated = {
+        "source": "dflash-ops watch",
+        "event": "evaluated",
+        "training_run": "v5",
+        "step": 4000,
+        "host": "eval",
+        "run_id": "20261201-1203-v5-step4000-eval-ab12",
+        "tau_macro": 3.14159,
+        "tau_macro_ci": [3.01, 3.25],
+    }
+    failed = {
+        "source": "dflash-ops watch",
+        "event": "failed",
+        "step": 6000,
+        "attempts": 2,
+        "error": "exit code 2: checkpoint refused\nmore detail",
+    }
+    webhook.post(evaluated)
+    webhook.post(failed)
+    webhook.close()
+    posts = hook.received()
+    assert [post["text"] for post in posts] == [
+        "dflash-ops watch: step 4000 (training run v5) evaluated on eval: τ 3.142 [3.010, "
+        "3.250] — run 20261201-1203-v5-step4000-eval-ab12",
+        "dflash-ops watch: step 6000 failed after 2 attempt(s): exit code 2: checkpoint refused",
+    ]
+    assert {k: v for k, v in posts[0].items() if k != "text"} == evaluated  # the JSON as before

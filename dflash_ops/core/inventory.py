@@ -58,7 +58,8 @@ class _SshHost(Strict):
     # a name from ssh config / DNS (the example) or an address (the lab)
     address: Annotated[str, AfterValidator(_plain_address)]
     user: str | None = None
-    port: int = Field(default=22, ge=1, le=65535)
+    # None: as the ssh config says for `address` (Port), else 22
+    port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: int = Field(default=10, ge=1)

@@ -14,11 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import schema
+from dflash_eval import reading
+from dflash_eval.schema_metrics import Group, Interval
 
 from dflash_ops.evaluation.results import Comparison, RunResult
 
-Read = Callable[[RunResult], dict | float | None]  # an interval dict, or a bare value
+Read = Callable[[RunResult], Interval | float | None]  # an interval, or a bare value
 
 
 def build(comparison: Comparison) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def build(comparison: Comparison) -> dict[str, Any]:
         "tau_vs_step": _tau_vs_step(rows, comparison.budgets),
         "acceptance_per_position": _acceptance(rows),
     }
-    names = sorted({name for row in rows for name in schema.dataset_groups(row.results)})
+    names = sorted({name for row in rows for name in _sets(row)})
     if names:
         figures["tau_by_dataset"] = _by_dataset(rows, names)
     if comparison.budgets:
@@ -67,22 +68,17 @@ def svg_text(figure: Any) -> str:
 
 def _tau_vs_step(rows: list[RunResult], budgets: list[str]) -> Any:
     series: dict[str, Read] = {
-        "τ vanilla (macro)": lambda r: _interval_or(r, schema.TAU_MACRO),
-        "τ vanilla (pooled)": lambda r: _interval_or(r, schema.TAU_POOLED),
+        "τ vanilla (macro)": lambda r: _interval_or(r, "tau_macro"),
+        "τ vanilla (pooled)": lambda r: _interval_or(r, "tau_pooled"),
     }
     for budget in budgets:
-        series[f"τ DDTree-{budget}"] = lambda r, b=budget: (
-            schema.group_ddtree(schema.overall_group(r.results), b)
-            or schema.ddtree_tau(r.metrics, b)
-        )
+        series[f"τ DDTree-{budget}"] = lambda r, b=budget: _ddtree_interval_or(r, b)
     figure, axes = _axes("τ vs step (bars: 95 % confidence intervals over prompts)")
     for run, run_rows in _by_run(rows).items():
         for label, read in series.items():
             _line_with_intervals(axes, run_rows, read, _run_label(run, label))
     references = [
-        reference[schema.TAU_MACRO]
-        for row in rows
-        if (reference := schema.reference_metrics(row.results))
+        reference["metrics"]["tau_macro"] for row in rows if (reference := row.done["reference"])
     ]
     if references:
         axes.axhline(
@@ -98,8 +94,8 @@ def _by_dataset(rows: list[RunResult], names: list[str]) -> Any:
         for name in names:
             _line_with_intervals(
                 axes,
-                [row for row in run_rows if name in schema.dataset_groups(row.results)],
-                lambda r, n=name: schema.group_interval(schema.dataset_groups(r.results)[n]),
+                [row for row in run_rows if name in _sets(row)],
+                lambda r, n=name: _sets(r)[n]["tau_macro"],
                 _run_label(run, name),
             )
     axes.set(xlabel="training step", ylabel="τ macro")
@@ -109,7 +105,7 @@ def _by_dataset(rows: list[RunResult], names: list[str]) -> Any:
 def _acceptance(rows: list[RunResult]) -> Any:
     figure, axes = _axes("per-position acceptance (latest run of each step)")
     for label, row in _latest_of_each_step(rows):
-        latest = schema.conditional_by_position(row.metrics)
+        latest = reading.conditional_by_position(row.metrics)
         axes.plot(list(latest), list(latest.values()), marker=".", label=label)
     axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)")
     axes.xaxis.get_major_locator().set_params(integer=True)
@@ -120,10 +116,10 @@ def _acceptance(rows: list[RunResult]) -> Any:
 def _ddtree(rows: list[RunResult], budgets: list[str]) -> Any:
     figure, axes = _axes("DDTree τ vs tree budget (latest run of each step)")
     for label, latest in _latest_of_each_step(rows):
-        points = [(int(b), schema.ddtree_tau(latest.metrics, b)) for b in budgets]
+        points = [(int(b), reading.ddtree_tau(latest.metrics, b)) for b in budgets]
         present = [(b, tau) for b, tau in points if tau is not None]
         axes.plot([b for b, _ in present], [tau for _, tau in present], marker="o", label=label)
-        vanilla = latest.metrics[schema.TAU_MACRO]
+        vanilla = latest.metrics["tau_macro"]
         if vanilla is not None:
             axes.axhline(vanilla, linestyle=":", linewidth=0.8, color=axes.lines[-1].get_color())
     axes.set_xscale("log", base=2)
@@ -140,14 +136,14 @@ def _line_with_intervals(axes: Any, rows: list[RunResult], read: Read, label: st
     means = [_mean([_value(read(r)) for r in by_step[s]]) for s in steps]
     (line,) = axes.plot(steps, means, marker="o", label=label)
     bars = [(r.step or 0, read(r)) for r in rows]
-    bars = [(step, i) for step, i in bars if isinstance(i, dict) and i[schema.LOW] is not None]
+    bars = [(step, i) for step, i in bars if isinstance(i, dict) and i["low"] is not None]
     if bars:
         axes.errorbar(
             [step for step, _ in bars],
-            [i[schema.VALUE] for _, i in bars],
+            [i["value"] for _, i in bars],
             yerr=[
-                [i[schema.VALUE] - i[schema.LOW] for _, i in bars],
-                [i[schema.HIGH] - i[schema.VALUE] for _, i in bars],
+                [i["value"] - i["low"] for _, i in bars],
+                [i["high"] - i["value"] for _, i in bars],
             ],
             fmt="none",
             ecolor=line.get_color(),
@@ -156,14 +152,25 @@ def _line_with_intervals(axes: Any, rows: list[RunResult], read: Read, label: st
         )
 
 
-def _interval_or(row: RunResult, metric: str) -> dict | float | None:
+def _interval_or(row: RunResult, metric: str) -> Interval | float | None:
     """The run's overall interval for `metric`, else (older results) its bare value."""
-    found = schema.group_interval(schema.overall_group(row.results), metric)
-    return found or row.metrics[metric]
+    return reading.overall_interval(row.done, metric) or row.metrics[metric]
 
 
-def _value(read: dict | float | None) -> float | None:
-    return read[schema.VALUE] if isinstance(read, dict) else read
+def _ddtree_interval_or(row: RunResult, budget: str) -> Interval | float | None:
+    """The run's overall DDTree τ interval at `budget`, else (older results) its value."""
+    overall = (row.done.get("by_dataset") or {}).get("overall")
+    return reading.ddtree_interval(overall, budget) or reading.ddtree_tau(row.metrics, budget)
+
+
+def _sets(row: RunResult) -> dict[str, Group]:
+    """The run's named prompt sets with their intervals ({} without)."""
+    block = row.done.get("by_dataset")
+    return block["datasets"] if block else {}
+
+
+def _value(read: Interval | float | None) -> float | None:
+    return read["value"] if isinstance(read, dict) else read
 
 
 def _by_step(rows: list[RunResult]) -> dict[int, list[RunResult]]:

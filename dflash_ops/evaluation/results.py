@@ -6,8 +6,9 @@ Each run lives in `<results>/<run-id>/` (see dflash_ops.evaluation.jobs.fetch): 
 (where and how it ran, its final state) and, for a successful run, the harness's `results.json`.
 Runs are comparable only when everything that shapes the numbers matches: prompts, target,
 block size, completion length, completion source and harness version
-(`schema.COMPARABILITY`). Comparing across that line is refused unless asked for, and then
-every differing row is flagged. Every results key is read through dflash_eval.schema.
+(`reading.COMPARABILITY`). Comparing across that line is refused unless asked for, and then
+every differing row is flagged. A results file is checked against the types of
+dflash_eval.schema once, on loading (`schema_check.parse_results`), and read through them.
 
 Several training runs (`--run NAME`: v4, v5, …) can have the same step: their results are
 kept apart, grouped by run, each row labelled with its run (none for the trainer's own).
@@ -21,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import schema
+from dflash_eval import reading
+from dflash_eval.reading import groups
+from dflash_eval.schema import Results
+from dflash_eval.schema_check import SchemaError, parse_results
+from dflash_eval.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import ResultsError
 
@@ -35,13 +40,13 @@ class RunResult:
     run_id: str
     directory: Path
     run: dict
-    results: dict | None  # None for a failed, cancelled or unreadable run
+    results: Results | None  # None for a failed, cancelled or unreadable run
     problem: str | None = None  # why the run's files cannot be used (then results is None)
 
     @property
     def step(self) -> int | None:
         if self.results:
-            return schema.step(self.results)
+            return self.results["checkpoint"]["step"]
         return self.run.get("step")
 
     @property
@@ -52,17 +57,22 @@ class RunResult:
     def training_run(self) -> str | None:
         """The training run its checkpoint came from (None: the trainer's own)."""
         if self.results:
-            return schema.training_run(self.results)
+            return self.results["checkpoint"].get("training_run")
         return self.run.get("training_run")
 
     @property
-    def metrics(self) -> dict:
+    def metrics(self) -> Metrics:
         assert self.results is not None
-        return schema.metrics(self.results)
+        return self.results["metrics"]
+
+    @property
+    def done(self) -> Results:
+        """The results of a successful run (only those are compared)."""
+        assert self.results is not None
+        return self.results
 
     def key(self) -> dict[str, Any]:
-        assert self.results is not None
-        return schema.comparability_key(self.results)
+        return reading.comparability_key(self.done)
 
 
 def load_runs(results_root: Path) -> list[RunResult]:
@@ -84,13 +94,20 @@ def _load_run(directory: Path) -> RunResult:
     if not results_file.exists() or run.get("problem"):
         return RunResult(directory.name, directory, run, None, run.get("problem"))
     try:
-        results = json.loads(results_file.read_text())
-    except (OSError, ValueError) as exc:
-        return RunResult(directory.name, directory, run, None, f"results.json unreadable ({exc})")
-    problem = schema.shape_problem(results)
-    if problem:
-        return RunResult(directory.name, directory, run, None, f"results.json: {problem}")
+        results = read_results(results_file)
+    except ResultsError as exc:
+        return RunResult(directory.name, directory, run, None, str(exc))
     return RunResult(directory.name, directory, run, results)
+
+
+def read_results(path: Path) -> Results:
+    """A pulled results file, checked against the schema's types."""
+    try:
+        return parse_results(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ResultsError(f"{path} unreadable ({exc})") from None
+    except SchemaError as exc:
+        raise ResultsError(f"{path}: {exc}") from None
 
 
 @dataclass
@@ -136,7 +153,7 @@ def compare(
         differing = [name for name, value in row.key().items() if value != baseline[name]]
         if differing:
             differences[row.run_id] = differing
-    budgets = sorted({b for r in rows for b in schema.budgets(r.metrics)}, key=int)
+    budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
     return Comparison(rows, budgets, differences, skipped)
 
 
@@ -160,10 +177,10 @@ def check_mixed(comparison: Comparison, allow_mixed: bool) -> str | None:
 
 def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     """Header and cells of the comparison table."""
-    block = max(row.metrics[schema.BLOCK_SIZE] for row in comparison.rows)
+    block = max(row.metrics["block_size"] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
-    with_reference = any(schema.reference_metrics(row.results) for row in comparison.rows)
-    with_intervals = any(schema.overall_group(row.results) for row in comparison.rows)
+    with_reference = any(row.done["reference"] for row in comparison.rows)
+    with_intervals = any(row.done.get("by_dataset") for row in comparison.rows)
     with_runs = any(row.training_run for row in comparison.rows)
     header = ["run", *[TRAINING_RUN] * with_runs, "step", "host", "τ macro", "τ pooled"]
     header += ["τ macro 95% CI"] if with_intervals else []
@@ -174,9 +191,9 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     cells = []
     for row in comparison.rows:
         metrics = row.metrics
-        per_position = schema.conditional_by_position(metrics)
-        reference = schema.reference_metrics(row.results)
-        ratio = schema.ratio_to_reference(row.results)
+        per_position = reading.conditional_by_position(metrics)
+        reference = row.done["reference"]
+        ratio = (row.done["comparison"] or {}).get("tau_macro")
         differing = comparison.differences.get(row.run_id)
         cells.append(
             [
@@ -184,17 +201,14 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
                 *[row.training_run or DEFAULT_RUN] * with_runs,
                 str(row.step),
                 row.run.get("host", "?"),
-                _number(metrics[schema.TAU_MACRO]),
-                _number(metrics[schema.TAU_POOLED]),
-                *(
-                    [_bounds(schema.group_interval(schema.overall_group(row.results)))]
-                    * with_intervals
-                ),
-                *(_number(schema.ddtree_tau(metrics, b)) for b in comparison.budgets),
+                _number(metrics["tau_macro"]),
+                _number(metrics["tau_pooled"]),
+                *([_bounds(reading.overall_interval(row.done))] * with_intervals),
+                *(_number(reading.ddtree_tau(metrics, b)) for b in comparison.budgets),
                 *(_number(per_position.get(k)) for k in positions),
                 *(
                     [
-                        _number(reference[schema.TAU_MACRO]) if reference else "-",
+                        _number(reference["metrics"]["tau_macro"]) if reference else "-",
                         f"{ratio:.2f}×" if ratio else "-",
                     ]
                     if with_reference
@@ -210,19 +224,18 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _bounds(interval: dict | None) -> str:
+def _bounds(interval: Interval | None) -> str:
     if not interval:
         return "-"
-    if interval[schema.LOW] is None:
+    if interval["low"] is None:
         return "[1 unit]"  # a single prompt (or conversation) gives no interval
-    return f"[{interval[schema.LOW]:.3f}, {interval[schema.HIGH]:.3f}]"
+    return f"[{interval['low']:.3f}, {interval['high']:.3f}]"
 
 
-def _with_interval(interval: dict | None) -> str:
-    return "-" if not interval else f"{interval[schema.VALUE]:.3f} {_bounds(interval)}"
+def _with_interval(interval: Interval | None) -> str:
+    return "-" if not interval else f"{interval['value']:.3f} {_bounds(interval)}"
 
 
-ALL_PROMPTS = "all prompts"  # the row of a run's every prompt in the per-set table
 ACCEPTANCE_IN_SETS = (1, 2)  # positions shown in the per-set table (the rest: the JSON)
 
 
@@ -236,18 +249,21 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     header += [f"acc@{k} [95% CI]" for k in ACCEPTANCE_IN_SETS]
     cells = []
     for row in comparison.rows:
-        for name, group in _groups(row).items():
-            conditional = schema.group_conditional(group)
+        for name, group in groups(row.done).items():
+            conditional = {p["position"]: p["conditional"] for p in group["per_position"]}
             cells.append(
                 [
                     row.run_id,
                     *[row.training_run or DEFAULT_RUN] * with_runs,
                     str(row.step),
                     name,
-                    str(group[schema.GROUP_PROMPTS]),
-                    _with_interval(schema.group_interval(group, schema.TAU_MACRO)),
-                    _with_interval(schema.group_interval(group, schema.TAU_POOLED)),
-                    *(_with_interval(schema.group_ddtree(group, b)) for b in comparison.budgets),
+                    str(group["prompts"]),
+                    _with_interval(group["tau_macro"]),
+                    _with_interval(group["tau_pooled"]),
+                    *(
+                        _with_interval(reading.ddtree_interval(group, b))
+                        for b in comparison.budgets
+                    ),
                     *(_with_interval(conditional.get(k)) for k in ACCEPTANCE_IN_SETS),
                 ]
             )
@@ -261,17 +277,16 @@ def overlap_notes(comparison: Comparison) -> list[str]:
     rows = [
         row
         for row in comparison.rows
-        if row.run_id not in comparison.differences and schema.overall_group(row.results)
+        if row.run_id not in comparison.differences and row.done.get("by_dataset")
     ]
     notes = []
     for before, after in itertools.pairwise(rows):
         if before.training_run != after.training_run:
             continue  # another training run's steps: not a change of this one
-        first, second = _groups(before), _groups(after)
+        first, second = groups(before.done), groups(after.done)
         for name in [n for n in first if n in second]:
-            a = schema.group_interval(first[name])
-            b = schema.group_interval(second[name])
-            verdict = schema.overlaps(a, b)
+            a, b = first[name]["tau_macro"], second[name]["tau_macro"]
+            verdict = reading.overlaps(a, b)
             if verdict is None:
                 continue  # a set with one prompt (or conversation) has no interval to compare
             run = f"{before.training_run} " if before.training_run else ""
@@ -285,10 +300,3 @@ def overlap_notes(comparison: Comparison) -> list[str]:
                 )
             )
     return notes
-
-
-def _groups(row: RunResult) -> dict[str, dict]:
-    overall = schema.overall_group(row.results)
-    if overall is None:
-        return {}
-    return {ALL_PROMPTS: overall, **schema.dataset_groups(row.results)}

@@ -17,13 +17,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from dflash_eval import schema
+from dflash_eval.schema import Results
+from dflash_eval.summary import summary_lines
 
 from dflash_ops.core.errors import CheckpointError, EvalFailed, HostError, InventoryError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest
+from dflash_ops.evaluation.results import read_results
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -154,8 +156,8 @@ def conclude(
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        results = json.loads((directory / "results.json").read_text())
-        summary = schema.summary_lines(results)
+        results = read_results(directory / "results.json")
+        summary = summary_lines(results)
         if staged is not None:
             _require_staged_bytes(results, staged, directory, run_flag(inventory))
     reporter.finished(run, summary, local)
@@ -165,7 +167,7 @@ def conclude(
 
 
 def _require_staged_bytes(
-    results: dict, staged: StagedCheckpoint, directory: Path, run: str = ""
+    results: Results, staged: StagedCheckpoint, directory: Path, run: str = ""
 ) -> None:
     """The sha256 the harness computed of each checkpoint file must be the one staging
     verified: otherwise the file changed (or rotted) on the eval host after it was staged,
@@ -177,8 +179,8 @@ def _require_staged_bytes(
         expected = {PurePosixPath(staged.path).name: staged.sha256}
         base = str(PurePosixPath(staged.path).parent)
     read = {
-        posixpath.relpath(record[schema.PATH], base): record[schema.SHA256]
-        for record in results[schema.CHECKPOINT].get("files", [])
+        posixpath.relpath(record["path"], base): record["sha256"]
+        for record in results["checkpoint"]["files"]
     }
     changed = sorted(
         name for name, sha in read.items() if name in expected and expected[name] != sha

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from dflash_eval import schema
+from dflash_eval.reading import overall_interval
 
-from dflash_ops.core.errors import OpsError, WatchError
+from dflash_ops.core.errors import OpsError, ResultsError, WatchError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, sweep
 from dflash_ops.evaluation.request import EvalRequest
-from dflash_ops.evaluation.results import load_runs
+from dflash_ops.evaluation.results import load_runs, read_results
 from dflash_ops.evaluation.run import RunReporter, run_flag
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host
@@ -47,9 +47,6 @@ STATE_VERSION = 1
 DEFAULT_INTERVAL_S = 600.0
 DEFAULT_RETRIES = 2
 ERROR_CHARS = 500  # of a failure's message kept in the state and the webhook payload
-# The confidence interval of τ macro over every prompt, where results carry one (written by
-# harnesses with per-dataset intervals; schema.BY_DATASET / OVERALL once those land here).
-INTERVAL_PATH = ("by_dataset", "overall", schema.TAU_MACRO)
 
 
 def parse_interval(text: str | int | float) -> float:
@@ -291,14 +288,14 @@ class Watch:
         payload = {**self._payload("evaluated", step), "run_id": run.run_id, "host": run.host}
         results_file = self.inventory.local.results / run.run_id / "results.json"
         try:
-            results = json.loads(results_file.read_text())
-        except (OSError, ValueError):
+            results = read_results(results_file)
+        except ResultsError:
             return payload  # the news goes out without numbers rather than not at all
-        payload["tau_macro"] = schema.metrics(results).get(schema.TAU_MACRO)
-        interval = _dig(results, INTERVAL_PATH)
-        if isinstance(interval, dict):
-            payload["tau_macro"] = interval.get("value", payload["tau_macro"])
-            payload["tau_macro_ci"] = [interval.get("low"), interval.get("high")]
+        payload["tau_macro"] = results["metrics"]["tau_macro"]
+        interval = overall_interval(results)  # where the harness computed intervals
+        if interval:
+            payload["tau_macro"] = interval["value"]
+            payload["tau_macro_ci"] = [interval["low"], interval["high"]]
         return payload
 
     def _payload(self, event: str, step: int) -> dict:
@@ -317,14 +314,6 @@ class Watch:
     def _notify(self, payload: dict) -> None:
         if self.webhook is not None:
             self.webhook.post(payload)
-
-
-def _dig(data: object, path: tuple[str, ...]) -> object:
-    for key in path:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
 
 
 def _steps(steps: list[int]) -> str:

@@ -4,6 +4,9 @@ thread, so a slow or dead endpoint never holds up the evaluations.
 Each payload is tried a few times with a short timeout and a growing pause; one that still
 fails is reported (through `say`) and dropped. The URL may carry credentials (user:password,
 a token in its path or query): messages name only its scheme, host and port.
+
+Every payload also carries `text`, one human line, so chat tools whose incoming webhooks
+require that field (Slack, Mattermost, Rocket.Chat) accept the JSON as it is.
 """
 
 from __future__ import annotations
@@ -48,6 +51,27 @@ def check_url(url: str) -> str:
     return url
 
 
+def chat_text(payload: dict) -> str:
+    """The payload as one line: what happened to which step, and τ or the error."""
+    run = f" (training run {payload['training_run']})" if payload.get("training_run") else ""
+    line = f"{payload.get('source', 'dflash-ops')}: step {payload.get('step')}{run} "
+    line += str(payload.get("event", "update"))
+    if payload.get("host"):
+        line += f" on {payload['host']}"
+    tau, interval = payload.get("tau_macro"), payload.get("tau_macro_ci")
+    if isinstance(tau, int | float):
+        line += f": τ {tau:.3f}"
+        if isinstance(interval, list) and all(isinstance(v, int | float) for v in interval):
+            line += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+    if payload.get("attempts"):
+        line += f" after {payload['attempts']} attempt(s)"
+    if payload.get("error"):
+        line += f": {str(payload['error']).splitlines()[0]}"
+    if payload.get("run_id"):
+        line += f" — run {payload['run_id']}"
+    return line
+
+
 class Webhook:
     """Posts JSON payloads to one URL in order, from a daemon thread; `post` never blocks."""
 
@@ -64,7 +88,7 @@ class Webhook:
         self._thread.start()
 
     def post(self, payload: dict) -> None:
-        self._pending.put(payload)
+        self._pending.put({"text": chat_text(payload), **payload})
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Deliver what is queued within `wait_s`, then stop; what is left is dropped."""

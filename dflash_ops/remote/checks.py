@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -78,17 +79,15 @@ def check_workstation(inventory: Inventory) -> Iterator[Row]:
 
 def check_host(host: Host) -> Iterator[Row]:
     name, entry = host.name, host.entry
-    if not host.port_open():
-        yield Row(
-            name,
-            "reachable",
-            Status.FAIL,
-            f"no SSH answer at {entry.address}:{entry.port} within "
-            f"{entry.connect_timeout}s: is the host up and sshd running?",
-        )
+    try:
+        reachable = reachability(host)
+    except HostError as exc:
+        yield Row(name, "ssh config", Status.FAIL, host_error_row(exc))
+        return
+    yield reachable
+    if reachable.status is Status.FAIL:
         yield Row(name, "remaining checks", Status.SKIPPED, "host unreachable")
         return
-    yield Row(name, "reachable", Status.OK, f"{entry.address}:{entry.port}")
     try:
         host.open()
     except HostKeyError as exc:
@@ -117,6 +116,35 @@ def check_host(host: Host) -> Iterator[Row]:
         yield from _check_machine(host)
     except HostError as exc:
         yield Row(name, "remaining checks", Status.FAIL, host_error_row(exc))
+
+
+def reachability(host: Host) -> Row:
+    """A direct TCP probe of where ssh goes (after the ssh config). Behind a ProxyJump or
+    ProxyCommand there is nothing direct to probe: the SSH login that follows tells."""
+    name, entry, endpoint = host.name, host.entry, host.endpoint
+    alias = "" if endpoint.hostname == entry.address else f"{entry.address} → "
+    if endpoint.proxy is not None:
+        return Row(name, "reachable", Status.INFO, f"{alias}{endpoint} via {endpoint.proxy}")
+    try:
+        socket.getaddrinfo(endpoint.hostname, endpoint.port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        return Row(
+            name,
+            "reachable",
+            Status.FAIL,
+            f"{alias}{endpoint.hostname} does not resolve ({reason}): check `address` in the "
+            "inventory, or a Host/HostName entry in your ssh config",
+        )
+    if not host.port_open():
+        return Row(
+            name,
+            "reachable",
+            Status.FAIL,
+            f"no SSH answer at {alias}{endpoint} within {entry.connect_timeout}s: is the "
+            "host up and sshd running?",
+        )
+    return Row(name, "reachable", Status.OK, f"{alias}{endpoint}")
 
 
 def _sudo_row(host: Host) -> Row:
@@ -208,6 +236,30 @@ def _check_eval(host: Host, entry: HarnessHost) -> Iterator[Row]:
         optional=["python3", "uv", "systemd-run"],
         extra_dirs=["$HOME/.local/bin", "$HOME/.cargo/bin"],
     )
+    venv_python = f"{entry.venv.path}/bin/python"
+    if info[entry.venv.path].stat is not None and info[entry.target_model].stat is not None:
+        yield _transformers_row(host, venv_python, entry.target_model)
+
+
+def _transformers_row(host: Host, python: str, target: str) -> Row:
+    """Before anything is staged: can the venv's transformers build the target's model_type?"""
+    support = host.probe(probes.transformers_support(python, target))
+    if support.error is None:
+        return Row(
+            host.name,
+            "transformers",
+            Status.OK,
+            f"{support.version} builds the target's {support.model_type} config",
+        )
+    version = f"transformers {support.version}" if support.version else "the venv"
+    return Row(
+        host.name,
+        "transformers",
+        Status.FAIL,
+        f"{version} cannot read {target}/config.json: {support.error}. Rerun `fab "
+        "setup-eval-host` (it installs a tested transformers range), or set venv.versions."
+        "transformers in the inventory to one that supports this model family",
+    )
 
 
 def _directory_row(
@@ -259,19 +311,21 @@ def _check_machine(host: Host) -> Iterator[Row]:
 
 def check_routes(inventory: Inventory) -> Iterator[Row]:
     """Informational: can the trainer reach each eval host directly? (Usually not: that is
-    why bytes relay through the workstation.)"""
+    why bytes relay through the workstation.) The eval host is probed where the
+    workstation's ssh config says it is; the trainer may not know the alias."""
     trainer = Host(inventory, inventory.trainer_name)
     try:
         trainer.open()
-        for name, entry in inventory.eval_hosts.items():
-            reachable = trainer.probe(probes.tcp_reachable(entry.address, entry.port))
-            yield Row(
-                trainer.name,
-                f"reaches {name}",
-                Status.INFO,
-                f"direct TCP to {shlex.quote(entry.address)}:{entry.port}: "
-                + ("yes" if reachable else "no (transfers relay via the workstation)"),
-            )
+        for name in inventory.eval_hosts:
+            endpoint = Host(inventory, name).endpoint
+            if endpoint.proxy is not None:
+                detail = f"not probed: the workstation reaches {name} via {endpoint.proxy}"
+            else:
+                reachable = trainer.probe(probes.tcp_reachable(endpoint.hostname, endpoint.port))
+                detail = f"direct TCP to {shlex.quote(endpoint.hostname)}:{endpoint.port}: " + (
+                    "yes" if reachable else "no (transfers relay via the workstation)"
+                )
+            yield Row(trainer.name, f"reaches {name}", Status.INFO, detail)
     except HostError:
         return  # already reported in the trainer's own rows
     finally:

@@ -34,7 +34,8 @@ from dflash_ops.core.inventory import EvalHost, HostEntry, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
 from dflash_ops.remote.probes import Probe
-from dflash_ops.remote.routes import verify_routes
+from dflash_ops.remote.routes import require_lab_endpoint, verify_routes
+from dflash_ops.remote.ssh_config import Endpoint, resolve
 
 T = TypeVar("T")
 
@@ -69,7 +70,27 @@ class Host:
     @property
     def target(self) -> str:
         user = f"{self.entry.user}@" if self.entry.user else ""
-        return f"{user}{self.entry.address}:{self.entry.port}"
+        if self.endpoint.hostname == self.entry.address:
+            return f"{user}{self.endpoint}"
+        return f"{user}{self.entry.address} ({self.endpoint})"
+
+    @cached_property
+    def endpoint(self) -> Endpoint:
+        """Where ssh goes for this host, after the ssh config (HostName, Port, ProxyJump)."""
+        endpoint = resolve(
+            self.name, self.entry.address, self.entry.port, self.inventory.ssh_config
+        )
+        if self.inventory.lab is not None:
+            require_lab_endpoint(self.inventory.lab, self.name, endpoint)
+        return endpoint
+
+    def _check_lab(self) -> None:
+        """A lab inventory names addresses that may be used only while the lab's own network
+        namespaces exist: its routes, and where this host's alias leads, before every
+        connection (a few ms)."""
+        if self.inventory.lab is not None:
+            verify_routes(self.inventory.lab)
+            _ = self.endpoint
 
     @property
     def known_hosts(self) -> Path:
@@ -127,7 +148,7 @@ class Host:
     @cached_property
     def connection(self) -> Connection:
         """A Fabric Connection that refuses unknown or changed host keys."""
-        _check_lab_routes(self.inventory)
+        self._check_lab()
         overrides: dict = {"load_ssh_configs": self.inventory.ssh_config != "none"}
         if self.inventory.ssh_config not in (None, "none"):
             overrides["ssh_config_path"] = str(Path(self.inventory.ssh_config).expanduser())
@@ -149,11 +170,12 @@ class Host:
         return connection
 
     def port_open(self) -> bool:
-        """Whether the SSH port accepts a TCP connection within the connect timeout."""
-        _check_lab_routes(self.inventory)
+        """Whether the SSH port accepts a direct TCP connection within the connect timeout
+        (meaningless behind a ProxyJump/ProxyCommand: `endpoint.proxy` says when)."""
+        self._check_lab()
         try:
             with socket.create_connection(
-                (self.entry.address, self.entry.port), timeout=self.entry.connect_timeout
+                (self.endpoint.hostname, self.endpoint.port), timeout=self.entry.connect_timeout
             ):
                 return True
         except OSError:
@@ -170,7 +192,7 @@ class Host:
             self._forget_connection()
             raise HostKeyError(
                 self.name,
-                f"host key of {self.entry.address}:{self.entry.port} does NOT match "
+                f"host key of {self.endpoint} does NOT match "
                 f"{self.known_hosts} (expected {exc.expected_key.get_name()} "
                 f"{exc.expected_key.get_fingerprint().hex()}, got {exc.key.get_name()} "
                 f"{exc.key.get_fingerprint().hex()}). Refusing to connect. If the host was "
@@ -182,10 +204,10 @@ class Host:
             if "not found in known_hosts" in str(exc):
                 raise HostKeyError(
                     self.name,
-                    f"host key of {self.entry.address}:{self.entry.port} is not in "
+                    f"host key of {self.endpoint} is not in "
                     f"{self.known_hosts}; refusing an unverified host. Check the key out of "
-                    f"band, then add it: `ssh-keyscan -p {self.entry.port} "
-                    f"{self.entry.address} >> {self.known_hosts}`.",
+                    f"band, then add it: `ssh-keyscan -p {self.endpoint.port} "
+                    f"{self.endpoint.hostname} >> {self.known_hosts}`.",
                 ) from None
             if isinstance(exc, paramiko.AuthenticationException):
                 raise AuthenticationError(
@@ -229,9 +251,9 @@ class Host:
 
     @property
     def _known_hosts_name(self) -> str:
-        if self.entry.port == 22:
-            return self.entry.address
-        return f"[{self.entry.address}]:{self.entry.port}"
+        if self.endpoint.port == 22:
+            return self.endpoint.hostname
+        return f"[{self.endpoint.hostname}]:{self.endpoint.port}"
 
     def run(
         self,
@@ -330,7 +352,7 @@ class Host:
     def ssh_argv(self, command: str) -> list[str]:
         """`ssh … -- command` for bulk transfers: same identity as the Fabric connection,
         batch mode (never prompt), strict host keys, fast ciphers, no compression."""
-        _check_lab_routes(self.inventory)
+        self._check_lab()
         argv = ["ssh"]
         if self.inventory.ssh_config:
             config = self.inventory.ssh_config
@@ -352,7 +374,8 @@ class Host:
             options["IdentitiesOnly"] = "yes"
         for key, value in options.items():
             argv += ["-o", f"{key}={value}"]
-        argv += ["-p", str(self.entry.port)]
+        if self.entry.port is not None:
+            argv += ["-p", str(self.entry.port)]
         if self.entry.user:
             argv += ["-l", self.entry.user]
         return [*argv, self.entry.address, "--", self.login_command(command)]
@@ -384,13 +407,6 @@ def _os_reason(exc: BaseException) -> str:
     if errors:
         text = "; ".join(sorted({getattr(e, "strerror", None) or str(e) for e in errors.values()}))
     return text.lower()
-
-
-def _check_lab_routes(inventory: Inventory) -> None:
-    """A lab inventory names addresses that must only be used while the lab's own
-    network namespaces exist: verify the routes before every connection (a few ms)."""
-    if inventory.lab is not None:
-        verify_routes(inventory.lab)
 
 
 # --- reading what a command did -------------------------------------------------------------

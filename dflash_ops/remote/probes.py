@@ -224,3 +224,47 @@ def tcp_reachable(address: str, port: int, timeout: int = 3) -> Probe[bool]:
         f"else python3 -c {shlex.quote(python)} 2>/dev/null; fi && echo yes || echo no"
     )
     return Probe(command, lambda output: output.strip().endswith("yes"))
+
+
+# --- can the venv's transformers build the target? -------------------------------------------
+
+TRANSFORMERS_SCRIPT = """\
+import json, sys
+try:
+    import transformers
+except Exception as error:
+    print(json.dumps({"version": None, "error": f"transformers does not import: {error}"}))
+    raise SystemExit
+try:
+    config = transformers.AutoConfig.from_pretrained(sys.argv[1])
+    answer = {"model_type": config.model_type}
+except Exception as error:
+    answer = {"error": (str(error).splitlines() or [type(error).__name__])[0][:300]}
+print(json.dumps({"version": transformers.__version__, **answer}))
+"""
+
+
+@dataclass(frozen=True)
+class TransformersSupport:
+    version: str | None  # None: transformers does not import in that venv
+    model_type: str | None  # what it built from the target's config.json
+    error: str | None  # why it could not
+
+
+def transformers_support(python: str, target: str) -> Probe[TransformersSupport]:
+    """Whether `python`'s transformers builds the config class of the target directory."""
+    command = (
+        f"{shlex.quote(python)} -I -c {shlex.quote(TRANSFORMERS_SCRIPT)} {shlex.quote(target)}"
+        " 2>/dev/null"
+    )
+    return Probe(command, parse_transformers_support)
+
+
+def parse_transformers_support(output: str) -> TransformersSupport:
+    import json
+
+    lines = [line for line in output.splitlines() if line.startswith("{")]
+    if not lines:
+        return TransformersSupport(None, None, "the venv's python did not answer")
+    answer = json.loads(lines[-1])
+    return TransformersSupport(answer.get("version"), answer.get("model_type"), answer.get("error"))

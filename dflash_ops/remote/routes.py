@@ -14,24 +14,14 @@ import subprocess
 from pathlib import Path
 
 from dflash_ops.core.errors import LabError
+from dflash_ops.remote.ssh_config import Endpoint
 
 NETNS_DIR = "/run/netns"  # where `ip netns add` mounts a named namespace
 
 
 def verify_routes(state_file: Path) -> None:
     """Refuse unless every lab address is reached through the lab's own veth right now."""
-    state_file = Path(state_file)
-    try:
-        state = json.loads(state_file.read_text())
-    except FileNotFoundError:
-        raise LabError(
-            f"no lab at {state_file.parent} ({state_file.name} missing); run `fab lab-up`"
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise LabError(
-            f"lab state {state_file} is unreadable ({exc}); refusing to connect to "
-            "its addresses. Run `fab lab-down` and `fab lab-up`."
-        ) from None
+    state = _lab_state(state_file)
     namespaces = network_namespaces() if state.get("mode") == "netns" else []
     for name, record in state.get("hosts", {}).items():
         address = record.get("address")
@@ -50,6 +40,35 @@ def verify_routes(state_file: Path) -> None:
                 f"lab host {name}'s address {address} routes via {device}, not the "
                 f"lab's veth {record.get('veth')}; refusing to connect."
             )
+
+
+def require_lab_endpoint(state_file: Path, name: str, endpoint: Endpoint) -> None:
+    """A lab inventory's host, after the ssh config, must be one of the lab's own addresses,
+    reached directly: an alias must not lead a test anywhere else."""
+    state = _lab_state(state_file)
+    addresses = {record.get("address") for record in state.get("hosts", {}).values()}
+    if endpoint.proxy is not None or endpoint.hostname not in addresses:
+        via = f" via {endpoint.proxy}" if endpoint.proxy else ""
+        raise LabError(
+            f"lab inventory host {name} resolves to {endpoint}{via}, not one of the lab's "
+            f"addresses ({', '.join(sorted(a for a in addresses if a))}); refusing to connect."
+        )
+
+
+def _lab_state(state_file: Path) -> dict:
+    state_file = Path(state_file)
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        raise LabError(
+            f"no lab at {state_file.parent} ({state_file.name} missing); run `fab lab-up`"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise LabError(
+            f"lab state {state_file} is unreadable ({exc}); refusing to connect to "
+            "its addresses. Run `fab lab-down` and `fab lab-up`."
+        ) from None
+    return state
 
 
 def network_namespaces() -> list[str]:

@@ -83,13 +83,11 @@ def report_command(
 @RESULTS
 def list_command(results_root: Path) -> None:
     """Every pulled run with its state."""
-    from dflash_eval import schema
-
     from dflash_ops.evaluation.results import load_runs
 
     def show() -> None:
         for run in load_runs(results_root):
-            tau = run.metrics[schema.TAU_MACRO] if run.results else None
+            tau = run.metrics["tau_macro"] if run.results else None
             click.echo(
                 f"{run.run_id}  step {run.step}  {run.run.get('state')}"
                 + (f"  τ {tau:.3f}" if tau is not None else "")

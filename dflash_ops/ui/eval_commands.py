@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import schema
+from dflash_eval.summary import sample_lines
 
 from dflash_ops.core.arguments import parse_steps
 from dflash_ops.core.errors import OpsError
@@ -209,7 +209,7 @@ def show_comparison(
         console.print(note)
     if samples:
         for run in comparison.rows:
-            lines = schema.sample_lines(run.results) or ["(no decoded samples in this run)"]
+            lines = sample_lines(run.done) or ["(no decoded samples in this run)"]
             console.print(f"[bold]{run.run_id}[/] ({_step_of(run)}):")
             for line in lines:
                 console.print(f"  {line}", markup=False)

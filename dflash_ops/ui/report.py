@@ -16,7 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import schema
+from dflash_eval.reading import COMPARABILITY
+from dflash_eval.schema_metrics import Sample
 
 from dflash_ops.evaluation import figures
 from dflash_ops.evaluation.results import (
@@ -31,18 +32,17 @@ from dflash_ops.evaluation.results import (
 REPORT_NAME = "report.html"
 # Results blocks shown as each run's provenance, in this order (bulky lists are summarised).
 PROVENANCE_BLOCKS = (
-    schema.CHECKPOINT,
-    schema.DRAFTER,
-    schema.TARGET,
-    schema.PROMPTS,
-    schema.COMPLETIONS,
-    schema.HARNESS,
-    schema.LIBRARIES,
-    schema.HOST,
-    schema.TIMINGS,
-    schema.THROUGHPUT,
+    "checkpoint",
+    "drafter",
+    "target",
+    "prompts",
+    "completions",
+    "harness",
+    "libraries",
+    "host",
+    "timings_s",
+    "throughput",
 )
-SAMPLES = "samples"  # decoded drafts, when the harness wrote them
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
@@ -126,9 +126,7 @@ def _datasets(comparison: Comparison, charts: dict[str, str]) -> str:
     if not cells:
         return "<p>No run carries confidence intervals (results from an older harness).</p>"
     settings = next(
-        schema.bootstrap_settings(r.results)
-        for r in comparison.rows
-        if schema.bootstrap_settings(r.results)
+        block["bootstrap"] for r in comparison.rows if (block := r.done.get("by_dataset"))
     )
     notes = overlap_notes(comparison)
     flagged = [row[0] in comparison.differences for row in cells]
@@ -151,7 +149,7 @@ def _datasets(comparison: Comparison, charts: dict[str, str]) -> str:
 
 
 def _comparability(comparison: Comparison) -> str:
-    names = list(schema.COMPARABILITY)
+    names = list(COMPARABILITY)
     cells = []
     for row in comparison.rows:
         key = row.key()
@@ -173,7 +171,7 @@ def _provenance(row: RunResult, open_: bool) -> str:
     facts = dict(run_facts)
     for block in PROVENANCE_BLOCKS:
         facts.update(_flatten(row.results.get(block), block) if row.results else {})
-    warnings = (row.results or {}).get(schema.WARNINGS) or []
+    warnings = row.results["warnings"] if row.results else []
     rows = "".join(
         f'<tr><th class="text">{_e(key)}</th><td class="text"><code>{_e(_short(value, 96))}'
         "</code></td></tr>"
@@ -187,7 +185,7 @@ def _provenance(row: RunResult, open_: bool) -> str:
 
 
 def _samples(row: RunResult) -> str:
-    samples = (row.results or {}).get(SAMPLES) or []
+    samples = row.results["samples"] if row.results else []
     if not samples:
         return ""
     shown = "".join(_sample(sample) for sample in samples)
@@ -201,11 +199,9 @@ def _step_of(row: RunResult) -> str:
     return f"{row.training_run} step {row.step}" if row.training_run else f"step {row.step}"
 
 
-def _sample(sample: Any) -> str:
-    """One decoded sample, whatever its fields: text fields as text, lists of records as a
-    table (the harness writes `id`, `completion_start` and `rounds`)."""
-    if not isinstance(sample, dict):
-        return f"<pre>{_e(str(sample))}</pre>"
+def _sample(sample: Sample) -> str:
+    """One decoded sample: text fields as text, lists of records as a table (so a field a
+    newer harness adds is shown too)."""
     parts = []
     for key, value in sample.items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):

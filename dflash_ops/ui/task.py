@@ -62,6 +62,48 @@ class _OpsTask(Task):
         ]
 
 
+# Fabric's and Invoke's own flags that change how commands run or where they connect. These
+# tasks connect through the inventory and run nothing with `c.run`, so each of these would be
+# silently ignored (`fab -R stage-checkpoint` once really copied a checkpoint): refuse them,
+# saying what does that job here.
+CORE_FLAG_ADVICE = {
+    "hosts": "-H/--hosts: hosts come from the inventory (a task's --host picks one of them)",
+    "dry": "-R/--dry: use the task's own --dry-run (stage-checkpoint, run-eval, prune)",
+    "identity": "-i/--identity: set identity_file on the host in the inventory",
+    "ssh_config": "-S/--ssh-config: set ssh_config at the top of the inventory",
+    "connect_timeout": "-t/--connect-timeout: set connect_timeout on the host in the inventory",
+    "command_timeout": "-T/--command-timeout: the tasks set their own timeouts",
+    "password": "--prompt-for-login-password: use keys or an ssh agent",
+    "passphrase": "--prompt-for-passphrase: load the key into an ssh agent",
+    "echo": "-e/--echo: commands are not echoed by these tasks",
+    "pty": "-p/--pty: these tasks need no terminal on the remote side",
+    "warn": "-w/--warn-only: these tasks decide themselves what a failure means",
+}
+
+
+def ignored_core_flags(context: object) -> list[str]:
+    """The keys of CORE_FLAG_ADVICE that the command line (or a Fabric config file) set."""
+    from fabric import Connection
+
+    config = context.config  # type: ignore[attr-defined]
+    connect = config.get("connect_kwargs", {}) or {}
+    found = {
+        "hosts": isinstance(context, Connection),
+        "dry": config.run.dry,
+        "identity": connect.get("key_filename"),
+        # -S is kept outside the config's data, on an attribute of Fabric's own.
+        "ssh_config": getattr(config, "_runtime_ssh_path", None),
+        "connect_timeout": connect.get("timeout"),
+        "command_timeout": config.timeouts.get("command"),
+        "password": connect.get("password"),
+        "passphrase": connect.get("passphrase"),
+        "echo": config.run.echo,
+        "pty": config.run.pty,
+        "warn": config.run.warn,
+    }
+    return [key for key, value in found.items() if value]
+
+
 def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
     """`@task` with OpsError handling; an `inventory` parameter gets its standard help."""
 
@@ -69,6 +111,11 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
         @functools.wraps(body)
         def run(*args, **kwargs):
             try:
+                if args and (ignored := ignored_core_flags(args[0])):
+                    raise OpsError(
+                        "this task does not honour Fabric's own flags: "
+                        + "; ".join(CORE_FLAG_ADVICE[key] for key in ignored)
+                    )
                 return body(*args, **kwargs)
             except OpsError as exc:
                 from rich.markup import escape

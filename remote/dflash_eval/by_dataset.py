@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dflash_eval import schema
 from dflash_eval.bootstrap import LEVEL, RESAMPLES, SEED, Bootstrap
+from dflash_eval.schema_metrics import Acceptance, ByDataset, Group, Interval, PromptRow
 
-Row = dict[str, Any]
+Row = PromptRow
 
 
-def acceptance_counts(slot_correct: Sequence[Sequence[bool]]) -> dict[str, list[int]]:
+def acceptance_counts(slot_correct: Sequence[Sequence[bool]]) -> Acceptance:
     """Per position k = 1..: rounds where slots < k were all right and slot k was checked
     (trials), and those where slot k was right too (hits): the conditional rate's parts."""
     longest = max((len(slots) for slots in slot_correct), default=0)
@@ -35,7 +35,7 @@ def acceptance_counts(slot_correct: Sequence[Sequence[bool]]) -> dict[str, list[
             if not correct:
                 break
             hits[k] += 1
-    return {schema.HITS: hits, schema.TRIALS: trials}
+    return Acceptance(hits=hits, trials=trials)
 
 
 def intervals(
@@ -45,32 +45,29 @@ def intervals(
     resamples: int = RESAMPLES,
     seed: int = SEED,
     level: float = LEVEL,
-) -> dict[str, Any]:
+) -> ByDataset:
     """The results' `by_dataset` block: every prompt, then each named set on its own."""
-    names = sorted({row.get(schema.PROMPT_DATASET) for row in per_prompt} - {None})
+    names = sorted({row.get("dataset") for row in per_prompt} - {None})
     budget_keys = [str(b) for b in budgets]
 
-    def group(rows: Sequence[Row]) -> dict[str, Any]:
+    def group(rows: Sequence[Row]) -> Group:
         units = conversations(rows)
         bootstrap = Bootstrap(len(units), resamples=resamples, seed=seed, level=level)
-        return {
-            schema.GROUP_PROMPTS: len(rows),
-            schema.GROUP_UNITS: len(units),
-            **_statistics(bootstrap, units, budget_keys),
-        }
+        return Group(
+            prompts=len(rows), units=len(units), **_statistics(bootstrap, units, budget_keys)
+        )
 
     return {
-        schema.BOOTSTRAP: {
+        "bootstrap": {
             "method": "percentile",
             "unit": "conversation",
             "resamples": resamples,
             "seed": seed,
             "level": level,
         },
-        schema.OVERALL: group(per_prompt),
-        schema.DATASETS: {
-            name: group([row for row in per_prompt if row.get(schema.PROMPT_DATASET) == name])
-            for name in names
+        "overall": group(per_prompt),
+        "datasets": {
+            name: group([row for row in per_prompt if row.get("dataset") == name]) for name in names
         },
     }
 
@@ -80,14 +77,14 @@ def conversations(rows: Sequence[Row]) -> list[list[Row]]:
     conversation is its own)."""
     grouped: dict[str, list[Row]] = {}
     for row in rows:
-        if row[schema.ROUNDS]:
-            key = row.get(schema.PROMPT_CONVERSATION) or row[schema.PROMPT_ID]
+        if row["rounds"]:
+            key = row.get("conversation") or row["id"]
             grouped.setdefault(key, []).append(row)
     return list(grouped.values())
 
 
 def _statistics(bootstrap: Bootstrap, units: list[list[Row]], budgets: list[str]) -> dict[str, Any]:
-    def ratio(part: Callable[[Row], tuple[float, float]]) -> dict[str, float] | None:
+    def ratio(part: Callable[[Row], tuple[float, float]]) -> Interval | None:
         parts = [[part(row) for row in unit] for unit in units]
         found = bootstrap.ratio(
             [sum(above for above, _ in unit) for unit in parts],
@@ -96,27 +93,21 @@ def _statistics(bootstrap: Bootstrap, units: list[list[Row]], budgets: list[str]
         return found.as_dict() if found else None
 
     positions = max(
-        (len(row[schema.PROMPT_ACCEPTANCE][schema.TRIALS]) for unit in units for row in unit),
+        (len(row["acceptance"]["trials"]) for unit in units for row in unit),
         default=0,
     )
     return {
-        schema.ROUNDS: sum(row[schema.ROUNDS] for unit in units for row in unit),
-        schema.TAU_MACRO: ratio(lambda row: (row[schema.PROMPT_TAU], 1)),
-        schema.TAU_POOLED: ratio(
-            lambda row: (row[schema.PROMPT_TAU] * row[schema.ROUNDS], row[schema.ROUNDS])
-        ),
-        schema.DDTREE: {
-            b: {
-                schema.TAU_MACRO: ratio(
-                    lambda row, b=b: _present(row[schema.PROMPT_DDTREE_TAU].get(b))
-                )
-            }
+        "rounds": sum(row["rounds"] for unit in units for row in unit),
+        "tau_macro": ratio(lambda row: (row["tau"], 1)),
+        "tau_pooled": ratio(lambda row: (row["tau"] * row["rounds"], row["rounds"])),
+        "ddtree": {
+            b: {"tau_macro": ratio(lambda row, b=b: _present(row["ddtree_tau"].get(b)))}
             for b in budgets
         },
-        schema.PER_POSITION: [
+        "per_position": [
             {
-                schema.POSITION: k + 1,
-                schema.CONDITIONAL: ratio(lambda row, k=k: _position(row, k)),
+                "position": k + 1,
+                "conditional": ratio(lambda row, k=k: _position(row, k)),
             }
             for k in range(positions)
         ],
@@ -129,7 +120,7 @@ def _present(value: float | None) -> tuple[float, float]:
 
 
 def _position(row: Row, k: int) -> tuple[float, float]:
-    counts = row[schema.PROMPT_ACCEPTANCE]
-    if k >= len(counts[schema.TRIALS]):
+    counts = row["acceptance"]
+    if k >= len(counts["trials"]):
         return (0.0, 0.0)
-    return (counts[schema.HITS][k], counts[schema.TRIALS][k])
+    return (counts["hits"][k], counts["trials"][k])

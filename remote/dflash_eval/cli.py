@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dflash_eval import options as run_options
-from dflash_eval import schema
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
+from dflash_eval.summary import headline, summary_lines
 from dflash_eval.urls import read_url
 
 if TYPE_CHECKING:
@@ -185,8 +185,8 @@ def _eval(args: argparse.Namespace, progress: Progress) -> int:
     from dflash_eval.evaluate import run_eval
 
     results = run_eval(_eval_options(args, given={}), progress)
-    progress.say("\n".join(schema.summary_lines(results)))
-    progress.event("done", out=str(args.out), summary=schema.headline(results))
+    progress.say("\n".join(summary_lines(results)))
+    progress.event("done", out=str(args.out), summary=headline(results))
     return 0
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from dflash_eval import schema
 from dflash_eval.errors import HarnessError
+from dflash_eval.schema import PromptSet
 from dflash_eval.urls import redact_url
 
 BUILTIN_PROMPTS = (
@@ -134,18 +134,16 @@ def prompts_hash(prompts: list[Prompt]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def prompt_sets(prompts: list[Prompt]) -> dict[str, dict[str, Any]]:
+def prompt_sets(prompts: list[Prompt]) -> dict[str, PromptSet]:
     """Per named set: how many prompts (turns), their hash, and where the set came from
     (the first record's "source"; the workstation writes the same one on each)."""
     names = dict.fromkeys(p.dataset for p in prompts if p.dataset)
     sets = {}
     for name in names:
         members = [p for p in prompts if p.dataset == name]
-        sets[name] = {
-            schema.PROMPT_COUNT: len(members),
-            schema.PROMPTS_SHA256: prompts_hash(members),
-            schema.SOURCE: members[0].source,
-        }
+        sets[name] = PromptSet(
+            count=len(members), sha256=prompts_hash(members), source=members[0].source
+        )
     return sets
 
 

@@ -6,8 +6,8 @@ A drafter config is a Qwen3 config plus `block_size`, `num_target_layers` and
 parameters (every rope type transformers implements, `partial_rotary_factor`) and the
 sliding-window rules (`use_sliding_window`, `layer_types`, `max_window_layers`) mean what
 transformers makes of them. Anything the harness cannot honour (biases, other activations,
-logit multipliers, DFlash-2 parts) is refused here, loudly, rather than silently evaluated
-with the wrong maths.
+logit multipliers) is refused here, loudly, rather than silently evaluated with the wrong
+maths. DFlash-2 configs carry their extra parts in `dflash2` (dflash2_config.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dflash_eval.dflash2_config import ARCHITECTURE as DFLASH2_ARCHITECTURE
+from dflash_eval.dflash2_config import DFlash2Parts, read_dflash2
 from dflash_eval.errors import HarnessError
 
 # Config keys that state the RoPE settings (absent: transformers' Qwen3 default applies).
@@ -50,6 +52,7 @@ class DrafterConfig:
     sliding_window: int | None = None
     num_target_layers: int | None = None
     vocab_size: int | None = None
+    dflash2: DFlash2Parts | None = None  # None: a plain DFlash drafter
 
     def layer_window(self, layer_index: int) -> int | None:
         """Sliding window of one drafter layer, None for full attention (as the reference:
@@ -97,6 +100,9 @@ class DrafterConfig:
                 "mask_token_id": self.mask_token_id,
             },
         }
+        if self.dflash2 is not None:
+            config["architectures"] = [DFLASH2_ARCHITECTURE]
+            config["dflash_config"].update(self.dflash2.to_hf_dict())
         if self.partial_rotary_factor != 1.0:
             config["partial_rotary_factor"] = self.partial_rotary_factor
         return config
@@ -179,6 +185,7 @@ def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
         sliding_window=int(qwen3.sliding_window) if qwen3.sliding_window else None,
         num_target_layers=stated.get("num_target_layers"),
         vocab_size=int(raw["vocab_size"]) if raw.get("vocab_size") else None,
+        dflash2=read_dflash2(raw, dflash, hidden, where),
     )
 
 
@@ -280,9 +287,6 @@ def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where
     softcap = dflash.get("final_logit_softcapping", raw.get("final_logit_softcapping"))
     if softcap:
         problems.append(f"final_logit_softcapping={softcap!r}")
-    for name in ("conv_kernel_size", "selector_rank"):
-        if name in dflash or name in raw:
-            problems.append(f"{name} (a DFlash-2 drafter)")
     if problems:
         raise HarnessError(
             f"The drafter config from {where} uses features this harness does not implement: "

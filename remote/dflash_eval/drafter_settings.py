@@ -38,7 +38,7 @@ from dflash_eval.provenance import (
     accepted_defaults,
     resolve,
 )
-from dflash_eval.schema import format_setting
+from dflash_eval.summary import format_setting
 
 if TYPE_CHECKING:
     from dflash_eval.loaders import DrafterSource
@@ -71,6 +71,7 @@ ARCHITECTURE_FIELDS = (
     "max_position_embeddings",
     "layer_types",
     "sliding_window",
+    "dflash2",  # a DFlash-2 config against a plain one (or other DFlash-2 parts)
 )
 
 

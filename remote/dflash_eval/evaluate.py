@@ -10,28 +10,23 @@ Phases 2 and 3 are pipeline.py, shared with `features`; with `--features SETDIR`
 entries come from a feature set (feature_set.py) and are never computed here.
 
 The reference of each prompt is its completion plus `block size` more greedy tokens, so
-that the walk scores every round as z-lab's live loop counts it (metrics.py).
+that the walk scores every round as z-lab's live loop counts it (metrics.py). record.py
+assembles the results from what the phases produced.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dflash_eval import inputs, pipeline, record, schema
+from dflash_eval import inputs, pipeline, record
 from dflash_eval import options as run_options
-from dflash_eval.by_dataset import intervals
 from dflash_eval.cache import DiskCache
-from dflash_eval.completions import (
-    SGLangClient,
-    prompt_sets,
-    prompts_hash,
-    template_reads_thinking,
-)
+from dflash_eval.completions import Prompt, SGLangClient, template_reads_thinking
 from dflash_eval.config import DrafterConfig, TargetShape
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
@@ -43,17 +38,12 @@ from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
 from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
-from dflash_eval.results import (
-    host_info,
-    library_versions,
-    utc_now,
-    write_results,
-)
+from dflash_eval.results import library_versions, write_results
 from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
+from dflash_eval.schema import Checkpoint, Results
+from dflash_eval.summary import settings_line
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_source import TargetSource
-from dflash_eval.urls import redact_url
-from dflash_eval.version import harness_hash
 
 # The run flags' fields, as dflash_eval.options declares them (type and default, once).
 RunOptions = run_options.options_class("RunOptions", "eval")
@@ -78,7 +68,7 @@ class DrafterRun:
     samples: list[dict[str, Any]]
 
 
-def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
+def run_eval(options: EvalOptions, progress: Progress) -> Results:
     started = time.perf_counter()
     timer = Timer()
     if options.threads:
@@ -110,28 +100,72 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
             if options.reference_drafter
             else None
         )
+    options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
     with timer.phase("hash"):
-        checkpoint_identity = record.checkpoint_identity(drafter, options.step, options.verify)
-        if options.training_run:
-            checkpoint_identity[schema.TRAINING_RUN] = options.training_run
+        drafter_identity = record.checkpoint_identity(
+            drafter, options.step, options.verify, options.training_run
+        )
         reference_identity = (
             record.checkpoint_identity(reference, None, options.verify) if reference else None
         )
         identity = target_identity(options.target)
 
+    drafters = {"drafter": drafter.config}
+    if reference is not None:
+        drafters["reference drafter"] = reference.config
+    parts = _target_side(
+        options,
+        prompts,
+        features_set,
+        target,
+        tokenizer,
+        stops,
+        identity,
+        drafters,
+        threads,
+        warnings,
+        progress,
+        timer,
+    )
+    borrowed = target.embedding_and_head()
+    walked = _evaluate(drafter, drafter_identity, "drafter", parts, borrowed, progress, timer)
+    ref_walked = (
+        _evaluate(
+            reference, reference_identity, "reference_drafter", parts, borrowed, progress, timer
+        )
+        if reference is not None and reference_identity is not None
+        else None
+    )
+    results = record.results(parts, walked, ref_walked, timer, started)
+    write_results(options.out, results)
+    return results
+
+
+def _target_side(
+    options: EvalOptions,
+    prompts: list[Prompt],
+    features_set: FeatureSet | None,
+    target: TargetSource,
+    tokenizer: Any,
+    stops: list[int],
+    identity: dict[str, Any],
+    drafters: dict[str, DrafterConfig],
+    threads: int,
+    warnings: list[str],
+    progress: Progress,
+    timer: Timer,
+) -> record.RunParts:
+    """Phases 2 and 3: each prompt's reference completion, then its hidden states (from the
+    feature set, the cache, SGLang or the target), and the features record."""
     # Later turns of a conversation are encoded once the turn before has its completion.
     conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
     sequences = [
         pipeline.Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts
     ]
-    used_chat_template = bool(getattr(tokenizer, "chat_template", None))
     if options.thinking and not template_reads_thinking(tokenizer):
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
         progress.warn(warnings[-1])
     libraries = library_versions()
-    drafters = {"drafter": drafter.config}
-    if reference is not None:
-        drafters["reference drafter"] = reference.config
     client = _sglang_client(options, features_set, progress, warnings)
     target_match = (  # the set (if any) must serve this run exactly
         features_set.check_fits(identity, drafters, options.max_new_tokens, options.thinking)
@@ -157,85 +191,60 @@ def run_eval(options: EvalOptions, progress: Progress) -> dict[str, Any]:
         else:
             features = features_record(target, sequences[0], lookup, progress, warnings)
     target.release_body()
-    borrowed = target.embedding_and_head()
+    return record.RunParts(
+        options,
+        prompts,
+        tokenizer,
+        stops,
+        target,
+        identity,
+        lookup,
+        libraries,
+        features,
+        sequences,
+        conversations,
+        threads,
+        warnings,
+    )
 
-    decode = tokenizer_decoder(tokenizer)
-    with timer.phase("drafter"):
-        run = _walk_all(drafter, "drafter", sequences, borrowed, options, decode, progress)
-    metrics = summarize(run.walks, drafter.config.block_size, options.ddtree)
-    _warn_about_walks(sequences, run.walks, "drafter", warnings, progress)
-    reference_block = None
-    if reference is not None:
-        with timer.phase("reference_drafter"):
-            ref_run = _walk_all(
-                reference, "reference_drafter", sequences, borrowed, options, decode, progress
-            )
-        reference_metrics = summarize(ref_run.walks, reference.config.block_size, options.ddtree)
-        _warn_about_walks(sequences, ref_run.walks, "reference drafter", warnings, progress)
-        reference_block = {
-            schema.CHECKPOINT: reference_identity,
-            schema.DRAFTER: record.drafter_block(reference),
-            schema.METRICS: reference_metrics,
-            schema.THROUGHPUT: record.throughput(ref_run.blocks, ref_run.seconds),
-            schema.SAMPLES: ref_run.samples,
-        }
-    per_prompt = record.per_prompt(sequences, run.walks, options.ddtree, conversations)
-    with timer.phase("intervals"):
-        by_dataset = intervals(per_prompt, options.ddtree)
-    timer.seconds[schema.TOTAL_SECONDS] = time.perf_counter() - started
-    results = {
-        schema.SCHEMA_VERSION_KEY: schema.SCHEMA_VERSION,
-        schema.KIND_KEY: schema.KIND,
-        schema.CREATED_AT: utc_now(),
-        schema.CHECKPOINT: checkpoint_identity,
-        schema.DRAFTER: record.drafter_block(drafter),
-        schema.TARGET: {
-            "path": str(options.target),
-            schema.TARGET_NAME: identity["name"],
-            schema.TARGET_FAMILY: target.family,
-            "dtype": str(target.dtype).removeprefix("torch."),
-            "num_layers": target.shape.num_layers,
-            "hidden_size": target.shape.hidden_size,
-            "vocab_size": target.shape.vocab_size,
-            schema.TARGET_FINGERPRINT: identity["fingerprint"],
-            "files": identity["files"],
-        },
-        schema.PROMPTS: {
-            "source": str(options.prompts) if options.prompts else "builtin",
-            schema.PROMPT_COUNT: len(prompts),
-            schema.PROMPTS_SHA256: prompts_hash(prompts),
-            "chat_template": used_chat_template,
-            schema.THINKING: "on" if options.thinking else "off",
-            "template_reads_thinking": template_reads_thinking(tokenizer),
-            schema.PROMPT_SETS: prompt_sets(prompts),
-            schema.MAX_NEW_TOKENS: options.max_new_tokens,
-            "stop_token_ids": stops,
-        },
-        schema.COMPLETIONS: _completions_block(options, lookup),
-        schema.HARNESS: {
-            schema.HARNESS_SHA256: harness_hash(),
-            "predictor": "per-block" if options.per_block else "batched",
-        },
-        schema.LIBRARIES: libraries,
-        schema.FEATURES: {
-            **features,
-            "target_load": target.load_record(),
-            "cache": record.cache_counts(sequences),
-        },
-        schema.HOST: host_info(threads),
-        schema.OPTIONS: record.options_record(options),
-        schema.TIMINGS: {name: round(s, 4) for name, s in timer.seconds.items()},
-        schema.THROUGHPUT: record.throughput(run.blocks, run.seconds),
-        schema.METRICS: metrics,
-        schema.PER_PROMPT: per_prompt,
-        schema.BY_DATASET: by_dataset,
-        schema.SAMPLES: run.samples,
-        schema.REFERENCE: reference_block,
-        schema.COMPARISON: record.comparison(metrics, reference_block),
-        schema.WARNINGS: warnings,
-    }
-    write_results(options.out, results)
-    return results
+
+def _evaluate(
+    loaded: LoadedDrafter,
+    identity: Checkpoint,
+    phase: str,
+    parts: record.RunParts,
+    borrowed: tuple[torch.Tensor, torch.Tensor],
+    progress: Progress,
+    timer: Timer,
+) -> record.Evaluated:
+    """Phase 4 for one drafter: its walks over every sequence, their summary, and loud
+    warnings about prompts it could not score."""
+    decode = tokenizer_decoder(parts.tokenizer)
+    with timer.phase(phase):
+        run = _walk_all(loaded, phase, parts.sequences, borrowed, parts.options, decode, progress)
+    metrics = summarize(run.walks, loaded.config.block_size, parts.options.ddtree)
+    role = phase.replace("_", " ")
+    _warn_about_walks(parts.sequences, run.walks, role, parts.warnings, progress)
+    return record.Evaluated(loaded, identity, run, metrics)
+
+
+DEFAULT_DDTREE = [4, 8, 16, 32]
+
+
+def ddtree_budgets(asked: list[int] | None, loaded: list[LoadedDrafter | None]) -> list[int]:
+    """The budgets to evaluate: as asked, else the default; none when a drafter is DFlash-2
+    (DDTree is defined over per-slot distributions that a DFlash-2 drafter does not have:
+    docs/dflash2.md), and asking for some then is refused."""
+    dflash2 = [str(d.source.path) for d in loaded if d is not None and d.config.dflash2]
+    if not dflash2:
+        return DEFAULT_DDTREE if asked is None else asked
+    if asked:
+        raise HarnessError(
+            f"--ddtree {','.join(map(str, asked))}: {dflash2[0]} is a DFlash-2 drafter, whose "
+            "drafts come from a sequential candidate selector, and DDTree is not defined over "
+            "it (docs/dflash2.md); leave --ddtree out or pass --ddtree ''."
+        )
+    return []
 
 
 def _load(
@@ -268,7 +277,7 @@ def _load(
         f"  {role}: {source.kind}, config from {loaded.config_source}, step {source.step}"
         f" ({source.step_source})"
     )
-    progress.say(f"  {role}: {schema.settings_line(record.drafter_block(loaded))}")
+    progress.say(f"  {role}: {settings_line(record.drafter_block(loaded))}")
     for note in loaded.notes:
         progress.say(f"  {role}: {note}")
     if loaded.ignored_parameters:
@@ -340,20 +349,6 @@ def _lookup(
         max(config.block_size for config in drafters.values()),
         sorted(set().union(*(config.target_layer_ids for config in drafters.values()))),
     )
-
-
-def _completions_block(options: EvalOptions, lookup: pipeline.Lookup) -> dict[str, Any]:
-    source = lookup.completion_source
-    from_sglang = source != pipeline.LOCAL_GREEDY
-    if options.features is None:
-        url = redact_url(options.sglang_url) if options.sglang_url else None
-    else:
-        url = source.removeprefix("sglang ") if from_sglang else None
-    return {
-        schema.COMPLETIONS_SOURCE: "sglang" if from_sglang else "local-greedy",
-        "sglang_url": url,
-        schema.EXTRA_TOKENS: lookup.extra_tokens,
-    }
 
 
 def _walk_all(

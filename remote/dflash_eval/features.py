@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from dflash_eval.errors import HarnessError
+from dflash_eval.target_config import LINEAR_ATTENTION, TargetConfig
 
 ATTENTION_IMPLEMENTATION = "sdpa"  # asked for explicitly at load time, so it is known before
-LINEAR_ATTENTION = "linear_attention"
 TORCH_FALLBACK = "torch fallback"
 # Beyond either bound the features are too far from float32 to trust a drafter's τ on them.
 # Tiny random 4-layer Qwen3.5 targets in bf16 (torch fallback) measure 0.25–0.6 % relative
@@ -40,12 +40,6 @@ FLOAT32_MARGIN = 1.1  # float32 weights plus activations and the tokenizer must 
 BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def linear_attention_layers(config: dict[str, Any]) -> list[int]:
-    """Indices of the decoder layers that use linear attention (Qwen3.5/3.6 `layer_types`)."""
-    text = config.get("text_config") or config
-    return [i for i, kind in enumerate(text.get("layer_types") or []) if kind == LINEAR_ATTENTION]
-
-
 def linear_kernel() -> str:
     """What transformers will run linear attention with: fla when importable (it prefers the
     original package), else its pure-torch fallback."""
@@ -54,9 +48,9 @@ def linear_kernel() -> str:
     return f"fla {_version('flash-linear-attention') or _version('fla') or '?'}"
 
 
-def kernel_record(config: dict[str, Any]) -> dict[str, str]:
+def kernel_record(config: TargetConfig) -> dict[str, str]:
     record = {"attention": ATTENTION_IMPLEMENTATION}
-    if linear_attention_layers(config):
+    if config.linear_attention_layers:
         record[LINEAR_ATTENTION] = linear_kernel()
     return record
 
@@ -104,8 +98,32 @@ def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
         return None
 
 
+NOT_TEXT_MODEL = ("visual", "vision", "mtp")  # tensors the text model never loads
+HEADER_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
+
+
+def text_tensors(path: Path) -> list[tuple[int, int]]:
+    """(elements, bytes per element) of each tensor the text model loads, read from the
+    safetensors headers alone (a vision tower and an MTP head are left out)."""
+    from safetensors import safe_open
+
+    found = []
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118
+                if any(part in name for part in NOT_TEXT_MODEL):
+                    continue
+                tensor = handle.get_slice(name)
+                elements = 1
+                for size in tensor.get_shape():
+                    elements *= size
+                found.append((elements, HEADER_BYTES.get(tensor.get_dtype(), 4)))
+    return found
+
+
 def weight_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+    """Bytes of the text model's weights as saved: what loading it reads and holds."""
+    return sum(elements * size for elements, size in text_tensors(path))
 
 
 @dataclass(frozen=True)
@@ -117,7 +135,7 @@ class DtypeChoice:
 def choose_target_dtype(
     requested: str,
     saved: str,
-    config: dict[str, Any],
+    config: TargetConfig,
     saved_bytes: int,
     available: int | None,
     device: str = "cpu",
@@ -126,7 +144,7 @@ def choose_target_dtype(
     CPU for targets with linear attention (the bf16 torch fallback garbles the features)."""
     if requested != "auto":
         return DtypeChoice(requested, "--target-dtype")
-    if device != "cpu" or not linear_attention_layers(config) or saved == "float32":
+    if device != "cpu" or not config.linear_attention_layers or saved == "float32":
         return DtypeChoice(saved, "auto: as saved")
     needed = int(saved_bytes * BYTES_PER_ELEMENT["float32"] / BYTES_PER_ELEMENT.get(saved, 2))
     if available is not None and available >= needed * FLOAT32_MARGIN:
@@ -145,9 +163,9 @@ def choose_target_dtype(
 # --- fidelity ---------------------------------------------------------------------------------
 
 
-def fidelity_needed(config: dict[str, Any], layer_ids: list[int], dtype: str) -> str | None:
+def fidelity_needed(config: TargetConfig, layer_ids: list[int], dtype: str) -> str | None:
     """Why no fidelity check is needed (None: it is)."""
-    linear = linear_attention_layers(config)
+    linear = config.linear_attention_layers
     if not any(i <= max(layer_ids) for i in linear):
         return "no linear-attention layer up to the deepest target layer"
     if dtype == "float32" and linear_kernel() == TORCH_FALLBACK:

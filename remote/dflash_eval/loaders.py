@@ -28,6 +28,7 @@ from dflash_eval.config import DrafterConfig, TargetShape, check_against_target
 from dflash_eval.drafter_settings import choose_settings
 from dflash_eval.errors import HarnessError
 from dflash_eval.model import DFlashDrafter, build_drafter, expected_shapes
+from dflash_eval.model_dflash2 import check_fits_target, drafter_class, reference_key_mapping
 from dflash_eval.pickle_policy import PicklePolicy, PickleRecord, load_pickle
 from dflash_eval.profile import DrafterProfile, NameRules
 from dflash_eval.provenance import Offer, Resolved
@@ -312,9 +313,13 @@ def load_drafter(
     )
     config = chosen.config
     check_against_target(config, target, f"{chosen.config_source} ({path})")
+    if config.dflash2 is not None:
+        check_fits_target(config, target, f"{chosen.config_source} ({path})")
+        renamed, source.state_dict = reference_key_mapping(source.state_dict, path)
+        source.renamed_parameters += renamed
     ignored = check_parameters(source.state_dict, config, path)
     torch_dtype = DTYPES[chosen.settings["dtype"].value]
-    model = build_drafter(config, torch_dtype)
+    model = build_drafter(config, torch_dtype, drafter_class(config))
     wanted = {k: v for k, v in source.state_dict.items() if k not in ignored}
     model.load_state_dict({k: v.to(torch_dtype) for k, v in wanted.items()}, strict=True)
     return LoadedDrafter(
@@ -340,7 +345,7 @@ def check_parameters(
         name for name in state_dict if name in BORROWED or name.endswith("rotary_emb.inv_freq")
     )
     found = {name: tuple(t.shape) for name, t in state_dict.items() if name not in ignored}
-    expected = expected_shapes(config)
+    expected = expected_shapes(config, drafter_class(config))
     fc_shape = found.get("fc.weight")
     fc_inputs = len(config.target_layer_ids) * config.hidden_size
     fc_hint = None
@@ -373,6 +378,11 @@ def check_parameters(
             shown = ", ".join(names[:15])
             more = f" … and {len(names) - 15} more" if len(names) > 15 else ""
             parts.append(f"{label} ({len(names)}): {shown}{more}")
+    if config.dflash2 is None and any(_is_dflash2_part(name) for name in unexpected):
+        parts.append(
+            "the unexpected names are DFlash-2 parts (convolutions, candidate selector): "
+            "this is a DFlash-2 checkpoint and needs its DFlash-2 config"
+        )
     # Every mismatch at once: fixing one and rerunning to find the next wastes a target load.
     raise HarnessError(
         f"The parameters in {path} do not match the drafter config "
@@ -383,3 +393,7 @@ def check_parameters(
         "(--drafter-config) or check that this is a DFlash drafter checkpoint."
         + (f" Also: {fc_hint}" if fc_hint else "")
     )
+
+
+def _is_dflash2_part(name: str) -> bool:
+    return name.startswith("candidate_selector.") or "_conv." in name

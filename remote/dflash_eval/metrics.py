@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dflash_eval.schema_metrics import Metrics
+
 # The value of metrics.tau_convention (docs/results-schema.md).
 TAU_CONVENTION = "zlab-live-loop"
 
@@ -249,10 +251,8 @@ def tau(lengths_per_prompt: Sequence[Sequence[int]]) -> dict[str, Any]:
     }
 
 
-def summarize(
-    walks: Sequence[PromptWalk], block_size: int, budgets: Sequence[int]
-) -> dict[str, Any]:
-    """The metrics block of the results JSON (see docs/results-schema.md)."""
+def summarize(walks: Sequence[PromptWalk], block_size: int, budgets: Sequence[int]) -> Metrics:
+    """The metrics block of the results (schema_metrics.Metrics)."""
     vanilla = tau([w.lengths for w in walks])
     histogram = {str(n): 0 for n in range(1, block_size + 1)}
     for w in walks:

@@ -265,6 +265,8 @@ class ContextCache:
 
 
 class DFlashDrafter(nn.Module):
+    layer_class: type[DFlashLayer] = DFlashLayer  # DFlash-2 layers: model_dflash2.py
+
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.config = config
@@ -272,7 +274,7 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(num_features, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layers = nn.ModuleList(
-            DFlashLayer(config, index) for index in range(config.num_hidden_layers)
+            self.layer_class(config, index) for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryTable(config)  # shared by every layer, as the reference's
@@ -351,15 +353,19 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
 
-def expected_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
+def expected_shapes(
+    config: DrafterConfig, model_class: type[DFlashDrafter] = DFlashDrafter
+) -> dict[str, tuple[int, ...]]:
     """Every parameter name (unprefixed, as stored) with its shape."""
     with torch.device("meta"):
-        model = DFlashDrafter(config)
+        model = model_class(config)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def build_drafter(config: DrafterConfig, dtype: torch.dtype) -> DFlashDrafter:
+def build_drafter(
+    config: DrafterConfig, dtype: torch.dtype, model_class: type[DFlashDrafter] = DFlashDrafter
+) -> DFlashDrafter:
     """An uninitialised drafter (no random init cost); the caller loads the weights."""
     with torch.device("meta"):
-        model = DFlashDrafter(config)
+        model = model_class(config)
     return model.to_empty(device="cpu").to(dtype).eval()

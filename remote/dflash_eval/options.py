@@ -150,8 +150,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "ddtree",
         "ints",
-        "DDTree budgets, comma-separated ('' for none)",
-        default=[4, 8, 16, 32],
+        "DDTree budgets, comma-separated (default 4,8,16,32, none for a DFlash-2 drafter; '' for "
+        "none)",
         minimum=1,
         tasks=EVAL_TASKS,
     ),

@@ -36,6 +36,7 @@ from dflash_eval.features import (
     fidelity_needed,
     kernel_record,
     parse_meminfo,
+    text_tensors,
     weight_bytes,
 )
 from dflash_eval.inputs import load_prompts
@@ -43,18 +44,9 @@ from dflash_eval.pipeline import Sequence
 from dflash_eval.plan_drafter import DrafterFacts, drafter_facts, reference_facts
 from dflash_eval.plan_inputs import is_memory_file
 from dflash_eval.results import library_versions, staged_sha256
-from dflash_eval.target import (
-    DTYPES,
-    load_tokenizer,
-    read_target_config,
-    saved_dtype_name,
-    shape_from_config,
-    stop_token_ids,
-    target_identity,
-)
+from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
+from dflash_eval.target_config import TargetConfig, read_target_config
 from dflash_eval.target_source import DEVICE
-
-NOT_TEXT_MODEL = ("visual", "vision", "mtp")  # tensors a text forward does not use
 
 
 @dataclass(frozen=True)
@@ -86,8 +78,8 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     facts = facts or HostFacts.read()
     _require_inputs(options)
     config = read_target_config(options.target)
-    shape = shape_from_config(config)
-    saved = saved_dtype_name(config)
+    shape = config.shape
+    saved = config.saved_dtype
     saved_bytes = weight_bytes(options.target)
     problems: list[str] = []
     try:
@@ -243,7 +235,7 @@ def count_cache(
 
 def _target_record(
     options: EvalOptions,
-    config: dict[str, Any],
+    config: TargetConfig,
     saved: str,
     saved_bytes: int,
     choice: DtypeChoice | None,
@@ -256,7 +248,7 @@ def _target_record(
     body = body_loads(cached, options.sglang_url is not None)
     return {
         "path": str(options.target),
-        "family": config.get("model_type", "?"),
+        "family": config.model_type,
         "parameters": header_parameters(Path(options.target)),
         "saved_dtype": saved,
         "saved_bytes": saved_bytes,
@@ -281,19 +273,7 @@ def body_loads(cached: CacheCount, sglang: bool) -> bool | None:
 
 def header_parameters(path: Path) -> int:
     """Parameters of the text model, counted from the safetensors headers (no weight read)."""
-    from safetensors import safe_open
-
-    total = 0
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118
-                if any(part in name for part in NOT_TEXT_MODEL):
-                    continue
-                elements = 1
-                for size in handle.get_slice(name).get_shape():
-                    elements *= size
-                total += elements
-    return total
+    return sum(elements for elements, _ in text_tensors(path))
 
 
 def _phases(

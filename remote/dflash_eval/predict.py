@@ -6,6 +6,9 @@ instead of one drafter forward per visited block, the drafter runs over chunks o
 walk reads the precomputed predictions. `PerBlockPredictor` runs one forward per anchor
 on the same context cache, the same maths without the batching, kept for comparison
 (`--per-block`, benchmarks/harness.py, tests).
+
+A DFlash-2 drafter's draft is its candidate selector's sequential choice (model_dflash2.py),
+not the per-slot argmax; it has no DDTree candidates (docs/dflash2.md says why).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_eval.model import ContextCache, DFlashDrafter
+from dflash_eval.model_dflash2 import DFlash2Drafter
 
 
 @dataclass
@@ -126,6 +130,12 @@ class Predictor:
     @torch.inference_mode()
     def _predict(self, anchors: torch.Tensor) -> list[BlockPrediction]:
         hidden = self.drafter.forward_blocks(self._block_embeds(anchors), anchors, self._context())
+        return self._from_hidden(hidden, anchors)
+
+    def _from_hidden(self, hidden: torch.Tensor, anchors: torch.Tensor) -> list[BlockPrediction]:
+        if isinstance(self.drafter, DFlash2Drafter):
+            drafts = self.drafter.choose(hidden, self.head.head_weight, self.tokens[anchors])
+            return [BlockPrediction(draft, [], []) for draft in drafts.tolist()]
         return block_predictions(hidden, self.head.head_weight, self.top_k)
 
     def _block_embeds(self, anchors: torch.Tensor) -> torch.Tensor:
@@ -142,8 +152,8 @@ REACH_MARGIN = 1e-3
 
 @dataclass
 class BlockPrediction:
-    draft: list[int]  # greedy token per slot 1..B-1
-    tree_ids: list[list[int]]  # [d][k] top-k per slot 1..d, best first
+    draft: list[int]  # greedy token per slot 1..B-1 (DFlash-2: the selector's choice)
+    tree_ids: list[list[int]]  # [d][k] top-k per slot 1..d, best first (DFlash-2: none)
     tree_logprobs: list[list[float]]  # [d][k] their log-softmax values
 
 
@@ -217,5 +227,5 @@ class PerBlockPredictor(Predictor):
             hidden = self.drafter.forward_blocks(
                 self._block_embeds(single), single, self._context()
             )
-            predictions += block_predictions(hidden, self.head.head_weight, self.top_k)
+            predictions += self._from_hidden(hidden, single)
         return predictions

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_eval.errors import HarnessError
-from dflash_eval.schema import DRAFTER_SETTINGS, format_setting
+from dflash_eval.schema import DRAFTER_SETTINGS
+from dflash_eval.summary import format_setting
 
 COMMAND_LINE = "command line"
 CHECKPOINT_CONFIG = "checkpoint config"

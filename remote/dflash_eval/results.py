@@ -1,7 +1,6 @@
 """Identity of everything a result depends on, and the results file itself.
 
-The key names (and SCHEMA_VERSION) live in dflash_eval.schema; docs/results-schema.md says
-what each key holds.
+The types of these records (and SCHEMA_VERSION) live in dflash_eval.schema.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import schema
+from dflash_eval.schema import FileEntry, Host, Results
 from dflash_eval.target import sha256_file
 
 
@@ -32,15 +31,15 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def host_info(threads: int) -> dict[str, Any]:
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        schema.TORCH_THREADS: threads,
-        "python_executable": sys.executable,
-    }
+def host_info(threads: int) -> Host:
+    return Host(
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        machine=platform.machine(),
+        cpu_count=os.cpu_count(),
+        torch_threads=threads,
+        python_executable=sys.executable,
+    )
 
 
 def file_identity(files: list[Path], verify: bool = True) -> dict[str, Any]:
@@ -53,28 +52,28 @@ def file_identity(files: list[Path], verify: bool = True) -> dict[str, Any]:
     """
     entries = [_file_entry(Path(f), verify) for f in files]
     combined = (
-        entries[0][schema.SHA256]
+        entries[0]["sha256"]
         if len(entries) == 1
-        else hashlib.sha256("".join(e[schema.SHA256] for e in entries).encode()).hexdigest()
+        else hashlib.sha256("".join(e["sha256"] for e in entries).encode()).hexdigest()
     )
-    sources = sorted({e[schema.SHA256_SOURCE] for e in entries})
+    sources = sorted({e["sha256_source"] for e in entries})
     return {
-        schema.SIZE_BYTES: sum(e[schema.SIZE_BYTES] for e in entries),
-        schema.SHA256: combined,
-        schema.SHA256_SOURCE: sources[0] if len(sources) == 1 else "mixed",
+        "size_bytes": sum(e["size_bytes"] for e in entries),
+        "sha256": combined,
+        "sha256_source": sources[0] if len(sources) == 1 else "mixed",
         "files": entries,
     }
 
 
-def _file_entry(file: Path, verify: bool) -> dict[str, Any]:
+def _file_entry(file: Path, verify: bool) -> FileEntry:
     stat = file.stat()
     recorded = None if verify else staged_sha256(file, stat.st_size, stat.st_mtime_ns)
-    return {
-        schema.PATH: str(file),
-        schema.SIZE_BYTES: stat.st_size,
-        schema.SHA256: recorded or sha256_file(file),
-        schema.SHA256_SOURCE: "staging manifest" if recorded else "hashed",
-    }
+    return FileEntry(
+        path=str(file),
+        size_bytes=stat.st_size,
+        sha256=recorded or sha256_file(file),
+        sha256_source="staging manifest" if recorded else "hashed",
+    )
 
 
 def staged_sha256(file: Path, size: int, mtime_ns: int) -> str | None:
@@ -95,7 +94,7 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def write_results(path: Path, results: dict[str, Any]) -> None:
+def write_results(path: Path, results: Results) -> None:
     """Write atomically: a reader never sees a half-written results file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

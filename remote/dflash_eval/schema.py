@@ -1,157 +1,92 @@
-"""The results JSON's key names and its one human summary, shared by both sides.
+"""The results JSON as types: one TypedDict per object, each field documented once, here.
 
-The harness writes results with these names (evaluate.py); the workstation reads them with
-the same names (`from dflash_eval import schema` in dflash_ops). Stdlib only and no imports
-from the rest of the harness: importing this module must never load torch.
+The harness assembles a `Results` (record.py) and writes it as JSON; the workstation reads
+it back through `schema_check.parse_results` and the same types (dflash_ops.evaluation).
+docs/results-schema.md shows these docstrings as tables (schema_doc.py writes them; a test
+checks that the page matches). Stdlib only and no imports from the rest of the harness:
+importing this module must never load torch.
 
-docs/results-schema.md says what each key holds; this module is where their names live.
-Bump SCHEMA_VERSION whenever a key changes meaning or disappears (new keys do not).
+Keys that results written earlier under the same SCHEMA_VERSION lack live in a `total=False`
+class over the always-present ones (the form Python 3.10 understands). Classes run from the
+leaves up to `Results`, so every annotation is a plain runtime type. Bump SCHEMA_VERSION
+whenever a key changes meaning or disappears (new keys do not).
 """
 
-from __future__ import annotations
+from typing import Any, Literal, TypedDict
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from dflash_eval.schema_metrics import ByDataset, Metrics, PromptRow, Sample, Throughput
 
 SCHEMA_VERSION = 2  # 2: τ as z-lab's live loop counts it (metrics.tau_convention)
-KIND = "dflash-eval-results"  # the value of results[KIND_KEY]
+KIND = "dflash-eval-results"  # the value of results["kind"]
 
-# --- top level -----------------------------------------------------------------------------
-SCHEMA_VERSION_KEY = "schema_version"
-KIND_KEY = "kind"
-CREATED_AT = "created_at"
-CHECKPOINT = "checkpoint"
-DRAFTER = "drafter"
-TARGET = "target"
-PROMPTS = "prompts"
-COMPLETIONS = "completions"
-HARNESS = "harness"
-LIBRARIES = "libraries"
-HOST = "host"
-OPTIONS = "options"
-TIMINGS = "timings_s"
-THROUGHPUT = "throughput"
-METRICS = "metrics"
-PER_PROMPT = "per_prompt"
-BY_DATASET = "by_dataset"  # {BOOTSTRAP, OVERALL, DATASETS}: metrics with confidence intervals
-REFERENCE = "reference"  # null, or {CHECKPOINT, DRAFTER, METRICS, THROUGHPUT}
-COMPARISON = "comparison"  # null, or {TAU_MACRO: ratio, TAU_POOLED: ratio}
-WARNINGS = "warnings"
-SAMPLES = "samples"  # decoded samples: the first prompts' target text and drafts
-FEATURES = "features"  # where/how the target's hidden states were computed, and their fidelity
-
-# --- results[FEATURES] -------------------------------------------------------------------------
-FEATURES_HOST = "host"
-FEATURES_DEVICE = "device"
-FEATURES_DTYPE = "dtype"
-FEATURES_KERNEL = "kernel"  # {"attention": "sdpa", "linear_attention": "torch fallback" | "fla …"}
-FEATURES_LIBRARIES = "libraries"
-FIDELITY = "fidelity"  # {"status": "measured" | "not needed" | "skipped", "layers": {…}, …}
-FEATURES_IDENTITY = (
-    FEATURES_HOST,
-    FEATURES_DEVICE,
-    FEATURES_DTYPE,
-    FEATURES_KERNEL,
-    FEATURES_LIBRARIES,
-)
-
-# --- checkpoint identity: results[CHECKPOINT] and results[REFERENCE][CHECKPOINT] -------------
-PATH = "path"
-SIZE_BYTES = "size_bytes"
-SHA256 = "sha256"
-SHA256_SOURCE = "sha256_source"  # "hashed" | "staging manifest" (trusted: size and mtime fit)
-STEP = "step"
-TRAINING_RUN = "training_run"  # the training run it belongs to (absent: the trainer's own)
-
-# --- results[TARGET] ---------------------------------------------------------------------------
-TARGET_NAME = "name"
-TARGET_FAMILY = "family"
-TARGET_FINGERPRINT = "fingerprint"
-
-# --- results[PROMPTS] --------------------------------------------------------------------------
-PROMPT_COUNT = "count"
-PROMPTS_SHA256 = "sha256"
-MAX_NEW_TOKENS = "max_new_tokens"
-THINKING = "thinking"  # "on" | "off": what the chat template was asked for (absent before: off)
-PROMPT_SETS = "datasets"  # {name: {PROMPT_COUNT, PROMPTS_SHA256, SOURCE}} of named prompt sets
-SOURCE = "source"  # where a named set came from (repo, revision, split, seed, rows' hash…)
-
-# --- results[COMPLETIONS] ----------------------------------------------------------------------
-COMPLETIONS_SOURCE = "source"
-EXTRA_TOKENS = "extra_tokens"  # reference tokens past max_new_tokens (block size): last round
-
-# --- results[HARNESS] --------------------------------------------------------------------------
-HARNESS_SHA256 = "content_sha256"
-
-# --- results[HOST], results[TIMINGS] -----------------------------------------------------------
-TORCH_THREADS = "torch_threads"
-TOTAL_SECONDS = "total"
-
-# --- results[THROUGHPUT] (and the reference's) -------------------------------------------------
-BLOCKS = "blocks"
-SECONDS = "seconds"
-BLOCKS_PER_S = "blocks_per_s"
-
-# --- results[METRICS] (and the reference's); each DDTree budget has the τ and count keys -------
-BLOCK_SIZE = "block_size"
-TAU_MACRO = "tau_macro"
-TAU_POOLED = "tau_pooled"
-ROUNDS = "rounds"
-COMMITTED_TOKENS = "committed_tokens"
-HISTOGRAM = "histogram"
-PER_POSITION = "per_position"  # a list of rows, one per block position k = 1..B-1
-TAU_CONVENTION = "tau_convention"  # "zlab-live-loop": rounds start below max_new_tokens
-CAPPED = "capped"  # the same τ with the last round capped at the completion (schema 1)
-DDTREE = "ddtree"  # {"<budget>": {TAU_MACRO, TAU_POOLED, ROUNDS, COMMITTED_TOKENS}}
-POSITION = "position"
-CONDITIONAL = "conditional"  # P(slot k correct | slots < k correct)
-
-# --- results[PER_PROMPT] rows (one per prompt; a multi-turn conversation has one per turn) ---
-PROMPT_ID = "id"
-PROMPT_DATASET = "dataset"  # the named set it came from, or null
-PROMPT_CONVERSATION = "conversation"  # id of its conversation's first turn (itself if single)
-PROMPT_TAU = "tau"
-PROMPT_DDTREE_TAU = "ddtree_tau"  # {"<budget>": τ}
-PROMPT_ACCEPTANCE = "acceptance"  # {HITS: [k=1..], TRIALS: [k=1..]}: conditional, per position
-HITS = "hits"
-TRIALS = "trials"
-
-# --- results[BY_DATASET] ---------------------------------------------------------------------
-BOOTSTRAP = "bootstrap"  # {"method", "unit", "resamples", "seed", "level"}
-OVERALL = "overall"  # a group: every prompt
-DATASETS = "datasets"  # {name: group}
-GROUP_PROMPTS = "prompts"
-GROUP_UNITS = "units"  # conversations resampled (= prompts when no set is multi-turn)
-# A group holds TAU_MACRO, TAU_POOLED: intervals; ROUNDS; DDTREE: {"<budget>": {TAU_MACRO:
-# interval}}; PER_POSITION: [{POSITION, CONDITIONAL: interval}]. An interval is {VALUE, LOW, HIGH}
-# (LOW, HIGH null from a single unit: no spread to resample) or null (undefined: no rounds).
-VALUE = "value"
-LOW = "low"
-HIGH = "high"
-
-# What must match for two runs' numbers to be comparable, and how to read it from results.
-COMPARABILITY: dict[str, Callable[[dict], Any]] = {
-    "prompts": lambda r: r[PROMPTS][PROMPTS_SHA256],
-    "target": lambda r: r[TARGET][TARGET_FINGERPRINT],
-    "block size": lambda r: r[METRICS][BLOCK_SIZE],
-    "max new tokens": lambda r: r[PROMPTS][MAX_NEW_TOKENS],
-    "completions": lambda r: r[COMPLETIONS][COMPLETIONS_SOURCE],
-    "max blocks": lambda r: r[OPTIONS].get("max_blocks"),
-    "target dtype": lambda r: r[TARGET].get("dtype"),
-    "drafter dtype": lambda r: (r[DRAFTER].get(SETTINGS) or {}).get("dtype"),
-    "thinking": lambda r: r[OPTIONS].get("thinking"),
-    "features": lambda r: features_identity(r),
-    "τ convention": lambda r: r[METRICS].get(TAU_CONVENTION),
-    "harness": lambda r: r[HARNESS][HARNESS_SHA256],
-}
-
-POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first positions only
+# --- checkpoint --------------------------------------------------------------------------------
 
 
-# --- results[DRAFTER]: each setting's value and where it came from ---------------------------
-SETTINGS = "settings"
-SETTINGS_PROVENANCE = "provenance"
-ACCEPTED_DEFAULTS = "accepted_defaults"
+class _FileEntryKeys(TypedDict):
+    path: str
+    size_bytes: int
+    sha256: str
+
+
+class FileEntry(_FileEntryKeys, total=False):
+    sha256_source: str
+    """`hashed` or `staging manifest`, as for the whole checkpoint."""
+
+
+class PickleRecord(TypedDict):
+    policy: str
+    """`weights-only` | `weights-only + named safe globals` | `unsafe allowed
+    (--allow-unsafe-pickle)`."""
+    safe_globals: list[str]
+    """The dotted names admitted."""
+    loaded_with: str
+    """`weights-only` | `weights-only + named safe globals` | `full unpickle
+    (--allow-unsafe-pickle)`."""
+    file_globals: list[str] | None
+    """The globals the file names beyond torch's own, read without unpickling; null for the
+    legacy non-zip format."""
+
+
+class _CheckpointKeys(TypedDict):
+    path: str
+    """The checkpoint file or directory as the harness read it."""
+    format: str
+    """`training-checkpoint` | `hf-directory` | `extracted`."""
+    size_bytes: int
+    """Sum of its files' sizes."""
+    sha256: str
+    """Of the file; for a directory, sha256 of the concatenated file hashes."""
+    files: list[FileEntry]
+    """Each file read."""
+    step: int | None
+    """The training step (null when nothing states it)."""
+    step_source: str | None
+    """`checkpoint 'step'`, `path`, `extract provenance` or `--step`."""
+    stripped_prefix: str
+    """The prefix removed from every parameter name (e.g. `module.`)."""
+    dropped_entries: list[str]
+    """Top-level checkpoint keys not loaded: optimizer, scheduler…"""
+    ignored_parameters: list[str]
+    """Copies of the target's `embed_tokens`/`lm_head` set aside."""
+
+
+class Checkpoint(_CheckpointKeys, total=False):
+    sha256_source: str
+    """`hashed`, or `staging manifest`: taken from `NAME.manifest.json` beside the file,
+    trusted only when it states the file's size and the file is not newer than it
+    (`--verify` always hashes); `mixed` across files."""
+    renamed_parameters: int
+    """Names changed by the profile's `parameter_renames`."""
+    pickle: PickleRecord | None
+    """Null for safetensors; else see "Pickle policy"."""
+    training_run: str
+    """The inventory's training run the checkpoint came from (`fab … --run NAME`); absent
+    for the trainer's own checkpoints."""
+
+
+# --- drafter -----------------------------------------------------------------------------------
+
+# The settings `Drafter.settings` holds, in the order the summary prints them.
 DRAFTER_SETTINGS = (
     "block_size",
     "target_layer_ids",
@@ -161,294 +96,259 @@ DRAFTER_SETTINGS = (
     "dtype",
 )
 
-# --- reading -----------------------------------------------------------------------------------
+
+class ProfileRecord(TypedDict):
+    path: str
+    name: str | None
+    content: dict[str, Any]
+    """Everything the profile file said."""
 
 
-def step(results: dict) -> int | None:
-    return results[CHECKPOINT][STEP]
+class _DrafterKeys(TypedDict):
+    config: dict[str, Any]
+    """The Hugging Face DFlash config dict, as evaluated."""
+    config_source: str
+    """Where the architecture came from: `checkpoint` | `file PATH` | `profile NAME` |
+    `inferred from parameter shapes + target config`."""
+    config_notes: list[str]
+    """Settings not from the architecture's own config, with their sources; window notes."""
+    trained_block_size: int | None
+    """The block size the describing sources state."""
+    eval_block_size: int
+    dtype: str | None
+    """The drafter's dtype."""
+    parameters: int
+    """Parameter count."""
 
 
-def training_run(results: dict) -> str | None:
-    return results[CHECKPOINT].get(TRAINING_RUN)
+class Drafter(_DrafterKeys, total=False):
+    architecture: str
+    """z-lab's class for this drafter: `DFlashDraftModel` | `DFlash2DraftModel`
+    (docs/dflash2.md); absent in older results: DFlash."""
+    settings: dict[str, Any]
+    """The value of each of `block_size`, `target_layer_ids`, `mask_token_id`,
+    `num_target_layers`, `rope` (transformers' `rope_parameters`) and `dtype` (see
+    "Provenance")."""
+    provenance: dict[str, str]
+    """Where each setting's value came from (see "Provenance")."""
+    accepted_defaults: dict[str, str]
+    """`{setting: "command line" | "profile"}`: default rules the user confirmed."""
+    profile: ProfileRecord | None
+    """Null, or `--drafter-profile` as read."""
 
 
-def metrics(results: dict) -> dict:
-    return results[METRICS]
+# --- target, prompts, completions, harness, host -----------------------------------------------
 
 
-def reference_metrics(results: dict) -> dict | None:
-    """The reference drafter's metrics, or None when the run evaluated none."""
-    reference = results.get(REFERENCE)
-    return reference[METRICS] if reference else None
+class Target(TypedDict):
+    path: str
+    name: str
+    family: str
+    """`model_type`, plus "+ vision-language wrapper" for a wrapped text model."""
+    dtype: str
+    """The dtype the target's embedding, head and (when loaded) body were read in."""
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    """Embedding rows."""
+    fingerprint: str
+    """sha256 over `files`."""
+    files: dict[str, dict[str, Any]]
+    """Config and tokenizer files: `size`, `sha256`; weight files: `size`, `mtime_ns`,
+    `sha256` of the safetensors header."""
 
 
-def ratio_to_reference(results: dict) -> float | None:
-    """τ macro of this drafter over the reference drafter's (None without a reference)."""
-    return (results.get(COMPARISON) or {}).get(TAU_MACRO)
+class PromptSet(TypedDict):
+    count: int
+    sha256: str
+    source: dict[str, Any] | None
+    """Where the set came from, as its prompts file says (repository, revision, split,
+    seed, rows' hash…)."""
 
 
-def budgets(run_metrics: dict) -> list[str]:
-    """The DDTree budgets evaluated, as the JSON's string keys."""
-    return list(run_metrics[DDTREE])
+class _PromptsKeys(TypedDict):
+    source: str
+    """`builtin` or the JSONL path."""
+    count: int
+    """Prompts; a conversation counts each turn."""
+    sha256: str
+    """Of each prompt's id and messages, in order, plus its set and the turn it follows when
+    it has them."""
+    chat_template: bool
+    """Whether the tokenizer's chat template framed the prompts."""
+    max_new_tokens: int
+    stop_token_ids: list[int]
 
 
-def ddtree_tau(run_metrics: dict, budget: str) -> float | None:
-    """DDTree τ macro at `budget` (None when that budget was not evaluated)."""
-    return run_metrics[DDTREE].get(budget, {}).get(TAU_MACRO)
+class Prompts(_PromptsKeys, total=False):
+    thinking: Literal["on", "off"]
+    """What the chat template was asked for (`enable_thinking`); absent: off."""
+    template_reads_thinking: bool
+    """The template has the `enable_thinking` switch."""
+    datasets: dict[str, PromptSet]
+    """Each named prompt set; `{}` for plain prompts."""
 
 
-def conditional_by_position(run_metrics: dict) -> dict[int, float | None]:
-    return {row[POSITION]: row[CONDITIONAL] for row in run_metrics[PER_POSITION]}
+class Completions(TypedDict):
+    source: Literal["local-greedy", "sglang"]
+    sglang_url: str | None
+    """The server, credentials redacted."""
+    extra_tokens: int
+    """How far each reference runs past the end of its completion: the drafter's block size,
+    the larger one with `--reference-drafter` (see "metrics")."""
 
 
-def overall_group(results: dict) -> dict | None:
-    """Every prompt's metrics with their confidence intervals (None for results written
-    before intervals were)."""
-    block = results.get(BY_DATASET)
-    return block[OVERALL] if block else None
+class Harness(TypedDict):
+    content_sha256: str
+    """sha256 over the sorted relative paths and contents of every `*.py` of the deployed
+    `dflash_eval` package (`version.harness_hash`)."""
+    predictor: Literal["batched", "per-block"]
 
 
-def dataset_groups(results: dict) -> dict[str, dict]:
-    """Each named prompt set's metrics with their intervals ({} when there are none)."""
-    block = results.get(BY_DATASET)
-    return block[DATASETS] if block else {}
+class Host(TypedDict):
+    hostname: str
+    platform: str
+    machine: str
+    cpu_count: int | None
+    torch_threads: int
+    python_executable: str
 
 
-def group_interval(group: dict | None, metric: str = TAU_MACRO) -> dict | None:
-    """A group's TAU_MACRO or TAU_POOLED as {VALUE, LOW, HIGH} (None when undefined)."""
-    return group.get(metric) if group else None
+# --- features ----------------------------------------------------------------------------------
 
 
-def group_ddtree(group: dict | None, budget: str) -> dict | None:
-    """A group's DDTree τ macro at `budget` with its interval."""
-    return (group or {}).get(DDTREE, {}).get(budget, {}).get(TAU_MACRO)
+class LayerFidelity(TypedDict):
+    relative_error: float
+    """‖f − f₃₂‖ / ‖f₃₂‖ over all positions of the layer."""
+    cosine_mean: float
+    cosine_min: float
+    """The worst per-position cosine similarity."""
 
 
-def group_conditional(group: dict | None) -> dict[int, dict | None]:
-    """A group's conditional acceptance per block position, each with its interval."""
-    return {row[POSITION]: row[CONDITIONAL] for row in (group or {}).get(PER_POSITION, [])}
+class _FidelityKeys(TypedDict):
+    status: Literal["measured", "not needed", "skipped"]
 
 
-def bootstrap_settings(results: dict) -> dict | None:
-    block = results.get(BY_DATASET)
-    return block[BOOTSTRAP] if block else None
+class Fidelity(_FidelityKeys, total=False):
+    reason: str
+    """Why it was not needed (no linear-attention layer up to the deepest target layer, or
+    float32 with the torch kernel, which *is* the reference) or skipped (no memory for the
+    float32 copy; also a warning)."""
+    reference: str
+    """What the features were compared with."""
+    layers: dict[str, LayerFidelity]
+    """Per target layer id read."""
+    bounds: dict[str, float]
+    """`relative_error_max` 0.05, `cosine_min` 0.99."""
+    within_bounds: bool
+    prompt_tokens_compared: int
 
 
-def overlaps(first: dict | None, second: dict | None) -> bool | None:
-    """Whether two intervals share a point (None when either is missing or unbounded)."""
-    if not first or not second or None in (first[LOW], second[LOW]):
-        return None
-    return first[LOW] <= second[HIGH] and second[LOW] <= first[HIGH]
+class TargetLoad(TypedDict):
+    body_loaded: bool
+    """False when every completion and hidden state came from the cache."""
+    tensors_read: str | list[str]
+    """`"all"`, or the `file:name` of each tensor read alone: the embedding and the LM head."""
 
 
-def format_interval(interval: dict | None, digits: int = 3) -> str:
-    """'3.210 [2.980, 3.450]', '3.210 [one unit: no interval]', or 'n/a'."""
-    if not interval:
-        return "n/a"
-    if interval[LOW] is None:
-        return f"{interval[VALUE]:.{digits}f} [one unit: no interval]"
-    return f"{interval[VALUE]:.{digits}f} [{interval[LOW]:.{digits}f}, {interval[HIGH]:.{digits}f}]"
+class CacheCounts(TypedDict):
+    completion_hits: int
+    hidden_state_hits: int
+    prompts: int
 
 
-def features_identity(results: dict) -> dict | None:
-    """What computed the features (host, device, dtype, kernels, libraries); None for results
-    written before the harness recorded it."""
-    features = results.get(FEATURES)
-    return {name: features.get(name) for name in FEATURES_IDENTITY} if features else None
+class _FeaturesKeys(TypedDict):
+    host: str
+    """The machine that computed the first prompt's hidden states (on a cache hit: the one
+    that wrote the entry)."""
+    device: str
+    """`cpu` (the eval harness), or `cuda` on a features host."""
+    dtype: str
+    """The target dtype of the forward: `float32` | `bfloat16` | `float16`."""
+    dtype_source: str
+    """`--target-dtype`, `auto: as saved`, or `auto: float32 for linear attention on CPU`."""
+    kernel: dict[str, str]
+    """`{"attention": "sdpa"}` plus, for targets with linear-attention layers,
+    `"linear_attention": "torch fallback"` or `"fla <version>"`."""
+    libraries: dict[str, str | None]
+    """Versions of `torch`, `transformers`, `flash-linear-attention`, `triton`,
+    `causal-conv1d` (null when absent)."""
+    source: str
+    """`computed here`, or `feature set` (`eval --features`: every field above and
+    `fidelity` are the set's, as measured where it was computed)."""
+    fidelity: Fidelity
+    """How close the features are to float32 (see "What the fidelity numbers mean")."""
+    target_load: TargetLoad
+    cache: CacheCounts
 
 
-def comparability_key(results: dict) -> dict[str, Any]:
-    """Everything that must match for two results to be compared, by what it is called."""
-    return {name: read(results) for name, read in COMPARABILITY.items()}
+class Features(_FeaturesKeys, total=False):
+    set: str
+    """With `--features` only: the feature set's directory name."""
+    target_match: Literal["fingerprint", "content"]
+    """With `--features` only: `fingerprint` (the set was computed from these very files),
+    or `content` (another host's copy: same config, tokenizer, weight names, sizes, headers
+    and sampled bytes; only mtimes differ)."""
 
 
-def shape_problem(results: Any) -> str | None:
-    """Why `results` cannot be read as a results file of this schema (None: it can). Every
-    reader above must work on it, so a damaged or foreign file is caught once, on loading."""
-    if not isinstance(results, dict) or results.get(KIND_KEY) != KIND:
-        return f"not a dflash-eval results file ({KIND_KEY!r} is not {KIND!r})"
-    if results.get(SCHEMA_VERSION_KEY) != SCHEMA_VERSION:
-        return (
-            f"schema_version {results.get(SCHEMA_VERSION_KEY)!r}, this dflash-ops reads "
-            f"{SCHEMA_VERSION}: compare it with the dflash-ops that wrote it"
-        )
-    try:
-        step(results)
-        run_metrics = metrics(results)
-        for key in (TAU_MACRO, TAU_POOLED):
-            float(run_metrics[key])
-        for budget in budgets(run_metrics):
-            ddtree_tau(run_metrics, budget)
-        conditional_by_position(run_metrics)
-        comparability_key(results)
-        summary_lines(results)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        return f"missing or malformed field ({type(exc).__name__}: {exc})"
-    return None
+# The fields of Features that say what computed them: compared as one comparability field.
+FEATURES_IDENTITY = ("host", "device", "dtype", "kernel", "libraries")
+
+# --- the whole file ----------------------------------------------------------------------------
 
 
-# --- summaries ---------------------------------------------------------------------------------
+class Reference(TypedDict):
+    checkpoint: Checkpoint
+    drafter: Drafter
+    metrics: Metrics
+    throughput: Throughput
+    samples: list[Sample]
 
 
-def headline(results: dict) -> dict[str, Any]:
-    """The key numbers of one results dict: the harness's `done` event carries them."""
-    run_metrics = metrics(results)
-    reference = reference_metrics(results)
-    return {
-        "step": step(results),
-        "tau_macro": run_metrics[TAU_MACRO],
-        "tau_pooled": run_metrics[TAU_POOLED],
-        "rounds": run_metrics[ROUNDS],
-        "ddtree": {b: ddtree_tau(run_metrics, b) for b in budgets(run_metrics)},
-        "reference_tau_macro": reference[TAU_MACRO] if reference else None,
-        "seconds": results[TIMINGS][TOTAL_SECONDS],
-    }
+class Comparison(TypedDict):
+    tau_macro: float | None
+    """Drafter / reference (null across block sizes: τ grows with the block)."""
+    tau_pooled: float | None
 
 
-def summary_lines(results: dict) -> list[str]:
-    """The human summary of one results dict: the harness prints it to its log, the
-    workstation after pulling a run. The JSON holds everything else."""
-    run_metrics = metrics(results)
-    lines = [
-        f"step {step(results)}  τ macro {_number(run_metrics[TAU_MACRO])}  "
-        f"τ pooled {_number(run_metrics[TAU_POOLED])}  ({run_metrics[ROUNDS]} rounds, "
-        f"{run_metrics[COMMITTED_TOKENS]} tokens, block size {run_metrics[BLOCK_SIZE]})"
-    ]
-    capped = run_metrics.get(CAPPED)
-    if capped:
-        lines.append(
-            "  τ as z-lab's live loop counts it (last round uncapped); capped at the "
-            f"completion end: macro {_number(capped[TAU_MACRO])}, "
-            f"pooled {_number(capped[TAU_POOLED])}"
-        )
-    if budgets(run_metrics):
-        lines.append(
-            "DDTree τ: "
-            + ", ".join(
-                f"b={b}: {_number(ddtree_tau(run_metrics, b))}" for b in budgets(run_metrics)
-            )
-        )
-    accepted = list(conditional_by_position(run_metrics).items())[:POSITIONS_SUMMARISED]
-    lines.append(
-        "acceptance by position (conditional): "
-        + ", ".join(f"{position}:{_number(rate, 2)}" for position, rate in accepted)
-    )
-    lines += _interval_lines(results)
-    reference = reference_metrics(results)
-    if reference:
-        ratio = ratio_to_reference(results)
-        lines.append(
-            f"reference drafter τ macro {_number(reference[TAU_MACRO])}"
-            + (f" (this run: {ratio:.2f}× of it)" if ratio else "")
-        )
-    if (results.get(DRAFTER) or {}).get(SETTINGS_PROVENANCE):
-        lines.append(settings_line(results[DRAFTER]))
-    lines += _provenance_lines(results)
-    lines += sample_lines(results, prompts=1, rounds=2)
-    lines += [f"WARNING: {warning}" for warning in results.get(WARNINGS) or []]
-    return lines
+class _ResultsKeys(TypedDict):
+    schema_version: int
+    kind: str
+    """`"dflash-eval-results"`."""
+    created_at: str
+    """ISO-8601 UTC."""
+    checkpoint: Checkpoint
+    drafter: Drafter
+    target: Target
+    prompts: Prompts
+    completions: Completions
+    harness: Harness
+    libraries: dict[str, str | None]
+    """`python`, `torch`, `transformers`, `safetensors`, `tokenizers`, `requests` versions."""
+    host: Host
+    options: dict[str, Any]
+    """Every eval option as given (paths as strings)."""
+    timings_s: dict[str, float]
+    """Seconds per phase: `load_target`, `load_drafter`, `hash`, `completions`,
+    `hidden_states`, `drafter`, `reference_drafter` (if any), `intervals`, `total`."""
+    throughput: Throughput
+    metrics: Metrics
+    per_prompt: list[PromptRow]
+    """One row per prompt; a multi-turn conversation has one per turn."""
+    samples: list[Sample]
+    """Decoded drafts of the first 3 prompts, to see at a glance what the drafter proposes."""
+    reference: Reference | None
+    """Null, or the `--reference-drafter`'s blocks (same completions and hidden states)."""
+    comparison: Comparison | None
+    """Null without a reference drafter."""
+    warnings: list[str]
+    """Flags overriding what the drafter was trained with, prompts without rounds,
+    references too short to score the last rounds…; empty on a clean load."""
 
 
-def sample_lines(results: dict, prompts: int | None = None, rounds: int | None = None) -> list[str]:
-    """The decoded drafts next to the target's text, so that garbage is seen at a glance."""
-    lines = []
-    for sample in (results.get(SAMPLES) or [])[:prompts]:
-        for shown in sample.get("rounds", [])[:rounds]:
-            lines.append(
-                f"sample {sample.get('id')} @{shown.get('position')} (accepted "
-                f"{shown.get('accepted')}): target {shown.get('target')!r}  draft "
-                f"{shown.get('draft')!r}"
-            )
-    return lines
-
-
-def _interval_lines(results: dict) -> list[str]:
-    """τ with its confidence interval, overall and per named prompt set."""
-    settings = bootstrap_settings(results)
-    if not settings:
-        return []
-    groups = {"all prompts": overall_group(results), **dataset_groups(results)}
-    lines = [
-        f"{settings['level']:.0%} confidence intervals (bootstrap over "
-        f"{settings['unit']}s, {settings['resamples']} resamples, seed {settings['seed']}):"
-    ]
-    for name, group in groups.items():
-        budget = max(group[DDTREE], key=int, default=None)
-        lines.append(
-            f"  {name} ({group[GROUP_PROMPTS]} prompts): "
-            f"τ macro {format_interval(group_interval(group, TAU_MACRO))}, "
-            f"τ pooled {format_interval(group_interval(group, TAU_POOLED))}"
-            + (
-                f", DDTree-{budget} τ {format_interval(group_ddtree(group, budget))}"
-                if budget
-                else ""
-            )
-        )
-    return lines
-
-
-def _provenance_lines(results: dict) -> list[str]:
-    """What was evaluated, on what, and how long it took."""
-    checkpoint, target = results[CHECKPOINT], results[TARGET]
-    throughput = results[THROUGHPUT]
-    return [
-        f"Checkpoint {checkpoint[PATH]} ({checkpoint[SIZE_BYTES]} bytes, "
-        f"sha256 {checkpoint[SHA256][:12]}…)",
-        f"Target {target[TARGET_NAME]} ({target[TARGET_FAMILY]}), "
-        f"{results[PROMPTS][PROMPT_COUNT]} prompts" + _prompt_sets_note(results[PROMPTS]),
-        f"Drafter: {throughput[BLOCKS]} blocks in {throughput[SECONDS]} s "
-        f"({throughput[BLOCKS_PER_S]} blocks/s, {results[HOST][TORCH_THREADS]} threads); "
-        f"total {results[TIMINGS][TOTAL_SECONDS]:.1f} s",
-    ]
-
-
-def _prompt_sets_note(prompts: dict) -> str:
-    """' (gsm8k 20: openai/gsm8k@1a2b3c4d5e6f, …; thinking off)', or '' for plain prompts."""
-    sets = prompts.get(PROMPT_SETS) or {}
-    if not sets:
-        return ""
-    described = []
-    for name, entry in sets.items():
-        source = entry.get(SOURCE) or {}
-        origin = source.get("repo") or source.get("files") or "?"
-        revision = source.get("revision")
-        described.append(
-            f"{name} {entry[PROMPT_COUNT]}: {origin}" + (f"@{revision[:12]}" if revision else "")
-        )
-    return f" ({'; '.join(described)}; thinking {prompts.get(THINKING, 'off')})"
-
-
-def _number(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def format_setting(name: str, value: Any) -> str:
-    """A setting's value as people read it (layer ids as a list, RoPE in one phrase)."""
-    if isinstance(value, tuple):
-        return str(list(value))
-    if name == "rope" and isinstance(value, Mapping):
-        extras = ", ".join(
-            f"{k} {v}" for k, v in value.items() if k not in ("rope_type", "rope_theta")
-        )
-        theta = value.get("rope_theta")
-        return f"{value.get('rope_type')} (θ {theta:g}{', ' + extras if extras else ''})"
-    return str(value)
-
-
-def settings_line(drafter: Mapping[str, Any]) -> str:
-    """One line for the human summary, from a results JSON `drafter` block."""
-    values, sources = drafter.get(SETTINGS) or {}, drafter.get(SETTINGS_PROVENANCE) or {}
-    accepted = drafter.get(ACCEPTED_DEFAULTS) or {}
-    parts = []
-    for name in DRAFTER_SETTINGS:
-        if name not in sources:
-            continue
-        source = sources[name]
-        if name in accepted:
-            source += f", accepted by {accepted[name]}"
-        parts.append(f"{name} {format_setting(name, _as_tuple(values.get(name)))} ({source})")
-    return "Drafter settings: " + "; ".join(parts)
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+class Results(_ResultsKeys, total=False):
+    features: Features
+    """Where and how the target's hidden states were computed, and how close they are to
+    float32."""
+    by_dataset: ByDataset
+    """The metrics overall and per named set, each with a 95 % confidence interval."""

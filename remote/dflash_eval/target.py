@@ -7,6 +7,7 @@ and the vision-language wrappers whose decoder sits under `model.language_model`
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import warnings
@@ -20,6 +21,7 @@ from torch import nn
 from dflash_eval.config import TargetShape
 from dflash_eval.errors import HarnessError
 from dflash_eval.features import ATTENTION_IMPLEMENTATION
+from dflash_eval.target_config import TargetConfig, read_target_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOKENIZER_FILES = (
@@ -31,33 +33,13 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "generation_config.json",
 )
+# A vision-language wrapper's text decoder, as its checkpoint names it.
+TEXT_PREFIX_PATTERN = r"^model\.language_model\."
 
 
-def read_target_config(path: Path) -> dict[str, Any]:
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        raise HarnessError(
-            f"Target {path} has no config.json. Expected a Hugging Face model directory "
-            "(config.json, *.safetensors, tokenizer files) on the eval host."
-        )
-    return json.loads(config_file.read_text())
-
-
-def text_config_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The language-model part of a (possibly vision-language) config."""
-    return config.get("text_config") or config
-
-
-def saved_dtype_name(config: dict[str, Any]) -> str:
-    """The dtype the weights were saved in (bf16 for released Qwen models)."""
-    saved = config.get("dtype") or config.get("torch_dtype")
-    saved = saved or text_config_of(config).get("dtype") or "float32"
-    return saved if saved in DTYPES else "float32"
-
-
-def resolve_dtype(name: str, config: dict[str, Any]) -> torch.dtype:
+def resolve_dtype(name: str, config: TargetConfig) -> torch.dtype:
     """'auto' = the dtype the weights were saved in."""
-    return DTYPES[saved_dtype_name(config) if name == "auto" else name]
+    return DTYPES[config.saved_dtype if name == "auto" else name]
 
 
 def target_identity(path: Path) -> dict[str, Any]:
@@ -181,32 +163,15 @@ class Target:
         self.decoder = None  # type: ignore[assignment]
 
 
-def load_target(path: Path, dtype_name: str = "auto", device: str = "cpu") -> Target:
+def load_target(
+    path: Path, dtype_name: str = "auto", device: str = "cpu", config: TargetConfig | None = None
+) -> Target:
     path = Path(path)
-    config = read_target_config(path)
+    config = config or read_target_config(path)
     dtype = resolve_dtype(dtype_name, config)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # stderr is for our messages
-    vision_language = "text_config" in config and "vision_config" in config
-    loader = (
-        transformers.AutoModelForImageTextToText
-        if vision_language
-        else transformers.AutoModelForCausalLM
-    )
-    try:
-        # The attention implementation is named, not left to transformers' default, so that
-        # the cache key and the results can say which one computed the features.
-        model = loader.from_pretrained(
-            str(path), dtype=dtype, attn_implementation=ATTENTION_IMPLEMENTATION
-        )
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
-        raise HarnessError(
-            f"transformers {transformers.__version__} cannot load the target {path} "
-            f"(model_type {config.get('model_type')!r}): {error}. Check the directory is "
-            "complete and that this transformers version supports the model family."
-        ) from None
+    model = _load_text_model(path, config, dtype)
     model.to(device).eval()
+    require_loaded_as(model, dtype, device, path)
     decoder = find_decoder(model, path)
     head = model.get_output_embeddings()
     if head is None or getattr(head, "bias", None) is not None:
@@ -214,45 +179,74 @@ def load_target(path: Path, dtype_name: str = "auto", device: str = "cpu") -> Ta
             f"Target {path}: no bias-free LM head found (get_output_embeddings() returned "
             f"{type(head).__name__}). The drafter needs the target's lm_head."
         )
-    text = text_config_of(config)
     return Target(
         path=path,
-        family=family_of(config),
+        family=config.family,
         model=model,
         decoder=decoder,
         embed_weight=decoder.embed_tokens.weight,
         head_weight=head.weight,
         num_layers=len(decoder.layers),
         dtype=dtype,
-        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta_of(config),
+        rms_norm_eps=config.shape.rms_norm_eps,
+        rope_theta=config.shape.rope_theta,
         device=device,
     )
 
 
-def family_of(config: dict[str, Any]) -> str:
-    family = config.get("model_type", "?")
-    if "text_config" in config and "vision_config" in config:
-        family += " (vision-language wrapper)"
-    return family
+def _load_text_model(path: Path, config: TargetConfig, dtype: torch.dtype) -> nn.Module:
+    """The text decoder and LM head only. A vision-language wrapper's checkpoint is read into
+    its text model (`model.language_model.*` → `model.*`): the vision tower and the MTP head
+    are never materialised. Every text weight must come from the files (none left at its
+    random init), or the run stops."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # stderr is for our messages
+    options: dict[str, Any] = {
+        "dtype": dtype,
+        # Named, not left to transformers' default, so the cache key and the results can say
+        # which attention implementation computed the features.
+        "attn_implementation": ATTENTION_IMPLEMENTATION,
+        "output_loading_info": True,
+    }
+    if config.vision_language:
+        text = copy.deepcopy(config.hf_config.get_text_config())
+        text.tie_word_embeddings = config.tied_embeddings
+        options |= {"config": text, "key_mapping": {TEXT_PREFIX_PATTERN: "model."}}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(str(path), **options)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise HarnessError(
+            f"transformers {transformers.__version__} cannot load the target {path} "
+            f"(model_type {config.model_type!r}): {error}. Check the directory is complete "
+            "and that this transformers version supports the model family."
+        ) from None
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = info.get("mismatched_keys") or []
+    if missing or mismatched:
+        shown = [*missing[:5], *(str(m[0]) for m in mismatched[:5])]
+        raise HarnessError(
+            f"Target {path}: {len(missing)} text weight(s) missing from its files and "
+            f"{len(mismatched)} of the wrong shape (e.g. {', '.join(shown)}); they would be "
+            "random. The checkpoint is incomplete or not the model its config describes."
+        )
+    return model
 
 
-def rope_theta_of(config: dict[str, Any]) -> float:
-    text = text_config_of(config)
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    return float(text.get("rope_theta", rope.get("rope_theta", 1_000_000.0)))
-
-
-def shape_from_config(config: dict[str, Any]) -> TargetShape:
-    """The target's shape as its config states it, before (or without) loading it."""
-    text = text_config_of(config)
-    return TargetShape(
-        num_layers=int(text["num_hidden_layers"]),
-        hidden_size=int(text["hidden_size"]),
-        vocab_size=int(text["vocab_size"]),
-        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta_of(config),
-    )
+def require_loaded_as(model: nn.Module, dtype: torch.dtype, device: str, path: Path) -> None:
+    """The loaded weights are in the dtype and on the device the results will record (a
+    transformers release once ignored the requested dtype for this family)."""
+    found = {(p.dtype, p.device.type) for p in model.parameters() if p.is_floating_point()}
+    expected = (dtype, torch.device(device).type)
+    if found != {expected}:
+        shown = ", ".join(sorted(f"{d} on {v}" for d, v in found))
+        raise HarnessError(
+            f"Target {path}: asked transformers for {dtype} on {expected[1]}, but its weights "
+            f"are {shown}. The results would record the wrong dtype; check the transformers "
+            "version in the eval venv."
+        )
 
 
 def find_decoder(model: nn.Module, path: Path) -> nn.Module:

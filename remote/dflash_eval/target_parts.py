@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from dflash_eval.errors import HarnessError
+from dflash_eval.target_config import TargetConfig
 
 EMBED_SUFFIX = "embed_tokens.weight"
 HEAD_NAME = "lm_head.weight"
@@ -60,12 +60,7 @@ def embedding_name(names: list[str], path: Path) -> str:
     return candidates[0]
 
 
-def tied_embeddings(config: dict[str, Any]) -> bool:
-    text = config.get("text_config") or {}
-    return bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-
-
-def load_target_parts(path: Path, config: dict[str, Any], dtype: torch.dtype) -> TargetParts:
+def load_target_parts(path: Path, config: TargetConfig, dtype: torch.dtype) -> TargetParts:
     """Read the embedding and the LM head (the embedding again when they are tied)."""
     locations = tensor_locations(path)
     embed_name = embedding_name(sorted(locations), path)
@@ -73,7 +68,7 @@ def load_target_parts(path: Path, config: dict[str, Any], dtype: torch.dtype) ->
     parts.embed_weight = _read(Path(path), locations, embed_name, dtype, parts)
     if HEAD_NAME in locations:
         parts.head_weight = _read(Path(path), locations, HEAD_NAME, dtype, parts)
-    elif tied_embeddings(config):
+    elif config.tied_embeddings:
         parts.head_weight = parts.embed_weight
     else:
         raise HarnessError(

@@ -23,15 +23,8 @@ from dflash_eval.features import (
     weight_bytes,
 )
 from dflash_eval.progress import Progress, Timer
-from dflash_eval.target import (
-    DTYPES,
-    Target,
-    family_of,
-    load_target,
-    read_target_config,
-    saved_dtype_name,
-    shape_from_config,
-)
+from dflash_eval.target import DTYPES, Target, load_target
+from dflash_eval.target_config import read_target_config
 from dflash_eval.target_parts import TargetParts, load_target_parts
 
 DEVICE = "cpu"  # the eval harness computes on CPU; `features` may use CUDA (features_device)
@@ -62,15 +55,15 @@ class TargetSource:
         self.path = Path(path)
         self.device = device
         self.config = read_target_config(self.path)
-        self.shape: TargetShape = shape_from_config(self.config)
-        self.family = family_of(self.config)
+        self.shape: TargetShape = self.config.shape
+        self.family = self.config.family
         # What a float32 copy for the fidelity check must fit in: host or GPU memory.
         self.available_bytes = (
             torch.cuda.mem_get_info()[0] if device == "cuda" else available_memory_bytes()
         )
         self.dtype_choice: DtypeChoice = choose_target_dtype(
             requested_dtype,
-            saved_dtype_name(self.config),
+            self.config.saved_dtype,
             self.config,
             weight_bytes(self.path),
             self.available_bytes,
@@ -90,7 +83,9 @@ class TargetSource:
         if self._target is None:
             with self._timer.phase("load_target"):
                 self._progress.say(f"Loading target {self.path} ({self.dtype_choice.name}) …")
-                self._target = load_target(self.path, self.dtype_choice.name, self.device)
+                self._target = load_target(
+                    self.path, self.dtype_choice.name, self.device, self.config
+                )
             if self._target.shape != self.shape:
                 raise HarnessError(
                     f"Target {self.path}: the loaded model's shape {self._target.shape} differs "

@@ -4,7 +4,8 @@ They follow z-lab's `dflash_generate` and the DDTree authors' `ddtree_generate` 
 T=0): a round starts while the position is below prompt + max_new_tokens, the target
 verifies a whole block (or tree) and may accept past that limit, and the loop ends after
 the round that commits a stop token. Every round recomputes everything from scratch (no
-caches), so that nothing is shared with the harness but the drafter's forward.
+caches), so that nothing is shared with the harness but the drafter's forward; a DFlash-2
+drafter (live_dflash2.py) shares nothing with the harness at all.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
+from .live_dflash2 import PlainDFlash2
+
 
 @dataclass
 class LiveModels:
     target: torch.nn.Module  # a transformers causal LM
-    drafter: torch.nn.Module  # dflash_eval.model.DFlashDrafter
+    drafter: torch.nn.Module | PlainDFlash2  # dflash_eval.model.DFlashDrafter, or DFlash-2
     embed: torch.Tensor  # [V, H] the target's embedding
     head: torch.Tensor  # [V, H] the target's LM head
 
@@ -29,12 +32,18 @@ def target_next(models: LiveModels, tokens: list[int]) -> int:
 
 
 @torch.no_grad()
+def context_features(models: LiveModels, tokens: list[int], anchor: int) -> torch.Tensor:
+    """[anchor, K·H] the target's hidden states at the drafter's layers, positions < anchor."""
+    hidden = models.target(torch.tensor([tokens[:anchor]]), output_hidden_states=True)
+    states = hidden.hidden_states
+    return torch.cat([states[i + 1][0] for i in models.drafter.config.target_layer_ids], dim=-1)
+
+
+@torch.no_grad()
 def draft_logits(models: LiveModels, tokens: list[int], anchor: int) -> torch.Tensor:
     """[B-1, V] drafter logits for the block anchored at `anchor` (context < anchor)."""
     config = models.drafter.config
-    hidden = models.target(torch.tensor([tokens[:anchor]]), output_hidden_states=True)
-    states = hidden.hidden_states
-    features = torch.cat([states[i + 1][0] for i in config.target_layer_ids], dim=-1)
+    features = context_features(models, tokens, anchor)
     block_ids = [tokens[anchor]] + [config.mask_token_id] * (config.block_size - 1)
     context = models.drafter.fuse_context(features)
     return models.drafter.forward_uncached(context, models.embed[block_ids])[1:] @ models.head.T
@@ -42,7 +51,11 @@ def draft_logits(models: LiveModels, tokens: list[int], anchor: int) -> torch.Te
 
 def vanilla_round(models: LiveModels, tokens: list[int], anchor: int) -> list[int]:
     """Draft a block, let the target verify all of it: the tokens the round commits."""
-    draft = draft_logits(models, tokens, anchor).argmax(-1).tolist()
+    if isinstance(models.drafter, PlainDFlash2):
+        features = context_features(models, tokens, anchor)
+        _, draft = models.drafter.draft(features, tokens[anchor], models.embed, models.head)
+    else:
+        draft = draft_logits(models, tokens, anchor).argmax(-1).tolist()
     with torch.no_grad():
         logits = models.target(torch.tensor([tokens[: anchor + 1] + draft])).logits[0]
     verified = logits[anchor:].argmax(-1).tolist()  # the target's token after each position

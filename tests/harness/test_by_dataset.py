@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from dflash_eval import schema
+from dflash_eval import reading
 from dflash_eval.by_dataset import acceptance_counts, intervals
 from dflash_eval.metrics import PromptWalk, summarize
 
@@ -60,55 +60,55 @@ def test_acceptance_counts_give_the_conditional_rates_the_metrics_give():
     for _ in range(6):
         lengths, slots = random_walk(rng)
         walks.append(PromptWalk(lengths=lengths, slot_correct=slots))
-    expected = summarize(walks, block_size=5, budgets=[])[schema.PER_POSITION]
+    expected = summarize(walks, block_size=5, budgets=[])["per_position"]
     counts = [acceptance_counts(walk.slot_correct) for walk in walks]
     for k, position in enumerate(expected):
-        hits = sum(c[schema.HITS][k] for c in counts)
-        trials = sum(c[schema.TRIALS][k] for c in counts)
+        hits = sum(c["hits"][k] for c in counts)
+        trials = sum(c["trials"][k] for c in counts)
         assert trials == position["conditional_rounds"]
-        assert hits / trials == pytest.approx(position[schema.CONDITIONAL])
+        assert hits / trials == pytest.approx(position["conditional"])
 
 
 def test_acceptance_counts_stop_at_the_first_wrong_slot():
     counts = acceptance_counts([[True, False, True], [False, True, True], [True, True]])
-    assert counts == {schema.HITS: [2, 1, 0], schema.TRIALS: [3, 2, 0]}
+    assert counts == {"hits": [2, 1, 0], "trials": [3, 2, 0]}
 
 
 def test_overall_values_are_the_runs_own_macro_pooled_and_acceptance(rows):
     block = intervals(rows, [4], resamples=300)
-    overall = block[schema.OVERALL]
+    overall = block["overall"]
     walked = [r for r in rows if r["rounds"]]
     macro = sum(r["tau"] for r in walked) / len(walked)
     pooled = sum(r["tau"] * r["rounds"] for r in walked) / sum(r["rounds"] for r in walked)
-    assert overall[schema.TAU_MACRO][schema.VALUE] == pytest.approx(macro)
-    assert overall[schema.TAU_POOLED][schema.VALUE] == pytest.approx(pooled)
-    tree = overall[schema.DDTREE]["4"][schema.TAU_MACRO]
-    assert tree[schema.VALUE] == pytest.approx(macro + 0.5)
-    first = overall[schema.PER_POSITION][0][schema.CONDITIONAL]
-    hits = sum(r["acceptance"][schema.HITS][0] for r in walked)
-    trials = sum(r["acceptance"][schema.TRIALS][0] for r in walked)
-    assert first[schema.VALUE] == pytest.approx(hits / trials)
-    for interval in (overall[schema.TAU_MACRO], overall[schema.TAU_POOLED], tree, first):
-        assert interval[schema.LOW] <= interval[schema.VALUE] <= interval[schema.HIGH]
-    assert overall[schema.GROUP_PROMPTS] == len(rows)
-    assert overall[schema.ROUNDS] == sum(r["rounds"] for r in walked)
+    assert overall["tau_macro"]["value"] == pytest.approx(macro)
+    assert overall["tau_pooled"]["value"] == pytest.approx(pooled)
+    tree = overall["ddtree"]["4"]["tau_macro"]
+    assert tree["value"] == pytest.approx(macro + 0.5)
+    first = overall["per_position"][0]["conditional"]
+    hits = sum(r["acceptance"]["hits"][0] for r in walked)
+    trials = sum(r["acceptance"]["trials"][0] for r in walked)
+    assert first["value"] == pytest.approx(hits / trials)
+    for interval in (overall["tau_macro"], overall["tau_pooled"], tree, first):
+        assert interval["low"] <= interval["value"] <= interval["high"]
+    assert overall["prompts"] == len(rows)
+    assert overall["rounds"] == sum(r["rounds"] for r in walked)
 
 
 def test_each_set_is_its_own_group_and_turns_are_resampled_together(rows):
     block = intervals(rows, [4], resamples=300)
-    sets = block[schema.DATASETS]
+    sets = block["datasets"]
     assert list(sets) == ["gsm8k", "mt-bench"]
-    assert (sets["gsm8k"][schema.GROUP_PROMPTS], sets["gsm8k"][schema.GROUP_UNITS]) == (9, 8)
-    assert (sets["mt-bench"][schema.GROUP_PROMPTS], sets["mt-bench"][schema.GROUP_UNITS]) == (
+    assert (sets["gsm8k"]["prompts"], sets["gsm8k"]["units"]) == (9, 8)
+    assert (sets["mt-bench"]["prompts"], sets["mt-bench"]["units"]) == (
         10,
         5,
     )
-    assert block[schema.OVERALL][schema.GROUP_UNITS] == 13
+    assert block["overall"]["units"] == 13
     gsm8k = [r for r in rows if r["dataset"] == "gsm8k" and r["rounds"]]
-    assert sets["gsm8k"][schema.TAU_MACRO][schema.VALUE] == pytest.approx(
+    assert sets["gsm8k"]["tau_macro"]["value"] == pytest.approx(
         sum(r["tau"] for r in gsm8k) / len(gsm8k)
     )
-    assert block[schema.BOOTSTRAP] == {
+    assert block["bootstrap"] == {
         "method": "percentile",
         "unit": "conversation",
         "resamples": 300,
@@ -128,14 +128,14 @@ def test_a_set_of_one_conversation_has_values_without_bounds():
         row("mt-0#turn-1", "mt-bench", *random_walk(rng), "mt-0#turn-1"),
         row("mt-0#turn-2", "mt-bench", *random_walk(rng), "mt-0#turn-1"),
     ]
-    group = intervals(rows, [])[schema.DATASETS]["mt-bench"]
-    assert group[schema.TAU_MACRO][schema.LOW] is None
-    assert schema.format_interval(group[schema.TAU_MACRO]).endswith("[one unit: no interval]")
+    group = intervals(rows, [])["datasets"]["mt-bench"]
+    assert group["tau_macro"]["low"] is None
+    assert reading.format_interval(group["tau_macro"]).endswith("[one unit: no interval]")
 
 
 def test_prompts_without_a_set_count_overall_only():
     rng = random.Random(3)
     rows = [row(f"line-{n}", None, *random_walk(rng)) for n in range(4)]
     block = intervals(rows, [])
-    assert block[schema.DATASETS] == {}
-    assert block[schema.OVERALL][schema.GROUP_UNITS] == 4
+    assert block["datasets"] == {}
+    assert block["overall"]["units"] == 4

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_eval import schema
+from dflash_eval import reading, schema_check, summary
 from dflash_eval.cli import build_parser
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
@@ -58,9 +58,10 @@ def test_eval_prints_events_and_summary_and_writes_results(lab, tmp_path):
     assert results["schema_version"] == 2
     assert results["metrics"]["tau_macro"] == events[-1]["summary"]["tau_macro"]
     # The workstation reads this file through the same schema: every key it needs is there.
-    assert events[-1]["summary"] == schema.headline(results)
-    assert "\n".join(schema.summary_lines(results)) in result.stderr
-    assert set(schema.comparability_key(results)) == set(schema.COMPARABILITY)
+    assert events[-1]["summary"] == summary.headline(results)
+    assert "\n".join(summary.summary_lines(results)) in result.stderr
+    assert schema_check.parse_results(results) is results
+    assert set(reading.comparability_key(results)) == set(reading.COMPARABILITY)
     assert len(results["harness"]["content_sha256"]) == 64
     assert (tmp_path / "progress.jsonl").read_text() == result.stdout
 

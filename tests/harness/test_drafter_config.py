@@ -111,13 +111,40 @@ def test_missing_required_fields_are_listed():
         ({"input_embedding_scale": 0}, "input_embedding_scale=0"),
         ({"dflash_config": {"output_multiplier": 0.5}}, "output_multiplier=0.5"),
         ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
-        ({"dflash_config": {"conv_kernel_size": 4}}, "conv_kernel_size (a DFlash-2 drafter)"),
-        ({"selector_rank": 8}, "selector_rank (a DFlash-2 drafter)"),
     ],
 )
 def test_each_unsupported_feature_is_named(extra, named):
     message = refused({**BASE, **extra})
     assert f"does not implement: {named}." in message
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (
+            {"dflash_config": {"conv_kernel_size": 4}},
+            "conv_group_size, selector_rank, selector_top_k",
+        ),
+        (
+            {"selector_rank": 8, "architectures": ["DFlash2DraftModel"]},
+            "conv_kernel_size, conv_group_size, selector_top_k",
+        ),
+    ],
+)
+def test_a_partial_dflash2_config_names_the_missing_keys(extra, named):
+    message = refused({**BASE, **extra})
+    assert f"is a DFlash-2 config without {named}." in message
+
+
+def test_a_dflash2_config_is_read_from_dflash_config_or_the_top_level():
+    parts = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_top_k": 8}
+    raw = {**BASE, "vocab_size": 100, "selector_rank": 4, "dflash_config": parts}
+    config = parse(raw, "x")
+    assert config.dflash2 is not None and config.dflash2.to_hf_dict() == {
+        **parts,
+        "selector_rank": 4,
+    }
+    assert config.to_hf_dict()["architectures"] == ["DFlash2DraftModel"]
 
 
 def test_features_at_their_neutral_values_are_accepted():

@@ -14,6 +14,7 @@ from dflash_eval.features import (
     judge,
     parse_meminfo,
 )
+from dflash_eval.target_config import read_target_config
 from dflash_eval.target_parts import load_target_parts
 
 from .helpers import (
@@ -24,8 +25,27 @@ from .helpers import (
     small_config,
 )
 
-QWEN3_5 = {"text_config": {"layer_types": ["linear_attention"] * 3 + ["full_attention"]}}
 GIB = 2**30
+
+
+def config_dir(directory, config) -> object:
+    """A directory holding only `config` (a transformers config object) as config.json."""
+    config.save_pretrained(str(directory))
+    return directory
+
+
+def qwen3_5_config(tmp_path):
+    from transformers import Qwen3_5TextConfig
+
+    text = Qwen3_5TextConfig(num_hidden_layers=4, hidden_size=64, num_attention_heads=4)
+    return read_target_config(config_dir(tmp_path / "qwen3_5", text))
+
+
+def qwen3_config(tmp_path, **values):
+    from transformers import Qwen3Config
+
+    text = Qwen3Config(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, **values)
+    return read_target_config(config_dir(tmp_path / "qwen3", text))
 
 
 def _qwen3_5_eval(lab, tmp_path, target_dir, **overrides):
@@ -77,14 +97,15 @@ def test_linear_attention_targets_saved_in_bf16_default_to_float32_on_cpu(lab, t
     assert not [w for w in results["warnings"] if w.startswith("features")]
 
 
-def test_float32_is_refused_with_advice_when_memory_is_short():
-    chosen = choose_target_dtype("auto", "bfloat16", QWEN3_5, 54 * GIB, 200 * GIB)
+def test_float32_is_refused_with_advice_when_memory_is_short(tmp_path):
+    hybrid, plain = qwen3_5_config(tmp_path), qwen3_config(tmp_path)
+    chosen = choose_target_dtype("auto", "bfloat16", hybrid, 54 * GIB, 200 * GIB)
     assert chosen.name == "float32"
     with pytest.raises(HarnessError, match=r"features host.*--target-dtype bfloat16"):
-        choose_target_dtype("auto", "bfloat16", QWEN3_5, 54 * GIB, 100 * GIB)
+        choose_target_dtype("auto", "bfloat16", hybrid, 54 * GIB, 100 * GIB)
     # An explicit dtype, or a target without linear attention, is taken as it is.
-    assert choose_target_dtype("bfloat16", "bfloat16", QWEN3_5, 54 * GIB, GIB).name == "bfloat16"
-    assert choose_target_dtype("auto", "bfloat16", {}, 54 * GIB, GIB).name == "bfloat16"
+    assert choose_target_dtype("bfloat16", "bfloat16", hybrid, 54 * GIB, GIB).name == "bfloat16"
+    assert choose_target_dtype("auto", "bfloat16", plain, 54 * GIB, GIB).name == "bfloat16"
 
 
 def test_meminfo_is_read_in_bytes():
@@ -133,8 +154,7 @@ def test_the_cache_key_of_hidden_states_names_device_dtype_and_kernel(lab, tmp_p
 
 def test_the_wrapper_embedding_is_found_under_its_language_model(lab, tmp_path):
     target_dir = save_tiny_qwen3_5(tmp_path / "target", lab.target_dir, 101, True)
-    config = json.loads((target_dir / "config.json").read_text())
-    parts = load_target_parts(target_dir, config, torch.float32)
+    parts = load_target_parts(target_dir, read_target_config(target_dir), torch.float32)
     assert parts.tensors_read == [
         "model.safetensors:model.language_model.embed_tokens.weight",
         "model.safetensors:lm_head.weight",
@@ -148,8 +168,9 @@ def test_tied_embeddings_are_read_once(tmp_path):
     from safetensors.torch import save_file
 
     embed = torch.randn(11, 4)
-    save_file({"model.embed_tokens.weight": embed}, tmp_path / "model.safetensors")
-    parts = load_target_parts(tmp_path, {"tie_word_embeddings": True}, torch.bfloat16)
+    tied = qwen3_config(tmp_path, tie_word_embeddings=True)
+    save_file({"model.embed_tokens.weight": embed}, tied.path / "model.safetensors")
+    parts = load_target_parts(tied.path, tied, torch.bfloat16)
     assert parts.tensors_read == ["model.safetensors:model.embed_tokens.weight"]
     assert parts.head_weight is parts.embed_weight
     assert torch.equal(parts.embed_weight, embed.to(torch.bfloat16))

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dflash_eval import schema
+from dflash_eval import reading
 from dflash_eval.completions import (
     Prompt,
     builtin_prompts,
@@ -19,6 +19,7 @@ from dflash_eval.completions import (
 )
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
+from dflash_eval.summary import summary_lines
 
 from tests.harness.helpers import quick_eval
 
@@ -113,32 +114,28 @@ def test_sets_give_per_set_results_with_intervals_and_their_sources(lab, tmp_pat
     results = quick_eval(
         lab, tmp_path, prompts=write_sets(tmp_path / "sets.jsonl"), num_prompts=None
     )
-    rows = {row["id"]: row for row in results[schema.PER_PROMPT]}
+    rows = {row["id"]: row for row in results["per_prompt"]}
     turn1, turn2 = rows["mt-bench-0#turn-1"], rows["mt-bench-0#turn-2"]
     # The second turn's prompt holds the first turn, the target's reply and its own question.
     assert turn2["prompt_tokens"] > turn1["prompt_tokens"] + turn1["completion_tokens"]
-    assert turn2[schema.PROMPT_CONVERSATION] == "mt-bench-0#turn-1"
-    assert rows["gsm8k-1"][schema.PROMPT_DATASET] == "gsm8k"
-    block = results[schema.BY_DATASET]
-    assert set(block[schema.DATASETS]) == {"gsm8k", "mt-bench"}
-    overall = block[schema.OVERALL]
-    assert overall[schema.TAU_MACRO][schema.VALUE] == pytest.approx(
-        results[schema.METRICS][schema.TAU_MACRO]
-    )
-    assert overall[schema.TAU_POOLED][schema.VALUE] == pytest.approx(
-        results[schema.METRICS][schema.TAU_POOLED]
-    )
-    assert (overall[schema.GROUP_PROMPTS], overall[schema.GROUP_UNITS]) == (5, 4)
-    with_intervals = schema.group_conditional(overall)
-    for position, rate in schema.conditional_by_position(results[schema.METRICS]).items():
+    assert turn2["conversation"] == "mt-bench-0#turn-1"
+    assert rows["gsm8k-1"]["dataset"] == "gsm8k"
+    block = results["by_dataset"]
+    assert set(block["datasets"]) == {"gsm8k", "mt-bench"}
+    overall = block["overall"]
+    assert overall["tau_macro"]["value"] == pytest.approx(results["metrics"]["tau_macro"])
+    assert overall["tau_pooled"]["value"] == pytest.approx(results["metrics"]["tau_pooled"])
+    assert (overall["prompts"], overall["units"]) == (5, 4)
+    with_intervals = {p["position"]: p["conditional"] for p in overall["per_position"]}
+    for position, rate in reading.conditional_by_position(results["metrics"]).items():
         if rate is not None:
-            assert with_intervals[position][schema.VALUE] == pytest.approx(rate)
-    sets = results[schema.PROMPTS][schema.PROMPT_SETS]
-    assert sets["gsm8k"][schema.PROMPT_COUNT] == 3
-    assert sets["gsm8k"][schema.SOURCE] == SOURCE
-    assert sets["mt-bench"][schema.PROMPT_COUNT] == 2
-    assert results[schema.PROMPTS][schema.THINKING] == "off"
-    summary = "\n".join(schema.summary_lines(results))
+            assert with_intervals[position]["value"] == pytest.approx(rate)
+    sets = results["prompts"]["datasets"]
+    assert sets["gsm8k"]["count"] == 3
+    assert sets["gsm8k"]["source"] == SOURCE
+    assert sets["mt-bench"]["count"] == 2
+    assert results["prompts"]["thinking"] == "off"
+    summary = "\n".join(summary_lines(results))
     assert "gsm8k (3 prompts): τ macro" in summary
     assert "gsm8k 3: openai/gsm8k@0123456789ab" in summary
 
@@ -148,18 +145,18 @@ def test_thinking_reaches_the_chat_template_and_is_recorded(lab, tmp_path):
     off = quick_eval(lab, tmp_path / "off", target=target, num_prompts=2)
     on = quick_eval(lab, tmp_path / "on", target=target, num_prompts=2, thinking=True)
     marker = len("[no think] ")  # one token per character in the lab's tokenizer
-    for without, with_ in zip(off[schema.PER_PROMPT], on[schema.PER_PROMPT], strict=True):
+    for without, with_ in zip(off["per_prompt"], on["per_prompt"], strict=True):
         assert without["prompt_tokens"] == with_["prompt_tokens"] + marker
-    assert (off[schema.PROMPTS][schema.THINKING], on[schema.PROMPTS][schema.THINKING]) == (
+    assert (off["prompts"]["thinking"], on["prompts"]["thinking"]) == (
         "off",
         "on",
     )
-    assert on[schema.PROMPTS]["template_reads_thinking"] is True
-    assert schema.comparability_key(on)["thinking"] != schema.comparability_key(off)["thinking"]
-    assert not any("thinking" in warning for warning in on[schema.WARNINGS])
+    assert on["prompts"]["template_reads_thinking"] is True
+    assert reading.comparability_key(on)["thinking"] != reading.comparability_key(off)["thinking"]
+    assert not any("thinking" in warning for warning in on["warnings"])
 
 
 def test_thinking_on_a_template_without_the_switch_is_a_recorded_warning(lab, tmp_path):
     results = quick_eval(lab, tmp_path, num_prompts=1, max_new_tokens=16, thinking=True)
-    assert results[schema.PROMPTS]["template_reads_thinking"] is False
-    assert any("no thinking switch" in warning for warning in results[schema.WARNINGS])
+    assert results["prompts"]["template_reads_thinking"] is False
+    assert any("no thinking switch" in warning for warning in results["warnings"])

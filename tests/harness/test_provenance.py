@@ -18,7 +18,7 @@ from dflash_eval.config import TargetShape
 from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import load_drafter
 from dflash_eval.profile import read_profile
-from dflash_eval.schema import summary_lines
+from dflash_eval.summary import summary_lines
 
 from .helpers import (
     quick_eval,

@@ -1,4 +1,5 @@
-"""The shared results schema: importable without torch, and the one human summary."""
+"""The shared results schema: importable without torch, checked on reading (a file written
+earlier under the same schema version still reads), and the one human summary."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_eval import schema
+import pytest
+from dflash_eval import schema_check, schema_doc
+from dflash_eval.summary import headline, summary_lines
 
-from tests.schema_samples import results_dict
+from tests.schema_samples import LATER_KEYS, results_dict
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 
@@ -17,7 +20,8 @@ REMOTE = Path(__file__).resolve().parents[2] / "remote"
 def test_importing_the_schema_loads_no_torch():
     # A fresh interpreter that sees only remote/: what the workstation side imports.
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from dflash_eval import schema; "
+        "import sys; sys.path.insert(0, sys.argv[1]); from dflash_eval import schema, "
+        "schema_check, reading, summary; "
         "import json; print(json.dumps([schema.__file__, sorted(sys.modules)]))"
     )
     result = subprocess.run(
@@ -29,26 +33,27 @@ def test_importing_the_schema_loads_no_torch():
 
 
 def test_summary_leads_with_step_and_tau_then_says_what_was_evaluated():
-    lines = schema.summary_lines(results_dict(reference=True))
+    lines = summary_lines(results_dict(reference=True))
     assert lines[0] == (
         "step 2000  τ macro 1.500  τ pooled 1.250  (8 rounds, 10 tokens, block size 4)"
     )
-    assert lines[1] == "DDTree τ: b=4: 1.750, b=8: 1.750"
-    assert lines[2] == "acceptance by position (conditional): 1:0.50, 2:0.25, 3:n/a"
-    assert lines[3] == "reference drafter τ macro 3.000 (this run: 0.50× of it)"
-    assert lines[4].startswith("Checkpoint /eval/step_2000/checkpoint.pt (1234 bytes, sha256 abab")
-    assert lines[5] == "Target tiny (qwen3), 2 prompts"
-    assert lines[6] == "Drafter: 8 blocks in 0.5 s (16.0 blocks/s, 1 threads); total 3.2 s"
-    assert lines[7] == "WARNING: block size 4 differs from the trained 8"
+    assert lines[1].endswith("capped at the completion end: macro 1.500, pooled 1.250")
+    assert lines[2] == "DDTree τ: b=4: 1.750, b=8: 1.750"
+    assert lines[3] == "acceptance by position (conditional): 1:0.50, 2:0.25, 3:n/a"
+    assert lines[4] == "reference drafter τ macro 3.000 (this run: 0.50× of it)"
+    assert lines[5].startswith("Checkpoint /eval/step_2000/checkpoint.pt (1234 bytes, sha256 abab")
+    assert lines[6] == "Target tiny (qwen3), 2 prompts"
+    assert lines[7] == "Drafter: 8 blocks in 0.5 s (16.0 blocks/s, 1 threads); total 3.2 s"
+    assert lines[8] == "WARNING: block size 4 differs from the trained 8"
 
 
 def test_summary_leaves_out_what_the_run_did_not_measure():
-    lines = schema.summary_lines(results_dict(budgets=()))
+    lines = summary_lines(results_dict(budgets=()))
     assert not [line for line in lines if line.startswith(("DDTree", "reference"))]
 
 
 def test_headline_carries_the_key_numbers():
-    assert schema.headline(results_dict(reference=True)) == {
+    assert headline(results_dict(reference=True)) == {
         "step": 2000,
         "tau_macro": 1.5,
         "tau_pooled": 1.25,
@@ -57,3 +62,61 @@ def test_headline_carries_the_key_numbers():
         "reference_tau_macro": 3.0,
         "seconds": 3.25,
     }
+
+
+def test_a_results_file_written_before_the_later_keys_still_reads():
+    results = results_dict(reference=True)
+    for block, keys in LATER_KEYS.items():
+        record = results if block == "results" else results[block]
+        for key in keys:
+            record.pop(key, None)
+    assert schema_check.parse_results(results) is results
+    assert summary_lines(results)[0].startswith("step 2000  τ macro 1.500")
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda r: r["metrics"].pop("tau_macro"), "results.metrics: no tau_macro"),
+        (
+            lambda r: r["metrics"]["ddtree"]["4"].update(rounds="8"),
+            "results.metrics.ddtree.4.rounds: expected int, found str '8'",
+        ),
+        (
+            lambda r: r["checkpoint"].update(step=True),
+            "results.checkpoint.step: expected int, found bool True",
+        ),
+        (
+            lambda r: r["completions"].update(source="magic"),
+            "results.completions.source: expected 'local-greedy' | 'sglang', found str 'magic'",
+        ),
+        (
+            lambda r: r["reference"]["metrics"]["per_position"].append(None),
+            "results.reference.metrics.per_position[3]: expected an object (PositionRate)",
+        ),
+        (lambda r: r.update(warnings="none"), "results.warnings: expected a list, found str"),
+        (lambda r: r.update(schema_version=1), "schema_version 1, this dflash-ops reads 2"),
+        (lambda r: r.update(kind="other"), "not a dflash-eval results file"),
+    ],
+)
+def test_a_damaged_file_is_refused_naming_the_field(damage, message):
+    results = results_dict(reference=True)
+    damage(results)
+    with pytest.raises(schema_check.SchemaError) as refused:
+        schema_check.parse_results(results)
+    assert str(refused.value).startswith(message)
+
+
+def test_keys_the_types_do_not_name_pass_a_newer_harness_may_add_them():
+    results = results_dict()
+    results["metrics"]["something_new"] = {"any": ["shape"]}
+    assert schema_check.parse_results(results) is results
+
+
+def test_the_schema_page_is_written_from_the_types_and_shows_every_one():
+    page = (REMOTE.parent / "docs" / "results-schema.md").read_text(encoding="utf-8")
+    assert schema_doc.render(page) == page, (
+        "docs/results-schema.md differs from the types: run "
+        "`cd remote && python -m dflash_eval.schema_doc ../docs/results-schema.md`"
+    )
+    assert schema_doc.reachable() <= schema_doc.documented(page)

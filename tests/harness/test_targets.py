@@ -29,8 +29,9 @@ def test_qwen3_5_targets_evaluate_end_to_end(lab, tmp_path, wrapper):
     target_dir = save_tiny_qwen3_5(tmp_path / "target", lab.target_dir, 101, wrapper)
     target = load_target(target_dir)
     assert target.num_layers == 4
-    expected_decoder = target.model.model.language_model if wrapper else target.model.model
-    assert target.decoder is expected_decoder
+    # A wrapper's text decoder is loaded alone (test_target_loading.py), as the text model.
+    assert target.decoder is target.model.model
+    assert target.family.endswith("(vision-language wrapper)") == wrapper
     drafter = random_drafter(small_config(target_layer_ids=(1, 2), mask_token_id=3))
     checkpoint = save_training_checkpoint(tmp_path / "checkpoint.pt", drafter)
     results = run_eval(

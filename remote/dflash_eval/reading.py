@@ -1,0 +1,90 @@
+"""Reading a Results (schema.py) beyond its plain fields: what makes two runs comparable,
+the confidence-interval groups, acceptance by position. Shared by the harness's summary and
+the workstation's comparisons. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dflash_eval.schema import FEATURES_IDENTITY, Results
+from dflash_eval.schema_metrics import Group, Interval, Metrics
+
+ALL_PROMPTS = "all prompts"  # the name of the group of every prompt (by_dataset.overall)
+
+# What must match for two runs' numbers to be comparable, and how to read it from results.
+COMPARABILITY: dict[str, Callable[[Results], Any]] = {
+    "prompts": lambda r: r["prompts"]["sha256"],
+    "target": lambda r: r["target"]["fingerprint"],
+    "block size": lambda r: r["metrics"]["block_size"],
+    "max new tokens": lambda r: r["prompts"]["max_new_tokens"],
+    "completions": lambda r: r["completions"]["source"],
+    "max blocks": lambda r: r["options"].get("max_blocks"),
+    "target dtype": lambda r: r["target"]["dtype"],
+    "drafter dtype": lambda r: (r["drafter"].get("settings") or {}).get("dtype"),
+    "thinking": lambda r: r["options"].get("thinking"),
+    "features": lambda r: features_identity(r),
+    "τ convention": lambda r: r["metrics"]["tau_convention"],
+    "harness": lambda r: r["harness"]["content_sha256"],
+}
+
+
+def comparability_key(results: Results) -> dict[str, Any]:
+    """Everything that must match for two results to be compared, by what it is called."""
+    return {name: read(results) for name, read in COMPARABILITY.items()}
+
+
+def features_identity(results: Results) -> dict[str, Any] | None:
+    """What computed the features (host, device, dtype, kernels, libraries); None for results
+    written before the harness recorded it."""
+    features = results.get("features")
+    return {name: features.get(name) for name in FEATURES_IDENTITY} if features else None
+
+
+def conditional_by_position(metrics: Metrics) -> dict[int, float | None]:
+    return {row["position"]: row["conditional"] for row in metrics["per_position"]}
+
+
+def ddtree_tau(metrics: Metrics, budget: str) -> float | None:
+    """DDTree τ macro at `budget` (None when that run did not evaluate it)."""
+    found = metrics["ddtree"].get(budget)
+    return found["tau_macro"] if found else None
+
+
+def groups(results: Results) -> dict[str, Group]:
+    """Every prompt's group, then each named set's, with their intervals ({} for results
+    written before intervals were)."""
+    block = results.get("by_dataset")
+    return {ALL_PROMPTS: block["overall"], **block["datasets"]} if block else {}
+
+
+def overall_interval(results: Results, metric: str = "tau_macro") -> Interval | None:
+    """Every prompt's `tau_macro` or `tau_pooled` with its interval (None: none recorded)."""
+    block = results.get("by_dataset")
+    return block["overall"][metric] if block else None
+
+
+def ddtree_interval(group: Group | None, budget: str) -> Interval | None:
+    """A group's DDTree τ macro at `budget` with its interval."""
+    found = group["ddtree"].get(budget) if group else None
+    return found["tau_macro"] if found else None
+
+
+def overlaps(first: Interval | None, second: Interval | None) -> bool | None:
+    """Whether two intervals share a point (None when either is missing or unbounded)."""
+    if not first or not second or first["low"] is None or second["low"] is None:
+        return None  # a single unit has neither bound
+    return first["low"] <= second["high"] and second["low"] <= first["high"]
+
+
+def format_interval(interval: Interval | None, digits: int = 3) -> str:
+    """'3.210 [2.980, 3.450]', '3.210 [one unit: no interval]', or 'n/a'."""
+    if not interval:
+        return "n/a"
+    if interval["low"] is None:
+        return f"{interval['value']:.{digits}f} [one unit: no interval]"
+    return (
+        f"{interval['value']:.{digits}f} "
+        f"[{interval['low']:.{digits}f}, {interval['high']:.{digits}f}]"
+    )
