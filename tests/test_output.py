@@ -26,7 +26,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import jobs, results, run_ids, run_listing
 from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import harness_args
-from dflash_ops.evaluation.run import EvalRequest
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui import cli, eval_view
 from dflash_ops.ui.compare_view import print_comparison

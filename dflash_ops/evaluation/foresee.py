@@ -17,8 +17,8 @@ from dflash_eval.cli import build_parser
 from dflash_eval.version import harness_hash
 
 from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import RunResult, load_runs
-from dflash_ops.evaluation.run import EvalRequest
 
 
 def expected_key(request: EvalRequest) -> dict[str, Any]:
