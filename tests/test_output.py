@@ -363,6 +363,8 @@ def test_a_run_that_will_not_be_comparable_is_named_before_it_starts(tmp_path):
     assert "prompts sha256" in warning and "max new tokens" not in warning
     shorter = EvalRequest(step=6000, harness_args=harness_args({"max_new_tokens": "64"}))
     assert "max new tokens 64 vs 256" in comparability_warning(tmp_path, shorter)
+    thinking = EvalRequest(step=6000, harness_args=harness_args({"thinking": "on"}))
+    assert "thinking" in comparability_warning(tmp_path, thinking)
     assert comparability_warning(tmp_path / "none", fewer) is None  # nothing pulled yet
 
 

@@ -28,7 +28,7 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
     key: dict[str, Any] = {
         "max new tokens": args.max_new_tokens,
         "max blocks": args.max_blocks,
-        "thinking": args.thinking == "on",
+        "thinking": args.thinking,
         "harness": harness_hash(),
     }
     if request.features is None:  # a feature set brings its own prompts and completions
