@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from dflash_eval.cli import build_parser
 from dflash_eval.completions import builtin_prompts, prompts_hash
 from dflash_eval.dtypes import dtype_name
+from dflash_eval.options import BY_NAME, help_text
 from dflash_eval.version import harness_hash
 from rich.console import Console
 
@@ -337,6 +338,7 @@ def test_dtype_aliases_are_normalised_on_both_sides():
         ["eval", "--checkpoint", "c", "--target", "t", "--out", "o", "--dtype", "bf16"]
     )
     assert args.dtype == "bfloat16"
+    assert "bf16" in help_text(BY_NAME["target_dtype"])  # fab and argparse help say so
 
 
 def comparable_results() -> dict:

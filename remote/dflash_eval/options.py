@@ -369,6 +369,8 @@ def help_text(option: Option) -> str:
         described += f"; one of {', '.join(option.choices)}"
     elif option.kind == "on-off":
         described += "; on or off"
+    if option.kind == "dtype":
+        described += " (aliases bf16, fp32 accepted)"
     shown = option.default
     if shown in (None, []) or option.kind == "switch":
         return described
