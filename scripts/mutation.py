@@ -93,6 +93,20 @@ BWLIMIT_UNIT_TESTS = (
     "test_a_bad_transfer_bwlimit_names_the_key_and_the_expected_units",
     "test_the_bwlimit_flag_overrides_the_inventory_and_none_lifts_it",
 )
+# The inventory's tests, for both of its modules (the schema and its error explanations).
+INVENTORY_TESTS = (
+    "tests/test_inventory_structure.py",
+    "tests/test_inventory.py",
+    # The unit tests of the inventory's newer sections (runs, become, bwlimit, the features
+    # host); their files' other tests build labs.
+    *(f"tests/test_runs.py::{name}" for name in RUNS_UNIT_TESTS),
+    *(f"tests/test_become.py::{name}" for name in BECOME_UNIT_TESTS),
+    *(f"tests/test_gentle_transfer.py::{name}" for name in BWLIMIT_UNIT_TESTS),
+    "tests/test_feature_spec.py",
+    # The same check through the real `fab` process: slow, and not the module's own.
+    "--deselect",
+    "tests/test_inventory.py::test_typo_via_fab_is_one_clear_line",
+)
 TARGETS = (
     Target("metrics", "remote/dflash_eval/metrics.py", (f"{HARNESS}/test_metrics.py",)),
     Target(
@@ -111,23 +125,8 @@ TARGETS = (
             *SLOW_HARNESS,
         ),
     ),
-    Target(
-        "inventory",
-        "dflash_ops/core/inventory.py",
-        (
-            "tests/test_inventory_structure.py",
-            "tests/test_inventory.py",
-            # The unit tests of the inventory's newer sections (runs, become, bwlimit, the
-            # features host); their files' other tests build labs.
-            *(f"tests/test_runs.py::{name}" for name in RUNS_UNIT_TESTS),
-            *(f"tests/test_become.py::{name}" for name in BECOME_UNIT_TESTS),
-            *(f"tests/test_gentle_transfer.py::{name}" for name in BWLIMIT_UNIT_TESTS),
-            "tests/test_feature_spec.py",
-            # The same check through the real `fab` process: slow, and not the module's own.
-            "--deselect",
-            "tests/test_inventory.py::test_typo_via_fab_is_one_clear_line",
-        ),
-    ),
+    Target("inventory", "dflash_ops/core/inventory.py", INVENTORY_TESTS),
+    Target("inventory errors", "dflash_ops/core/inventory_errors.py", INVENTORY_TESTS),
     Target(
         "relay hashing",
         "dflash_ops/staging/relay.py",

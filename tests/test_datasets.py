@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from dflash_eval.completions import read_prompts_jsonl
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import DatasetError, OpsError
 from dflash_ops.evaluation.dataset_cache import load_set
-from dflash_ops.evaluation.datasets import DatasetError, parse_sets, prompt_records
-from dflash_ops.evaluation.run import build_request, dataset_prompts
+from dflash_ops.evaluation.datasets import parse_sets, prompt_records
+from dflash_ops.evaluation.request import build_request, dataset_prompts
 from tests.conftest import run_fab
 
 ASK = "\nPlease reason step by step, and put your final answer within \\boxed{}."

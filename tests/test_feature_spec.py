@@ -12,8 +12,8 @@ import pytest
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import parse
-from dflash_ops.features.hosted import parse_relayed_sets, pick_set
 from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
+from dflash_ops.remote.relayed_sets import parse_relayed_sets, pick_set
 from tests.inventory_documents import minimal_document
 
 
@@ -117,7 +117,7 @@ def test_bad_layers_are_refused(text):
 def test_extract_features_checks_run_eval_s_options_as_run_eval_does(
     tmp_path, options, prompts, dataset, message
 ):
-    """The same table and prompts rule as run-eval (harness_options, run.prompts_file), before
+    """The same table and prompts rule as run-eval (harness_options, request.prompts_file), before
     any host is asked anything: this inventory has no features host at all."""
     from dflash_ops.ui.features_commands import extract_features_command
 

@@ -11,6 +11,7 @@ import pytest
 
 from dflash_lab import processes
 from dflash_lab.teardown import NETNS_DIR
+from dflash_ops.core.containers import RootfsContainer
 from dflash_ops.core.errors import (
     AuthenticationError,
     HostKeyError,
@@ -20,7 +21,7 @@ from dflash_ops.core.errors import (
 )
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote.connection import Host
-from dflash_ops.remote.containers import RootfsContainer, environment_of
+from dflash_ops.remote.containers import environment_of
 
 
 def with_host(inventory: Inventory, name: str, **changes) -> Inventory:

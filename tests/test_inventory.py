@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from dflash_ops.core import inventory
+from dflash_ops.core.containers import DockerContainer, PctContainer, RootfsContainer
 from dflash_ops.core.errors import InventoryError
-from dflash_ops.remote.containers import DockerContainer, PctContainer, RootfsContainer
 from dflash_ops.remote.layout import EvalLayout
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory.yaml"

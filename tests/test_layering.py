@@ -60,3 +60,49 @@ def test_orchestration_never_imports_a_view():
         if not name.startswith("dflash_ops.ui")
     }
     assert {name: views for name, views in offenders.items() if views} == {}
+
+
+# The packages' ladder, lowest first: a module imports from its own package or lower ones.
+LADDER = ("core", "remote", "staging", "provision", "evaluation", "features", "ui")
+
+
+def _rung(module: str) -> int:
+    return LADDER.index(module.split(".")[1])
+
+
+def test_the_ladder_lists_every_package():
+    packages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
+    assert packages == set(LADDER)
+
+
+def test_no_module_imports_from_a_package_above_its_own():
+    upward = {
+        name: sorted(other for other in imported if _rung(other) > _rung(name))
+        for name, imported in import_graph().items()
+        if name.count(".") >= 1
+    }
+    assert {name: others for name, others in upward.items() if others} == {}
+
+
+ROOT = PACKAGE.parent
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
+
+
+def _sources() -> list[Path]:
+    roots = [ROOT / "dflash_ops", ROOT / "remote", ROOT / "dflash_lab"]
+    return [ROOT / "fabfile.py", *(path for root in roots for path in sorted(root.rglob("*.py")))]
+
+
+def test_no_module_over_500_lines():
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in _sources()}
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+
+
+def test_no_function_over_80_lines():
+    lengths = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{path.relative_to(ROOT)}:{node.name}"
+                lengths[name] = node.end_lineno - node.lineno + 1
+    assert {name: lines for name, lines in lengths.items() if lines > MAX_FUNCTION_LINES} == {}

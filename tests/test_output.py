@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from dflash_eval.cli import build_parser
 from dflash_eval.completions import builtin_prompts, prompts_hash
 from dflash_eval.dtypes import dtype_name
+from dflash_eval.options import BY_NAME, help_text
 from dflash_eval.version import harness_hash
 from rich.console import Console
 
@@ -26,7 +27,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import jobs, results, run_ids, run_listing
 from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import harness_args
-from dflash_ops.evaluation.run import EvalRequest
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui import cli, eval_view
 from dflash_ops.ui.compare_view import print_comparison
@@ -337,6 +338,7 @@ def test_dtype_aliases_are_normalised_on_both_sides():
         ["eval", "--checkpoint", "c", "--target", "t", "--out", "o", "--dtype", "bf16"]
     )
     assert args.dtype == "bfloat16"
+    assert "bf16" in help_text(BY_NAME["target_dtype"])  # fab and argparse help say so
 
 
 def comparable_results() -> dict:
@@ -363,6 +365,8 @@ def test_a_run_that_will_not_be_comparable_is_named_before_it_starts(tmp_path):
     assert "prompts sha256" in warning and "max new tokens" not in warning
     shorter = EvalRequest(step=6000, harness_args=harness_args({"max_new_tokens": "64"}))
     assert "max new tokens 64 vs 256" in comparability_warning(tmp_path, shorter)
+    thinking = EvalRequest(step=6000, harness_args=harness_args({"thinking": "on"}))
+    assert "thinking" in comparability_warning(tmp_path, thinking)
     assert comparability_warning(tmp_path / "none", fewer) is None  # nothing pulled yet
 
 

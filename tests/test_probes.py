@@ -7,10 +7,11 @@ import subprocess
 import pytest
 
 from dflash_lab.lab import LabConfig
+from dflash_ops.core.containers import DockerContainer, PctContainer, RootfsContainer
 from dflash_ops.core.units import parse_size
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
-from dflash_ops.remote.containers import DockerContainer, PctContainer, RootfsContainer
+from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.probes import FileStat, ProbeParseError
 
 
@@ -77,14 +78,14 @@ def test_parse_machine():
 
 
 def test_container_status_parsers():
-    pct = PctContainer(kind="pct", id=200).status()
-    docker = DockerContainer(kind="docker", name="trainer").status()
+    pct = environment_of(PctContainer(kind="pct", id=200)).status()
+    docker = environment_of(DockerContainer(kind="docker", name="trainer")).status()
     assert pct.command == "pct status 200"
     assert pct.parse("status: running\n")
     assert not pct.parse("status: stopped\n")
     assert docker.parse("running\n")
     assert not docker.parse("exited\n")
-    assert RootfsContainer(kind="rootfs", path="/r").status() is None
+    assert environment_of(RootfsContainer(kind="rootfs", path="/r")).status() is None
 
 
 def test_probes_on_a_real_host(lab, inventory):

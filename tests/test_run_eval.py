@@ -344,7 +344,8 @@ def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):
 
 def test_ctrl_c_while_the_launch_confirms_still_detaches(inventory_path, monkeypatch):
     from dflash_ops.evaluation.jobs import Detached
-    from dflash_ops.evaluation.run import EvalRequest, run_eval
+    from dflash_ops.evaluation.request import EvalRequest
+    from dflash_ops.evaluation.run import run_eval
     from dflash_ops.ui.eval_view import LiveView
 
     confirm = jobs._wait_started

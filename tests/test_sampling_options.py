@@ -1,5 +1,5 @@
 """`fab run-eval`'s sampling options: checked on the workstation, passed under the harness's
-names (harness_options.OPTIONS)."""
+names (the option table, dflash_eval.options)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def test_sampling_options_become_harness_flags():
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("temperature", "-1", "--temperature: expected a number in [0, inf], found '-1'"),
-        ("temperature", "warm", "--temperature: expected a number in [0, inf], found 'warm'"),
+        ("temperature", "-1", "--temperature: expected a number ≥ 0, found '-1'"),
+        ("temperature", "warm", "--temperature: expected a number ≥ 0, found 'warm'"),
         ("top_p", "0", "--top-p: expected a number in (0, 1], found '0'"),
         ("top_p", "1.5", "--top-p: expected a number in (0, 1], found '1.5'"),
         ("samples", "1", "--samples: expected a whole number ≥ 2, found '1'"),

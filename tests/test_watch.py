@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from dflash_lab import lab as labs
+from dflash_ops.core.errors import WatchError
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.run import build_request
+from dflash_ops.evaluation.request import build_request
 from dflash_ops.evaluation.watch import (
     Watch,
-    WatchError,
     WatchOptions,
     WatchState,
     parse_interval,

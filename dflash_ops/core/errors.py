@@ -7,6 +7,8 @@ traceback; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OpsError(Exception):
     """An expected failure, explained for the user."""
@@ -83,3 +85,34 @@ class CheckpointError(OpsError):
 
 class LabError(OpsError):
     """The local lab could not be built, checked or removed."""
+
+
+class DatasetError(OpsError):
+    """A named prompt set is unknown, cannot be loaded, or does not have the expected fields."""
+
+
+class JobError(OpsError):
+    """A run could not be launched, found or followed."""
+
+
+class HostBusy(JobError):
+    """Another run holds the eval host: a reason to wait, not a failure of the step."""
+
+
+class EvalFailed(OpsError):
+    """The remote run ended without results (its exit code and log tail are in the message)."""
+
+    def __init__(self, run: Any, log_tail: str) -> None:  # run: a dflash_ops.evaluation.jobs.Run
+        super().__init__(
+            f"run {run.run_id} on {run.host} {run.state} (exit code {run.exit_code}); last "
+            f"lines of its log:\n{log_tail.rstrip() or '(empty log)'}"
+        )
+        self.run = run
+
+
+class ResultsError(OpsError):
+    """Results are missing, unreadable or not comparable."""
+
+
+class WatchError(OpsError):
+    """The watch cannot go on: bad arguments or an unreadable state file."""

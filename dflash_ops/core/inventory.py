@@ -7,27 +7,31 @@ names the file, the key path, what was expected and what was found.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     Field,
     ValidationError,
     model_validator,
 )
 
+from dflash_ops.core.containers import Container
 from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.inventory_errors import (
+    UniqueKeyLoader,
+    describe,
+    validation_error,
+    yaml_problem,
+)
 from dflash_ops.core.strict import Strict
 from dflash_ops.core.units import MIN_BWLIMIT, format_bytes, parse_bwlimit
-from dflash_ops.remote.containers import Container
 
 DEFAULT_INVENTORY = "inventory.yaml"
 ENV_VAR = "DFLASH_INVENTORY"
@@ -271,6 +275,8 @@ class Inventory(Strict):
     # The training run chosen with --run (None: the trainer's own checkpoints); not a key in
     # the file: `for_run` sets it.
     training_run: str | None = None
+    # Its fields that the file does not set: path (where it was read) and training_run.
+    NOT_KEYS: ClassVar[tuple[str, ...]] = ("path", "training_run")
 
     @property
     def trainer_name(self) -> str:
@@ -378,29 +384,6 @@ def with_bwlimit(inventory: Inventory, bwlimit: str | None) -> Inventory:
     return inventory.model_copy(update={"transfer": transfer})
 
 
-_NOT_KEYS = ("path", "training_run")  # Inventory fields that the file does not set
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one
-    silently: two `eval:` entries would quietly drop a host)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, yaml.Node] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                first = seen[key].start_mark.line + 1
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r} (first at line {first}): each key once per mapping",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
-
 def resolve_path(explicit: str | os.PathLike | None = None) -> Path:
     """`--inventory`, else $DFLASH_INVENTORY, else ./inventory.yaml."""
     return Path(explicit or os.environ.get(ENV_VAR) or DEFAULT_INVENTORY)
@@ -425,39 +408,26 @@ def load(explicit: str | os.PathLike | None = None) -> Inventory:
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
-        raise InventoryError(f"{path}: {_yaml_problem(exc)}") from None
+        raise InventoryError(f"{path}: {yaml_problem(exc)}") from None
     return parse(raw, path)
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """'line L, column C: not valid YAML: what' (a reader error has no line: its offset)."""
-    where = getattr(exc, "problem_mark", None)
-    if where is not None:
-        problem = getattr(exc, "problem", None) or str(exc)
-        return f"line {where.line + 1}, column {where.column + 1}: not valid YAML: {problem}"
-    if isinstance(exc, yaml.reader.ReaderError):
-        return (
-            f"offset {exc.position}: not valid YAML: character #x{exc.character:04x} ({exc.reason})"
-        )
-    return f"not valid YAML: {exc}"
 
 
 def parse(raw: Any, path: Path) -> Inventory:
     """Validate an already-parsed YAML document."""
     if not isinstance(raw, dict):
-        raise InventoryError(f"{path}: expected a mapping with 'hosts', found {_describe(raw)}")
+        raise InventoryError(f"{path}: expected a mapping with 'hosts', found {describe(raw)}")
     raw_hosts = raw.get("hosts")
     if not isinstance(raw_hosts, dict) or not raw_hosts:
         raise InventoryError(
             f"{path}: hosts: expected a mapping of host names to host entries, "
-            f"found {_describe(raw_hosts)}"
+            f"found {describe(raw_hosts)}"
         )
     for name in raw_hosts:
         if not isinstance(name, str):
             raise InventoryError(
-                f"{path}: hosts: expected host names that are strings, found {_describe(name)}; "
+                f"{path}: hosts: expected host names that are strings, found {describe(name)}; "
                 f'quote it: "{name}"'
             )
     hosts = {name: _parse_host(name, entry, path) for name, entry in raw_hosts.items()}
@@ -469,14 +439,14 @@ def parse(raw: Any, path: Path) -> Inventory:
         )
     if "eval" not in roles:
         raise InventoryError(f"{path}: hosts: expected at least one host with role: eval")
-    for not_a_key in _NOT_KEYS:
+    for not_a_key in Inventory.NOT_KEYS:
         if not_a_key in raw:
             raise InventoryError(f"{path}: {not_a_key}: unknown key at the top level")
     document = {**raw, "hosts": hosts, "path": path}
     try:
         inventory = Inventory.model_validate(document, strict=False)
     except ValidationError as exc:
-        raise _inventory_error(path, exc, (), Inventory) from None
+        raise validation_error(path, exc, (), Inventory) from None
     base = path.parent
     local = inventory.local.model_copy(
         update={
@@ -507,111 +477,18 @@ def _require_checkpoints(name: str, trainer: TrainerHost, path: Path) -> None:
 def _parse_host(name: str, entry: Any, path: Path) -> HostEntry:
     where = ("hosts", name)
     if not isinstance(entry, dict):
-        raise InventoryError(f"{path}: hosts.{name}: expected a mapping, found {_describe(entry)}")
+        raise InventoryError(f"{path}: hosts.{name}: expected a mapping, found {describe(entry)}")
     role = entry.get("role")
     model = _HOST_MODELS.get(role) if isinstance(role, str) else None
     if model is None:
         raise InventoryError(
             f"{path}: hosts.{name}.role: expected one of {', '.join(_HOST_MODELS)}, "
-            f"found {_describe(role)}"
+            f"found {describe(role)}"
         )
     try:
         host = model.model_validate(entry)
     except ValidationError as exc:
-        raise _inventory_error(path, exc, where, model) from None
+        raise validation_error(path, exc, where, model) from None
     if isinstance(host, TrainerHost):
         _require_checkpoints(name, host, path)
     return host  # type: ignore[return-value]
-
-
-def _inventory_error(
-    path: Path, exc: ValidationError, prefix: tuple, model: type[BaseModel]
-) -> InventoryError:
-    lines = [_explain(error, prefix, model) for error in exc.errors()]
-    return InventoryError(f"{path}: " + f"\n{path}: ".join(lines))
-
-
-def _explain(error: dict, prefix: tuple, model: type[BaseModel]) -> str:
-    names, inner = _resolve(model, error["loc"])
-    key = ".".join(str(part) for part in (*prefix, *names))
-    kind, found = error["type"], error.get("input")
-    if kind == "missing":
-        return f"{key}: required key is missing"
-    if kind == "extra_forbidden":
-        allowed = _keys_of(inner) if inner else []
-        close = difflib.get_close_matches(str(names[-1]), allowed, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"{key}: unknown key{hint}; allowed here: {', '.join(sorted(allowed))}"
-    if kind == "union_tag_invalid":
-        expected = error["ctx"]["expected_tags"].replace("'", "")
-        return f"{key}.kind: expected one of {expected}, found {_describe(error['ctx']['tag'])}"
-    if kind == "union_tag_not_found":
-        kinds = ", ".join(_tags_of(inner, names[-1]) if inner else [])
-        return f"{key}.kind: required key is missing (one of {kinds})"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return f"{key}: expected a mapping, found {_describe(found)}"
-    if kind == "list_type":
-        return f"{key}: expected a list, found {_describe(found)}"
-    if kind == "string_type" and isinstance(found, int | float):
-        return f'{key}: expected a string, found {_describe(found)}; quote it: "{found}"'
-    expected = error["msg"].removeprefix("Input should be ").removeprefix("Value error, ")
-    return f"{key}: expected {expected}, found {_describe(found)}"
-
-
-def _keys_of(model: type[BaseModel]) -> list[str]:
-    # Inventory.path is where the file was read from, training_run what --run chose: neither
-    # is a key of the file.
-    return [name for name in model.model_fields if not (model is Inventory and name in _NOT_KEYS)]
-
-
-def _tags_of(model: type[BaseModel], name: str) -> list[str]:
-    """The `kind` values a tagged-union field accepts (pct, rootfs, docker …)."""
-    field = model.model_fields.get(name)
-    members = _models_in(field.annotation) if field else []
-    return [tag for m in members for tag in get_args(m.model_fields["kind"].annotation)]
-
-
-def _resolve(model: type[BaseModel], loc: tuple) -> tuple[list, type[BaseModel] | None]:
-    """Walk an error location through the models: the key names without the tags that a
-    discriminated union inserts ('pct', 'docker' …), and the model holding the last key."""
-    names: list = []
-    parts = list(loc)
-    current: type[BaseModel] | None = model
-    while parts:
-        part = parts.pop(0)
-        if part == "[key]":  # pydantic's marker of an error in a mapping's key
-            continue
-        names.append(part)
-        field = current.model_fields.get(str(part)) if current else None
-        nested = _models_in(field.annotation) if field else []
-        if field and get_origin(field.annotation) is dict and parts:
-            names.append(parts.pop(0))  # a mapping of models: the next loc entry is its key
-        if len(nested) > 1 and parts:  # a tagged union: the next loc entry is the tag
-            tag = parts.pop(0)
-            nested = [m for m in nested if get_args(m.model_fields["kind"].annotation) == (tag,)]
-        if parts:
-            current = nested[0] if nested else None
-    return names, current
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [model for arg in get_args(annotation) for model in _models_in(arg)]
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, dict | list) and not value:
-        return "an empty mapping" if isinstance(value, dict) else "an empty list"
-    kind = {
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a mapping",
-    }.get(type(value), type(value).__name__)
-    shown = repr(value) if not isinstance(value, dict | list) else ""
-    return f"{shown} ({kind})" if shown else kind

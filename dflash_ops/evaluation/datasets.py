@@ -27,14 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import DatasetError
 
 SEED = 0  # z-lab's transformers backend: random.seed(0) before it shuffles
 STEP_BY_STEP = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-
-
-class DatasetError(OpsError):
-    """A named prompt set is unknown, cannot be loaded, or does not have the expected fields."""
 
 
 @dataclass(frozen=True)

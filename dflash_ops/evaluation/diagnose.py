@@ -13,12 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.errors import EvalFailed, HostError, OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run import (
-    EvalFailed,
-    EvalRequest,
     RunReporter,
     drafter_profile,
     ensure_ready,

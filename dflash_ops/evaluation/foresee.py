@@ -17,8 +17,8 @@ from dflash_eval.cli import build_parser
 from dflash_eval.version import harness_hash
 
 from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import RunResult, load_runs
-from dflash_ops.evaluation.run import EvalRequest
 
 
 def expected_key(request: EvalRequest) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
     key: dict[str, Any] = {
         "max new tokens": args.max_new_tokens,
         "max blocks": args.max_blocks,
-        "thinking": args.thinking == "on",
+        "thinking": args.thinking,
         "harness": harness_hash(),
     }
     if request.features is None:  # a feature set brings its own prompts and completions

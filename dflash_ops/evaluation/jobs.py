@@ -19,7 +19,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dflash_ops.core.errors import DiskSpaceError, OpsError, RemoteCommandError
+from dflash_ops.core.errors import (
+    DiskSpaceError,
+    HostBusy,
+    JobError,
+    OpsError,
+    RemoteCommandError,
+)
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.evaluation import run_ids
 from dflash_ops.evaluation.pulled import store_run
@@ -30,14 +36,6 @@ from dflash_ops.remote.layout import EvalLayout
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
-
-
-class JobError(OpsError):
-    """A run could not be launched, found or followed."""
-
-
-class HostBusy(JobError):
-    """Another run holds the eval host: a reason to wait, not a failure of the step."""
 
 
 class Detached(Exception):

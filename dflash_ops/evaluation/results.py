@@ -29,7 +29,7 @@ from dflash_eval.schema import Results
 from dflash_eval.schema_check import SchemaError, parse_results
 from dflash_eval.schema_metrics import Interval, Metrics
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import ResultsError
 from dflash_ops.evaluation import run_ids
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
 from dflash_ops.evaluation.run_ids import short_ids
@@ -37,10 +37,6 @@ from dflash_ops.evaluation.run_ids import short_ids
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
 TRAINING_RUN = "training run"  # the column shown when some row belongs to a named run
 DEFAULT_RUN = "-"  # how that column shows the trainer's own checkpoints
-
-
-class ResultsError(OpsError):
-    """Results are missing, unreadable or not comparable."""
 
 
 @dataclass

@@ -12,33 +12,28 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Protocol, get_args
+from typing import Protocol
 
 from dflash_eval.schema import Results
 from dflash_eval.summary import summary_lines
 
-from dflash_ops.core.arguments import parse_choice, parse_count
-from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
+from dflash_ops.core.errors import CheckpointError, EvalFailed, HostError, InventoryError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.dataset_cache import load_set
-from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
-from dflash_ops.evaluation.harness_options import harness_args, pick
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import read_results
-from dflash_ops.features.hosted import relayed_set
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.relayed_sets import relayed_set
 from dflash_ops.staging.disk import margin_of, space_check
 from dflash_ops.staging.relay import ProgressCallback
-from dflash_ops.staging.sources import Via
 from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 from dflash_ops.staging.strip import nothing_to_strip
 
@@ -50,139 +45,6 @@ SGLANG_URL_FILE = "sglang-url"  # the private upload; its run's wrapper removes 
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2
-
-
-class EvalFailed(OpsError):
-    """The remote run ended without results (its exit code and log tail are in the message)."""
-
-    def __init__(self, run: jobs.Run, log_tail: str) -> None:
-        super().__init__(
-            f"run {run.run_id} on {run.host} {run.state} (exit code {run.exit_code}); last "
-            f"lines of its log:\n{log_tail.rstrip() or '(empty log)'}"
-        )
-        self.run = run
-
-
-@dataclass
-class EvalRequest:
-    step: int
-    host: str | None = None
-    harness_args: list[str] = field(default_factory=list)  # passed through to the harness
-    prompts: Path | None = None  # a local JSONL file, uploaded into the run directory
-    drafter_config: Path | None = None  # a local config.json, uploaded likewise
-    reference: bool = False  # also evaluate the inventory's reference_drafter
-    sglang: bool = False  # reference completions from the inventory's sglang_url
-    strip_optimizer: bool = False
-    tag: str | None = None
-    detach: bool = False
-    via: str = "stream"  # how staging reads the trainer's file (stage-checkpoint --via/--pull)
-    features: str | None = None  # a relayed feature set's id, or 'latest' (extract-features)
-
-
-# build_request's keywords that `fab run-eval` and `fab watch` take from their command line
-# as they are, beside the harness's own options (harness_options.OPTIONS).
-REQUEST_OPTIONS = (
-    "prompts",
-    "dataset",
-    "drafter_config",
-    "reference",
-    "sglang",
-    "strip_optimizer",
-    "tag",
-    "via",
-)
-
-
-def request_options(values: Mapping[str, object]) -> dict[str, object]:
-    """build_request's keywords among a task's keyword values: `harness_options` and those of
-    REQUEST_OPTIONS (`fab run-eval`'s and `fab watch`'s are the same: one list, here)."""
-    chosen = {name: values[name] for name in REQUEST_OPTIONS if name in values}
-    return {"harness_options": pick(values), **chosen}
-
-
-def build_request(
-    *,
-    step: int,
-    host: str | None,
-    harness_options: dict[str, object],
-    prompts: str | None,
-    drafter_config: str | None = None,
-    dataset: str | None = None,
-    prompt_sets_dir: Path | None = None,
-    reference: bool = False,
-    sglang: bool = False,
-    strip_optimizer: bool = False,
-    tag: str | None = None,
-    detach: bool = False,
-    via: str = "stream",
-    features: str | None = None,
-    say: Callable[[str], None] = lambda message: None,
-) -> EvalRequest:
-    """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
-    options by run-eval's names (harness_options.OPTIONS); unset ones are not passed.
-
-    `dataset` names prompt sets (dflash_ops.evaluation.datasets): they are built here, into
-    a prompts file in `prompt_sets_dir` that is uploaded like --prompts, and num_prompts
-    becomes the number of prompts drawn from each set."""
-    per_set = None
-    if dataset:  # --num-prompts is drawn from each set, not passed on to cut the file again
-        harness_options = dict(harness_options)
-        per_set = harness_options.pop("num_prompts", None)
-    prompts_path = prompts_file(
-        prompts, dataset, per_set, prompt_sets_dir or Path("prompt-sets"), say
-    )
-    if drafter_config and not Path(drafter_config).is_file():
-        raise OpsError(f"--drafter-config: {drafter_config} is not a file on this workstation")
-    return EvalRequest(
-        step=step,
-        host=host,
-        harness_args=harness_args(harness_options),
-        drafter_config=Path(drafter_config) if drafter_config else None,
-        reference=reference,
-        prompts=prompts_path,
-        sglang=sglang,
-        strip_optimizer=strip_optimizer,
-        tag=tag,
-        detach=detach,
-        via=parse_choice("--via", via, get_args(Via)),
-        features=features or None,
-    )
-
-
-def prompts_file(
-    prompts: str | None,
-    dataset: str | None,
-    num_prompts: object,
-    directory: Path,
-    say: Callable[[str], None],
-) -> Path | None:
-    """The prompts to upload (run-eval's and extract-features' --prompts/--dataset): the file
-    `prompts`, or one built in `directory` of the `dataset` sets with `num_prompts` drawn
-    from each (all when None); None: neither, the harness's built-in prompts."""
-    if dataset:
-        if prompts:
-            raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
-        per_set = parse_count("--num-prompts", num_prompts, 1)
-        return dataset_prompts(dataset, per_set, directory, say)
-    if prompts and not Path(prompts).is_file():
-        raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
-    return Path(prompts) if prompts else None
-
-
-def dataset_prompts(
-    sets: str, per_set: int | None, directory: Path, say: Callable[[str], None]
-) -> Path:
-    """The prompts file of the named sets (`gsm8k,mt-bench`, `gsm8k=PATH`), `per_set` rows
-    of each (all when None)."""
-    records = []
-    for request in parse_sets(sets):
-        loaded = load_set(request, say=say)
-        chosen = prompt_records(loaded, per_set)
-        say(f"{loaded.spec.name}: {len(chosen)} of {len(loaded.rows)} rows")
-        records += chosen
-    path = write_prompts(records, directory)
-    say(f"prompts: {len(records)} from {sets} → {path}")
-    return path
 
 
 class RunReporter(Protocol):

@@ -11,11 +11,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import HostBusy, OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import load_runs
-from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_eval
+from dflash_ops.evaluation.run import RunReporter, run_eval
 from dflash_ops.staging.catalog import list_checkpoints
 from dflash_ops.staging.destination import staged_status
 
@@ -62,7 +63,7 @@ def run_sweep(
     host takes another step; `on_outcome(step, outcome)` is called as each step ends (from
     its host's thread), so a caller can record progress before the whole sweep is over. A
     host that another run holds hands its step back to the others and takes no more; a step
-    no host could take ends as that jobs.HostBusy."""
+    no host could take ends as that HostBusy."""
     infos = [info for info in list_checkpoints(inventory) if info.step in steps]
     staged = {
         name: {
@@ -75,7 +76,7 @@ def run_sweep(
     pending = list(steps)
     taking = threading.Lock()
     outcomes: Outcomes = {}
-    waiting: dict[int, jobs.HostBusy] = {}  # steps handed back by a busy host, not retaken
+    waiting: dict[int, HostBusy] = {}  # steps handed back by a busy host, not retaken
 
     def next_step(name: str) -> int | None:
         with taking:
@@ -92,7 +93,7 @@ def run_sweep(
                 request = replace(template, step=step, host=name)
                 outcomes[step] = run_eval(inventory, request, reporter)
                 waiting.pop(step, None)
-            except jobs.HostBusy as busy:
+            except HostBusy as busy:
                 # The step is not at fault: another host may take it; this one takes no more.
                 reporter.say(f"[yellow]step {step} waits:[/] {busy}")
                 with taking:

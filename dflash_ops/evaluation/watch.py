@@ -1,6 +1,6 @@
 """`fab watch`: follow training. Every interval, list the trainer's complete checkpoints and
 evaluate the new ones with the sweep machinery (dflash_ops.evaluation.sweep) over the eval
-hosts, with the same request as `fab run-eval` (run.build_request).
+hosts, with the same request as `fab run-eval` (request.build_request).
 
 State lives beside the results, in `<results>/watch-state.json` (`watch-state-<tag>.json`
 for a tagged series; `watch-state@<run>.json`, `watch-state-<tag>@<run>.json` for a named
@@ -35,11 +35,12 @@ from typing import Protocol
 
 from dflash_eval.reading import overall_interval
 
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import HostBusy, OpsError, ResultsError, WatchError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, sweep
-from dflash_ops.evaluation.results import ResultsError, load_runs, read_results
-from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_flag
+from dflash_ops.evaluation.request import EvalRequest
+from dflash_ops.evaluation.results import load_runs, read_results
+from dflash_ops.evaluation.run import RunReporter, run_flag
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host
 from dflash_ops.staging.catalog import list_checkpoints
@@ -48,10 +49,6 @@ STATE_VERSION = 1
 DEFAULT_INTERVAL_S = 600.0
 DEFAULT_RETRIES = 2
 ERROR_CHARS = 500  # of a failure's message kept in the state and the webhook payload
-
-
-class WatchError(OpsError):
-    """The watch cannot go on: bad arguments or an unreadable state file."""
 
 
 def parse_interval(text: str | int | float) -> float:
@@ -251,7 +248,7 @@ class Watch:
         """Called from a host's thread as each step ends: state first, then the news."""
         with self._recording:
             state = self.state
-            if isinstance(result, jobs.HostBusy):
+            if isinstance(result, HostBusy):
                 # Another run holds the hosts: the step has not been tried, so no attempt
                 # is spent on it.
                 outcome.waiting.append(step)

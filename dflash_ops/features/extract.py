@@ -15,10 +15,10 @@ import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.errors import EvalFailed, HostError, OpsError
 from dflash_ops.core.inventory import FeaturesHost, Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.run import EvalFailed, RunReporter, ensure_ready
+from dflash_ops.evaluation.run import RunReporter, ensure_ready
 from dflash_ops.features.space import check_features_host
 from dflash_ops.features.spec import SET_RECORD, FeatureRequest, set_id
 from dflash_ops.remote.connection import Host

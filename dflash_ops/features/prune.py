@@ -26,7 +26,7 @@ from dflash_ops.features.spec import SET_RECORD
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 
-MANIFEST_SUFFIX = ".manifest.json"  # a relayed set's manifest, beside it (features/hosted.py)
+MANIFEST_SUFFIX = ".manifest.json"  # a relayed set's manifest, beside it (remote/relayed_sets.py)
 RUN_FLAGS = ("--features", "--out")  # how eval and features runs name the set they use
 
 

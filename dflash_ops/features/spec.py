@@ -29,21 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_eval.completions import BUILTIN_PROMPTS
+from dflash_eval.options import default
 
 from dflash_ops.core.errors import InventoryError, OpsError
 from dflash_ops.core.inventory import Inventory
 
-DEFAULT_MAX_NEW_TOKENS = 256  # the harness's own default (eval --max-new-tokens)
-# run-eval's options (harness_options.OPTIONS) that extract-features takes too, by the same
-# names and checked the same way.
-HARNESS_OPTIONS = (
-    "num_prompts",
-    "max_new_tokens",
-    "block_size",
-    "thinking",
-    "target_dtype",
-    "threads",
-)
 SET_RECORD = "feature-set.json"  # what the harness writes into a complete set
 ID_HEX = 12
 
@@ -54,7 +44,7 @@ class FeatureRequest:
 
     layers: tuple[int, ...]
     block_size: int
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    max_new_tokens: int = default("max_new_tokens")  # the harness's (eval --max-new-tokens)
     thinking: bool = False
     prompts: Path | None = None  # a local JSONL file; None: the harness's built-in prompts
     target_dtype: str | None = None

@@ -25,7 +25,6 @@ from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host, host_error_row, sudo_advice
 from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.staging.disk import local_free_bytes
 
 
 class Status(Enum):
@@ -73,7 +72,7 @@ def check_workstation(inventory: Inventory) -> Iterator[Row]:
         if path is None:
             yield Row("workstation", label, Status.INFO, "not set (checkpoints stream through)")
             continue
-        free = local_free_bytes(path)
+        free = probes.local_free_bytes(path)
         state = "exists" if path.is_dir() else "will be created"
         yield Row("workstation", label, Status.OK, f"{path} {state} ({format_bytes(free)} free)")
 

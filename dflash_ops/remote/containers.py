@@ -1,29 +1,27 @@
 """How the training environment on the trainer is reached: one class per container kind.
 
-Each kind is both the inventory section that describes it (`container: {kind: pct, id: 200}`)
-and the plug-in that knows how to run a command inside it, name a path from the host, ask
-whether it runs, and copy a file out. The host itself (no container) is the base class.
-Adding a kind (LXD, podman, …) is one subclass here, listed in `CONTAINER_KINDS`.
+Each kind's inventory section (`container: {kind: pct, id: 200}`) is a model in
+dflash_ops.core.containers; its plug-in here knows how to run a command inside it, name a path
+from the host, ask whether it runs, and copy a file out. The host itself (no container) is the
+base class. Adding a kind (LXD, podman, …) is one section there and one subclass here, listed
+in `KINDS`.
 """
 
 from __future__ import annotations
 
-import operator
 import shlex
-from functools import reduce
-from typing import Annotated, ClassVar, Literal
+from dataclasses import dataclass
+from typing import ClassVar
 
-from pydantic import Field
-
-from dflash_ops.core.strict import Strict
+from dflash_ops.core.containers import DockerContainer, PctContainer, RootfsContainer
 from dflash_ops.remote.priority import low_priority
 from dflash_ops.remote.probes import Probe
 
 
-class HostItself(Strict):
+@dataclass(frozen=True)
+class HostItself:
     """No container: the trainer's files and commands are the host's own."""
 
-    kind: Literal["host"] = "host"
     tool: ClassVar[str | None] = None  # the host-side command this kind needs (check-hosts)
     # Whether the reader inside sets its own low priority: `wrap` may start it in a process
     # tree of its own (docker exec asks the daemon), out of reach of the host shell's nice.
@@ -74,12 +72,11 @@ def _running(output: str) -> bool:
     return output.strip().removeprefix("status:").strip() == "running"
 
 
-class PctContainer(HostItself):
+@dataclass(frozen=True)
+class InPct(HostItself):
     """A Proxmox LXC container: commands run with `pct exec ID --`, files copy with `pct pull`."""
 
-    kind: Literal["pct"]
-    id: int
-    rootfs: str | None = None  # host-side path of its filesystem, if reading it directly is wanted
+    section: PctContainer
     tool: ClassVar[str | None] = "pct"
     # lxc-attach forks from the caller, so priorities are inherited; set again inside all the
     # same, as the reader's own, so they hold whatever pct does in between.
@@ -87,65 +84,68 @@ class PctContainer(HostItself):
 
     @property
     def description(self) -> str:
-        return f"pct container {self.id}"
+        return f"pct container {self.section.id}"
 
     def wrap(self, command: str) -> str:
-        return f"pct exec {self.id} -- sh -c {shlex.quote(command)}"
+        return f"pct exec {self.section.id} -- sh -c {shlex.quote(command)}"
 
     def status(self) -> Probe[bool] | None:
-        return Probe(f"pct status {self.id}", _running)
+        return Probe(f"pct status {self.section.id}", _running)
 
     def host_rootfs(self) -> str | None:
-        return self.rootfs
+        return self.section.rootfs
 
     def pull_command(self, in_container: str, host_path: str) -> str | None:
-        return f"pct pull {self.id} {shlex.quote(in_container)} {shlex.quote(host_path)}"
+        source, target = shlex.quote(in_container), shlex.quote(host_path)
+        return f"pct pull {self.section.id} {source} {target}"
 
 
-class RootfsContainer(HostItself):
+@dataclass(frozen=True)
+class ThroughRootfs(HostItself):
     """A container read through the host-side path of its root filesystem."""
 
-    kind: Literal["rootfs"]
-    path: str
+    section: RootfsContainer
 
     @property
     def description(self) -> str:
-        return f"container rootfs {self.path}"
+        return f"container rootfs {self.section.path}"
 
     def host_path(self, in_container: str) -> str:
-        return f"{self.path.rstrip('/')}/{in_container.lstrip('/')}"
+        return f"{self.section.path.rstrip('/')}/{in_container.lstrip('/')}"
 
     def host_rootfs(self) -> str | None:
-        return self.path
+        return self.section.path
 
 
-class DockerContainer(HostItself):
-    kind: Literal["docker"]
-    name: str
+@dataclass(frozen=True)
+class InDocker(HostItself):
+    section: DockerContainer
     tool: ClassVar[str | None] = "docker"
     own_priority: ClassVar[bool] = True
 
     @property
     def description(self) -> str:
-        return f"docker container {self.name}"
+        return f"docker container {self.section.name}"
 
     def wrap(self, command: str) -> str:
-        return f"docker exec {shlex.quote(self.name)} sh -c {shlex.quote(command)}"
+        return f"docker exec {shlex.quote(self.section.name)} sh -c {shlex.quote(command)}"
 
     def status(self) -> Probe[bool] | None:
-        state = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(self.name)}"
+        state = f"docker inspect -f '{{{{.State.Status}}}}' {shlex.quote(self.section.name)}"
         return Probe(state, _running)
 
     def pull_command(self, in_container: str, host_path: str) -> str | None:
-        return f"docker cp {shlex.quote(f'{self.name}:{in_container}')} {shlex.quote(host_path)}"
+        source = shlex.quote(f"{self.section.name}:{in_container}")
+        return f"docker cp {source} {shlex.quote(host_path)}"
 
 
-CONTAINER_KINDS: tuple[type[HostItself], ...] = (PctContainer, RootfsContainer, DockerContainer)
-# The inventory's `container:` section: whichever kind its `kind` key names.
-Container = Annotated[reduce(operator.or_, CONTAINER_KINDS), Field(discriminator="kind")]
+# Each inventory `kind` → its plug-in.
+KINDS: dict[str, type] = {"pct": InPct, "rootfs": ThroughRootfs, "docker": InDocker}
 HOST_ITSELF = HostItself()
 
 
-def environment_of(container: HostItself | None) -> HostItself:
-    """The trainer's training environment: its container, else the host itself."""
-    return container or HOST_ITSELF
+def environment_of(
+    container: PctContainer | RootfsContainer | DockerContainer | None,
+) -> HostItself:
+    """The trainer's training environment: its container's plug-in, else the host itself."""
+    return KINDS[container.kind](container) if container else HOST_ITSELF

@@ -7,8 +7,10 @@ interpolated value is shell-quoted. Probes only read; they never change the host
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -69,6 +71,13 @@ def free_bytes(path: str) -> Probe[int]:
         'df -B1 --output=avail -- "$p"'
     )
     return Probe(command, parse_df_avail)
+
+
+def local_free_bytes(path: str | Path) -> int:
+    """free_bytes' twin for this machine (the workstation, asked directly): free bytes on the
+    filesystem that holds (or will hold) `path`."""
+    existing = next(p for p in (Path(path), *Path(path).parents) if p.exists())
+    return shutil.disk_usage(existing).free
 
 
 def parse_df_avail(output: str) -> int:

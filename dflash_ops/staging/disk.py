@@ -8,9 +8,7 @@ host keeps some room for everything else that writes there.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 from dflash_ops.core.errors import DiskSpaceError, InventoryError
 from dflash_ops.core.inventory import Inventory, TransferSettings
@@ -70,12 +68,6 @@ class SpaceCheck:
             raise DiskSpaceError(
                 self.host, self.path, self.needed, self.free, self.what, self.advice
             )
-
-
-def local_free_bytes(path: str | Path) -> int:
-    """Free bytes on this machine's filesystem that holds (or will hold) `path`."""
-    existing = next(p for p in (Path(path), *Path(path).parents) if p.exists())
-    return shutil.disk_usage(existing).free
 
 
 def space_check(

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_ops.core.inventory import Inventory
-from dflash_ops.evaluation import jobs
-from dflash_ops.remote.connection import each_eval_host
+from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.remote.connection import Host, each_eval_host
 from dflash_ops.remote.layout import EvalLayout
 
 WORKSTATION = "workstation"
@@ -80,8 +80,17 @@ def _listing_command(base: str) -> str:
     )
 
 
+# The step directories that unfinished runs on an eval host read (dflash_ops.evaluation knows
+# the runs; the caller passes this in, as staging sits below evaluation).
+StepsInUse = Callable[[Host, EvalHost], set[str]]
+
+
 def plan(
-    inventory: Inventory, policy: Policy, host: str | None = None, run: str | None = None
+    inventory: Inventory,
+    policy: Policy,
+    in_use: StepsInUse,
+    host: str | None = None,
+    run: str | None = None,
 ) -> list[StagedStep]:
     """Every staged step on the eval hosts (or one) and the workstation, with its verdict;
     only training run `run`'s steps when it is named."""
@@ -95,13 +104,7 @@ def plan(
         base = EvalLayout(entry).staging
         output = eval_host.run(_listing_command(base)).stdout
         listed = of_run(parse_staged(eval_host.name, base, output))
-        # A run reads {step dir}/checkpoint.pt or {step dir}/extracted: either way, its parent.
-        in_use = {
-            str(Path(str(run.params.get("checkpoint", ""))).parent)
-            for run in jobs.list_runs(eval_host, entry)
-            if not run.done
-        }
-        judged += policy.verdicts(listed, in_use)
+        judged += policy.verdicts(listed, in_use(eval_host, entry))
     local = inventory.local.staging
     if host is None and local is not None and Path(local).is_dir():
         output = "\n".join(

@@ -22,7 +22,8 @@ from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
-from dflash_ops.evaluation.run import EvalRequest, build_request, run_eval
+from dflash_ops.evaluation.request import EvalRequest, build_request
+from dflash_ops.evaluation.run import run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report
 from dflash_ops.ui.compare_view import export, print_comparison

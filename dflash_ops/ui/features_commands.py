@@ -8,15 +8,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from dflash_eval.options import default
+
 from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation.harness_options import checked
 from dflash_ops.evaluation.jobs import Detached
-from dflash_ops.evaluation.run import prompts_file
+from dflash_ops.evaluation.request import prompts_file
 from dflash_ops.features.extract import FeatureSet, extract_features
 from dflash_ops.features.relay import RelayOptions, relay_set
-from dflash_ops.features.spec import DEFAULT_MAX_NEW_TOKENS, FeatureRequest, choose_layers
+from dflash_ops.features.spec import FeatureRequest, choose_layers
 from dflash_ops.ui.console import console
 from dflash_ops.ui.eval_commands import PROMPT_SETS_DIR
 from dflash_ops.ui.eval_view import LiveView
@@ -38,8 +40,8 @@ def extract_features_command(
     verify: bool,
 ) -> FeatureSet:
     """`fab extract-features`: the set for these inputs on the features host, then on every
-    eval host named by `to` (default: all). `harness_options`: those of spec.HARNESS_OPTIONS,
-    by run-eval's names and checked as run-eval checks them."""
+    eval host named by `to` (default: all). `harness_options`: the harness options it takes
+    (harness_options.FEATURES_OPTIONS), by run-eval's names and checked as run-eval's."""
     targets = [name.strip() for name in to.split(",") if name.strip()] if to else None
     for name in targets or []:
         inventory.eval_host(name)  # a typo fails before an hour of extraction
@@ -50,8 +52,8 @@ def extract_features_command(
     request = FeatureRequest(
         layers=layer_ids,
         block_size=block,
-        max_new_tokens=chosen.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS,
-        thinking=chosen.get("thinking") == "on",
+        max_new_tokens=chosen.get("max_new_tokens", default("max_new_tokens")),
+        thinking=chosen.get("thinking", False),
         prompts=_prompts_file(inventory, prompts, dataset, num_prompts),
         target_dtype=chosen.get("target_dtype"),
         device=parse_choice("--device", device, DEVICES) if device else None,

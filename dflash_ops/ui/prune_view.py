@@ -4,14 +4,17 @@ verdict, then what was (or would be) freed."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from rich.table import Table
 
 from dflash_ops.core.arguments import parse_count, parse_steps
 from dflash_ops.core.errors import OpsError
-from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
+from dflash_ops.evaluation import jobs
 from dflash_ops.features import prune as prune_sets
+from dflash_ops.remote.connection import Host
 from dflash_ops.staging import prune
 from dflash_ops.ui.console import console
 
@@ -41,7 +44,7 @@ def run_prune(
         keep_last=parse_count("--keep-last", keep_last, minimum=0) if keep_last else 2,
         keep_steps=frozenset(parse_steps(keep_steps) or ()),
     )
-    judged = prune.plan(inventory, policy, host, run)
+    judged = prune.plan(inventory, policy, _steps_in_use, host, run)
     table = Table(title="staged checkpoints", title_justify="left")
     for column in ("host", "run", "step", "size", "verdict"):
         table.add_column(column, justify="right" if column in ("step", "size") else "left")
@@ -50,6 +53,15 @@ def run_prune(
         table.add_row(item.host, item.run or "-", str(item.step), format_bytes(item.size), verdict)
     console.print(table)
     _outcome(judged, "step(s)", yes, lambda dropped: prune.apply(inventory, dropped))
+
+
+def _steps_in_use(host: Host, entry: EvalHost) -> set[str]:
+    # A run reads {step dir}/checkpoint.pt or {step dir}/extracted: either way, its parent.
+    return {
+        str(Path(str(run.params.get("checkpoint", ""))).parent)
+        for run in jobs.list_runs(host, entry)
+        if not run.done
+    }
 
 
 def run_prune_sets(

@@ -10,12 +10,38 @@ import functools
 import inspect
 from collections.abc import Callable
 
+from dflash_eval import options as table
 from fabric import Task, task
-from invoke.exceptions import Exit
+from invoke.exceptions import Exit, ParseError
+from invoke.parser import Argument
 
 from dflash_ops.core.errors import OpsError
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
+# The numeric harness options the tasks pass on, by keyword (dflash_eval.options).
+NUMBERS = {
+    option.name: option
+    for option in table.OPTIONS
+    if option.tasks and option.kind in ("int", "float")
+}
+
+
+class _NumberArgument(Argument):
+    """A harness option's flag that is parsed and range-checked by the harness's table as
+    invoke reads it: a bad value is one line (ParseError), not int()'s traceback."""
+
+    def __init__(self, option: table.Option, **kwargs) -> None:
+        # invoke's help shows =INT for int and nothing for any other kind but str.
+        super().__init__(kind=int if option.kind == "int" else str, **kwargs)
+        self.option = option
+
+    def set_value(self, value: object, cast: bool = True) -> None:
+        try:
+            parsed = table.parse(self.option, value) if cast else value
+        except ValueError as error:
+            raise ParseError(f"{self.option.flag}: {error}") from None
+        super().set_value(parsed, cast=False)
+
 
 # Fabric's and Invoke's own flags that change how commands run or where they connect. These
 # tasks connect through the inventory and run nothing with `c.run`, so each of these would be
@@ -64,7 +90,8 @@ SHORT_FLAGS = {"yes": "y", "verbose": "v"}
 
 
 class _OpsTask(Task):
-    """A Fabric task whose parameters named in SHORT_FLAGS also answer to their letter."""
+    """A Fabric task whose harness-option flags take the harness's kinds, and whose
+    parameters named in SHORT_FLAGS also answer to their letter."""
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict:
         opts = super().arg_opts(name, default, taken_names)
@@ -72,6 +99,20 @@ class _OpsTask(Task):
         if short and short not in taken_names:
             opts["names"] = [*opts["names"], short]
         return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        return [
+            _NumberArgument(
+                NUMBERS[argument.name],
+                names=argument.names,
+                default=argument.default,
+                help=argument.help,
+                attr_name=argument.attr_name,
+            )
+            if argument.name in NUMBERS
+            else argument
+            for argument in super().get_arguments(ignore_unknown_help)
+        ]
 
 
 def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval.dtypes import dtype_name
+from dflash_eval import options as run_options
 from dflash_eval.errors import HarnessError
 from dflash_eval.progress import Progress
 from dflash_eval.summary import headline, summary_lines
@@ -22,31 +23,33 @@ if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        message = f"expected comma-separated integers, got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
+def _argument_type(option: run_options.Option) -> Callable[[str], object]:
+    def convert(text: str) -> object:
+        try:
+            return run_options.parse(option, text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = option.kind  # argparse names the kind when a value fails
+    return convert
 
 
-def _name_list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _add_pickle_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--safe-globals",
-        type=_name_list,
-        default=[],
-        help="also unpickle these named globals (comma-separated dotted names, or the built-in "
-        "groups argparse,numpy); nothing else beyond weights",
-    )
-    parser.add_argument(
-        "--allow-unsafe-pickle",
-        action="store_true",
-        help="unpickle checkpoints that need more than weights_only (runs code!)",
-    )
+def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """The table's options that `command` takes (dflash_eval.options declares each once)."""
+    for option in run_options.for_command(command):
+        described = run_options.help_text(option)
+        if option.kind == "switch":
+            parser.add_argument(option.flag, action="store_true", help=described)
+            continue
+        choices = ("on", "off") if option.kind == "on-off" else option.choices
+        parser.add_argument(
+            option.flag,
+            type=_argument_type(option),
+            default=run_options.default(option.name),
+            required=option.required,
+            metavar="{" + ",".join(choices) + "}" if choices else None,
+            help=described,
+        )
 
 
 def _add_progress_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,12 +62,15 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
         "features",
         help="compute a target's completions and hidden states into a feature set directory",
     )
-    features.add_argument("--target", type=Path, required=True, help="target model directory")
+    _add_options(features, "features")
     features.add_argument(
         "--out", type=Path, required=True, help="feature set directory to write (SETDIR)"
     )
     features.add_argument(
-        "--layers", type=_int_list, required=True, help="target layer ids, comma-separated"
+        "--layers",
+        type=_argument_type(run_options.BY_NAME["target_layer_ids"]),
+        required=True,
+        help="target layer ids, comma-separated",
     )
     features.add_argument(
         "--block-size",
@@ -72,27 +78,12 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
         required=True,
         help="reference tokens past each completion: the largest drafter block size to serve",
     )
-    features.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
-    features.add_argument(
-        "--max-new-tokens", type=int, default=256, help="completion length (default 256)"
-    )
-    features.add_argument(
-        "--thinking", choices=["on", "off"], default="off", help="enable_thinking (default off)"
-    )
-    features.add_argument(
-        "--target-dtype",
-        type=dtype_name,
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="target dtype (default: as saved; float32 for linear attention on CPU)",
-    )
     features.add_argument(
         "--sglang",
         "--sglang-url",
         dest="sglang_url",
         help="get completions from SGLang's /generate at this URL (@FILE reads it from FILE)",
     )
-    features.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     features.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
@@ -111,132 +102,6 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     _add_progress_flags(features)
 
 
-def _add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that describe a run, shared by `eval` and `plan` so that the same argv
-    means the same run to both: each flag and its default are declared here only."""
-    parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        required=True,
-        help="training checkpoint.pt, Hugging Face DFlash dir, or extracted dir",
-    )
-    parser.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
-    parser.add_argument(
-        "--drafter-config",
-        type=Path,
-        help="drafter config.json, used when the checkpoint carries none",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=int,
-        help="block size B (default: the one the drafter was trained with)",
-    )
-    parser.add_argument("--mask-token-id", type=int, help="mask token id, if the config lacks it")
-    parser.add_argument(
-        "--target-layer-ids",
-        type=_int_list,
-        help="comma-separated target layer ids, if the config lacks them",
-    )
-    parser.add_argument(
-        "--drafter-profile",
-        type=Path,
-        help="JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
-        "profile, as the workstation sends it)",
-    )
-    parser.add_argument(
-        "--accept-default",
-        type=_name_list,
-        default=[],
-        help="confirm the default rule for these settings when nothing states them "
-        "(comma-separated: target_layer_ids, rope)",
-    )
-    parser.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
-    parser.add_argument(
-        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
-    )
-    parser.add_argument(
-        "--thinking",
-        choices=["on", "off"],
-        default="off",
-        help="enable_thinking for chat templates that have it (default off, as z-lab's benchmark)",
-    )
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=256,
-        help="completion length, as z-lab's max_new_tokens (default 256)",
-    )
-    parser.add_argument(
-        "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
-    )
-    parser.add_argument(
-        "--ddtree",
-        type=_int_list,
-        help="DDTree budgets, comma-separated (default 4,8,16,32, none for a DFlash-2 "
-        "drafter; '' for none)",
-    )
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    parser.add_argument(
-        "--reference-drafter",
-        type=Path,
-        help="also evaluate this drafter on the same hidden states",
-    )
-    parser.add_argument(
-        "--sglang-url",
-        help="get completions from SGLang's /generate (default: local greedy); @FILE reads "
-        "the URL from FILE, keeping credentials out of the command line",
-    )
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path.home() / ".cache" / "dflash-eval",
-        help="completion/hidden-state cache (default ~/.cache/dflash-eval)",
-    )
-    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
-    parser.add_argument(
-        "--dtype",
-        type=dtype_name,
-        choices=["float32", "bfloat16"],
-        help="drafter dtype (default: the profile's, else float32)",
-    )
-    parser.add_argument(
-        "--target-dtype",
-        type=dtype_name,
-        choices=["auto", "float32", "bfloat16"],
-        default="auto",
-        help="target dtype (default: as saved)",
-    )
-    _add_pickle_flags(parser)
-    parser.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
-    parser.add_argument(
-        "--per-block",
-        action="store_true",
-        help="one drafter forward per block (slow; for cross-checking)",
-    )
-    _add_sampling_flags(parser)
-    parser.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
-    parser.add_argument(
-        "--verify",
-        action="store_true",
-        help="hash the checkpoint even when the staging manifest beside it records its sha256",
-    )
-
-
-def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    """T > 0 (docs/sampling.md): the target samples the completion, the drafter its slots."""
-    parser.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
-    )
-    parser.add_argument("--top-p", type=float, default=1.0, help="top-p at T > 0 (default 1: off)")
-    parser.add_argument("--top-k", type=int, default=0, help="top-k at T > 0 (default 0: off)")
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the sampled completions and walks (default 0)"
-    )
-    parser.add_argument(
-        "--samples", type=int, default=1000, help="Monte Carlo walks per prompt (default 1000)"
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dflash_eval",
@@ -245,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("eval", help="evaluate a drafter checkpoint against a target")
-    _add_run_flags(run)
+    _add_options(run, "eval")
     run.add_argument("--out", type=Path, required=True, help="results JSON to write")
     run.add_argument("--training-run", help="record the training run the checkpoint belongs to")
     run.add_argument(
@@ -265,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     strip.add_argument(
         "--drafter-config", type=Path, help="config.json to write when the checkpoint carries none"
     )
-    _add_pickle_flags(strip)
+    _add_options(strip, "extract")
     _add_plan_parser(commands)
     _add_diagnose_parser(commands)
     return parser
@@ -277,7 +142,7 @@ def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
         "diagnose",
         help="why is this drafter worse than --reference-drafter: ranked findings",
     )
-    _add_run_flags(diagnose)
+    _add_options(diagnose, "diagnose")
     diagnose.add_argument("--out", type=Path, required=True, help="diagnosis JSON to write")
     diagnose.add_argument(
         "--against", default="reference", help="the other drafter's name in the findings"
@@ -301,7 +166,7 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         description="Takes eval's run flags. The checkpoint may be absent (not staged yet); "
         "--max-blocks, --chunk-anchors and --per-block are accepted and ignored.",
     )
-    _add_run_flags(plan)
+    _add_options(plan, "plan")
     plan.add_argument(
         "--inputs-on-stdin",
         action="store_true",
@@ -357,42 +222,18 @@ def _eval_options(args: argparse.Namespace, given: dict[str, Any]) -> EvalOption
     they name."""
     from dflash_eval.evaluate import EvalOptions
 
-    url = given.get("sglang_url") or (read_url(args.sglang_url) if args.sglang_url else None)
+    values = {
+        option.name: getattr(args, option.name)
+        for option in run_options.for_command("eval")
+        if option.stored
+    }
+    values.update(given)
+    if "sglang_url" not in given and args.sglang_url:
+        values["sglang_url"] = read_url(args.sglang_url)
+    if args.no_cache:
+        values["cache_dir"] = None
     return EvalOptions(
-        checkpoint=args.checkpoint,
-        target=args.target,
-        out=args.out,
-        drafter_config=given.get("drafter_config", args.drafter_config),
-        block_size=args.block_size,
-        mask_token_id=args.mask_token_id,
-        target_layer_ids=args.target_layer_ids,
-        prompts=given.get("prompts", args.prompts),
-        num_prompts=args.num_prompts,
-        max_new_tokens=args.max_new_tokens,
-        max_blocks=args.max_blocks,
-        ddtree=args.ddtree,
-        threads=args.threads,
-        reference_drafter=args.reference_drafter,
-        sglang_url=url,
-        cache_dir=None if args.no_cache else args.cache_dir,
-        dtype=args.dtype,
-        target_dtype=args.target_dtype,
-        allow_unsafe_pickle=args.allow_unsafe_pickle,
-        safe_globals=args.safe_globals,
-        drafter_profile=given.get("drafter_profile", args.drafter_profile),
-        accept_default=args.accept_default,
-        chunk=args.chunk_anchors,
-        per_block=args.per_block,
-        step=args.step,
-        training_run=args.training_run,
-        thinking=args.thinking == "on",
-        verify=args.verify,
-        features=args.features,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        samples=args.samples,
+        **values, out=args.out, training_run=args.training_run, features=args.features
     )
 
 
@@ -406,7 +247,7 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
         block_size=args.block_size,
         prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,
-        thinking=args.thinking == "on",
+        thinking=args.thinking,
         target_dtype=args.target_dtype,
         sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
         threads=args.threads,

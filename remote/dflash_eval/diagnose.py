@@ -187,7 +187,7 @@ def _walk(
             seq.span.first_anchor,
             block_size,
             max([1, *budgets]),
-            chunk=run.chunk,
+            chunk=run.chunk_anchors,
             last_anchor=seq.span.limit - 1,
         )
         walked.walks.append(

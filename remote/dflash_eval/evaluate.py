@@ -18,13 +18,14 @@ assembles the results from what the phases produced.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dflash_eval import inputs, pipeline, record
+from dflash_eval import options as run_options
 from dflash_eval.cache import DiskCache
 from dflash_eval.cache_keys import LOCAL_SAMPLED
 from dflash_eval.completions import Prompt, SGLangClient, template_reads_thinking
@@ -50,43 +51,17 @@ from dflash_eval.summary import settings_line
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_source import TargetSource
 
+# The run flags' fields, as dflash_eval.options declares them (type and default, once).
+RunOptions = run_options.options_class("RunOptions", "eval")
 
-@dataclass
-class EvalOptions:
-    checkpoint: Path
-    target: Path
+
+@dataclass(kw_only=True)
+class EvalOptions(RunOptions):
+    """A run's options: the run flags (RunOptions) and what only `eval` takes."""
+
     out: Path
-    drafter_config: Path | None = None
-    block_size: int | None = None
-    mask_token_id: int | None = None
-    target_layer_ids: list[int] | None = None
-    prompts: Path | None = None
-    num_prompts: int | None = None
-    max_new_tokens: int = 256
-    max_blocks: int | None = None
-    ddtree: list[int] | None = None  # DDTree budgets; None: DEFAULT_DDTREE (see ddtree_budgets)
-    threads: int | None = None
-    reference_drafter: Path | None = None
-    sglang_url: str | None = None
-    cache_dir: Path | None = None
-    dtype: str | None = None  # drafter dtype; None: the profile's, else float32
-    target_dtype: str = "auto"
-    allow_unsafe_pickle: bool = False
-    safe_globals: list[str] = field(default_factory=list)
-    drafter_profile: Path | None = None
-    accept_default: list[str] = field(default_factory=list)
-    chunk: int | None = None
-    per_block: bool = False
-    step: int | None = None
     training_run: str | None = None  # recorded in the checkpoint block when given
-    thinking: bool = False  # enable_thinking for chat templates that have it
-    verify: bool = False  # hash the checkpoint even when its staging manifest has the sha256
     features: Path | None = None  # a feature set: completions and hidden states read from it
-    temperature: float = 0.0  # > 0: sampled completions and acceptance (sampling.py)
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    samples: int = 1000  # Monte Carlo walks per prompt at T > 0
 
 
 @dataclass
@@ -105,11 +80,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
     if options.threads:
         torch.set_num_threads(options.threads)
     threads = torch.get_num_threads()
+    inputs.check_values(options)
     inputs.check_paths(options)
-    if any(b < 1 for b in options.ddtree or []):
-        raise HarnessError(f"--ddtree budgets must be positive integers, got {options.ddtree}.")
-    if options.max_new_tokens < 1:
-        raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
     prompts = inputs.load_prompts(options)
     sampling = from_options(options)
     # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
@@ -424,7 +396,7 @@ def _walk_all(
             span.first_anchor,
             config.block_size,
             top_k,
-            chunk=1 if options.per_block else options.chunk,
+            chunk=1 if options.per_block else options.chunk_anchors,
             last_anchor=span.limit - 1,  # no round starts at max_new_tokens or later
         )
         try:

@@ -29,7 +29,8 @@ from dflash_eval.completions import (
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.feature_record import features_record
-from dflash_eval.inputs import require_writable
+from dflash_eval.inputs import check_values, require_writable
+from dflash_eval.options import default
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
 from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
@@ -43,9 +44,9 @@ class FeaturesOptions:
     layers: list[int]
     block_size: int
     prompts: Path | None = None
-    max_new_tokens: int = 256
-    thinking: bool = False
-    target_dtype: str = "auto"
+    max_new_tokens: int = default("max_new_tokens")
+    thinking: bool = default("thinking")
+    target_dtype: str = default("target_dtype")
     sglang_url: str | None = None
     threads: int | None = None
     host_name: str | None = None  # the inventory's name for this host, recorded as `host`
@@ -75,12 +76,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
         identity = target_identity(options.target)
-    too_deep = [i for i in options.layers if i >= target.shape.num_layers]
-    if too_deep:
-        raise HarnessError(
-            f"--layers {too_deep} do not exist: the target has {target.shape.num_layers} "
-            f"layers (0–{target.shape.num_layers - 1})."
-        )
+    _check_layers(options.layers, target.shape.num_layers)
     client = SGLangClient(options.sglang_url) if options.sglang_url else None
     inputs = _inputs(options, prompts, identity, target, client)
     if feature_set.is_complete_and_same(setdir, inputs):
@@ -90,12 +86,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     progress.event("space", **need.record())
     if options.check_space:
         return {"set": setdir.name, "path": str(setdir), "space": need.record()}
-    if not need.fits:
-        raise HarnessError(
-            f"Not enough free space for feature set {setdir}: it needs {need.describe()}, and "
-            f"{need.path} has {need.free / 2**20:.1f} MiB free. Free space there (old sets: "
-            "`fab prune --features`), or extract fewer prompts or fewer --max-new-tokens."
-        )
+    _require_space(need, setdir)
     partial = feature_set.open_partial(setdir, inputs, progress)
     lookup = pipeline.Lookup(
         DiskCache(partial),
@@ -128,12 +119,9 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         record = features_record(
             target, sequences[0], lookup, progress, warnings, options.host_name
         )
-    provenance = {key: value for key, value in record.items() if key != "fidelity"}
-    provenance["host"] = options.host_name or socket.gethostname()
     manifest = {
         **inputs,
-        "provenance": provenance,
-        "fidelity": record["fidelity"],
+        **_made(record, options.host_name),
         "entries": len(sequences),
         "target_load": target.load_record(),
         "warnings": warnings,
@@ -144,6 +132,31 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     feature_set.complete(partial, setdir, manifest)
     progress.say(f"Feature set {setdir}: {len(sequences)} prompts, layers {lookup.layer_ids}")
     return _summary(setdir, manifest, noop=False)
+
+
+def _check_layers(layers: list[int], num_layers: int) -> None:
+    too_deep = [i for i in layers if i >= num_layers]
+    if too_deep:
+        raise HarnessError(
+            f"--layers {too_deep} do not exist: the target has {num_layers} layers "
+            f"(0–{num_layers - 1})."
+        )
+
+
+def _require_space(need: feature_size.SpaceNeed, setdir: Path) -> None:
+    if not need.fits:
+        raise HarnessError(
+            f"Not enough free space for feature set {setdir}: it needs {need.describe()}, and "
+            f"{need.path} has {need.free / 2**20:.1f} MiB free. Free space there (old sets: "
+            "`fab prune --features`), or extract fewer prompts or fewer --max-new-tokens."
+        )
+
+
+def _made(record: dict[str, Any], host_name: str | None) -> dict[str, Any]:
+    """The manifest's provenance (where and how the states were computed) and fidelity."""
+    provenance = {key: value for key, value in record.items() if key != "fidelity"}
+    provenance["host"] = host_name or socket.gethostname()
+    return {"provenance": provenance, "fidelity": record["fidelity"]}
 
 
 def _inputs(
@@ -228,8 +241,7 @@ def _check_options(options: FeaturesOptions) -> None:
         raise HarnessError(f"--layers must list target layer ids ≥ 0, got {options.layers}.")
     if options.block_size < 1:
         raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
-    if options.max_new_tokens < 1:
-        raise HarnessError(f"--max-new-tokens must be at least 1, got {options.max_new_tokens}.")
+    check_values(options, ("max_new_tokens", "threads"))
     require_writable(f"--out {options.out}", Path(options.out).parent)
 
 

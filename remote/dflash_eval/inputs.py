@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dflash_eval import options as run_options
 from dflash_eval.completions import Prompt, builtin_prompts, read_prompts_jsonl
 from dflash_eval.errors import HarnessError
 from dflash_eval.pickle_policy import expand_names
@@ -15,6 +16,15 @@ from dflash_eval.provenance import accepted_defaults
 
 if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
+
+
+def check_values(values: object, names: tuple[str, ...] | None = None) -> None:
+    """The table's range checks (dflash_eval.options) on options built in code, where no
+    argparse checked them; `names`: only these."""
+    try:
+        run_options.check(values, names)
+    except ValueError as error:
+        raise HarnessError(f"{error}.") from None
 
 
 def check_paths(options: EvalOptions) -> None:
@@ -59,8 +69,6 @@ def load_prompts(options: EvalOptions) -> list[Prompt]:
     prompts = read_prompts_jsonl(options.prompts) if options.prompts else builtin_prompts()
     wanted = options.num_prompts
     if wanted is not None:
-        if wanted < 1:
-            raise HarnessError(f"--num-prompts must be at least 1, got {wanted}.")
         if wanted > len(prompts):
             source = f"the file {options.prompts}" if options.prompts else "the built-in set"
             raise HarnessError(

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from dflash_eval import options as run_options
 from dflash_eval.errors import HarnessError
 
 REFERENCE_COMMIT = "z-lab/dflash 10129599dffb338ff38cfd235a53ca6d3667b4dd"
@@ -41,31 +42,25 @@ ROWS_AT_ONCE = 256
 class Sampling:
     """How both models sample. temperature 0: greedy (the other fields are unused)."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    samples: int = 1000  # Monte Carlo walks per prompt
+    temperature: float = run_options.default("temperature")
+    top_p: float = run_options.default("top_p")
+    top_k: int = run_options.default("top_k")
+    seed: int = run_options.default("seed")
+    samples: int = run_options.default("samples")  # walks per prompt
 
     @property
     def active(self) -> bool:
         return self.temperature > 0
 
     def check(self) -> None:
-        """The reference's bounds (temperature ≥ 0, 0 < top_p ≤ 1, top_k ≥ 0), and ours."""
-        problems = []
-        if not self.temperature >= 0:  # also refuses NaN
-            problems.append(f"--temperature must be ≥ 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            problems.append(f"--top-k must be ≥ 0 (0: off), got {self.top_k}")
-        if self.samples < 2:
-            problems.append(f"--samples must be at least 2 (for an interval), got {self.samples}")
+        """Each setting within its bounds in the option table (for settings built in code,
+        not parsed by argparse), and top-p/top-k only with T > 0."""
+        try:
+            run_options.check(self)
+        except ValueError as error:
+            raise HarnessError(f"{error}.") from None
         if not self.active and (self.top_p != 1 or self.top_k != 0):
-            problems.append("--top-p and --top-k need --temperature above 0 (T = 0 is greedy)")
-        if problems:
-            raise HarnessError("; ".join(problems) + ".")
+            raise HarnessError("--top-p and --top-k need --temperature above 0 (T = 0 is greedy).")
 
     def key(self) -> dict[str, Any]:
         """What a sampled completion depends on (part of its cache key)."""

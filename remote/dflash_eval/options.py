@@ -1,0 +1,419 @@
+"""The harness's run options, each declared once: its flag, kind, default, help and check.
+
+Everything else is derived from `OPTIONS`: the argparse flags of `eval` and `plan` (and of
+`features` and `extract` for the few they share), the fields of `EvalOptions`, the range
+checks a run makes, and on the workstation (dflash_ops imports this module, so it stays
+stdlib only) the argv `fab run-eval` sends, the checks it makes before staging anything, and
+the help of `fab run-eval`, `fab watch` and `fab extract-features`.
+
+Adding an option is one `Option(...)` below plus the code that reads it
+(docs/contributing.md, "How to add a harness option").
+
+Kinds: `int` and `float` (within `minimum` and `maximum` when given; a float is finite),
+`text` (one of `choices` when given), `dtype` (text whose aliases such as bf16 are first
+named as the harness names them: dflash_eval.dtypes), `path`, `switch` (a flag without a
+value), `on-off` ("on"/"off" → a bool), `ints` and `names` (comma-separated lists; each int
+within the bounds).
+
+`tasks` names the fab tasks that take the option under its own name and pass it on as is;
+options the workstation sets itself (paths it stages or uploads, the step) name none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from dflash_eval.dtypes import dtype_name
+
+Kind = Literal["int", "float", "text", "dtype", "path", "switch", "on-off", "ints", "names"]
+
+# The harness commands that describe a run: plan and diagnose take eval's flags.
+RUN = ("eval", "plan", "diagnose")
+RUN_EVAL, WATCH, EXTRACT_FEATURES = "run-eval", "watch", "extract-features"
+DIAGNOSE = "diagnose"  # fab diagnose: the few run options a diagnosis is sized by
+EVAL_TASKS = (RUN_EVAL, WATCH)  # fab watch passes run-eval's options to every run
+
+_FIELD_TYPES: dict[str, type] = {
+    "int": int,
+    "float": float,
+    "text": str,
+    "dtype": str,
+    "path": Path,
+    "switch": bool,
+    "on-off": bool,
+    "ints": list[int],
+    "names": list[str],
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the field of EvalOptions and the keyword of the fab tasks
+    kind: Kind
+    help: str  # without the default: `help_text` adds it
+    default: object = None
+    minimum: float | None = None
+    maximum: float | None = None
+    above_minimum: bool = False  # the minimum itself is refused: (minimum, maximum]
+    choices: tuple[str, ...] = ()
+    required: bool = False
+    commands: tuple[str, ...] = RUN
+    tasks: tuple[str, ...] = ()
+    stored: bool = True  # False: read by the command line only, not a field of the options
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+DTYPES = ("float32", "bfloat16")
+CACHE_DIR = Path.home() / ".cache" / "dflash-eval"
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "checkpoint",
+        "path",
+        "training checkpoint.pt, Hugging Face DFlash dir, or extracted dir",
+        required=True,
+    ),
+    Option(
+        "target", "path", "target model directory (HF)", required=True, commands=(*RUN, "features")
+    ),
+    Option("drafter_config", "path", "drafter config.json, used when the checkpoint carries none"),
+    Option(
+        "block_size",
+        "int",
+        "block size B (default: the one the drafter was trained with)",
+        minimum=2,
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
+    ),
+    Option(
+        "mask_token_id",
+        "int",
+        "the drafter's mask token id (overrides what the checkpoint says)",
+        minimum=0,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "target_layer_ids",
+        "ints",
+        "target layers feeding the drafter, comma-separated, e.g. 1,9,17 (overrides the config)",
+        minimum=0,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "drafter_profile",
+        "path",
+        "JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
+        "profile, as the workstation sends it)",
+    ),
+    Option(
+        "accept_default",
+        "names",
+        "confirm the default rule for these settings when nothing states them "
+        "(comma-separated: target_layer_ids, rope); else refused",
+        default=[],
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "prompts",
+        "path",
+        "JSONL prompts (default: built-in set)",
+        commands=(*RUN, "features"),
+    ),
+    Option(
+        "num_prompts",
+        "int",
+        "use the first N prompts (more than exist: an error); with --dataset, draw N from each set",
+        minimum=1,
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES, DIAGNOSE),
+    ),
+    Option(
+        "thinking",
+        "on-off",
+        "enable_thinking for chat templates that have it (z-lab's benchmark: off)",
+        default=False,
+        commands=(*RUN, "features"),
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
+    ),
+    Option(
+        "max_new_tokens",
+        "int",
+        "reference completion length, as z-lab's max_new_tokens",
+        default=256,
+        minimum=1,
+        commands=(*RUN, "features"),
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES, DIAGNOSE),
+    ),
+    Option(
+        "max_blocks",
+        "int",
+        "stop each prompt's walk after this many rounds",
+        minimum=1,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "ddtree",
+        "ints",
+        "DDTree budgets, comma-separated (default 4,8,16,32, none for a DFlash-2 drafter; '' for "
+        "none)",
+        minimum=1,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "threads",
+        "int",
+        "torch CPU threads on the host that runs it (default: torch's)",
+        minimum=1,
+        commands=(*RUN, "features"),
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
+    ),
+    Option("reference_drafter", "path", "also evaluate this drafter on the same hidden states"),
+    Option(
+        "sglang_url",
+        "text",
+        "get completions from SGLang's /generate (default: local greedy); @FILE reads the URL "
+        "from FILE, keeping credentials out of the command line",
+    ),
+    Option("cache_dir", "path", "completion/hidden-state cache", default=CACHE_DIR),
+    Option(
+        "no_cache",
+        "switch",
+        "neither read nor write the harness's completion/hidden-state cache",
+        default=False,
+        tasks=EVAL_TASKS,
+        stored=False,
+    ),
+    Option(
+        "dtype",
+        "dtype",
+        "drafter dtype (default: the profile's, else float32)",
+        choices=DTYPES,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "target_dtype",
+        "dtype",
+        "target dtype (auto: as saved; float32 for linear attention on CPU)",
+        default="auto",
+        choices=("auto", *DTYPES),
+        commands=(*RUN, "features"),
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
+    ),
+    Option(
+        "safe_globals",
+        "names",
+        "also unpickle these named globals (comma-separated dotted names, or the built-in "
+        "groups argparse,numpy); nothing else beyond weights",
+        default=[],
+        commands=(*RUN, "extract"),
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "allow_unsafe_pickle",
+        "switch",
+        "unpickle checkpoints that need more than weights_only (runs code from the file; recorded)",
+        default=False,
+        commands=(*RUN, "extract"),
+        tasks=EVAL_TASKS,
+    ),
+    Option("chunk_anchors", "int", "anchors per batched drafter pass", minimum=1, tasks=EVAL_TASKS),
+    Option(
+        "per_block",
+        "switch",
+        "one drafter forward per block (the unbatched comparison; slow)",
+        default=False,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "temperature",
+        "float",
+        "sample at this temperature: the target samples each completion and the drafter its "
+        "slots (0: greedy; docs/sampling.md)",
+        default=0.0,
+        minimum=0,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "top_p",
+        "float",
+        "top-p at T > 0 (1: off)",
+        default=1.0,
+        minimum=0,
+        maximum=1,
+        above_minimum=True,
+        tasks=EVAL_TASKS,
+    ),
+    Option("top_k", "int", "top-k at T > 0 (0: off)", default=0, minimum=0, tasks=EVAL_TASKS),
+    Option(
+        "seed",
+        "int",
+        "seed of the sampled completions and Monte Carlo walks",
+        default=0,
+        minimum=0,
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "samples",
+        "int",
+        "Monte Carlo walks per prompt at T > 0 (at least 2, for an interval)",
+        default=1000,
+        minimum=2,
+        tasks=EVAL_TASKS,
+    ),
+    Option("step", "int", "record this step (default: from the checkpoint)", minimum=0),
+    Option(
+        "verify",
+        "switch",
+        "hash the checkpoint even when the staging manifest beside it records its sha256",
+        default=False,
+        tasks=(RUN_EVAL,),
+    ),
+)
+
+BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def for_command(command: str) -> list[Option]:
+    """The options a harness command takes, in the table's order."""
+    return [option for option in OPTIONS if command in option.commands]
+
+
+def for_task(task: str) -> list[Option]:
+    """The options a fab task takes and passes on as is, in the table's order."""
+    return [option for option in OPTIONS if task in option.tasks]
+
+
+def default(name: str) -> object:
+    """An option's default, a fresh copy (list defaults are never shared)."""
+    value = BY_NAME[name].default
+    return list(value) if isinstance(value, list) else value
+
+
+def parse(option: Option, value: object) -> object:
+    """`value` (text from a command line, or already typed) as the option's kind, checked;
+    None when not given. ValueError says what was expected and found, without the flag."""
+    if value is None or (value == "" and option.kind not in ("ints", "names")):
+        return None
+    if option.kind == "switch":
+        return bool(value)
+    if option.kind == "on-off":
+        if isinstance(value, bool):
+            return value
+        if value not in ("on", "off"):
+            raise ValueError(f"expected one of on, off, found {value!r}")
+        return value == "on"
+    if option.kind in ("int", "float"):
+        return _number(option, value)
+    if option.kind in ("ints", "names"):
+        listed = value.split(",") if isinstance(value, str) else value
+        items = [text for text in (str(item).strip() for item in listed) if text]
+        return [_number(option, item) for item in items] if option.kind == "ints" else items
+    if option.kind == "path":
+        return Path(str(value))
+    if option.kind == "dtype":
+        value = dtype_name(str(value))
+    if option.choices and value not in option.choices:
+        raise ValueError(f"expected one of {', '.join(option.choices)}, found {value!r}")
+    return str(value)
+
+
+def _number(option: Option, value: object) -> int | float:
+    """The one value check of every number the table declares (ValueError when refused)."""
+    kind = int if option.kind in ("int", "ints") else float
+    words = ("a whole number" if kind is int else "a number") + _bounds(option)
+    try:
+        number = kind(str(value).strip())
+    except ValueError:
+        raise ValueError(f"expected {words}, found {value!r}") from None
+    low, high = option.minimum, option.maximum
+    refused = (
+        isinstance(value, bool)
+        or not math.isfinite(number)
+        or (low is not None and not (number > low if option.above_minimum else number >= low))
+        or (high is not None and not number <= high)
+    )
+    if refused:
+        raise ValueError(f"expected {words}, found {value!r}")
+    return number
+
+
+def _bounds(option: Option) -> str:
+    """The option's range in words: " ≥ 1", " in (0, 1]", or nothing."""
+    low, high = option.minimum, option.maximum
+    if low is not None and high is not None:
+        return f" in {'(' if option.above_minimum else '['}{low:g}, {high:g}]"
+    if low is not None:
+        return f" {'>' if option.above_minimum else '≥'} {low:g}"
+    return "" if high is None else f" ≤ {high:g}"
+
+
+def as_text(option: Option, value: object) -> str:
+    """A parsed value as its command-line text (a switch has none: its flag is enough)."""
+    if option.kind == "on-off":
+        return "on" if value else "off"
+    if option.kind in ("ints", "names"):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+def help_text(option: Option) -> str:
+    """The option's help with its default, as argparse and fab show it."""
+    described = option.help
+    if option.choices:
+        described += f"; one of {', '.join(option.choices)}"
+    elif option.kind == "on-off":
+        described += "; on or off"
+    if option.kind == "dtype":
+        described += " (aliases bf16, fp32 accepted)"
+    shown = option.default
+    if shown in (None, []) or option.kind == "switch":
+        return described
+    if isinstance(shown, Path):
+        shown = (
+            f"~/{shown.relative_to(Path.home())}" if shown.is_relative_to(Path.home()) else shown
+        )
+    return f"{described} (default {as_text(option, shown)})"
+
+
+def check(values: object, names: Iterable[str] | None = None) -> None:
+    """Every option among `names` (default: all) that `values` has as an attribute, in range;
+    ValueError naming the flag otherwise (for options built in code, not by argparse)."""
+    for option in OPTIONS:
+        if (names is not None and option.name not in names) or not hasattr(values, option.name):
+            continue
+        value = getattr(values, option.name)
+        if value is None or option.kind not in ("int", "float", "ints"):
+            continue
+        try:
+            parse(option, value)
+        except ValueError as error:
+            raise ValueError(f"{option.flag}: {error}") from None
+
+
+def fields(command: str) -> list[tuple[str, object, dataclasses.Field]]:
+    """`dataclasses.make_dataclass` fields for the stored options of a harness command."""
+    made = []
+    for option in for_command(command):
+        if not option.stored:
+            continue
+        kind = _FIELD_TYPES[option.kind]
+        if option.required:
+            made.append((option.name, kind, dataclasses.field()))
+        elif isinstance(option.default, list):
+            factory = option.default.copy
+            made.append((option.name, kind, dataclasses.field(default_factory=factory)))
+        else:
+            hint = kind if option.default is not None else kind | None
+            made.append((option.name, hint, dataclasses.field(default=option.default)))
+    return made
+
+
+def options_class(name: str, command: str) -> type:
+    """A keyword-only dataclass of the stored options of a harness command."""
+    return dataclasses.make_dataclass(name, fields(command), kw_only=True)

@@ -1,0 +1,130 @@
+"""The harness's option table (dflash_eval.options) is the one declaration of each run option:
+the harness's flags, EvalOptions, the workstation's checks and argv, and the fab tasks'
+parameters and help all agree with it. A fab task's signature stays explicit (invoke reads
+it), so these tests pin it to the table: an option added to one and not the other fails here."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+
+import pytest
+from dflash_eval import options as table
+from dflash_eval.cli import _eval_options, build_parser
+from dflash_eval.evaluate import EvalOptions
+from invoke.exceptions import ParseError
+
+import fabfile
+from dflash_ops.core.errors import OpsError
+from dflash_ops.evaluation.harness_options import checked, harness_args
+
+TASKS = {
+    table.RUN_EVAL: fabfile.run_eval,
+    table.WATCH: fabfile.watch,
+    table.EXTRACT_FEATURES: fabfile.extract_features,
+    table.DIAGNOSE: fabfile.diagnose,
+}
+# The tasks' help where an option's meaning is narrower than run-eval's.
+HELP_OVERRIDES = {
+    table.EXTRACT_FEATURES: {"num_prompts", "block_size"},
+    table.DIAGNOSE: {"num_prompts"},
+}
+REQUIRED = ["--checkpoint", "c", "--target", "t"]
+
+
+def _unset(option: table.Option) -> object:
+    return False if option.kind == "switch" else None
+
+
+def _arguments(task) -> dict:
+    """The task's invoke Arguments (invoke consumes the help dict it reads: a copy here)."""
+    fresh = copy.copy(task)
+    fresh.help = dict(task.help)
+    return {argument.name: argument for argument in fresh.get_arguments()}
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_fab_task_takes_exactly_its_table_options_unset_by_default(name):
+    task = TASKS[name]
+    parameters = inspect.signature(task.body).parameters
+    wanted = {option.name: _unset(option) for option in table.for_task(name)}
+    found = {
+        parameter: parameters[parameter].default
+        for parameter in parameters
+        if parameter in table.BY_NAME and name in table.BY_NAME[parameter].tasks
+    }
+    # Unset means "the harness's default": the default itself is written in the table only.
+    assert found == wanted
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_each_fab_task_shows_the_tables_help_and_numbers_as_numbers(name):
+    task = TASKS[name]
+    arguments = _arguments(task)
+    for option in table.for_task(name):
+        if option.name not in HELP_OVERRIDES.get(name, set()):
+            assert arguments[option.name].help == table.help_text(option)
+        if option.kind == "int":
+            assert arguments[option.name].kind is int  # fab --help: --max-new-tokens=INT
+    assert "(default 256)" in arguments["max_new_tokens"].help
+
+
+def test_a_bad_number_on_the_fab_command_line_is_one_line_naming_the_flag():
+    arguments = _arguments(fabfile.run_eval)
+    with pytest.raises(ParseError, match=r"^--max-new-tokens: expected a whole number ≥ 1"):
+        arguments["max_new_tokens"].set_value("0")
+    with pytest.raises(ParseError, match=r"^--block-size: expected a whole number ≥ 2"):
+        arguments["block_size"].set_value("many")
+    arguments["threads"].set_value("4")
+    assert arguments["threads"].value == 4
+
+
+def test_harness_flags_and_eval_options_are_the_tables():
+    args = build_parser().parse_args(["eval", *REQUIRED, "--out", "o"])
+    options = _eval_options(args, given={})
+    fields = {field.name for field in dataclasses.fields(EvalOptions)}
+    for option in table.for_command("eval"):
+        assert getattr(args, option.name) == table.default(option.name) or option.required
+        assert (option.name in fields) == option.stored
+    assert options.max_new_tokens == 256 and options.ddtree is None  # None: the drafter's own
+    assert options.thinking is False and options.cache_dir == table.CACHE_DIR
+
+
+def test_a_bad_value_is_refused_by_the_harness_and_by_the_workstation_alike(capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        build_parser().parse_args(["plan", *REQUIRED, "--ddtree", "4,0"])
+    assert exit_status.value.code == 2
+    assert "--ddtree: expected a whole number ≥ 1, found '0'" in capsys.readouterr().err
+    with pytest.raises(OpsError, match=r"^--ddtree: expected a whole number ≥ 1, found '0'$"):
+        checked({"ddtree": "4,0"})
+    with pytest.raises(OpsError, match=r"^--dtype: expected one of float32, bfloat16"):
+        checked({"dtype": "float16"})
+    with pytest.raises(OpsError, match="not harness options: checkpoint"):
+        checked({"checkpoint": "/elsewhere"})  # run-eval chooses it, not the user
+
+
+def test_the_argv_the_workstation_sends_means_the_same_run_to_the_harness():
+    given = {
+        "num_prompts": "3",
+        "max_new_tokens": 24,
+        "ddtree": "4,8",
+        "target_layer_ids": "1, 9",
+        "accept_default": "rope",
+        "thinking": "on",
+        "target_dtype": "float32",
+        "no_cache": True,
+        "per_block": False,
+        "chunk_anchors": "2",
+    }
+    argv = harness_args(given)
+    assert "--per-block" not in argv and argv[argv.index("--no-cache") + 1] == "--chunk-anchors"
+    options = _eval_options(build_parser().parse_args(["eval", *REQUIRED, "--out", "o", *argv]), {})
+    assert (options.num_prompts, options.max_new_tokens, options.chunk_anchors) == (3, 24, 2)
+    assert (options.ddtree, options.target_layer_ids) == ([4, 8], [1, 9])
+    assert (options.accept_default, options.thinking, options.target_dtype) == (
+        ["rope"],
+        True,
+        "float32",
+    )
+    assert options.cache_dir is None and options.per_block is False
