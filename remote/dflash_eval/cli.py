@@ -37,8 +37,8 @@ def _add_pickle_flags(parser: argparse.ArgumentParser) -> None:
         "--safe-globals",
         type=_name_list,
         default=[],
-        help="also unpickle these named globals (comma-separated dotted names, or the built-in "
-        "groups argparse,numpy); nothing else beyond weights",
+        help="also unpickle these inert globals (comma-separated groups argparse, numpy, "
+        "pathlib, datetime, or their dotted names); nothing else beyond weights",
     )
     parser.add_argument(
         "--allow-unsafe-pickle",
