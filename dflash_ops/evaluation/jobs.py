@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dflash_ops.core.errors import OpsError, RemoteCommandError
+from dflash_ops.core.files import PRIVATE_DIR_MODE, make_dirs, write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
@@ -421,8 +422,8 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
     destination = results_root / run.run_id
     if (destination / "run.json").exists():
         return None
-    partial = results_root / f".{run.run_id}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
+    partial = make_dirs(results_root) / f".{run.run_id}.partial"
+    make_dirs(partial, PRIVATE_DIR_MODE)  # as the run directory on the host: its logs
     remote = run_dir(entry, run.run_id)
     for name in RUN_FILES:
         try:
@@ -430,7 +431,7 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
         except OSError as exc:
             raise RemoteCommandError(host.name, f"get {remote}/{name}", 1, str(exc)) from None
         if data is not None:  # a failed run has no results.json: none is written here either
-            (partial / name).write_bytes(data)
+            write_atomic(partial / name, data)
     summary = {
         "run_id": run.run_id,
         "host": host.name,
@@ -444,7 +445,7 @@ def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | N
         "remote_dir": remote,
         "problem": run.problem,
     }
-    (partial / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(partial / "run.json", json.dumps(summary, indent=2) + "\n")
     partial.replace(destination)
     return destination
 

@@ -24,7 +24,6 @@ lets no host take another step; runs already started go on, detached, on their h
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Protocol
 from dflash_eval import schema
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs, sweep
 from dflash_ops.evaluation.results import load_runs
@@ -112,10 +112,7 @@ class WatchState:
             "attempts": {str(s): n for s, n in sorted(self.attempts.items())},
             "skipped": {str(s): e for s, e in sorted(self.skipped.items())},
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(data, indent=2) + "\n")
-        partial.replace(self.path)
+        write_atomic(self.path, json.dumps(data, indent=2) + "\n")
 
 
 @dataclass

@@ -23,6 +23,7 @@ import jinja2
 from dflash_eval import schema
 from markupsafe import Markup
 
+from dflash_ops.core.files import write_atomic
 from dflash_ops.evaluation import figures
 from dflash_ops.evaluation.results import (
     TRAINING_RUN,
@@ -68,12 +69,7 @@ pre { white-space: pre-wrap; background: #f7f7f7; padding: 0.5em; }
 
 def write(comparison: Comparison, path: Path, mixed: str | None = None) -> Path:
     """Render the comparison into `path` (atomically) and return it."""
-    text = render(comparison, mixed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
-    return path
+    return write_atomic(path, render(comparison, mixed))
 
 
 _TEMPLATES = jinja2.Environment(
