@@ -23,6 +23,8 @@ from pathlib import Path
 from dflash_ops.core.errors import OpsError, RemoteCommandError
 from dflash_ops.core.files import PRIVATE_DIR_MODE, make_dirs, write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.records import RecordError, parse_record
+from dflash_ops.evaluation.records import RunParams
 from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
@@ -30,6 +32,7 @@ from dflash_ops.remote.probes import Probe
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
 DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
+PARAMS_BYTES = 1 << 20  # params.json read back at most (the tool writes a few hundred bytes)
 
 
 class JobError(OpsError):
@@ -252,8 +255,13 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
         'results=no; [ -f "$d/results.json" ] && results=yes; '
         '[ -f "$d/cancelled" ] && results=cancelled; '
         'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
-        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
-        '"$results" "$finished" "$(tr -d \'\\n\' < "$d/params.json")"; done'
+        # One record per run, NUL-ended, tabs and newlines in the name made byte 1 (a control
+        # character: such a run is listed broken). params.json is cut at PARAMS_BYTES (a
+        # longer one fails to parse, and is named broken).
+        "name=$(printf %s \"$d\" | tr '\\t\\n\\r' '\\001\\001\\001'); "
+        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\0\' "$name" "$code" "$pid" "$alive" '
+        f'"$results" "$finished" "$(head -c {PARAMS_BYTES} "$d/params.json" | tr -d \'\\n\\0\')"; '
+        "done"
     )
     return Probe(command, lambda output: parse_runs(host_name, output))
 
@@ -261,11 +269,14 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
 def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Run]:
     now = time.time() if now is None else now
     runs = []
-    for line in output.splitlines():
+    for line in output.split("\0"):
         if not line.strip():
             continue
         run_id, code, pid, alive, results, finished, params = line.split("\t", 6)
         params_data, problem = _params(params)
+        if not run_id.isprintable():
+            run_id = run_id.encode("unicode_escape").decode("ascii")
+            params_data, problem = {}, "its directory name holds control characters"
         exit_code = int(code) if code.lstrip("-").isdigit() else None
         if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
             state = "cancelled" if exit_code is not None or alive != "yes" else "running"
@@ -297,14 +308,14 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
 
 def _params(text: str) -> tuple[dict, str | None]:
     """A run's params.json, or ({}, why not): one damaged run directory (a truncated write,
-    a full disk) must not make every listing of the host fail."""
+    a full disk, a text where a number goes) must not make every listing of the host fail."""
+    if not text:
+        return {}, None
     try:
-        params = json.loads(text) if text else {}
-    except json.JSONDecodeError as exc:
-        return {}, f"params.json is not valid JSON ({exc.msg} at character {exc.pos})"
-    if not isinstance(params, dict):
-        return {}, "params.json is not a JSON object"
-    return params, None
+        params = parse_record(text, "params.json", RunParams)
+    except RecordError as exc:
+        return {}, str(exc)
+    return params.model_dump(exclude_unset=True), None
 
 
 def list_runs(host: Host, entry: EvalHost) -> list[Run]:

@@ -16,7 +16,6 @@ kept apart, grouped by run, each row labelled with its run (none for the trainer
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ from typing import Any
 from dflash_eval import schema
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.core.records import RecordError, read_json_file, validate
+from dflash_ops.evaluation.records import Results, RunSummary
 
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
 TRAINING_RUN = "training run"  # the column shown when some row belongs to a named run
@@ -78,23 +79,54 @@ def load_runs(results_root: Path) -> list[RunResult]:
 
 
 def _load_run(directory: Path) -> RunResult:
+    name = _printable(directory.name)
     try:
-        run = json.loads((directory / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        return RunResult(directory.name, directory, {}, None, f"run.json unreadable ({exc})")
-    if not isinstance(run, dict):
-        return RunResult(directory.name, directory, {}, None, "run.json is not a JSON object")
-    results_file = directory / "results.json"
-    if not results_file.exists() or run.get("problem"):
-        return RunResult(directory.name, directory, run, None, run.get("problem"))
+        run = validate(read_json_file(directory / "run.json", "run.json"), "run.json", RunSummary)
+    except RecordError as exc:
+        return RunResult(name, directory, {}, None, str(exc))
+    summary = run.model_dump(exclude_unset=True)
+    if name != directory.name:
+        return RunResult(
+            name,
+            directory,
+            summary,
+            None,
+            "its directory name holds control "
+            "characters: not a run this tool fetched; move it aside",
+        )
+    if not (directory / "results.json").exists() or run.problem:
+        return RunResult(name, directory, summary, None, run.problem)
     try:
-        results = json.loads(results_file.read_text())
-    except (OSError, ValueError) as exc:
-        return RunResult(directory.name, directory, run, None, f"results.json unreadable ({exc})")
+        results = read_results(directory)
+    except RecordError as exc:
+        return RunResult(name, directory, summary, None, str(exc))
+    return RunResult(name, directory, summary, results)
+
+
+def read_results(directory: Path) -> dict:
+    """A fetched run's results.json, bounded and typed where it is read (RecordError
+    names the first thing wrong)."""
+    results = read_json_file(directory / "results.json", "results.json")
+    if _ours(results):  # typed first: the first wrong field named, not a reader's crash
+        validate(results, "results.json", Results)
     problem = schema.shape_problem(results)
     if problem:
-        return RunResult(directory.name, directory, run, None, f"results.json: {problem}")
-    return RunResult(directory.name, directory, run, results)
+        raise RecordError(f"results.json: {problem}")
+    return results
+
+
+def _ours(results: object) -> bool:
+    """Whether a file claims to be results of the schema this dflash-ops reads."""
+    return (
+        isinstance(results, dict)
+        and results.get(schema.KIND_KEY) == schema.KIND
+        and results.get(schema.SCHEMA_VERSION_KEY) == schema.SCHEMA_VERSION
+    )
+
+
+def _printable(name: str) -> str:
+    """A directory name as it can be shown on one line (control characters escaped)."""
+    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
 
 @dataclass

@@ -23,11 +23,13 @@ from dflash_eval import schema
 from dflash_ops.core.arguments import parse_choice, parse_count
 from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import harness_args, pick
+from dflash_ops.evaluation.results import ResultsError, read_results
 from dflash_ops.features.hosted import relayed_set
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
@@ -161,9 +163,11 @@ def prompts_file(
             raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
         per_set = parse_count("--num-prompts", num_prompts, 1)
         return dataset_prompts(dataset, per_set, directory, say)
-    if prompts and not Path(prompts).is_file():
+    if not prompts:
+        return None
+    if not Path(prompts).is_file():
         raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
-    return Path(prompts) if prompts else None
+    return Path(prompts)
 
 
 def dataset_prompts(
@@ -292,7 +296,13 @@ def conclude(
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        results = json.loads((directory / "results.json").read_text())
+        try:
+            results = read_results(directory)
+        except RecordError as exc:
+            raise ResultsError(
+                f"{host.name}: run {run.run_id} succeeded but its {exc} ({directory}); "
+                "compare its log there with the harness version"
+            ) from None
         summary = schema.summary_lines(results)
         if staged is not None:
             _require_staged_bytes(results, staged, directory, run_flag(inventory))
@@ -432,10 +442,11 @@ def _extracted_from(host: Host, extracted: str) -> str | None:
         check=False,
     )
     try:
-        record = json.loads(answer.stdout) if answer.ok else None
-    except ValueError:
+        record = parse_json(answer.stdout, EXTRACT_RECORD) if answer.ok else None
+    except RecordError:
         return None
-    return record.get("source_sha256") if isinstance(record, dict) else None
+    source = record.get("source_sha256") if isinstance(record, dict) else None
+    return source if isinstance(source, str) else None
 
 
 def harness_command(

@@ -35,8 +35,9 @@ from dflash_eval import schema
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation import jobs, sweep
-from dflash_ops.evaluation.results import load_runs
+from dflash_ops.evaluation.results import load_runs, read_results
 from dflash_ops.evaluation.run import EvalRequest, RunReporter, run_flag
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host
@@ -68,6 +69,14 @@ def parse_interval(text: str | int | float) -> float:
     )
 
 
+class StateRecord(Record):
+    """The watch state file as written by `WatchState.save` (steps as JSON's string keys)."""
+
+    evaluated: dict[str, str]
+    attempts: dict[str, int]
+    skipped: dict[str, str]
+
+
 @dataclass
 class WatchState:
     path: Path
@@ -89,15 +98,15 @@ class WatchState:
         if not path.exists():
             return cls(path, tag)
         try:
-            data = json.loads(path.read_text())
+            data = validate(read_json_file(path, path.name), path.name, StateRecord)
             return cls(
                 path,
                 tag,
-                {int(step): run_id for step, run_id in data["evaluated"].items()},
-                {int(step): int(count) for step, count in data["attempts"].items()},
-                {int(step): str(error) for step, error in data["skipped"].items()},
+                {int(step): run_id for step, run_id in data.evaluated.items()},
+                {int(step): count for step, count in data.attempts.items()},
+                {int(step): error for step, error in data.skipped.items()},
             )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (RecordError, ValueError) as exc:
             raise WatchError(
                 f"{path}: cannot read the watch state ({exc}). Move it aside to start afresh: "
                 "steps with successful local results are still not evaluated again."
@@ -291,8 +300,8 @@ class Watch:
         payload = {**self._payload("evaluated", step), "run_id": run.run_id, "host": run.host}
         results_file = self.inventory.local.results / run.run_id / "results.json"
         try:
-            results = json.loads(results_file.read_text())
-        except (OSError, ValueError):
+            results = read_results(results_file.parent)
+        except RecordError:
             return payload  # the news goes out without numbers rather than not at all
         payload["tau_macro"] = schema.metrics(results).get(schema.TAU_MACRO)
         interval = _dig(results, INTERVAL_PATH)
