@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from dflash_ops.core.errors import OpsError
 
 MAX_RECORD_BYTES = 64 << 20  # a results.json with every prompt's numbers and samples fits
+MAX_LINES_BYTES = 1 << 30  # a prompts file: large, but not the disk
 MAX_DEPTH = 32  # results nest about 7 levels; anything far deeper is no record of ours
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -91,6 +92,39 @@ def read_json_file(
         return parse_json(path.read_bytes(), what, max_bytes=max_bytes)
     except OSError as exc:
         raise RecordError(f"{what}: cannot be read ({exc.strerror or exc})") from None
+
+
+def check_json_lines(path: Path, what: str, *, max_bytes: int = MAX_LINES_BYTES) -> int:
+    """Check that the file at `path` is UTF-8 JSON lines, one object a line (blank lines
+    allowed), before it goes anywhere; the number of records. `what` names it in errors."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise RecordError(f"{what} {path}: {size} bytes, more than {max_bytes} allowed")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordError(f"{what} {path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise RecordError(
+            f"{what} {path}: line {line}: not UTF-8 text (the byte {data[exc.start]:#04x}); "
+            "save it as UTF-8 JSON lines"
+        ) from None
+    count = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            value = parse_json(line, f"{what} {path}: line {number}")
+            if not isinstance(value, dict):
+                raise RecordError(
+                    f"{what} {path}: line {number}: expected a JSON object, found "
+                    f"{type(value).__name__}"
+                )
+            count += 1
+    if not count:
+        raise RecordError(f"{what} {path}: no records (expected one JSON object a line)")
+    return count
 
 
 def _depth(value: Any) -> int:

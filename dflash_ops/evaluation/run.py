@@ -23,7 +23,7 @@ from dflash_eval import schema
 from dflash_ops.core.arguments import parse_choice, parse_count
 from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
-from dflash_ops.core.records import RecordError, parse_json
+from dflash_ops.core.records import RecordError, check_json_lines, parse_json
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.dataset_cache import load_set
@@ -167,6 +167,7 @@ def prompts_file(
         return None
     if not Path(prompts).is_file():
         raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
+    check_json_lines(Path(prompts), "--prompts")  # here, before anything is staged or sent
     return Path(prompts)
 
 

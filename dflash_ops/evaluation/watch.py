@@ -32,6 +32,7 @@ from typing import Protocol
 
 from dflash_eval import schema
 
+from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
@@ -52,6 +53,9 @@ ERROR_CHARS = 500  # of a failure's message kept in the state and the webhook pa
 INTERVAL_PATH = ("by_dataset", "overall", schema.TAU_MACRO)
 
 
+MAX_INTERVAL = 7 * 24 * 3600  # a week between passes at most
+
+
 class WatchError(OpsError):
     """The watch cannot go on: bad arguments or an unreadable state file."""
 
@@ -63,10 +67,12 @@ def parse_interval(text: str | int | float) -> float:
     parts = re.fullmatch(r"((?:\d+(?:\.\d+)?[hms])+|\d+(?:\.\d+)?)", value)
     if not parts:
         raise WatchError(f"--interval: expected e.g. 90s, 10m, 1h30m or seconds, found {text!r}")
-    return sum(
+    seconds = sum(
         float(number) * units[unit]
         for number, unit in re.findall(r"(\d+(?:\.\d+)?)([hms]?)", value)
     )
+    # One parser bounds it: a wait the clock can hold (1e400 s is infinite, 1e300 overflows).
+    return parse_number("--interval", seconds, minimum=0, maximum=MAX_INTERVAL, unit="seconds")
 
 
 class StateRecord(Record):

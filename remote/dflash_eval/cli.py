@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval import schema
 from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import option
 from dflash_eval.progress import Progress
 from dflash_eval.urls import read_url
 
@@ -20,12 +21,19 @@ if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
 
 
+# The numeric options' bounds (dflash_eval.numbers): far beyond real use, never a value
+# that allocates without end.
+BLOCK_SIZE = option(minimum=2, maximum=1024, unit="tokens")
+TOKENS = option(minimum=1, maximum=1 << 20, unit="tokens")
+THREADS = option(minimum=1, maximum=4096, unit="threads")
+COUNT = option(minimum=1, maximum=1 << 24)
+TOKEN_ID = option(minimum=0, maximum=1 << 24)
+STEP = option(minimum=0, maximum=10**12)
+LIST_ITEM = option(minimum=0, maximum=1 << 16)  # a layer id or a DDTree budget
+
+
 def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        message = f"expected comma-separated integers, got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
+    return [LIST_ITEM(part) for part in text.split(",") if part.strip()]
 
 
 def _name_list(text: str) -> list[str]:
@@ -66,13 +74,13 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     )
     features.add_argument(
         "--block-size",
-        type=int,
+        type=BLOCK_SIZE,
         required=True,
         help="reference tokens past each completion: the largest drafter block size to serve",
     )
     features.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
     features.add_argument(
-        "--max-new-tokens", type=int, default=256, help="completion length (default 256)"
+        "--max-new-tokens", type=TOKENS, default=256, help="completion length (default 256)"
     )
     features.add_argument(
         "--thinking", choices=["on", "off"], default="off", help="enable_thinking (default off)"
@@ -89,7 +97,7 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
         dest="sglang_url",
         help="get completions from SGLang's /generate at this URL (@FILE reads it from FILE)",
     )
-    features.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    features.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     features.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
@@ -125,10 +133,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=int,
+        type=BLOCK_SIZE,
         help="block size B (default: the one the drafter was trained with)",
     )
-    parser.add_argument("--mask-token-id", type=int, help="mask token id, if the config lacks it")
+    parser.add_argument(
+        "--mask-token-id", type=TOKEN_ID, help="mask token id, if the config lacks it"
+    )
     parser.add_argument(
         "--target-layer-ids",
         type=_int_list,
@@ -149,7 +159,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
     parser.add_argument(
-        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
+        "--num-prompts", type=COUNT, help="use the first N prompts (more than exist: an error)"
     )
     parser.add_argument(
         "--thinking",
@@ -159,12 +169,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=TOKENS,
         default=256,
         help="completion length, as z-lab's max_new_tokens (default 256)",
     )
     parser.add_argument(
-        "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
+        "--max-blocks", type=COUNT, help="stop each prompt's walk after this many rounds"
     )
     parser.add_argument(
         "--ddtree",
@@ -172,7 +182,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=[4, 8, 16, 32],
         help="DDTree budgets, comma-separated (default 4,8,16,32; '' for none)",
     )
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     parser.add_argument(
         "--reference-drafter",
         type=Path,
@@ -202,13 +212,13 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="target dtype (default: as saved)",
     )
     _add_pickle_flags(parser)
-    parser.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
+    parser.add_argument("--chunk-anchors", type=COUNT, help="anchors per batched drafter pass")
     parser.add_argument(
         "--per-block",
         action="store_true",
         help="one drafter forward per block (slow; for cross-checking)",
     )
-    parser.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
+    parser.add_argument("--step", type=STEP, help="record this step (default: from the checkpoint)")
     parser.add_argument(
         "--verify",
         action="store_true",

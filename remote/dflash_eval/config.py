@@ -17,9 +17,32 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import check_numbers, parse_number
 
 # Config keys that state the RoPE settings (absent: transformers' Qwen3 default applies).
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor")
+# The numbers of a drafter config, (minimum, maximum, whole): far beyond any real model,
+# yet small enough that nothing built from them (a list per layer, a table per position)
+# can exhaust the host. Checked before transformers or the harness allocates anything.
+LIMIT = 1 << 24
+CONFIG_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "hidden_size": (1, 1 << 16, True),
+    "intermediate_size": (1, 1 << 20, True),
+    "num_hidden_layers": (1, 1024, True),
+    "num_attention_heads": (1, 1024, True),
+    "num_key_value_heads": (1, 1024, True),
+    "head_dim": (1, 4096, True),
+    "vocab_size": (1, LIMIT, True),
+    "max_position_embeddings": (1, LIMIT, True),
+    "sliding_window": (1, LIMIT, True),
+    "max_window_layers": (0, 1024, True),
+    "block_size": (1, 1024, True),
+    "num_target_layers": (1, 1024, True),
+    "mask_token_id": (0, LIMIT, True),
+    "rms_norm_eps": (0, 1, False),
+    "rope_theta": (0, 1e12, False),
+    "partial_rotary_factor": (0, 1, False),
+}
 # Qwen3Config's defaults, which the reference code gets for keys a config leaves out.
 QWEN3_DEFAULT_ROPE_THETA = 10_000.0
 QWEN3_DEFAULT_MAX_POSITIONS = 32768
@@ -157,6 +180,8 @@ def from_hf_dict(raw: Mapping[str, Any], where: str) -> DrafterConfig:
             "Pass a complete one with --drafter-config FILE."
         )
     _refuse_unsupported(raw, dflash, where)
+    check_numbers(raw, CONFIG_BOUNDS, f"the drafter config from {where}")
+    check_numbers(dflash, CONFIG_BOUNDS, f"the drafter config from {where}: dflash_config")
     qwen3 = qwen3_config({k: raw[k] for k in _QWEN3_KEYS if k in raw}, where)
     hidden = int(raw["hidden_size"])
     heads = int(raw["num_attention_heads"])
@@ -253,14 +278,25 @@ def stated_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
     layer_ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
     mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
     if block_size is not None:
-        stated["block_size"] = int(block_size)
+        stated["block_size"] = _bounded("block_size", block_size)
     if layer_ids is not None:
-        stated["target_layer_ids"] = tuple(int(i) for i in layer_ids)
+        if not isinstance(layer_ids, list | tuple):
+            raise HarnessError(
+                f"target_layer_ids: expected a list of layer ids, found {layer_ids!r}"
+            )
+        stated["target_layer_ids"] = tuple(_bounded("target_layer_ids", i, 0) for i in layer_ids)
     if mask_id is not None:
-        stated["mask_token_id"] = int(mask_id)
+        stated["mask_token_id"] = _bounded("mask_token_id", mask_id)
     if raw.get("num_target_layers"):
-        stated["num_target_layers"] = int(raw["num_target_layers"])
+        stated["num_target_layers"] = _bounded("num_target_layers", raw["num_target_layers"])
     return stated
+
+
+def _bounded(key: str, value: Any, minimum: float | None = None) -> int:
+    """A whole config number within CONFIG_BOUNDS (layer ids: those of num_target_layers)."""
+    low, high, _ = CONFIG_BOUNDS.get(key, CONFIG_BOUNDS["num_target_layers"])
+    low = low if minimum is None else minimum
+    return parse_number(key, value, minimum=low, maximum=high, whole=True, text=False)
 
 
 def states_rope(raw: Mapping[str, Any]) -> bool:
