@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dflash_ops.core.arguments import parse_number
-from dflash_ops.core.errors import OpsError
+from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import parse_number
 
 
 def format_bytes(count: float) -> str:
@@ -29,7 +29,7 @@ def parse_size(text: str | int) -> int:
         value = value[:-1]
     try:
         return int(parse_number("size", value, minimum=0, maximum=MAX_SIZE / factor) * factor)
-    except OpsError:
+    except HarnessError:
         raise ValueError(
             f"not a size: {text!r} (expected e.g. 512m, 2g or a byte count, at most 1 EiB)"
         ) from None
