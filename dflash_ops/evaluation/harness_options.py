@@ -9,11 +9,12 @@ here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 from dflash_eval.dtypes import dtype_name
 
-from dflash_ops.core.arguments import parse_count
+from dflash_ops.core.arguments import parse_count, parse_number
 from dflash_ops.core.errors import OpsError
 
 # (flag, value) → the value checked: an int, a str or True (a switch); None when unset.
@@ -28,17 +29,19 @@ def count(minimum: int) -> Check:
 
 
 def number(low: float, high: float, low_open: bool = False) -> Check:
-    """A real number in [low, high] ((low, high] when low_open), kept as the text given."""
+    """A finite real number in [low, high] ((low, high] when low_open), kept as the text
+    given; parsed by the one number parser (core.arguments), bounded here for the open end."""
 
     def check(flag: str, value: object) -> str | None:
         if value in (None, ""):
             return None
         try:
-            found = float(str(value))
-        except ValueError:
-            found = float("nan")
+            found = parse_number(flag, value)
+        except OpsError:
+            found = math.nan  # not a finite number: the bounds below name what is expected
         if not (low < found if low_open else low <= found) or not found <= high:
-            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+            closing = ")" if math.isinf(high) else "]"
+            bounds = f"{'(' if low_open else '['}{low:g}, {high:g}{closing}"
             raise OpsError(f"{flag}: expected a number in {bounds}, found {value!r}")
         return str(value)
 

@@ -24,12 +24,13 @@ from dflash_eval.summary import summary_lines
 from dflash_ops.core.arguments import parse_choice, parse_count
 from dflash_ops.core.errors import CheckpointError, HostError, InventoryError, OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.records import RecordError, check_json_lines, parse_json
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import harness_args, pick
-from dflash_ops.evaluation.results import read_results
+from dflash_ops.evaluation.results import ResultsError, read_results
 from dflash_ops.features.hosted import relayed_set
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
@@ -164,9 +165,12 @@ def prompts_file(
             raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
         per_set = parse_count("--num-prompts", num_prompts, 1)
         return dataset_prompts(dataset, per_set, directory, say)
-    if prompts and not Path(prompts).is_file():
+    if not prompts:
+        return None
+    if not Path(prompts).is_file():
         raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
-    return Path(prompts) if prompts else None
+    check_json_lines(Path(prompts), "--prompts")  # here, before anything is staged or sent
+    return Path(prompts)
 
 
 def dataset_prompts(
@@ -303,7 +307,13 @@ def conclude(
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        results = read_results(directory / "results.json")
+        try:
+            results = read_results(directory / "results.json")
+        except ResultsError as exc:
+            raise ResultsError(
+                f"{host.name}: run {run.run_id} succeeded but its results do not read: {exc}; "
+                f"compare its log in {directory} with the harness version"
+            ) from None
         summary = summary_lines(results)
         if staged is not None:
             _require_staged_bytes(results, staged, directory, run_flag(inventory))
@@ -443,10 +453,11 @@ def _extracted_from(host: Host, extracted: str) -> str | None:
         check=False,
     )
     try:
-        record = json.loads(answer.stdout) if answer.ok else None
-    except ValueError:
+        record = parse_json(answer.stdout, EXTRACT_RECORD) if answer.ok else None
+    except RecordError:
         return None
-    return record.get("source_sha256") if isinstance(record, dict) else None
+    source = record.get("source_sha256") if isinstance(record, dict) else None
+    return source if isinstance(source, str) else None
 
 
 def harness_command(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval.dtypes import dtype_name
 from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import option
 from dflash_eval.progress import Progress
 from dflash_eval.summary import headline, summary_lines
 from dflash_eval.urls import read_url
@@ -21,12 +22,24 @@ if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
 
 
+# The numeric options' bounds (dflash_eval.numbers): far beyond real use, never a value
+# that allocates without end.
+BLOCK_SIZE = option(minimum=2, maximum=1024, unit="tokens")
+TOKENS = option(minimum=1, maximum=1 << 20, unit="tokens")
+THREADS = option(minimum=1, maximum=4096, unit="threads")
+COUNT = option(minimum=1, maximum=1 << 24)
+TOKEN_ID = option(minimum=0, maximum=1 << 24)
+STEP = option(minimum=0, maximum=10**12)
+LIST_ITEM = option(minimum=0, maximum=1 << 16)  # a layer id or a DDTree budget
+# Sampling's own bounds are Sampling.check's (one message for them all); these keep the
+# values finite and of a size nothing can be allocated from.
+REAL = option(whole=False)
+SIGNED = option(minimum=-(1 << 24), maximum=1 << 24)
+SEED = option(minimum=0, maximum=(1 << 63) - 1)
+
+
 def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        message = f"expected comma-separated integers, got {text!r}"
-        raise argparse.ArgumentTypeError(message) from None
+    return [LIST_ITEM(part) for part in text.split(",") if part.strip()]
 
 
 def _name_list(text: str) -> list[str]:
@@ -38,8 +51,8 @@ def _add_pickle_flags(parser: argparse.ArgumentParser) -> None:
         "--safe-globals",
         type=_name_list,
         default=[],
-        help="also unpickle these named globals (comma-separated dotted names, or the built-in "
-        "groups argparse,numpy); nothing else beyond weights",
+        help="also unpickle these inert globals (comma-separated groups argparse, numpy, "
+        "pathlib, datetime, or their dotted names); nothing else beyond weights",
     )
     parser.add_argument(
         "--allow-unsafe-pickle",
@@ -67,13 +80,13 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     )
     features.add_argument(
         "--block-size",
-        type=int,
+        type=BLOCK_SIZE,
         required=True,
         help="reference tokens past each completion: the largest drafter block size to serve",
     )
     features.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
     features.add_argument(
-        "--max-new-tokens", type=int, default=256, help="completion length (default 256)"
+        "--max-new-tokens", type=TOKENS, default=256, help="completion length (default 256)"
     )
     features.add_argument(
         "--thinking", choices=["on", "off"], default="off", help="enable_thinking (default off)"
@@ -91,7 +104,7 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
         dest="sglang_url",
         help="get completions from SGLang's /generate at this URL (@FILE reads it from FILE)",
     )
-    features.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    features.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     features.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
@@ -127,10 +140,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=int,
+        type=BLOCK_SIZE,
         help="block size B (default: the one the drafter was trained with)",
     )
-    parser.add_argument("--mask-token-id", type=int, help="mask token id, if the config lacks it")
+    parser.add_argument(
+        "--mask-token-id", type=TOKEN_ID, help="mask token id, if the config lacks it"
+    )
     parser.add_argument(
         "--target-layer-ids",
         type=_int_list,
@@ -151,7 +166,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
     parser.add_argument(
-        "--num-prompts", type=int, help="use the first N prompts (more than exist: an error)"
+        "--num-prompts", type=COUNT, help="use the first N prompts (more than exist: an error)"
     )
     parser.add_argument(
         "--thinking",
@@ -161,12 +176,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=TOKENS,
         default=256,
         help="completion length, as z-lab's max_new_tokens (default 256)",
     )
     parser.add_argument(
-        "--max-blocks", type=int, help="stop each prompt's walk after this many rounds"
+        "--max-blocks", type=COUNT, help="stop each prompt's walk after this many rounds"
     )
     parser.add_argument(
         "--ddtree",
@@ -174,7 +189,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="DDTree budgets, comma-separated (default 4,8,16,32, none for a DFlash-2 "
         "drafter; '' for none)",
     )
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=THREADS, help="torch CPU threads (default: torch's)")
     parser.add_argument(
         "--reference-drafter",
         type=Path,
@@ -206,14 +221,14 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="target dtype (default: as saved)",
     )
     _add_pickle_flags(parser)
-    parser.add_argument("--chunk-anchors", type=int, help="anchors per batched drafter pass")
+    parser.add_argument("--chunk-anchors", type=COUNT, help="anchors per batched drafter pass")
     parser.add_argument(
         "--per-block",
         action="store_true",
         help="one drafter forward per block (slow; for cross-checking)",
     )
     _add_sampling_flags(parser)
-    parser.add_argument("--step", type=int, help="record this step (default: from the checkpoint)")
+    parser.add_argument("--step", type=STEP, help="record this step (default: from the checkpoint)")
     parser.add_argument(
         "--verify",
         action="store_true",
@@ -224,15 +239,15 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
 def _add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     """T > 0 (docs/sampling.md): the target samples the completion, the drafter its slots."""
     parser.add_argument(
-        "--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)"
+        "--temperature", type=REAL, default=0.0, help="sampling temperature (default 0: greedy)"
     )
-    parser.add_argument("--top-p", type=float, default=1.0, help="top-p at T > 0 (default 1: off)")
-    parser.add_argument("--top-k", type=int, default=0, help="top-k at T > 0 (default 0: off)")
+    parser.add_argument("--top-p", type=REAL, default=1.0, help="top-p at T > 0 (default 1: off)")
+    parser.add_argument("--top-k", type=SIGNED, default=0, help="top-k at T > 0 (default 0: off)")
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the sampled completions and walks (default 0)"
+        "--seed", type=SEED, default=0, help="seed of the sampled completions and walks (default 0)"
     )
     parser.add_argument(
-        "--samples", type=int, default=1000, help="Monte Carlo walks per prompt (default 1000)"
+        "--samples", type=SIGNED, default=1000, help="Monte Carlo walks per prompt (default 1000)"
     )
 
 
