@@ -273,13 +273,14 @@ def _output_fields(
         value = dflash.get(name, raw.get(name))
         if value is None:
             fields[name] = unset
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise HarnessError(
-                f"The drafter config from {where} has {name}={value!r}; expected a number. "
-                "Fix the config."
-            )
         else:
-            fields[name] = float(value)
+            try:
+                fields[name] = float(parse_number(name, value, text=False))
+            except HarnessError:
+                raise HarnessError(
+                    f"The drafter config from {where} has {name}={value!r}; expected a "
+                    "number (finite). Fix the config."
+                ) from None
     return fields
 
 

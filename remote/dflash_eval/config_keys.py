@@ -36,15 +36,12 @@ CONFIG_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "max_position_embeddings": (1, LIMIT, True),
     "sliding_window": (1, LIMIT, True),
     "max_window_layers": (0, 1024, True),
-    "block_size": (1, 1024, True),
+    "block_size": (0, 1024, True),  # 0: unset (DrafterConfig.to_hf_dict writes it so)
     "num_target_layers": (1, 1024, True),
-    "mask_token_id": (0, LIMIT, True),
+    "mask_token_id": (-1, LIMIT, True),  # -1: unset, as block_size's 0
     "rms_norm_eps": (0, 1, False),
     "rope_theta": (0, 1e12, False),
     "partial_rotary_factor": (0, 1, False),
-    "input_embedding_scale": (-LIMIT, LIMIT, False),
-    "output_multiplier": (-LIMIT, LIMIT, False),
-    "final_logit_softcapping": (-LIMIT, LIMIT, False),  # ≤ 0: no cap
     "conv_kernel_size": (1, 1024, True),
     "conv_group_size": (1, 1 << 16, True),
     "selector_rank": (1, 1 << 16, True),

@@ -8,6 +8,7 @@ import math
 import pytest
 from dflash_eval.cli import main
 from dflash_eval.config import from_hf_dict
+from dflash_eval.config_keys import CONFIG_BOUNDS, TOP_LEVEL
 from dflash_eval.errors import HarnessError
 from dflash_eval.numbers import parse_number
 
@@ -57,7 +58,9 @@ def test_the_workstation_uses_the_same_parser_with_its_own_error():
         ("max_position_embeddings", 2**40, "max_position_embeddings: expected a whole number"),
         ("dflash_config.target_layer_ids", [1, 2**40], "target_layer_ids: expected a whole number"),
         ("dflash_config.mask_token_id", "3", "mask_token_id: expected a whole number"),
-        ("block_size", 1e400, "block_size: expected a whole number from 1 to 1024"),
+        ("block_size", 1e400, "block_size: expected a whole number from 0 to 1024"),
+        ("dflash_config.selector_top_k", 2**40, "selector_top_k: expected a whole number"),
+        ("output_multiplier", math.inf, "output_multiplier=inf; expected a number (finite)"),
     ],
 )
 def test_a_config_number_out_of_bounds_is_one_line_before_anything_is_built(key, value, expected):
@@ -70,9 +73,16 @@ def test_a_config_number_out_of_bounds_is_one_line_before_anything_is_built(key,
     assert expected in str(refused.value)
 
 
+def test_every_bounded_config_key_is_an_accepted_key():
+    """The bounds and the accepted keys (config_keys.py) describe the same config."""
+    assert set(CONFIG_BOUNDS) <= set(TOP_LEVEL)
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "expected"),
     [
+        ("--temperature", "nan", "expected a finite number, found 'nan'"),
+        ("--seed", "-1", "expected a whole number from 0 to 9223372036854775807, found '-1'"),
         ("--max-new-tokens", "1e400", "expected a whole number from 1 to 1048576 tokens"),
         ("--threads", "0", "expected a whole number from 1 to 4096 threads"),
         ("--ddtree", "4,inf", "expected a whole number from 0 to 65536, found 'inf'"),
