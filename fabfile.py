@@ -553,6 +553,49 @@ def report(c, steps=None, tag=None, out=None, inventory=None, run=None):
     write_report(inv.local.results, steps, tag, Path(out) if out else None, inv.require_run(run))
 
 
+@ops_task(
+    help={
+        "step": "the candidate: the training checkpoint of this step (staged if needed)",
+        "against": "the drafter to hold it to: 'reference' (the eval host's reference_drafter, "
+        "default) or another step",
+        "host": "eval host (default: the only one)",
+        "num_prompts": "use the first N prompts",
+        "max_new_tokens": "completion length (default 256)",
+        "probe_prompts": "prompts each probe re-evaluates the candidate on (default 4)",
+        "format": "text (default) or json: an object whose findings list is ranked",
+        "run": RUN_HELP,
+    }
+)
+def diagnose(
+    c,
+    step=None,
+    against="reference",
+    host=None,
+    num_prompts=None,
+    max_new_tokens=None,
+    probe_prompts=None,
+    format="text",
+    inventory=None,
+    run=None,
+):
+    """Why is this drafter worse? Ranked findings, each with evidence and what to check next."""
+    from dflash_ops.ui.diagnose_view import diagnose_command
+
+    flags = {
+        "--num-prompts": parse_count("--num-prompts", num_prompts, 1),
+        "--max-new-tokens": parse_count("--max-new-tokens", max_new_tokens, 1),
+        "--probe-prompts": parse_count("--probe-prompts", probe_prompts, 2),
+    }
+    diagnose_command(
+        load_inventory(inventory).for_run(run),
+        step=parse_count("--step", step),
+        against=str(against),
+        host=host,
+        harness_args=[a for k, v in flags.items() if v is not None for a in (k, str(v))],
+        output=format,
+    )
+
+
 # run-eval's options that `fab watch` passes on to every run, with run-eval's help.
 WATCH_RUN_OPTIONS = (
     "num_prompts", "max_new_tokens", "max_blocks", "block_size", "ddtree", "threads",

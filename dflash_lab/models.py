@@ -56,6 +56,17 @@ LAB_PROMPTS = (
 
 
 @dataclass(frozen=True)
+class Training:
+    """How a drafter is trained: the lab's recipe by default; faulty.py changes one thing."""
+
+    layer_ids: tuple[int, ...] | None = None  # None: the default rule for two drafter layers
+    block_size: int = BLOCK_SIZE
+    # Soft targets: match the target's softmax at this temperature (KL) instead of its
+    # greedy token (cross-entropy).
+    soft_temperature: float | None = None
+
+
+@dataclass(frozen=True)
 class LabModels:
     target_dir: Path  # HF dir: config.json + model.safetensors + tokenizer files
     checkpoints: dict[int, Path]  # step -> training-format checkpoint.pt
@@ -113,7 +124,7 @@ def _build(root: Path, steps: tuple[int, ...], seed: int) -> None:
         target = _build_target(root / "target", tokenizer, generator)
         lines = [json.dumps({"id": f"lab-{i}", "prompt": p}) for i, p in enumerate(LAB_PROMPTS)]
         (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
-        _train_drafter(root / "checkpoints", target, tokenizer, steps, generator)
+        train_drafter(root / "checkpoints", target, tokenizer, steps, generator)
     finally:
         torch.set_num_threads(threads)
 
@@ -176,19 +187,27 @@ def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
     return model
 
 
-def _train_drafter(
-    directory: Path, target: Any, tokenizer: Any, steps: tuple[int, ...], generator: Any
+def train_drafter(
+    directory: Path,
+    target: Any,
+    tokenizer: Any,
+    steps: tuple[int, ...],
+    generator: Any,
+    training: Training = Training(),
 ) -> None:
+    """Train one drafter on the target's greedy outputs, saving a checkpoint per label."""
     import torch
     from dflash_eval.config import default_target_layer_ids
     from dflash_eval.model import DFlashDrafter
 
     sequences = _greedy_sequences(target, tokenizer, generator)  # [S, T]
-    layer_ids = default_target_layer_ids(target.config.num_hidden_layers, 2)
+    layer_ids = list(
+        training.layer_ids or default_target_layer_ids(target.config.num_hidden_layers, 2)
+    )
     with torch.no_grad():
-        hidden = target(sequences, output_hidden_states=True).hidden_states
-    features = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)  # [S, T, K·H]
-    config = _drafter_config(target, tokenizer, layer_ids)
+        out = target(sequences, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)  # [S, T, K·H]
+    config = _drafter_config(target, tokenizer, layer_ids, training.block_size)
     drafter = DFlashDrafter(config)
     for parameter in drafter.parameters():
         if parameter.ndim == 2:
@@ -201,7 +220,10 @@ def _train_drafter(
         batch = torch.randint(0, sequences.shape[0], (8,), generator=generator)
         loss = torch.zeros(())
         for index in batch.tolist():
-            loss = loss + _block_loss(drafter, target, sequences[index], features[index], generator)
+            soft = out.logits[index] if training.soft_temperature else None
+            loss = loss + _block_loss(
+                drafter, target, sequences[index], features[index], generator, training, soft
+            )
         optimizer.zero_grad()
         (loss / len(batch)).backward()
         optimizer.step()
@@ -210,7 +232,7 @@ def _train_drafter(
             _save_checkpoint(path, drafter, optimizer, config, label, real_step)
 
 
-def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int]) -> Any:
+def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int], block_size: int) -> Any:
     """A small drafter for the tiny target, reading two of its layers."""
     from dflash_eval.config import DrafterConfig
 
@@ -222,7 +244,7 @@ def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int]) -> Any:
         num_key_value_heads=2,
         head_dim=16,
         target_layer_ids=tuple(layer_ids),
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
         mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
         rms_norm_eps=target.config.rms_norm_eps,
         rope_theta=10_000.0,
@@ -231,23 +253,38 @@ def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int]) -> Any:
     )
 
 
-def _block_loss(drafter: Any, target: Any, tokens: Any, features: Any, generator: Any) -> Any:
-    """Block cross-entropy on one sequence at 8 random anchors s: slot k of the block that
-    starts at g[s] predicts g[s+k], from the target features of positions < s."""
+def _block_loss(
+    drafter: Any,
+    target: Any,
+    tokens: Any,
+    features: Any,
+    generator: Any,
+    training: Training,
+    target_logits: Any = None,
+) -> Any:
+    """Block loss on one sequence at 8 random anchors s: slot k of the block that starts at
+    g[s] predicts g[s+k], from the target features of positions < s. Cross-entropy on g, or
+    (soft targets) KL to the target's own distribution at s+k-1, taken at the temperature."""
     import torch
     import torch.nn.functional as F
 
+    block_size = training.block_size
     embed = target.model.embed_tokens.weight.detach()
     head = target.lm_head.weight.detach()
-    last_anchor = tokens.shape[0] - BLOCK_SIZE  # every slot of a training block has a label
+    last_anchor = tokens.shape[0] - block_size  # every slot of a training block has a label
     anchors = torch.randint(PROMPT_LENGTH, last_anchor + 1, (8,), generator=generator)
-    block = torch.full((len(anchors), BLOCK_SIZE), drafter.config.mask_token_id)
+    block = torch.full((len(anchors), block_size), drafter.config.mask_token_id)
     block[:, 0] = tokens[anchors]
     cache = drafter.context_cache(drafter.fuse_context(features[:last_anchor]))
     out = drafter.forward_blocks(embed[block], anchors, cache)  # [N, B, H]
-    logits = out[:, 1:] @ head.T  # [N, B-1, V]
-    labels = tokens[anchors[:, None] + torch.arange(1, BLOCK_SIZE)]  # [N, B-1]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    logits = (out[:, 1:] @ head.T).reshape(-1, head.shape[0])  # [N·(B-1), V]
+    positions = anchors[:, None] + torch.arange(1, block_size)  # [N, B-1]
+    if training.soft_temperature is None:
+        return F.cross_entropy(logits, tokens[positions].reshape(-1))
+    soft = F.softmax(
+        target_logits[positions - 1].reshape(logits.shape) / training.soft_temperature, -1
+    )
+    return F.kl_div(F.log_softmax(logits, dim=-1), soft, reduction="batchmean")
 
 
 def _greedy_sequences(target: Any, tokenizer: Any, generator: Any) -> Any:

@@ -28,7 +28,7 @@ from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
 from dflash_ops.remote.layout import EvalLayout
 
-RUN_FILES = ("params.json", "events.jsonl", "log", "results.json")
+RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
 
 

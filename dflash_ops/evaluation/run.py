@@ -470,23 +470,26 @@ def harness_command(
     profile: dict | None = None,
     training_run: str | None = None,
     features: str | None = None,
+    subcommand: str = "eval",
 ) -> str:
     """The harness invocation for the run's wrapper (it runs in the run directory); the
     training run, when named, is recorded in the results' checkpoint block; `features`: a
-    relayed feature set's directory on the host, used instead of the cache."""
+    relayed feature set's directory on the host, used instead of the cache. `subcommand`:
+    `eval` writes results.json; another (`diagnose`) writes SUBCOMMAND.json."""
     layout = EvalLayout(entry)
     directory = layout.run(run_id)
+    out = "results.json" if subcommand == "eval" else f"{subcommand}.json"
     argv = [
         layout.python,
         "-m",
         "dflash_eval",
-        "eval",
+        subcommand,
         "--checkpoint",
         checkpoint,
         "--target",
         entry.target_model,
         "--out",
-        f"{directory}/results.json",
+        f"{directory}/{out}",
         "--step",
         str(request.step),
         "--cache-dir",

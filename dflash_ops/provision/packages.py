@@ -22,7 +22,7 @@ BASE_PACKAGES = ("torch", "transformers", "safetensors", "requests")
 # The harness is tested on this range (qwen3_5 configs, text-only loading of the VL wrapper by
 # key mapping); the inventory's venv.versions overrides it. The harness still checks on load
 # that the weights came in the dtype the results record.
-TESTED_VERSIONS = {"transformers": ">=5.24,<6"}
+TESTED_VERSIONS = {"transformers": ">=5.17,<6"}
 
 # The fields of VenvSpec that decide what the venv contains (uv_dir, cache_dir and min_free
 # only decide how it is built): a change in these makes a rerun upgrade.

@@ -1,4 +1,5 @@
-"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …` and `… plan …`.
+"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …`, `… plan …` and
+`… diagnose …`.
 
 Exit status: 0 success; 2 an expected failure (HarnessError: the message says what to do,
 no traceback); 130 interrupted. stdout carries JSON-line events only; people read stderr.
@@ -281,7 +282,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_pickle_flags(strip)
     _add_plan_parser(commands)
+    _add_diagnose_parser(commands)
     return parser
+
+
+def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
+    """`diagnose`: eval's run flags; --reference-drafter is the drafter to compare with."""
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="why is this drafter worse than --reference-drafter: ranked findings",
+    )
+    _add_run_flags(diagnose)
+    diagnose.add_argument("--out", type=Path, required=True, help="diagnosis JSON to write")
+    diagnose.add_argument(
+        "--against", default="reference", help="the other drafter's name in the findings"
+    )
+    diagnose.add_argument(
+        "--probe-prompts",
+        type=COUNT,
+        default=4,
+        help="prompts each probe re-evaluates the candidate on (default 4)",
+    )
+    diagnose.add_argument("--training-run", help="the training run the candidate belongs to")
+    _add_progress_flags(diagnose)
+    diagnose.set_defaults(features=None)
 
 
 def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
@@ -319,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             return _features(args, progress)
         if args.command == "plan":
             return _plan(args, progress)
+        if args.command == "diagnose":
+            return _diagnose(args, progress)
         return _extract(args, progress)
     except HarnessError as error:
         progress.event("error", message=str(error))
@@ -416,6 +442,17 @@ def _plan(args: argparse.Namespace, progress: Progress) -> int:
     plan = make_plan(_eval_options(args, given))
     progress.say("\n".join(summary_lines(plan)))
     progress.event("plan", plan=plan)
+    return 0
+
+
+def _diagnose(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.diagnose import DiagnoseOptions, run_diagnose
+    from dflash_eval.diagnose_summary import summary_lines
+
+    options = DiagnoseOptions(_eval_options(args, given={}), args.against, args.probe_prompts)
+    diagnosis = run_diagnose(options, progress)
+    progress.say("\n".join(summary_lines(diagnosis)))
+    progress.event("done", out=str(args.out), findings=len(diagnosis["findings"]))
     return 0
 
 

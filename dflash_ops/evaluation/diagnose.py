@@ -1,0 +1,108 @@
+"""`fab diagnose`: the harness's `diagnose` on an eval host, as a run like run-eval's.
+
+The candidate (the checkpoint of --step) is staged if needed; the other drafter is the
+host's reference_drafter (`--against reference`) or another step's checkpoint, staged
+likewise. The run is launched detached and followed like an eval (jobs.py); its files are
+pulled into `results/diagnose/<run-id>/` (diagnose.json holds the findings and the data
+behind them: dflash_eval/diagnose_summary.py reads it for the terminal and the report).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.records import RecordError, read_json_file
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.run import (
+    EvalFailed,
+    EvalRequest,
+    RunReporter,
+    drafter_profile,
+    ensure_ready,
+    harness_command,
+    stage_checkpoint,
+)
+from dflash_ops.remote.connection import Host
+
+DIAGNOSE_DIR = "diagnose"  # under the local results directory
+
+
+def parse_against(text: str) -> str | int:
+    """'reference', or a step number."""
+    if text == "reference":
+        return text
+    if text.isdigit():
+        return int(text)
+    raise OpsError(f"--against: expected 'reference' or a step number, got {text!r}")
+
+
+def run_diagnose(
+    inventory: Inventory,
+    step: int,
+    against: str | int,
+    reporter: RunReporter,
+    host_name: str | None = None,
+    harness_args: list[str] | None = None,
+) -> dict[str, Any]:
+    """Stage, run the harness's diagnose on the eval host, pull and return the diagnosis."""
+    name, entry = inventory.eval_host(host_name)
+    if against == step:
+        raise OpsError(f"--against {against}: that is the candidate's own step")
+    host = Host(inventory, name)
+    try:
+        harness = ensure_ready(host, entry, reporter.say)
+        candidate = stage_checkpoint(inventory, step, name, reporter)
+        args = list(harness_args or [])
+        if against == "reference":
+            if not entry.reference_drafter:
+                raise HostError(
+                    name, "--against reference needs `reference_drafter` in the inventory"
+                )
+            args += ["--reference-drafter", entry.reference_drafter, "--against", "reference"]
+        else:
+            other = stage_checkpoint(inventory, int(against), name, reporter)
+            args += ["--reference-drafter", other.path, "--against", f"step {against}"]
+        request = EvalRequest(step=step, host=name, harness_args=args)
+        run_id = jobs.new_run_id(step, name, DIAGNOSE_DIR, inventory.training_run)
+        command = harness_command(
+            host,
+            entry,
+            harness,
+            candidate.path,
+            run_id,
+            request,
+            drafter_profile(inventory),
+            inventory.training_run,
+            subcommand="diagnose",
+        )
+        params = {
+            "step": step,
+            "tag": DIAGNOSE_DIR,
+            "checkpoint": candidate.path,
+            "command": command,
+        }
+        reporter.starting(run_id)
+        run = jobs.launch_and_follow(
+            host, entry, run_id, command, params, reporter.say, reporter.follow
+        )
+        local = jobs.fetch(host, entry, run, inventory.local.results / DIAGNOSE_DIR)
+        reporter.finished(run, [], local)
+        if run.state != "succeeded":
+            raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
+        return read_diagnosis(inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json")
+    finally:
+        host.close()
+
+
+def read_diagnosis(path: Path) -> dict[str, Any]:
+    """A pulled diagnosis; one clear error when it is missing or not a diagnosis."""
+    try:
+        diagnosis = read_json_file(path)  # bounded, as every file read back
+    except RecordError as error:
+        raise OpsError(f"cannot read the diagnosis: {error}; run fab diagnose again") from None
+    if not isinstance(diagnosis, dict) or not isinstance(diagnosis.get("findings"), list):
+        raise OpsError(f"{path}: not a diagnosis (no findings list); run fab diagnose again")
+    return diagnosis

@@ -1,0 +1,67 @@
+"""`fab diagnose`'s output: the ranked findings as text, or as JSON on stdout (progress then
+goes to stderr, so that stdout is the JSON object alone)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dflash_eval.diagnose_summary import report_section, summary_lines
+
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.diagnose import parse_against, run_diagnose
+from dflash_ops.evaluation.run import TransferProgress
+from dflash_ops.ui.console import console, errors
+from dflash_ops.ui.eval_view import LiveView
+
+FORMATS = ("text", "json")
+
+
+class StderrView:
+    """Progress for a run whose stdout is reserved for JSON: plain lines on stderr."""
+
+    def say(self, message: str) -> None:
+        errors.print(message)
+
+    @contextmanager
+    def transfers(self) -> Iterator[TransferProgress]:
+        yield lambda label, total: lambda state: None
+
+    def starting(self, run_id: str) -> None:
+        """The start line comes from the run itself."""
+
+    def follow(self, run_id: str) -> Callable[[dict], None]:
+        def on_event(event: dict) -> None:
+            if event["event"] in ("warning", "error"):
+                errors.print(f"harness {event['event']}: {event['message']}")
+
+        return on_event
+
+    def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
+        errors.print(f"run {run.run_id}: {run.state}; files in {local_dir}")
+
+
+def diagnose_command(
+    inventory: Inventory,
+    *,
+    step: int | None,
+    against: str,
+    host: str | None,
+    harness_args: list[str],
+    output: str,
+) -> None:
+    if step is None:
+        raise OpsError("--step is required: the step of the checkpoint to diagnose")
+    if output not in FORMATS:
+        raise OpsError(f"--format: expected one of {', '.join(FORMATS)}, got {output!r}")
+    reporter = LiveView() if output == "text" else StderrView()
+    diagnosis = run_diagnose(inventory, step, parse_against(against), reporter, host, harness_args)
+    if output == "json":
+        print(json.dumps(report_section(diagnosis), indent=2))
+        return
+    for line in summary_lines(diagnosis):
+        console.print(line, markup=False, soft_wrap=True)

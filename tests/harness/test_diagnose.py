@@ -1,0 +1,146 @@
+"""`diagnose` on faulty lab drafters (dflash_lab/faulty.py): the injected cause ranks first.
+
+The other drafter is the lab's own step-6000 checkpoint (trained as the faulty ones are,
+without the fault); every prompt of the lab is probed, so the probes' intervals are narrow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from dflash_eval.cli import main
+from dflash_eval.diagnose import DiagnoseOptions, probe_settings, run_diagnose
+from dflash_eval.diagnose_stats import paired_difference
+from dflash_eval.diagnose_summary import report_section, summary_lines
+from dflash_eval.evaluate import EvalOptions
+from dflash_eval.progress import Progress
+
+from dflash_lab.faulty import build_faulty_drafter
+
+from .helpers import random_drafter, save_tiny_qwen3_5, save_training_checkpoint, small_config
+
+PROMPTS = 8  # all of the lab's prompts
+
+
+def _diagnose(lab, tmp_path, candidate):
+    options = EvalOptions(
+        checkpoint=candidate,
+        target=lab.target_dir,
+        out=tmp_path / "diagnose.json",
+        prompts=lab.prompts,
+        max_new_tokens=96,
+        cache_dir=tmp_path / "cache",
+        reference_drafter=lab.checkpoints[6000],
+    )
+    return run_diagnose(DiagnoseOptions(options, "step 6000", PROMPTS), Progress(quiet=True))
+
+
+def test_a_drafter_trained_with_block_size_16_but_configured_for_8_is_found_by_its_probe(
+    lab, tmp_path
+):
+    diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "block-size"))
+    top = diagnosis["findings"][0]
+    assert top["area"] == "probe", summary_lines(diagnosis)
+    assert "block size 16" in top["title"]
+    probe = next(
+        p for p in diagnosis["probes"]["settings"] if p["label"].startswith("block size 16")
+    )
+    assert probe["difference"]["mean"] > probe["difference"]["half_width"] > 0
+    written = json.loads((tmp_path / "diagnose.json").read_text())
+    assert written["findings"][0]["title"] == top["title"]
+    section = report_section(written)
+    assert [row["slot"] for row in section["slots"]] == list(range(1, 8))
+    assert section["findings"][0]["rank"] == 1
+
+
+def test_a_drafter_whose_fc_reads_one_layer_more_than_its_config_names_fails_first(lab, tmp_path):
+    diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "fc-width"))
+    first, second = diagnosis["findings"][:2]
+    assert first["title"] == "fc reads 3 target layers, the config names 2"
+    assert "[64, 192]" in first["evidence"] and "[1, 3]" in first["evidence"]
+    assert second["area"] == "loading" and "fc.weight" in second["evidence"]
+
+
+def test_a_drafter_trained_on_soft_targets_is_found_flat_and_under_confident(lab, tmp_path):
+    diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "soft-target"))
+    top = diagnosis["findings"][0]
+    assert top["area"] == "calibration", summary_lines(diagnosis)
+    assert "under-confident" in top["title"]
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
+    assert mine[0]["confidence"] < mine[0]["accuracy"]
+    assert mine[0]["entropy"] > theirs[0]["entropy"]
+
+
+def test_the_cli_writes_the_diagnosis_and_exits_zero(lab, tmp_path, capsys):
+    out = tmp_path / "d.json"
+    status = main(
+        [
+            "diagnose",
+            "--checkpoint",
+            str(build_faulty_drafter(lab, "fc-width")),
+            "--target",
+            str(lab.target_dir),
+            "--reference-drafter",
+            str(lab.checkpoints[6000]),
+            "--prompts",
+            str(lab.prompts),
+            "--out",
+            str(out),
+            "--no-cache",
+        ]
+    )
+    assert status == 0
+    assert json.loads(out.read_text())["findings"][0]["rank"] == 1
+    assert "fc reads 3 target layers" in capsys.readouterr().err
+
+
+def test_diagnose_without_a_drafter_to_compare_with_says_so(lab, tmp_path, capsys):
+    argv = ["diagnose", "--checkpoint", str(lab.checkpoints[2000]), "--target"]
+    argv += [str(lab.target_dir), "--out", str(tmp_path / "d.json")]
+    assert main(argv) == 2
+    assert "--reference-drafter" in capsys.readouterr().err
+
+
+def test_probes_change_one_setting_at_a_time_within_the_target():
+    probes = probe_settings([1, 3], 8, num_layers=6, other_block=8)
+    layer_sets = [p["value"] for p in probes if p["setting"] == "target_layer_ids"]
+    assert [0, 3] in layer_sets and [1, 4] in layer_sets and [2, 4] in layer_sets
+    assert all(0 <= i < 6 for ids in layer_sets for i in ids)
+    assert [1, 3] not in layer_sets  # the configured ids are the base, not a probe
+    assert [p["value"] for p in probes if p["setting"] == "block_size"] == [4, 16]
+
+
+@pytest.mark.parametrize(
+    ("better", "base", "significant"),
+    [([3.0, 3.2, 3.1], [2.0, 2.1, 2.0], True), ([3.0, 2.0, 3.1], [2.0, 3.1, 2.9], False)],
+)
+def test_a_paired_difference_counts_only_beyond_its_interval(better, base, significant):
+    difference = paired_difference(better, base)
+    assert (difference["mean"] - difference["half_width"] > 0) is significant
+
+
+def test_one_prompt_is_never_evidence():
+    assert math.isinf(paired_difference([5.0], [1.0])["half_width"])
+
+
+def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
+    target = save_tiny_qwen3_5(tmp_path / "target", lab.target_dir, 101, False)
+    config = small_config(target_layer_ids=(1, 2), mask_token_id=3)
+    candidate = save_training_checkpoint(tmp_path / "c" / "checkpoint.pt", random_drafter(config))
+    other = save_training_checkpoint(tmp_path / "o" / "checkpoint.pt", random_drafter(config, 1))
+    options = EvalOptions(
+        checkpoint=candidate,
+        target=target,
+        out=tmp_path / "diagnose.json",
+        prompts=lab.prompts,
+        max_new_tokens=10,
+        target_dtype="bfloat16",
+        cache_dir=tmp_path / "cache",
+        reference_drafter=other,
+    )
+    diagnosis = run_diagnose(DiagnoseOptions(options, "other"), Progress(quiet=True))
+    top = diagnosis["findings"][0]
+    assert top["area"] == "features", summary_lines(diagnosis)
+    assert top["title"] == "bfloat16 features of a linear-attention target on CPU"
