@@ -134,37 +134,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="training checkpoint.pt, Hugging Face DFlash dir, or extracted dir",
     )
     parser.add_argument("--target", type=Path, required=True, help="target model directory (HF)")
-    parser.add_argument(
-        "--drafter-config",
-        type=Path,
-        help="drafter config.json, used when the checkpoint carries none",
-    )
-    parser.add_argument(
-        "--block-size",
-        type=BLOCK_SIZE,
-        help="block size B (default: the one the drafter was trained with)",
-    )
-    parser.add_argument(
-        "--mask-token-id", type=TOKEN_ID, help="mask token id, if the config lacks it"
-    )
-    parser.add_argument(
-        "--target-layer-ids",
-        type=_int_list,
-        help="comma-separated target layer ids, if the config lacks them",
-    )
-    parser.add_argument(
-        "--drafter-profile",
-        type=Path,
-        help="JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
-        "profile, as the workstation sends it)",
-    )
-    parser.add_argument(
-        "--accept-default",
-        type=_name_list,
-        default=[],
-        help="confirm the default rule for these settings when nothing states them "
-        "(comma-separated: target_layer_ids, rope)",
-    )
+    _add_drafter_flags(parser)
     parser.add_argument("--prompts", type=Path, help="JSONL prompts (default: built-in set)")
     parser.add_argument(
         "--num-prompts", type=COUNT, help="use the first N prompts (more than exist: an error)"
@@ -209,12 +179,6 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     parser.add_argument(
-        "--dtype",
-        type=dtype_name,
-        choices=["float32", "bfloat16"],
-        help="drafter dtype (default: the profile's, else float32)",
-    )
-    parser.add_argument(
         "--target-dtype",
         type=dtype_name,
         choices=["auto", "float32", "bfloat16"],
@@ -234,6 +198,48 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="hash the checkpoint even when the staging manifest beside it records its sha256",
+    )
+
+
+def _add_drafter_flags(parser: argparse.ArgumentParser) -> None:
+    """What the checkpoint may not say about the drafter, and how to read it."""
+    parser.add_argument(
+        "--drafter-config",
+        type=Path,
+        help="drafter config.json, used when the checkpoint carries none",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=BLOCK_SIZE,
+        help="block size B (default: the one the drafter was trained with)",
+    )
+    parser.add_argument(
+        "--mask-token-id", type=TOKEN_ID, help="mask token id, if the config lacks it"
+    )
+    parser.add_argument(
+        "--target-layer-ids",
+        type=_int_list,
+        help="comma-separated target layer ids, if the config lacks them",
+    )
+    parser.add_argument(
+        "--drafter-profile",
+        type=Path,
+        help="JSON of drafter settings, parameter-name rules and pickle policy (an inventory "
+        "profile, as the workstation sends it)",
+    )
+    parser.add_argument(
+        "--accept-default",
+        type=_name_list,
+        default=[],
+        help="confirm the default rule for these settings when nothing states them "
+        "(comma-separated: target_layer_ids, rope)",
+    )
+
+    parser.add_argument(
+        "--dtype",
+        type=dtype_name,
+        choices=["float32", "bfloat16"],
+        help="drafter dtype (default: the profile's, else float32)",
     )
 
 
