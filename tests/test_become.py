@@ -41,10 +41,10 @@ def test_become_is_sudo_or_nothing():
 def test_only_a_become_host_wraps_its_commands_in_sudo_and_keeps_them_whole():
     command = "printf '%s' \"$HOME\" | wc -c; echo 'a b'"
     plain = Host(parsed(user="ops"), "trainer")
-    assert plain.login_command(command) == command
+    assert plain.login_command(command) == f"umask 022; {command}"  # modes of our own
     wrapped = Host(parsed(user="ops", become="sudo"), "trainer").login_command(command)
-    assert wrapped == f"sudo -n -- bash -c {shlex.quote(command)}"
-    assert shlex.split(wrapped)[-1] == command
+    assert wrapped == f"sudo -n -- bash -c {shlex.quote(f'umask 022; {command}')}"
+    assert shlex.split(wrapped)[-1] == f"umask 022; {command}"
 
 
 def test_the_root_hint_speaks_only_to_a_non_root_login_without_become():

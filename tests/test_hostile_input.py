@@ -129,3 +129,37 @@ def test_an_upload_to_a_full_disk_leaves_nothing_and_says_so(make_lab):
     finally:
         filler.unlink(missing_ok=True)
         host.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["stage-checkpoint", "--step", "2000", "--bwlimit", "1e400"],
+            "--bwlimit: not a bandwidth",
+        ),
+        (["stage-checkpoint", "--step", "2000", "--margin", "inf"], "--margin: not a size: 'inf'"),
+        (["run-eval", "--step", "2000", "--bwlimit", "nan"], "--bwlimit: not a bandwidth: 'nan'"),
+        (["watch", "--interval", "1" + "0" * 400 + "s"], "--interval: expected a finite number"),
+        (["run-eval", "--step", "1e400"], "--step: expected a whole number ≥ 0, found '1e400'"),
+    ],
+)
+def test_a_number_beyond_any_bound_is_one_line(lab, fab, argv, expected):
+    """Each of these was an OverflowError traceback (float('inf') into int())."""
+    result = fab(lab.inventory_path, *argv)
+    assert result.returncode == 1
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_prompts_file_that_is_not_utf8_is_refused_before_anything_moves(lab, fab, tmp_path):
+    """It was staged, uploaded and launched, then a traceback on the eval host."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n')
+    eval_disk = lab.data_dir("eval")
+    before = sorted(str(p) for p in eval_disk.rglob("*"))
+    result = fab(lab.inventory_path, "run-eval", "--step", "2000", "--prompts", str(prompts))
+    assert result.returncode == 1
+    assert f"--prompts {prompts}: line 1: not UTF-8 text (the byte 0xe9)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(str(p) for p in eval_disk.rglob("*")) == before  # nothing staged or sent

@@ -212,20 +212,47 @@ def test_a_truncated_params_file_lists_the_run_as_broken(eval_host, lab, fab, tm
     runs = {run.run_id: run for run in jobs.list_runs(host, entry)}
     assert runs[good].state == "succeeded"
     dead = runs["20250101-000000-step4000-eval-dead"]
-    assert dead.state == "broken" and "params.json is not valid JSON" in dead.problem
+    assert dead.state == "broken" and "params.json: not valid JSON" in dead.problem
     status = fab(lab.inventory_path, "eval-status")
     assert status.returncode == 0, status.stderr
     assert "broken" in status.stdout and good in status.stdout
 
 
+def test_odd_run_directories_are_listed_broken_and_the_listing_goes_on(eval_host, lab, fab):
+    """A text `started` (crashed eval-status and run-eval's busy check: TypeError), and a
+    directory whose name holds a newline (crashed the listing: one record became two)."""
+    host, entry = eval_host
+    good = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, good, fake(1), {"step": 2000})
+    jobs.wait_finished(host, entry, good, timeout=60)
+    runs = jobs.runs_dir(entry)
+    text_started = shlex.quote(f"{runs}/20250101-000000-step4000-eval-text")
+    newline = shlex.quote(f"{runs}/20250101-000000-step6000\t-eval\nodd")
+    host.run(
+        f"mkdir -p {text_started} {newline} && "
+        f'echo \'{{"step": 4000, "started": "yesterday"}}\' > {text_started}/params.json && '
+        f'echo \'{{"step": 6000, "started": 1}}\' > {newline}/params.json'
+    )
+    listed = {run.run_id: run for run in jobs.list_runs(host, entry)}
+    assert listed[good].state == "succeeded"
+    text = listed["20250101-000000-step4000-eval-text"]
+    assert text.state == "broken" and "started: input should be a valid number" in text.problem
+    odd = listed["20250101-000000-step6000\\x01-eval\\x01odd"]
+    assert odd.state == "broken" and "control characters" in odd.problem
+    status = fab(lab.inventory_path, "eval-status")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("broken") >= 2 and good in status.stdout
+    host.run(f"rm -rf -- {text_started} {newline}")
+
+
 def test_parse_runs_never_fails_on_one_bad_line():
-    output = 'a\t0\t1\tno\tyes\t5\t-\t{"step": 1, "started": 1}\nb\t-\t-\tno\tno\t-\t-\t[1]\n'
+    output = 'a\t0\t1\tno\tyes\t5\t-\t{"step": 1, "started": 1}\0b\t-\t-\tno\tno\t-\t-\t[1]\0'
     bad, good = run_listing.parse_runs("eval", output, now=100)  # oldest first; b has no start
     assert (good.run_id, good.state) == ("a", "succeeded")
     assert (bad.run_id, bad.state, bad.problem) == (
         "b",
         "broken",
-        "params.json is not a JSON object",
+        "params.json: expected a JSON object, found list",
     )
 
 

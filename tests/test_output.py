@@ -191,11 +191,11 @@ def listing(run_id: str, started: float, state: str, last: dict | None) -> str:
     results_file = "yes" if state == "succeeded" else "no"
     params = json.dumps({"step": int(run_id.split("step")[1].split("-")[0]), "started": started})
     event = json.dumps(last) if last else "-"
-    return "\t".join([run_id, code, "42", alive, results_file, "-", event, params])
+    return "\t".join([run_id, code, "42", alive, results_file, "-", event, params]) + "\0"
 
 
 def test_eval_status_is_newest_first_with_progress_and_tau_and_fits_80_columns():
-    output = "\n".join(
+    output = "".join(
         [
             listing(
                 "20261201-120301-step2000-eval-a1b2",

@@ -114,8 +114,10 @@ def private_host(lab, inventory) -> Iterator[PrivateHost]:
     host = Host(inventory, "eval")
     try:
         private = PrivateHost(host, inventory.eval_hosts["eval"], scratch, stand_in_wheel(scratch))
-        # The premise: without an explicit umask, what a command creates is private.
-        assert private.run(f"touch {scratch}/plain && stat -c %a {scratch}/plain") == "600"
+        # The premise: under the login's own umask (no tool's prefix), what a command
+        # creates is private.
+        plain = f"touch {scratch}/plain && stat -c %a {scratch}/plain"
+        assert host.run(plain, as_login_user=True).stdout.strip() == "600"
         (scratch / "bin").mkdir()
         yield private
     finally:

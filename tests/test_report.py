@@ -169,29 +169,34 @@ def test_compare_rewrites_the_report(three_steps, tmp_path):
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="Chromium is not installed (make setup installs Debian's `chromium` when run as "
     "root; elsewhere: apt-get install chromium)",
 )
+
+
+def headless_chromium(profile: Path) -> list[str]:
+    """The browser's command line, without a window, with its own profile directory."""
+    return [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",  # root in a container: the sandbox needs user namespaces
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+    ]
+
+
+@pytest.mark.slow
+@needs_chromium
 def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
     from PIL import Image
 
     path = report.write(
         results.compare(results.load_runs(three_steps)), three_steps / report.REPORT_NAME
     )
-    browser = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",  # root in a container: the sandbox needs user namespaces
-        "--disable-gpu",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--window-size=1280,2400",
-    ]
+    browser = [*headless_chromium(tmp_path / "profile"), "--window-size=1280,2400"]
     screenshot = tmp_path / "report.png"
     shot = subprocess.run(
         [*browser, f"--screenshot={screenshot}", path.as_uri()],

@@ -26,6 +26,18 @@ def pull(root: Path, run_id: str, step: int, outcome: dict | None) -> None:
         (directory / "results.json").write_text(json.dumps(outcome))
 
 
+def _with_tau(value: object) -> str:
+    """A results file with `value` where τ macro (a number) goes."""
+    outcome = results_dict()
+    outcome["metrics"]["tau_macro"] = value
+    return json.dumps(outcome)
+
+
+def _with_text_block() -> str:
+    """A results file with text where a block of numbers goes."""
+    return json.dumps({**results_dict(), "by_dataset": "<b>3.0</b>"})
+
+
 def test_table_reads_each_run_through_the_schema(tmp_path):
     pull(tmp_path, "a", 2000, results_dict(budgets=("4",)))
     pull(tmp_path, "b", 4000, results_dict(reference=True, budgets=("4", "8")))
@@ -82,7 +94,13 @@ def test_sampled_runs_read_and_compare_only_at_the_same_sampling_settings(tmp_pa
 @pytest.mark.parametrize(
     ("content", "why"),
     [
-        ("", "results.json unreadable"),
+        ("", "results.json: not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "results.json: nested deeper than"),  # RecursionError
+        ("[" * 500 + "]" * 500, "results.json: nested deeper than"),  # json reads it; no more
+        (_with_tau("3.0"), "results.metrics.tau_macro: expected a finite number, found str"),
+        # json.dumps writes 1e400 as Infinity, which Python's json reads back as a float.
+        (_with_tau(1e400), "results.metrics.tau_macro: expected a finite number, found float"),
+        (_with_text_block(), "results.by_dataset: expected an object (ByDataset), found str"),
         ("[1, 2]", "not a dflash-eval results file"),
         (
             f'{{"kind": "dflash-eval-results", "schema_version": {schema.SCHEMA_VERSION}}}',
@@ -184,3 +202,35 @@ def test_full_attention_drafters_compare_across_the_mask_rule_change(tmp_path):
     pull(tmp_path, "causal", 6000, _with_drafter(3, full, causal))
     differences = results.compare(results.load_runs(tmp_path)).differences
     assert differences == {"causal": ["attention rule"]}  # apart from the larger group
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("started", "yesterday", "run.json: started: input should be a valid number"),
+        ("step", "4000", "run.json: step: input should be a valid integer"),
+        ("host", ["eval"], "run.json: host: input should be a valid string"),
+        ("finished", 1e400, "run.json: finished: input should be a finite number"),
+    ],
+)
+def test_a_run_json_with_the_wrong_types_is_listed_broken(tmp_path, field, value, why):
+    """Each of these crashed `compare` and `report` (TypeError while sorting or formatting)."""
+    pull(tmp_path, "good", 2000, results_dict())
+    pull(tmp_path, "bad", 4000, results_dict())
+    run_file = tmp_path / "bad" / "run.json"
+    run = json.loads(run_file.read_text())
+    # json.dumps writes 1e400 as Infinity, which Python's json reads back as a float.
+    run_file.write_text(json.dumps({**run, field: value}))
+    comparison = results.compare(results.load_runs(tmp_path))
+    assert [row.run_id for row in comparison.rows] == ["good"]
+    (skipped,) = comparison.skipped
+    assert skipped.run_id == "bad" and why in skipped.problem
+
+
+def test_a_run_directory_with_a_control_character_in_its_name_is_listed_broken(tmp_path):
+    pull(tmp_path, "good", 2000, results_dict())
+    pull(tmp_path, "odd\nname", 4000, results_dict())
+    comparison = results.compare(results.load_runs(tmp_path))
+    assert [row.run_id for row in comparison.rows] == ["good"]
+    (skipped,) = comparison.skipped
+    assert skipped.run_id == "odd\\nname" and "control characters" in skipped.problem

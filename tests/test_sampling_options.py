@@ -20,6 +20,8 @@ def test_sampling_options_become_harness_flags():
     [
         ("temperature", "-1", "--temperature: expected a number ≥ 0, found '-1'"),
         ("temperature", "warm", "--temperature: expected a number ≥ 0, found 'warm'"),
+        ("temperature", "inf", "--temperature: expected a number ≥ 0, found 'inf'"),
+        ("top_p", "nan", "--top-p: expected a number in (0, 1], found 'nan'"),
         ("top_p", "0", "--top-p: expected a number in (0, 1], found '0'"),
         ("top_p", "1.5", "--top-p: expected a number in (0, 1], found '1.5'"),
         ("samples", "1", "--samples: expected a whole number ≥ 2, found '1'"),

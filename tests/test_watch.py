@@ -129,6 +129,22 @@ def test_state_round_trip_and_an_unreadable_state_file(tmp_path):
         WatchState.load(tmp_path, "nightly run")
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ('{"evaluated": {}, "attempts": {"4000": "two"}, "skipped": {}}', "attempts.4000"),
+        ('{"evaluated": {}, "attempts": {"x": 1}, "skipped": {}}', "invalid literal"),
+        ('{"evaluated": ' * 200 + "{}" + "}" * 200, "nested deeper than 32"),
+    ],
+)
+def test_a_watch_state_of_the_wrong_shape_is_one_line(tmp_path, content, why):
+    path = WatchState.file_for(tmp_path, None)
+    path.write_text(content)
+    with pytest.raises(WatchError, match="Move it aside") as refused:
+        WatchState.load(tmp_path, None)
+    assert why in str(refused.value)
+
+
 def test_webhook_retries_a_failing_endpoint():
     server = HookServer(statuses=[500, 503])
     said: list[str] = []

@@ -5,18 +5,40 @@ Kept apart from both so that neither front door imports the other.
 
 from __future__ import annotations
 
+from typing import Any
+
+from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import parse_number as harness_number
+
 from dflash_ops.core.errors import OpsError
 
 
-def parse_count(flag: str, text: str | int | None, minimum: int = 0) -> int | None:
+def parse_number(
+    flag: str,
+    text: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    whole: bool = False,
+    unit: str = "",
+) -> Any:
+    """The one parser of numbers given from outside (options, config values), shared with
+    the harness (dflash_eval.numbers): finite, within the bounds, whole when `whole`; a bad
+    one is an OpsError naming the flag, the unit and the bounds."""
+    try:
+        return harness_number(flag, text, minimum=minimum, maximum=maximum, whole=whole, unit=unit)
+    except HarnessError as error:
+        raise OpsError(str(error)) from None
+
+
+def parse_count(
+    flag: str, text: str | int | None, minimum: int = 0, maximum: int | None = None
+) -> int | None:
     """A whole-number flag given as text (the tasks take numbers as text so that a bad value
     gets this one line instead of invoke's traceback); None when not given."""
     if text is None or text == "":
         return None
-    value = str(text).strip()
-    if not value.isdigit() or int(value) < minimum:
-        raise OpsError(f"{flag}: expected a whole number ≥ {minimum}, found {text!r}")
-    return int(value)
+    return parse_number(flag, text, minimum=minimum, maximum=maximum, whole=True)
 
 
 def one_of(*flags: tuple[str, object]) -> None:
@@ -37,7 +59,8 @@ def parse_steps(text: str | None) -> list[int] | None:
     """`--steps 2000,4000` → [2000, 4000]; None when not given."""
     if not text:
         return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise OpsError(f"--steps: expected comma-separated integers, found {text!r}") from None
+    return [
+        parse_number("--steps", part, minimum=0, whole=True)
+        for part in text.split(",")
+        if part.strip()
+    ]

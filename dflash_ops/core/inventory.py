@@ -62,7 +62,7 @@ class _SshHost(Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     identity_file: str | None = None
     known_hosts: str = "~/.ssh/known_hosts"
-    connect_timeout: int = Field(default=10, ge=1)
+    connect_timeout: int = Field(default=10, ge=1, le=3600)
     # `sudo`: every command on the host runs through `sudo -n` (a non-root login whose
     # passwordless sudo reaches what needs root: pct, root-only checkpoints, root's dirs).
     become: Literal["sudo"] | None = None
@@ -90,10 +90,10 @@ class DrafterProfile(Strict):
 
     name: str | None = None
     config_file: str | None = None  # a DFlash config.json on this workstation
-    block_size: int | None = Field(default=None, ge=2)
+    block_size: int | None = Field(default=None, ge=2, le=1024)
     target_layer_ids: list[int] | None = None
-    mask_token_id: int | None = Field(default=None, ge=0)
-    num_target_layers: int | None = Field(default=None, ge=1)
+    mask_token_id: int | None = Field(default=None, ge=0, le=1 << 24)
+    num_target_layers: int | None = Field(default=None, ge=1, le=1024)
     rope_parameters: dict[str, Any] | None = None
     dtype: Literal["float32", "bfloat16"] | None = None  # the drafter's, for evaluation
     target_dtype: Literal["auto", "float32", "bfloat16"] | None = None
@@ -185,7 +185,9 @@ class HarnessHost(_SshHost):
     venv: VenvSpec
     target_model: str
     sglang_url: str | None = None
-    threads: int | None = Field(default=None, ge=1)  # torch threads per run (leave SGLang room)
+    threads: int | None = Field(
+        default=None, ge=1, le=4096
+    )  # torch threads per run (leave SGLang room)
 
 
 class EvalHost(HarnessHost):
@@ -251,10 +253,10 @@ class TransferSettings(Strict):
     margin: str | int = "1g"
     margin_fraction: float = Field(default=0.02, ge=0, le=1)
     # Seconds between SSH keepalives; a link silent for KEEPALIVE_COUNT of them is dead.
-    keepalive: int = Field(default=15, ge=1)
+    keepalive: int = Field(default=15, ge=1, le=3600)
     # Seconds an eval-side writer waits for bytes before it gives up and closes its file: a
     # dead link then leaves no writer holding the partial (or its space) on the host.
-    stall_timeout: float = Field(default=60, ge=1, allow_inf_nan=False)
+    stall_timeout: float = Field(default=60, ge=1, le=3600, allow_inf_nan=False)
     # The trainer-side readers at nice 19 / ionice idle (dflash_ops.remote.priority): false
     # lets a copy take its full share of the trainer's CPU and disk.
     low_priority: bool = True

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import parse_number
+
 
 def format_bytes(count: float) -> str:
     """1536 -> '1.5 KiB'; exact below 1 KiB."""
@@ -14,19 +17,22 @@ def format_bytes(count: float) -> str:
     raise AssertionError("unreachable")
 
 
+MAX_SIZE = 1 << 60  # 1 EiB: no disk, margin or rate of ours is larger
+
+
 def parse_size(text: str | int) -> int:
-    """'256m', '1.5G', '4096' -> bytes (binary units, as tmpfs and df use)."""
-    if isinstance(text, int):
-        return text
-    value = text.strip().lower().removesuffix("ib").removesuffix("b")
+    """'256m', '1.5G', '4096' -> bytes (binary units, as tmpfs and df use), from 0 to 1 EiB."""
+    value = str(text).strip().lower().removesuffix("ib").removesuffix("b")
     factor = 1
     if value and value[-1] in "kmgt":
         factor = 1024 ** ("kmgt".index(value[-1]) + 1)
         value = value[:-1]
     try:
-        return int(float(value) * factor)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (expected e.g. 512m, 2g or a byte count)") from None
+        return int(parse_number("size", value, minimum=0, maximum=MAX_SIZE / factor) * factor)
+    except HarnessError:
+        raise ValueError(
+            f"not a size: {text!r} (expected e.g. 512m, 2g or a byte count, at most 1 EiB)"
+        ) from None
 
 
 MIN_BWLIMIT = 64 * 1024  # below this a 15 GB checkpoint takes days: surely a typo

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dflash_ops.core.files import make_dirs, write_atomic
 from dflash_ops.evaluation.datasets import DatasetError, LoadedSet, SetRequest, format_row
 
 BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
@@ -164,16 +165,10 @@ def _read_entry(request: SetRequest, entry: Path) -> LoadedSet | None:
 
 
 def _write_entry(entry: Path, rows: list[dict[str, Any]], origin: dict[str, Any]) -> None:
-    entry.mkdir(parents=True, exist_ok=True)
+    make_dirs(entry)
     (entry / "origin.json").unlink(missing_ok=True)  # incomplete until rewritten below
-    _write_atomic(entry / "rows.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-    _write_atomic(entry / "origin.json", json.dumps(origin, indent=2) + "\n")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    write_atomic(entry / "rows.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    write_atomic(entry / "origin.json", json.dumps(origin, indent=2) + "\n")
 
 
 def _where(origin: dict[str, Any]) -> str:

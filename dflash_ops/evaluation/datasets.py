@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_ops.core.errors import DatasetError
+from dflash_ops.core.files import write_atomic
 
 SEED = 0  # z-lab's transformers backend: random.seed(0) before it shuffles
 STEP_BY_STEP = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -180,10 +181,7 @@ def write_prompts(records: list[dict[str, Any]], directory: Path) -> Path:
     the same sets and sizes give the same file) and return its path."""
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
     digest = hashlib.sha256(text.encode()).hexdigest()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"prompts-{digest[:16]}.jsonl"
     if not path.exists():
-        partial = path.with_suffix(".partial")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(path)
+        write_atomic(path, text)
     return path

@@ -9,12 +9,12 @@ behind them: dflash_eval/diagnose_summary.py reads it for the terminal and the r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dflash_ops.core.errors import EvalFailed, HostError, OpsError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.records import RecordError, read_json_file
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run import (
@@ -99,10 +99,9 @@ def run_diagnose(
 def read_diagnosis(path: Path) -> dict[str, Any]:
     """A pulled diagnosis; one clear error when it is missing or not a diagnosis."""
     try:
-        diagnosis = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        message = f"{path}: cannot read the diagnosis ({error}); run fab diagnose again"
-        raise OpsError(message) from None
+        diagnosis = read_json_file(path)  # bounded, as every file read back
+    except RecordError as error:
+        raise OpsError(f"cannot read the diagnosis: {error}; run fab diagnose again") from None
     if not isinstance(diagnosis, dict) or not isinstance(diagnosis.get("findings"), list):
         raise OpsError(f"{path}: not a diagnosis (no findings list); run fab diagnose again")
     return diagnosis

@@ -17,6 +17,7 @@ from typing import Any
 from dflash_eval import reading
 from dflash_eval.schema_metrics import Group, Interval
 
+from dflash_ops.core.files import make_dirs, write_atomic
 from dflash_ops.evaluation.results import Comparison, RunResult
 
 Read = Callable[[RunResult], Interval | float | None]  # an interval, or a bare value
@@ -42,15 +43,16 @@ def build(comparison: Comparison) -> dict[str, Any]:
 
 def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
     """The comparison's figures as PNG files in `out_dir` (`fab compare`)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(out_dir)
     return [save_png(figure, out_dir / f"{name}.png") for name, figure in build(comparison).items()]
 
 
 def save_png(figure: Any, path: Path) -> Path:
     _finish(figure)
-    figure.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
     _close(figure)
-    return path
+    return write_atomic(path, buffer.getvalue())
 
 
 def svg_text(figure: Any) -> str:

@@ -3,7 +3,8 @@
 `<results>/.<run-id>.partial/` is filled and renamed to `<results>/<run-id>/` only when every
 file is written, so a listing never sees half a run. The room is checked before the first
 byte (the files are already in memory: their size is known), and a disk that fills meanwhile
-leaves no partial either; fetching again once there is room starts afresh.
+leaves no partial either; fetching again once there is room starts afresh. The run's
+directory is 0700 and its files 0644 whatever the umask (core/files.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from dflash_ops.core.errors import DiskSpaceError, OpsError
+from dflash_ops.core.files import PRIVATE_DIR_MODE, make_dirs, write_atomic
 
 WORKSTATION = "workstation"
 # Beyond the files themselves: run.json, directory entries, filesystem blocks.
@@ -26,13 +28,13 @@ def store_run(results_root: Path, run_id: str, files: dict[str, bytes]) -> Path:
     partial = results_root / f".{run_id}.partial"
     needed = sum(map(len, files.values())) + SLACK_BYTES
     try:
-        results_root.mkdir(parents=True, exist_ok=True)
+        make_dirs(results_root)
         free = shutil.disk_usage(results_root).free
         if free < needed:
             raise _no_room(results_root, run_id, needed, free)
-        partial.mkdir(exist_ok=True)
+        make_dirs(partial, PRIVATE_DIR_MODE)  # as the run directory on the host: its logs
         for name, data in files.items():
-            (partial / name).write_bytes(data)
+            write_atomic(partial / name, data)
         partial.replace(destination)
     except OSError as exc:
         shutil.rmtree(partial, ignore_errors=True)

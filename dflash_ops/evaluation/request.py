@@ -12,6 +12,7 @@ from typing import get_args
 
 from dflash_ops.core.arguments import parse_choice, parse_count
 from dflash_ops.core.errors import OpsError
+from dflash_ops.core.records import check_json_lines
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import harness_args, pick
@@ -119,9 +120,12 @@ def prompts_file(
             raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
         per_set = parse_count("--num-prompts", num_prompts, 1)
         return dataset_prompts(dataset, per_set, directory, say)
-    if prompts and not Path(prompts).is_file():
+    if not prompts:
+        return None
+    if not Path(prompts).is_file():
         raise OpsError(f"--prompts: {prompts} is not a file on this workstation")
-    return Path(prompts) if prompts else None
+    check_json_lines(Path(prompts), "--prompts")  # here, before anything is staged or sent
+    return Path(prompts)
 
 
 def dataset_prompts(

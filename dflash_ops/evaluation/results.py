@@ -17,7 +17,6 @@ kept apart, grouped by run, each row labelled with its run (none for the trainer
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,8 +29,10 @@ from dflash_eval.schema_check import SchemaError, parse_results
 from dflash_eval.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import ResultsError
+from dflash_ops.core.records import RecordError, read_json_file, validate
 from dflash_ops.evaluation import run_ids
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
+from dflash_ops.evaluation.records import RunSummary
 from dflash_ops.evaluation.run_ids import short_ids
 
 POSITIONS_SHOWN = (1, 2, 4, 8, 15)  # those inside the block are shown
@@ -88,30 +89,44 @@ def load_runs(results_root: Path) -> list[RunResult]:
 
 
 def _load_run(directory: Path) -> RunResult:
+    name = _printable(directory.name)
     try:
-        run = json.loads((directory / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        return RunResult(directory.name, directory, {}, None, f"run.json unreadable ({exc})")
-    if not isinstance(run, dict):
-        return RunResult(directory.name, directory, {}, None, "run.json is not a JSON object")
-    results_file = directory / "results.json"
-    if not results_file.exists() or run.get("problem"):
-        return RunResult(directory.name, directory, run, None, run.get("problem"))
+        run = validate(read_json_file(directory / "run.json", "run.json"), "run.json", RunSummary)
+    except RecordError as exc:
+        return RunResult(name, directory, {}, None, str(exc))
+    summary = run.model_dump(exclude_unset=True)
+    if name != directory.name:
+        return RunResult(
+            name,
+            directory,
+            summary,
+            None,
+            "its directory name holds control "
+            "characters: not a run this tool fetched; move it aside",
+        )
+    if not (directory / "results.json").exists() or run.problem:
+        return RunResult(name, directory, summary, None, run.problem)
     try:
-        results = read_results(results_file)
+        results = read_results(directory / "results.json")
     except ResultsError as exc:
-        return RunResult(directory.name, directory, run, None, str(exc))
-    return RunResult(directory.name, directory, run, results)
+        return RunResult(name, directory, summary, None, str(exc))
+    return RunResult(name, directory, summary, results)
 
 
 def read_results(path: Path) -> Results:
-    """A pulled results file, checked against the schema's types."""
+    """A pulled results file, bounded in size and nesting first (core/records.py), then
+    checked against the schema's types; ResultsError names the first thing wrong."""
     try:
-        return parse_results(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise ResultsError(f"{path} unreadable ({exc})") from None
+        return parse_results(read_json_file(path))
+    except RecordError as exc:
+        raise ResultsError(str(exc)) from None
     except SchemaError as exc:
         raise ResultsError(f"{path}: {exc}") from None
+
+
+def _printable(name: str) -> str:
+    """A directory name as it can be shown on one line (control characters escaped)."""
+    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
 
 @dataclass

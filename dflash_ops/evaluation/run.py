@@ -20,8 +20,15 @@ from typing import Protocol
 from dflash_eval.schema import Results
 from dflash_eval.summary import summary_lines
 
-from dflash_ops.core.errors import CheckpointError, EvalFailed, HostError, InventoryError
+from dflash_ops.core.errors import (
+    CheckpointError,
+    EvalFailed,
+    HostError,
+    InventoryError,
+    ResultsError,
+)
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest
@@ -165,7 +172,13 @@ def conclude(
     directory = inventory.local.results / run.run_id
     summary = []
     if run.state == "succeeded":
-        results = read_results(directory / "results.json")
+        try:
+            results = read_results(directory / "results.json")
+        except ResultsError as exc:
+            raise ResultsError(
+                f"{host.name}: run {run.run_id} succeeded but its results do not read: {exc}; "
+                f"compare its log in {directory} with the harness version"
+            ) from None
         summary = summary_lines(results)
         if staged is not None:
             _require_staged_bytes(results, staged, directory, run_flag(inventory))
@@ -305,10 +318,11 @@ def _extracted_from(host: Host, extracted: str) -> str | None:
         check=False,
     )
     try:
-        record = json.loads(answer.stdout) if answer.ok else None
-    except ValueError:
+        record = parse_json(answer.stdout, EXTRACT_RECORD) if answer.ok else None
+    except RecordError:
         return None
-    return record.get("source_sha256") if isinstance(record, dict) else None
+    source = record.get("source_sha256") if isinstance(record, dict) else None
+    return source if isinstance(source, str) else None
 
 
 def harness_command(

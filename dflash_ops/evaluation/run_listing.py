@@ -1,23 +1,28 @@
 """What a host's runs directory says: each run's state, read in one round trip.
 
-`runs_probe` lists `{workdir}/runs/*/` with each run's exit code, pid liveness, results and
-params; `parse_runs` turns that into `Run`s. One damaged run directory (a truncated
-params.json) is listed as broken, never fatal to the listing.
+`runs_probe` lists `{workdir}/runs/*/` with each run's exit code, pid liveness, results,
+latest event and params, one NUL-ended record per run; `parse_runs` turns that into `Run`s.
+params.json is read through the one reader (core/records.py): one damaged run directory (a
+truncated params.json, a text where a number goes, a name with control characters) is
+listed as broken, never fatal to the listing.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dflash_ops.core.inventory import EvalHost
+from dflash_ops.core.records import RecordError, parse_json, parse_record
+from dflash_ops.evaluation.records import RunParams
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import Probe
 
 DENIED_EXIT = 77  # the runs listing's exit code when the login may not enter the runs dir
+PARAMS_BYTES = 1 << 20  # params.json read back at most (the tool writes a few hundred bytes)
+EVENT_BYTES = 1 << 16  # of the latest event (a progress line is a few hundred bytes)
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,17 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
         'results=no; [ -f "$d/results.json" ] && results=yes; '
         '[ -f "$d/cancelled" ] && results=cancelled; '
         'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
-        'last=$(tail -n 50 "$d/events.jsonl" 2>/dev/null | grep -E '
-        "'^[{]\"event\": \"(progress|done)\"' | tail -n 1 | tr -d '\\t'); "
-        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\n\' "$d" "$code" "$pid" "$alive" '
-        '"$results" "$finished" "${last:--}" "$(tr -d \'\\n\' < "$d/params.json")"; done'
+        'last=$(tail -n 50 "$d/events.jsonl" 2>/dev/null | grep -aE '
+        '\'^[{]"event": "(progress|done)"\' | tail -n 1 | '
+        f"head -c {EVENT_BYTES} | tr -d '\\t\\0'); "
+        # One record per run, NUL-ended, tabs and newlines in the name made byte 1 (a control
+        # character: such a run is listed broken). params.json is cut at PARAMS_BYTES (a
+        # longer one fails to parse, and is named broken).
+        "name=$(printf %s \"$d\" | tr '\\t\\n\\r' '\\001\\001\\001'); "
+        'printf \'%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\t%s\\0\' "$name" "$code" "$pid" "$alive" '
+        '"$results" "$finished" "${last:--}" '
+        f'"$(head -c {PARAMS_BYTES} "$d/params.json" | tr -d \'\\n\\0\')"; '
+        "done"
     )
     return Probe(command, lambda output: parse_runs(host_name, output))
 
@@ -70,11 +82,14 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
 def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Run]:
     now = time.time() if now is None else now
     runs = []
-    for line in output.splitlines():
+    for line in output.split("\0"):
         if not line.strip():
             continue
         run_id, code, pid, alive, results, finished, last, params = line.split("\t", 7)
         params_data, problem = _params(params)
+        if not run_id.isprintable():
+            run_id = run_id.encode("unicode_escape").decode("ascii")
+            params_data, problem = {}, "its directory name holds control characters"
         exit_code = int(code) if code.lstrip("-").isdigit() else None
         if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
             state = "cancelled" if exit_code is not None or alive != "yes" else "running"
@@ -107,23 +122,24 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
 
 def _params(text: str) -> tuple[dict, str | None]:
     """A run's params.json, or ({}, why not): one damaged run directory (a truncated write,
-    a full disk) must not make every listing of the host fail."""
+    a full disk, a text where a number goes) must not make every listing of the host fail."""
+    if not text:
+        return {}, None
     try:
-        params = json.loads(text) if text else {}
-    except json.JSONDecodeError as exc:
-        return {}, f"params.json is not valid JSON ({exc.msg} at character {exc.pos})"
-    if not isinstance(params, dict):
-        return {}, "params.json is not a JSON object"
-    return params, None
+        params = parse_record(text, "params.json", RunParams)
+    except RecordError as exc:
+        return {}, str(exc)
+    return params.model_dump(exclude_unset=True), None
 
 
 def parse_events(lines: Iterator[str] | list[str]) -> Iterator[dict]:
-    """The JSON events among `lines` (anything else is skipped)."""
+    """The JSON events among `lines` (anything else, a damaged or too deep line too, is
+    skipped), each read through the bounded reader."""
     for line in lines:
         if line.startswith("{"):
             try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+                event = parse_json(line, "event")
+            except RecordError:
                 continue
             if isinstance(event, dict) and "event" in event:
                 yield event

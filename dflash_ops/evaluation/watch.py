@@ -26,7 +26,6 @@ lets no host take another step; runs already started go on, detached, on their h
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -35,8 +34,11 @@ from typing import Protocol
 
 from dflash_eval.reading import overall_interval
 
+from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import HostBusy, OpsError, ResultsError, WatchError
+from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation import jobs, sweep
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import load_runs, read_results
@@ -51,6 +53,9 @@ DEFAULT_RETRIES = 2
 ERROR_CHARS = 500  # of a failure's message kept in the state and the webhook payload
 
 
+MAX_INTERVAL = 7 * 24 * 3600  # a week between passes at most
+
+
 def parse_interval(text: str | int | float) -> float:
     """`90s`, `10m`, `1h`, `1h30m` or plain seconds → seconds."""
     value = str(text).strip().lower()
@@ -58,10 +63,20 @@ def parse_interval(text: str | int | float) -> float:
     parts = re.fullmatch(r"((?:\d+(?:\.\d+)?[hms])+|\d+(?:\.\d+)?)", value)
     if not parts:
         raise WatchError(f"--interval: expected e.g. 90s, 10m, 1h30m or seconds, found {text!r}")
-    return sum(
+    seconds = sum(
         float(number) * units[unit]
         for number, unit in re.findall(r"(\d+(?:\.\d+)?)([hms]?)", value)
     )
+    # One parser bounds it: a wait the clock can hold (1e400 s is infinite, 1e300 overflows).
+    return parse_number("--interval", seconds, minimum=0, maximum=MAX_INTERVAL, unit="seconds")
+
+
+class StateRecord(Record):
+    """The watch state file as written by `WatchState.save` (steps as JSON's string keys)."""
+
+    evaluated: dict[str, str]
+    attempts: dict[str, int]
+    skipped: dict[str, str]
 
 
 @dataclass
@@ -85,15 +100,15 @@ class WatchState:
         if not path.exists():
             return cls(path, tag)
         try:
-            data = json.loads(path.read_text())
+            data = validate(read_json_file(path, path.name), path.name, StateRecord)
             return cls(
                 path,
                 tag,
-                {int(step): run_id for step, run_id in data["evaluated"].items()},
-                {int(step): int(count) for step, count in data["attempts"].items()},
-                {int(step): str(error) for step, error in data["skipped"].items()},
+                {int(step): run_id for step, run_id in data.evaluated.items()},
+                {int(step): count for step, count in data.attempts.items()},
+                {int(step): error for step, error in data.skipped.items()},
             )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (RecordError, ValueError) as exc:
             raise WatchError(
                 f"{path}: cannot read the watch state ({exc}). Move it aside to start afresh: "
                 "steps with successful local results are still not evaluated again."
@@ -108,10 +123,7 @@ class WatchState:
             "attempts": {str(s): n for s, n in sorted(self.attempts.items())},
             "skipped": {str(s): e for s, e in sorted(self.skipped.items())},
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(data, indent=2) + "\n")
-        partial.replace(self.path)
+        write_atomic(self.path, json.dumps(data, indent=2) + "\n")
 
 
 @dataclass

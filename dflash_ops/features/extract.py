@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from dflash_ops.core.errors import EvalFailed, HostError, OpsError
 from dflash_ops.core.inventory import FeaturesHost, Inventory
+from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.run import RunReporter, ensure_ready
 from dflash_ops.features.space import check_features_host
@@ -77,8 +78,8 @@ def read_set_record(host: Host, path: str) -> dict | None:
     """A complete set's feature-set.json (None: no complete set at `path`)."""
     answer = host.run(f"cat -- {shlex.quote(f'{path}/{SET_RECORD}')}", check=False)
     try:
-        record = json.loads(answer.stdout) if answer.ok else None
-    except ValueError:
+        record = parse_json(answer.stdout, SET_RECORD) if answer.ok else None
+    except RecordError:
         return None
     return record if isinstance(record, dict) else None
 

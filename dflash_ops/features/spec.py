@@ -31,6 +31,7 @@ from pathlib import Path
 from dflash_eval.completions import BUILTIN_PROMPTS
 from dflash_eval.options import default
 
+from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import InventoryError, OpsError
 from dflash_ops.core.inventory import Inventory
 
@@ -78,15 +79,17 @@ def set_id(request: FeatureRequest, target_name: str, target_fingerprint: str) -
     return f"{name}-{digest[:ID_HEX]}"
 
 
+MAX_LAYER = 1024  # layer ids beyond any model's depth
+
+
 def parse_layers(text: str) -> tuple[int, ...]:
     """'1,9,17' → (1, 9, 17): distinct non-negative layer indices."""
-    try:
-        layers = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise OpsError(
-            f"--layers: expected comma-separated layer indices, found {text!r}"
-        ) from None
-    if not layers or min(layers) < 0 or len(set(layers)) != len(layers):
+    layers = tuple(
+        parse_number("--layers", part, minimum=0, maximum=MAX_LAYER, whole=True)
+        for part in text.split(",")
+        if part.strip()
+    )
+    if not layers or len(set(layers)) != len(layers):
         raise OpsError(f"--layers: expected distinct indices ≥ 0, found {text!r}")
     return layers
 

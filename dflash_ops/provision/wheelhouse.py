@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from dflash_ops.core.errors import HostError
+from dflash_ops.core.files import make_dirs
 from dflash_ops.core.inventory import HarnessHost, VenvSpec
 from dflash_ops.provision.packages import Sources, requirements
 from dflash_ops.remote.connection import (
@@ -50,7 +51,7 @@ def push_wheelhouse(host: Host, entry: HarnessHost) -> Sources:
     )
     glibc = info["libc"].replace(".", "_") or "2_17"
     local = wheelhouse_cache() / f"cp{info['version']}-manylinux_{glibc}_{info['machine']}"
-    local.mkdir(parents=True, exist_ok=True)
+    make_dirs(local)
     argv = _download_argv(entry.venv, local, info["version"], glibc, info["machine"])
     downloaded = subprocess.run(argv, capture_output=True, text=True)
     if downloaded.returncode != 0:

@@ -103,7 +103,10 @@ class Host:
         return self.entry.become == "sudo"
 
     def login_command(self, command: str) -> str:
-        """`command` as the login shell must be given it: through `sudo -n` with `become`."""
+        """`command` as the login shell must be given it: under the tool's own umask (what it
+        creates is never group/world-writable, whatever the login's umask; a command wanting
+        0700/0600 sets 077 itself), through `sudo -n` with `become`."""
+        command = with_umask(SHARED_UMASK, command)
         if not self.becomes_root:
             return command
         return f"sudo -n -- bash -c {shlex.quote(command)}"

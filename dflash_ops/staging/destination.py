@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import STAGED_NAME, EvalLayout
@@ -71,8 +72,8 @@ class DestinationState:
 def _json_dict(text: str) -> dict | None:
     """A manifest's content; a damaged or empty one counts as none (the copy is redone)."""
     try:
-        value = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
+        value = parse_json(text, "manifest") if text.strip() else None
+    except RecordError:
         return None
     return value if isinstance(value, dict) else None
 

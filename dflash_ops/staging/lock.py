@@ -140,7 +140,8 @@ class DestinationLock:
         quoted = shlex.quote(self.path)
         flock = f"flock -w {wait} 9" if wait else "flock -n 9"
         command = (
-            f'mkdir -p -- "$(dirname -- {quoted})" && exec 9>>{quoted} && '
+            f'mkdir -p -- "$(dirname -- {quoted})" && (umask 077 && : >> {quoted}) && '
+            f"exec 9>>{quoted} && "
             f"if {flock}; then printf '%s\\n' {shlex.quote(self.holder.line())} > {quoted}; "
             f"echo LOCKED; {self._first()}{self._serve()}; "
             f'else echo "BUSY $(cat -- {quoted})"; fi'

@@ -14,7 +14,13 @@ import subprocess
 
 from dflash_ops.core.errors import RemoteCommandError
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, Result
+from dflash_ops.remote.connection import SHARED_UMASK, Host, Result, with_umask
+
+
+def bash(command: str) -> list[str]:
+    """bash -c COMMAND under the tool's own umask, set inside that bash: a bash started over
+    ssh reads the login's ~/.bashrc (which may set any umask) before running its command."""
+    return ["bash", "-c", with_umask(SHARED_UMASK, command)]
 
 
 class Side:
@@ -53,10 +59,10 @@ class RemoteSide(Side):
         self.name = host.name
 
     def argv(self, command: str) -> list[str]:
-        return self.host.ssh_argv(f"bash -c {shlex.quote(command)}")
+        return self.host.ssh_argv(shlex.join(bash(command)))
 
     def run(self, command: str, *, check: bool = True) -> Result:
-        return self.host.run(f"bash -c {shlex.quote(command)}", check=check)
+        return self.host.run(shlex.join(bash(command)), check=check)
 
     def root_hint(self) -> str:
         return self.host.root_hint()
@@ -71,7 +77,7 @@ class RemoteSide(Side):
         self.host.open()
         return ChannelCommand(
             self.host.connection.transport,
-            self.host.login_command(f"bash -c {shlex.quote(command)}"),
+            self.host.login_command(shlex.join(bash(command))),
             self.host.keepalive_window,
         )
 
@@ -82,7 +88,7 @@ class LocalSide(Side):
     name = "workstation"
 
     def argv(self, command: str) -> list[str]:
-        return ["bash", "-c", command]
+        return bash(command)
 
     def run(self, command: str, *, check: bool = True) -> Result:
         done = subprocess.run(self.argv(command), capture_output=True, text=True)

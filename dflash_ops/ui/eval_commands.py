@@ -20,6 +20,7 @@ from dflash_ops.evaluation import figures, jobs, results, sweep
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
+from dflash_ops.evaluation.harness_options import checked
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request
@@ -66,6 +67,9 @@ def run_eval_command(
     request's options from the task's flags (run.request_options); `verbose`: the whole
     summary of a single run."""
     one_of(("--step", step), ("--steps", steps), ("--latest", latest), ("--all-new", all_new))
+    harness = options.get("harness_options")
+    if isinstance(harness, Mapping):  # a bad value is one line before a step or host is asked
+        checked(harness)
     if latest:
         step = resolve_step(inventory, None, latest=True).step
     if dry_run and options.get("dataset"):

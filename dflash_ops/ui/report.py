@@ -7,18 +7,24 @@ table and whether consecutive steps' intervals overlap, per-position acceptance,
 budget, each run's provenance (whatever its results JSON records) and its decoded samples
 when the results carry them. Runs that are not comparable with the latest one are shown,
 flagged, and left out of the figures. `fab compare` rewrites it too.
+
+Every value read from results reaches the page through an autoescaping Jinja2 template
+(templates/report.html.j2): this module builds plain data, the template the markup, and
+nothing from a results file is ever marked safe (only the SVG matplotlib wrote is).
 """
 
 from __future__ import annotations
 
-import html
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import jinja2
 from dflash_eval.reading import COMPARABILITY
 from dflash_eval.schema_metrics import Sample
+from markupsafe import Markup
 
+from dflash_ops.core.files import write_atomic
 from dflash_ops.evaluation import figures
 from dflash_ops.evaluation.results import (
     TRAINING_RUN,
@@ -63,135 +69,93 @@ pre { white-space: pre-wrap; background: #f7f7f7; padding: 0.5em; }
 
 def write(comparison: Comparison, path: Path, mixed: str | None = None) -> Path:
     """Render the comparison into `path` (atomically) and return it."""
-    text = render(comparison, mixed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
-    return path
+    return write_atomic(path, render(comparison, mixed))
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("dflash_ops.ui", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,  # a misspelt name fails the render, never prints ""
+)
 
 
 def render(comparison: Comparison, mixed: str | None = None) -> str:
     """The whole HTML document."""
-    charts = {name: figures.svg_text(f) for name, f in figures.build(comparison).items()}
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        "<title>DFlash drafter evaluation report</title>",
-        f"<style>{STYLE}</style></head><body>",
-        "<h1>DFlash drafter evaluation report</h1>",
-        f"<p>{len(comparison.rows)} run(s), steps "
-        f"{_e(', '.join(str(r.step) for r in comparison.rows))}; written {created}.</p>",
-    ]
-    if mixed:
-        parts.append(f'<p class="banner">{_e(mixed)}: flagged below, left out of the figures.</p>')
-    parts += _section("τ vs step", _figure(charts, "tau_vs_step"))
-    parts += _section("Comparison", _comparison_table(comparison))
-    parts += _section("Per prompt set", _datasets(comparison, charts))
-    parts += _section("Per-position acceptance", _figure(charts, "acceptance_per_position"))
-    parts += _section("DDTree budgets", _figure(charts, "ddtree_budgets"))
-    parts += _section("Comparability", _comparability(comparison))
+    # matplotlib escapes the text it puts into its SVG: the one markup trusted as such.
+    charts = {name: Markup(figures.svg_text(f)) for name, f in figures.build(comparison).items()}
     latest = comparison.rows[-1].run_id
-    parts += _section(
-        "Provenance",
-        "".join(_provenance(row, open_=row.run_id == latest) for row in comparison.rows),
-    )
-    samples = "".join(_samples(row) for row in comparison.rows)
-    parts += _section("Decoded samples", samples or "<p>No run carries decoded samples.</p>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    context = {
+        "style": Markup(STYLE),
+        "charts": charts,
+        "run_count": len(comparison.rows),
+        "steps": ", ".join(str(r.step) for r in comparison.rows),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "mixed": mixed,
+        "comparison": _comparison_table(comparison),
+        "datasets": _datasets(comparison),
+        "comparability": _comparability(comparison),
+        "provenance": [_provenance(row, row.run_id == latest) for row in comparison.rows],
+        "samples": [samples for row in comparison.rows if (samples := _samples(row))],
+    }
+    return _TEMPLATES.get_template("report.html.j2").render(context) + "\n"
 
 
-def _section(title: str, body: str) -> list[str]:
-    anchor = title.lower().replace(" ", "-").replace("τ", "tau")
-    return [f'<section id="{_e(anchor)}"><h2>{_e(title)}</h2>', body, "</section>"]
-
-
-def _figure(charts: dict[str, str], name: str) -> str:
-    if name not in charts:
-        return "<p>Nothing to draw (no comparable run has these numbers).</p>"
-    return f'<figure id="figure-{name}">{charts[name]}</figure>'
-
-
-def _comparison_table(comparison: Comparison) -> str:
+def _comparison_table(comparison: Comparison) -> dict[str, Any]:
     header, cells = table_rows(comparison)
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
     text_columns = {"run", TRAINING_RUN, "host", "comparable"}
     return _table(header, cells, "comparison", flagged, text_columns=text_columns)
 
 
-def _datasets(comparison: Comparison, charts: dict[str, str]) -> str:
+def _datasets(comparison: Comparison) -> dict[str, Any] | None:
     header, cells = dataset_rows(comparison)
     if not cells:
-        return "<p>No run carries confidence intervals (results from an older harness).</p>"
+        return None
     settings = next(
         block["bootstrap"] for r in comparison.rows if (block := r.done.get("by_dataset"))
     )
-    notes = overlap_notes(comparison)
     flagged = [row[0] in comparison.differences for row in cells]
-    return "".join(
-        [
-            f"<p>95 % confidence intervals: {_e(settings['method'])} bootstrap over "
-            f"{_e(settings['unit'])}s, {settings['resamples']} resamples, seed "
-            f"{settings['seed']} (docs/results-schema.md).</p>",
-            _table(
-                header,
-                cells,
-                "per-dataset",
-                flagged,
-                text_columns={"run", TRAINING_RUN, "prompt set"},
-            ),
-            "<ul>" + "".join(f"<li>{_e(note)}</li>" for note in notes) + "</ul>" if notes else "",
-            _figure(charts, "tau_by_dataset") if "tau_by_dataset" in charts else "",
-        ]
-    )
+    return {
+        **{name: settings.get(name) for name in ("method", "unit", "resamples", "seed")},
+        "table": _table(
+            header, cells, "per-dataset", flagged, text_columns={"run", TRAINING_RUN, "prompt set"}
+        ),
+        "notes": overlap_notes(comparison),
+    }
 
 
-def _comparability(comparison: Comparison) -> str:
+def _comparability(comparison: Comparison) -> dict[str, Any]:
     names = list(COMPARABILITY)
     cells = []
     for row in comparison.rows:
         key = row.key()
         cells.append([row.run_id, str(row.step), *(_short(key[name]) for name in names)])
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
-    explanation = (
-        "<p>What must match for two runs' numbers to be comparable; runs outside the compared "
-        "comparability group (the largest, unless chosen) are flagged.</p>"
-    )
-    return explanation + _table(
+    return _table(
         ["run", "step", *names], cells, "comparability", flagged, text_columns=set(names) | {"run"}
     )
 
 
-def _provenance(row: RunResult, open_: bool) -> str:
+def _provenance(row: RunResult, open_: bool) -> dict[str, Any]:
     """Everything the run's results (and run.json) record about where its numbers come
     from; the latest run's is shown open."""
-    run_facts = {f"run.{key}": value for key, value in row.run.items()}
-    facts = dict(run_facts)
+    facts = {f"run.{key}": value for key, value in row.run.items()}
     for block in PROVENANCE_BLOCKS:
         facts.update(_flatten(row.results.get(block), block) if row.results else {})
     warnings = row.results["warnings"] if row.results else []
-    rows = "".join(
-        f'<tr><th class="text">{_e(key)}</th><td class="text"><code>{_e(_short(value, 96))}'
-        "</code></td></tr>"
-        for key, value in facts.items()
-    )
-    warned = "".join(f'<li class="flag">{_e(w)}</li>' for w in warnings)
-    return (
-        f"<details{' open' * open_}><summary>{_e(row.run_id)} ({_e(_step_of(row))})</summary>"
-        f"<table>{rows}</table>{f'<ul>{warned}</ul>' if warned else ''}</details>"
-    )
+    return {
+        "title": f"{row.run_id} ({_step_of(row)})",
+        "open": open_,
+        "facts": [(key, _short(value, 96)) for key, value in facts.items()],
+        "warnings": [str(warning) for warning in warnings],
+    }
 
 
-def _samples(row: RunResult) -> str:
+def _samples(row: RunResult) -> dict[str, Any] | None:
     samples = row.results["samples"] if row.results else []
     if not samples:
-        return ""
-    shown = "".join(_sample(sample) for sample in samples)
-    return (
-        f"<details open><summary>{_e(row.run_id)} ({_e(_step_of(row))})</summary>{shown}</details>"
-    )
+        return None
+    return {"title": f"{row.run_id} ({_step_of(row)})", "samples": [_sample(s) for s in samples]}
 
 
 def _step_of(row: RunResult) -> str:
@@ -199,20 +163,22 @@ def _step_of(row: RunResult) -> str:
     return f"{row.training_run} step {row.step}" if row.training_run else f"step {row.step}"
 
 
-def _sample(sample: Sample) -> str:
+def _sample(sample: Sample) -> list[dict[str, Any]]:
     """One decoded sample: text fields as text, lists of records as a table (so a field a
     newer harness adds is shown too)."""
-    parts = []
+    parts: list[dict[str, Any]] = []
     for key, value in sample.items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            header = list(dict.fromkeys(k for v in value for k in v))
-            cells = [[_short(v.get(k), 200) for k in header] for v in value]
-            parts.append(_table(header, cells, None, [False] * len(cells), set(header)))
+            keys = list(dict.fromkeys(k for v in value for k in v))
+            header = [str(k) for k in keys]
+            cells = [[_short(v.get(k), 200) for k in keys] for v in value]
+            table = _table(header, cells, None, [False] * len(cells), set(header))
+            parts.append({"kind": "table", "table": table})
         elif "\n" in str(value) or len(str(value)) > 80:
-            parts.append(f"<p><b>{_e(key)}</b></p><pre>{_e(_short(value, 4000))}</pre>")
+            parts.append({"kind": "block", "key": str(key), "text": _short(value, 4000)})
         else:
-            parts.append(f"<p><b>{_e(key)}</b> <code class='mono'>{_e(str(value))}</code></p>")
-    return "<div class='sample'>" + "".join(parts) + "</div>"
+            parts.append({"kind": "line", "key": str(key), "text": str(value)})
+    return parts
 
 
 def _table(
@@ -221,26 +187,24 @@ def _table(
     table_id: str | None,
     flagged: list[bool],
     text_columns: set[str],
-) -> str:
-    def cell(tag: str, column: str, value: str) -> str:
-        classes = ["text"] * (column in text_columns)
-        if tag == "td" and value.startswith("≠"):
-            classes.append("flag")
-        attribute = f' class="{" ".join(classes)}"' if classes else ""
-        return f"<{tag}{attribute}>{_e(value)}</{tag}>"
+) -> dict[str, Any]:
+    """A table as the template's `table` macro takes it: each cell with its classes."""
 
-    head = "".join(cell("th", column, column) for column in header)
-    body = "".join(
-        ('<tr class="flagged">' if flag else "<tr>")
-        + "".join(cell("td", column, value) for column, value in zip(header, row, strict=True))
-        + "</tr>"
+    def classes(column: str, value: str = "") -> str:
+        names = ["text"] * (column in text_columns)
+        return " ".join(names + ["flag"] * value.startswith("≠"))
+
+    rows = [
+        {
+            "flagged": flag,
+            "cells": [
+                (str(value), classes(column, str(value)))
+                for column, value in zip(header, row, strict=True)
+            ],
+        }
         for row, flag in zip(cells, flagged, strict=True)
-    )
-    identity = f' id="{table_id}"' if table_id else ""
-    return (
-        f'<div class="scroll"><table{identity}><thead><tr>{head}</tr></thead>'
-        f"<tbody>{body}</tbody></table></div>"
-    )
+    ]
+    return {"id": table_id, "header": [(c, classes(c)) for c in header], "rows": rows}
 
 
 def _flatten(value: Any, prefix: str) -> dict[str, Any]:
@@ -258,7 +222,3 @@ def _flatten(value: Any, prefix: str) -> dict[str, Any]:
 def _short(value: Any, limit: int = 24) -> str:
     text = "-" if value is None else str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _e(text: str) -> str:
-    return html.escape(text, quote=True)

@@ -15,12 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_eval import options as run_options
 from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import option as bounded
 from dflash_eval.progress import Progress
 from dflash_eval.summary import headline, summary_lines
 from dflash_eval.urls import read_url
 
 if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
+
+
+# Bounds of the few numeric flags outside the option table (dflash_eval.numbers): far beyond
+# real use, never a value that allocates without end.
+BLOCK_SIZE = bounded(minimum=2, maximum=1024, unit="tokens")
+COUNT = bounded(minimum=1, maximum=1 << 24)
 
 
 def _argument_type(option: run_options.Option) -> Callable[[str], object]:
@@ -74,7 +81,7 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     )
     features.add_argument(
         "--block-size",
-        type=int,
+        type=BLOCK_SIZE,
         required=True,
         help="reference tokens past each completion: the largest drafter block size to serve",
     )
@@ -149,7 +156,7 @@ def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
     )
     diagnose.add_argument(
         "--probe-prompts",
-        type=int,
+        type=COUNT,
         default=4,
         help="prompts each probe re-evaluates the candidate on (default 4)",
     )

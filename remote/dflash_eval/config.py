@@ -19,10 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dflash_eval.config_keys import accepted_unknown_keys
+from dflash_eval.config_keys import CONFIG_BOUNDS, accepted_unknown_keys
 from dflash_eval.dflash2_config import ARCHITECTURE as DFLASH2_ARCHITECTURE
 from dflash_eval.dflash2_config import DFlash2Parts, read_dflash2
 from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import check_numbers, parse_number
 from dflash_eval.schema import LayerAttentionRecord
 
 # The embedding and logit fields of z-lab's current code, with the value that changes nothing.
@@ -217,6 +218,8 @@ def from_hf_dict(
             "Pass a complete one with --drafter-config FILE."
         )
     _refuse_unsupported(raw, dflash, where)
+    check_numbers(raw, CONFIG_BOUNDS, f"the drafter config from {where}")
+    check_numbers(dflash, CONFIG_BOUNDS, f"the drafter config from {where}: dflash_config")
     _refuse_two_block_sizes(raw, dflash, where)
     accepted = {} if accept_keys is None else accepted_unknown_keys(raw, accept_keys, where)
     qwen3 = qwen3_config({k: raw[k] for k in _QWEN3_KEYS if k in raw}, where)
@@ -270,13 +273,14 @@ def _output_fields(
         value = dflash.get(name, raw.get(name))
         if value is None:
             fields[name] = unset
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise HarnessError(
-                f"The drafter config from {where} has {name}={value!r}; expected a number. "
-                "Fix the config."
-            )
         else:
-            fields[name] = float(value)
+            try:
+                fields[name] = float(parse_number(name, value, text=False))
+            except HarnessError:
+                raise HarnessError(
+                    f"The drafter config from {where} has {name}={value!r}; expected a "
+                    "number (finite). Fix the config."
+                ) from None
     return fields
 
 
@@ -364,14 +368,25 @@ def stated_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
     layer_ids = dflash.get("target_layer_ids", raw.get("target_layer_ids"))
     mask_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
     if block_size is not None:
-        stated["block_size"] = int(block_size)
+        stated["block_size"] = _bounded("block_size", block_size)
     if layer_ids is not None:
-        stated["target_layer_ids"] = tuple(int(i) for i in layer_ids)
+        if not isinstance(layer_ids, list | tuple):
+            raise HarnessError(
+                f"target_layer_ids: expected a list of layer ids, found {layer_ids!r}"
+            )
+        stated["target_layer_ids"] = tuple(_bounded("target_layer_ids", i, 0) for i in layer_ids)
     if mask_id is not None:
-        stated["mask_token_id"] = int(mask_id)
+        stated["mask_token_id"] = _bounded("mask_token_id", mask_id)
     if raw.get("num_target_layers"):
-        stated["num_target_layers"] = int(raw["num_target_layers"])
+        stated["num_target_layers"] = _bounded("num_target_layers", raw["num_target_layers"])
     return stated
+
+
+def _bounded(key: str, value: Any, minimum: float | None = None) -> int:
+    """A whole config number within CONFIG_BOUNDS (layer ids: those of num_target_layers)."""
+    low, high, _ = CONFIG_BOUNDS.get(key, CONFIG_BOUNDS["num_target_layers"])
+    low = low if minimum is None else minimum
+    return parse_number(key, value, minimum=low, maximum=high, whole=True, text=False)
 
 
 def states_rope(raw: Mapping[str, Any]) -> bool:

@@ -8,7 +8,8 @@ level, "dflash_config.KEY" below it). Accepted keys are recorded with the result
 
 The lists follow z-lab's current `dflash/model.py` (commit 07ebd93db9f4): what it reads from a
 config (transformers' Qwen3Config and `_draft_value`), plus the bookkeeping keys Hugging Face
-writes into every config.json, which change nothing in the maths.
+writes into every config.json, which change nothing in the maths. The numeric ones have
+bounds (CONFIG_BOUNDS), checked by dflash_eval.numbers before anything is built from them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,33 @@ from typing import Any
 from dflash_eval.errors import HarnessError
 
 BOOKKEEPING = "bookkeeping, not read by the maths"
+
+# The numbers of a drafter config, (minimum, maximum, whole): far beyond any real model,
+# yet small enough that nothing built from them (a list per layer, a table per position)
+# can exhaust the host. Checked before transformers or the harness allocates anything.
+LIMIT = 1 << 24
+CONFIG_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "hidden_size": (1, 1 << 16, True),
+    "intermediate_size": (1, 1 << 20, True),
+    "num_hidden_layers": (1, 1024, True),
+    "num_attention_heads": (1, 1024, True),
+    "num_key_value_heads": (1, 1024, True),
+    "head_dim": (1, 4096, True),
+    "vocab_size": (1, LIMIT, True),
+    "max_position_embeddings": (1, LIMIT, True),
+    "sliding_window": (1, LIMIT, True),
+    "max_window_layers": (0, 1024, True),
+    "block_size": (0, 1024, True),  # 0: unset (DrafterConfig.to_hf_dict writes it so)
+    "num_target_layers": (1, 1024, True),
+    "mask_token_id": (-1, LIMIT, True),  # -1: unset, as block_size's 0
+    "rms_norm_eps": (0, 1, False),
+    "rope_theta": (0, 1e12, False),
+    "partial_rotary_factor": (0, 1, False),
+    "conv_kernel_size": (1, 1024, True),
+    "conv_group_size": (1, 1 << 16, True),
+    "selector_rank": (1, 1 << 16, True),
+    "selector_top_k": (1, LIMIT, True),
+}
 
 TOP_LEVEL: dict[str, str] = {
     # The Qwen3 architecture.

@@ -208,8 +208,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "safe_globals",
         "names",
-        "also unpickle these named globals (comma-separated dotted names, or the built-in "
-        "groups argparse,numpy); nothing else beyond weights",
+        "also unpickle these inert globals (comma-separated groups argparse, numpy, pathlib, "
+        "datetime, or their dotted names); nothing else beyond weights",
         default=[],
         commands=(*RUN, "extract"),
         tasks=EVAL_TASKS,

@@ -3,19 +3,23 @@
 A training checkpoint is a torch pickle. Unpickling runs whatever functions the file names,
 so the harness reads it with `torch.load(weights_only=True)`: tensors, containers and plain
 values only. Training scripts often store a little more beside the weights (an
-`argparse.Namespace` of their arguments, a numpy RNG state); those are allowed only when
-the user *names* them (`--safe-globals`), through torch's safe-globals mechanism, which
-admits exactly those classes/functions and nothing else. Arbitrary unpickling stays
-possible only by the explicit `--allow-unsafe-pickle`. Whichever was used is recorded.
+`argparse.Namespace` of their arguments, a numpy RNG state); those are admitted only when
+the user names them (`--safe-globals`), through torch's safe-globals mechanism.
 
-Built-in groups (a name a user may give instead of the dotted names, `--safe-globals
-argparse,numpy`), chosen because they only build plain data:
+What can be named is a fixed list, chosen by proof and not by name: each entry is a
+constructor of plain data that, whatever arguments a file gives it (text, numbers, tensors,
+other entries), builds a value and calls nothing else (tests/harness/test_pickle_inert.py
+checks each one). Anything outside the list is refused, whatever the user names:
+a global that is not on it may run code (`timeit.timeit` runs its text), and a checkpoint
+that needs one is not plain data. Arbitrary unpickling stays possible only by the explicit
+`--allow-unsafe-pickle`. Whichever was used is recorded.
+
+Groups (`--safe-globals argparse,numpy`, or any of their dotted names):
 - `argparse`: `argparse.Namespace` (an object with attributes, nothing else);
-- `numpy`: numpy arrays, scalars and dtypes of every non-object dtype, which is what
-  `numpy.random.get_state()` and numeric training metadata pickle to. Object arrays
-  (whose items could be anything) are deliberately not included.
-Any other dotted name is allowed when named, except names from modules that can run
-commands or code (`os`, `subprocess`, `builtins`…), which no policy here admits.
+- `numpy`: numpy arrays, scalars and dtypes (what `numpy.random.get_state()` and numeric
+  training metadata pickle to), under numpy 1.x's and 2.x's module paths;
+- `pathlib`: paths (training arguments of `type=Path`); a path object touches no file;
+- `datetime`: dates, times, durations and fixed-offset time zones (timestamps).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ import pickletools
 import re
 import struct
 import zipfile
-from _compat_pickle import IMPORT_MAPPING
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +38,9 @@ import torch
 
 from dflash_eval.errors import HarnessError
 
-_NUMPY_DTYPE_CODES = "?bBhHiIlLqQefdgFDG"  # every numeric/bool dtype; not "O" (objects)
+_NUMPY_DTYPE_CODES = "?bBhHiIlLqQefdgFDG"  # every numeric/bool dtype class BUILD may meet
 _PICKLE_OPCODES = frozenset(opcode.code for opcode in pickletools.opcodes)
-SAFE_GROUPS: dict[str, tuple[str, ...]] = {
+INERT_GROUPS: dict[str, tuple[str, ...]] = {
     "argparse": ("argparse.Namespace",),
     "numpy": (
         # numpy 1.x and 2.x pickle arrays and scalars under different module paths.
@@ -48,35 +51,18 @@ SAFE_GROUPS: dict[str, tuple[str, ...]] = {
         "numpy.ndarray",
         "numpy.dtype",
     ),
+    # Python 3.13 moved the classes to pathlib._local (their pickles name that).
+    "pathlib": (
+        "pathlib.Path",
+        "pathlib.PosixPath",
+        "pathlib.PurePosixPath",
+        "pathlib._local.PosixPath",
+        "pathlib._local.PurePosixPath",
+    ),
+    "datetime": ("datetime.datetime", "datetime.date", "datetime.timedelta", "datetime.timezone"),
 }
-# Naming a global from these modules would let a checkpoint run commands or arbitrary code.
-NEVER_SAFE_MODULES = frozenset(
-    {
-        "os",
-        "posix",
-        "nt",
-        "sys",
-        "subprocess",
-        "builtins",
-        "__builtin__",
-        "importlib",
-        "runpy",
-        "shutil",
-        "pickle",
-        "marshal",
-        "ctypes",
-        "socket",
-        "code",
-        "pty",
-        "multiprocessing",
-        "signal",
-        "types",
-        "functools",
-        "operator",
-        "codecs",
-        "io",
-    }
-)
+# Every global the harness will ever admit, whatever a user or a profile names.
+INERT_GLOBALS = frozenset(name for names in INERT_GROUPS.values() for name in names)
 
 WEIGHTS_ONLY = "weights-only"
 WITH_SAFE_GLOBALS = "weights-only + named safe globals"
@@ -116,41 +102,28 @@ class PickleRecord:
 
 
 def expand_names(names: tuple[str, ...] | list[str]) -> list[str]:
-    """Group names replaced by their dotted names; unknown or forbidden names refused."""
+    """Group names replaced by their dotted names; a name off the inert list is refused."""
     expanded: list[str] = []
     for name in names:
         name = name.strip()
         if not name:
             continue
-        if name in SAFE_GROUPS:
-            expanded += SAFE_GROUPS[name]
-            continue
-        module = name.rpartition(".")[0]
-        if not module:
+        if name in INERT_GROUPS:
+            expanded += INERT_GROUPS[name]
+        elif name in INERT_GLOBALS:
+            expanded.append(name)
+        else:
             raise HarnessError(
-                f"--safe-globals: {name!r} is neither a built-in group "
-                f"({', '.join(sorted(SAFE_GROUPS))}) nor a dotted name such as "
-                "argparse.Namespace. Give the names exactly as the refusal message lists them."
+                f"--safe-globals: {name!r} is not on the harness's list of inert globals, "
+                f"which is all it admits: the groups {', '.join(INERT_GROUPS)} and their "
+                "names (pickle_policy.py). Anything else a pickle names may run code, so no "
+                "option admits it: a checkpoint that needs it is not plain data. Load it only "
+                "if you trust it completely (--allow-unsafe-pickle)."
             )
-        if _never_safe(name):
-            raise HarnessError(
-                f"--safe-globals: {name} is from a module that can run commands or code; no "
-                "pickle policy here admits it. A checkpoint that needs it is not plain data: "
-                "load it only if you trust it completely (--allow-unsafe-pickle)."
-            )
-        expanded.append(name)
     return list(dict.fromkeys(expanded))
 
 
-def _never_safe(name: str) -> bool:
-    """Whether a dotted global comes from a command/code-running module, under its
-    Python 3 name or the Python 2 name torch's default pickle protocol writes
-    (subprocess is pickled as `commands`)."""
-    top = name.split(".")[0]
-    return top in NEVER_SAFE_MODULES or IMPORT_MAPPING.get(top, top) in NEVER_SAFE_MODULES
-
-
-def _resolve(names: list[str]) -> list[tuple[Any, str]]:
+def admitted_objects(names: list[str]) -> list[tuple[Any, str]]:
     """(object, the name the pickle uses) for each name that exists in this environment,
     plus numpy's dtype classes when numpy dtypes are admitted (BUILD needs them)."""
     resolved = []
@@ -176,7 +149,7 @@ def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
     record = PickleRecord(policy.describe(), names, WITH_SAFE_GLOBALS if names else WEIGHTS_ONLY)
     record.file_globals = _file_globals(path)
     try:
-        with torch.serialization.safe_globals(_resolve(names)):
+        with torch.serialization.safe_globals(admitted_objects(names)):
             return _weights_only_load(path), record
     except pickle.UnpicklingError as error:
         not_pickle = _no_pickle_opcode(str(error))
@@ -192,6 +165,7 @@ def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
         zipfile.BadZipFile,
         OSError,
         KeyError,
+        AttributeError,
         ValueError,
         IndexError,
         TypeError,
@@ -262,24 +236,20 @@ def _refusal(path: Path, message: str, file_globals: list[str] | None) -> str:
 
 
 def _named_globals_advice(file_globals: list[str] | None) -> str:
-    """What --safe-globals would admit this file, from the globals it names (zip only)."""
+    """Which groups would admit this file, from the globals it names (zip only); a name off
+    the inert list is said to be unadmittable, never suggested."""
     if not file_globals:
         return ""
-    known = {name for names in SAFE_GROUPS.values() for name in names}
-    groups = sorted(g for g, names in SAFE_GROUPS.items() if set(names) & set(file_globals))
-    others = [name for name in file_globals if name not in known]
-    forbidden = [name for name in others if _never_safe(name)]
-    if forbidden:
-        return f"It names {', '.join(forbidden)}, which can run commands: no policy admits it. "
-    if not others:
+    others = [name for name in file_globals if name not in INERT_GLOBALS]
+    if others:
         return (
-            "Everything it names is on the harness's list of harmless globals: re-run with "
-            f"--safe-globals {','.join(groups)}. "
+            f"It names {', '.join(others)}, not on the harness's list of inert globals: no "
+            "--safe-globals admits it. "
         )
-    covered = f" (besides what --safe-globals {','.join(groups)} covers)" if groups else ""
+    groups = sorted(g for g, names in INERT_GROUPS.items() if set(names) & set(file_globals))
     return (
-        f"It names {', '.join(others)}{covered}, not on the harness's list of harmless "
-        "globals: naming them in --safe-globals trusts exactly those. "
+        "Everything it names is on the harness's list of inert globals: re-run with "
+        f"--safe-globals {','.join(groups)}. "
     )
 
 

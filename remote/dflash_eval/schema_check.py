@@ -9,6 +9,7 @@ read without `.get` or a try.
 from __future__ import annotations
 
 import functools
+import math
 import types
 from typing import (
     Any,
@@ -107,8 +108,8 @@ def _hints(record: Any) -> dict[str, Any]:
 def _is_instance(value: Any, expected: type) -> bool:
     if isinstance(value, bool):  # JSON true is no number
         return expected is bool
-    if expected is float:
-        return isinstance(value, int | float)
+    if expected is float:  # 1e400 reads back as inf: no number any field can hold
+        return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
     if expected is type(None):
         return value is None
     return isinstance(value, expected)
@@ -117,6 +118,8 @@ def _is_instance(value: Any, expected: type) -> bool:
 def _describe(expected: Any) -> str:
     if expected is type(None):
         return "null"
+    if expected is float:
+        return "a finite number"
     return getattr(expected, "__name__", None) or str(expected)
 
 
