@@ -323,6 +323,9 @@ def parse(option: Option, value: object) -> object:
     return str(value)
 
 
+INT64_MAX = (1 << 63) - 1
+
+
 def _number(option: Option, value: object) -> int | float:
     """The one value check of every number the table declares (ValueError when refused)."""
     kind = int if option.kind in ("int", "ints") else float
@@ -332,6 +335,8 @@ def _number(option: Option, value: object) -> int | float:
     except ValueError:
         raise ValueError(f"expected {words}, found {value!r}") from None
     low, high = option.minimum, option.maximum
+    if kind is int and high is None:
+        high = INT64_MAX  # whatever reaches torch must fit its int64
     refused = (
         isinstance(value, bool)
         or not math.isfinite(number)
