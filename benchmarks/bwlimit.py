@@ -6,7 +6,7 @@ the wall-clock time of the whole stage and of its byte-moving phase, the rate of
 against the limit, and what the code's pace measured (its average rate, how long it held the
 stream back). The tests assert only what the code computes; this is the stopwatch view.
 The lab is removed at the end, even on failure.
-Run: `.venv/bin/python benchmarks/bwlimit.py [--size 64m] [--limits 8m,16m,32m]`.
+Run: `.venv/bin/python benchmarks/bwlimit.py [--size 64m] [--limits 8m,16m,32m] [--smoke]`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._lab import one_checkpoint_lab
+from benchmarks._smoke import parse_args
 from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
@@ -34,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="64m")
     parser.add_argument("--limits", default="8m,16m,32m")
-    args = parser.parse_args()
+    args = parse_args(parser, {"size": "4m", "limits": "16m"})
     size = parse_size(args.size)
     with one_checkpoint_lab(
         "dflash-bwlimit-",

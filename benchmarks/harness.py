@@ -1,7 +1,9 @@
 """Batched drafter passes vs straightforward per-block loops, on a small random model.
 
     .venv/bin/python benchmarks/harness.py [--threads 1,2] [--tokens 1024] [--prompts 1]
-                                           [--repeats 3] [--vocab 4096]
+                                           [--repeats 3] [--vocab 4096] [--smoke]
+
+`--smoke` runs every step at a size that takes seconds (the suite runs it so).
 
 Three variants compute the same metrics (vanilla + DDTree walks) from the same random
 context features: `batched` (the harness: chunks of consecutive anchors in one pass with a
@@ -38,12 +40,18 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import queue
 import resource
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 2, 4, 2, 64
 BLOCK_SIZE, PROMPT_TOKENS = 16, 64
@@ -55,6 +63,7 @@ BASELINES = {
     "per-block": "batching alone: both reuse the cached context K/V",
 }
 TARGET = 5.0
+SMOKE = {"threads": "1", "tokens": 24, "prompts": 1, "repeats": 1, "vocab": 512}
 
 
 def _peak_rss_mib() -> float:
@@ -79,7 +88,7 @@ def _run_variant(
     per "pass" command until "stop", then the peak memory."""
     import torch
     from dflash_eval.config import DrafterConfig
-    from dflash_eval.metrics import summarize, walk_prompt
+    from dflash_eval.metrics import Span, summarize, walk_prompt
     from dflash_eval.model import DFlashDrafter
     from dflash_eval.predict import (
         BorrowedHead,
@@ -148,7 +157,8 @@ def _run_variant(
             max(BUDGETS),
             chunk=None if variant == "batched" else 1,
         )
-        return walk_prompt(predictor, tokens, PROMPT_TOKENS, BLOCK_SIZE, BUDGETS), predictor
+        span = Span(PROMPT_TOKENS, len(tokens))  # rounds over the whole completion
+        return walk_prompt(predictor, tokens, span, BLOCK_SIZE, BUDGETS), predictor
 
     # Steady state, as over the many prompts of a real run: the first passes through the
     # kernels and the allocator are slow, so a short warm-up sequence goes untimed.
@@ -175,7 +185,7 @@ def _run_variant(
     results.put({"peak_rss_mib": _peak_rss_mib(), "setup_rss_mib": setup_rss})
 
 
-def _gemm_rate(threads: int, queue) -> None:
+def _gemm_rate(threads: int, results) -> None:
     """Multiply-adds per second of an fp32 GEMM with the drafter's inner dimension, sized
     to stay in cache: about the best rate any variant's matrix products reach here."""
     import torch
@@ -186,7 +196,7 @@ def _gemm_rate(threads: int, queue) -> None:
     repeats, started = 30, time.perf_counter()
     for _ in range(repeats):
         torch.mm(a, b)
-    queue.put(repeats * a.numel() * b.shape[1] / (time.perf_counter() - started))
+    results.put(repeats * a.numel() * b.shape[1] / (time.perf_counter() - started))
 
 
 def _required_macs(tokens_per_prompt: int, prompts: int, vocab: int) -> int:
@@ -213,41 +223,88 @@ def _measure(args: argparse.Namespace) -> dict[str, dict]:
     """Each variant's fastest pass and peak memory. The variants live in their own
     processes (so each peak RSS is its own) and take turns, one timed pass each per round,
     so that a slow spell of the machine (this VM's timings vary by ±20 %) hits them alike."""
-    context = multiprocessing.get_context("spawn")
     children = {}
-    for variant in VARIANTS:
-        commands, results = context.Queue(), context.Queue()
-        process = context.Process(
-            target=_run_variant,
-            args=(variant, args.tokens, args.prompts, args.threads, args.vocab, commands, results),
-        )
-        process.start()
-        children[variant] = (process, commands, results)
-    for _, _, results in children.values():
-        assert results.get() == "ready"  # no pass is timed while another variant warms up
-    passes: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
-    for _ in range(args.repeats):
-        for variant, (_, commands, results) in children.items():
-            commands.put("pass")
-            passes[variant].append(results.get())
-    measured = {}
-    for variant, (process, commands, results) in children.items():
-        commands.put("stop")
-        memory = results.get()
+    try:
+        for variant in VARIANTS:
+            commands = _CONTEXT.Queue()
+            process, results = _start(
+                _run_variant,
+                variant,
+                args.tokens,
+                args.prompts,
+                args.threads,
+                args.vocab,
+                commands,
+            )
+            children[variant] = (process, commands, results)
+        for variant, (process, _, results) in children.items():
+            # no pass is timed while another variant warms up
+            assert _receive(variant, process, results) == "ready"
+        passes: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
+        for _ in range(args.repeats):
+            for variant, (process, commands, results) in children.items():
+                commands.put("pass")
+                passes[variant].append(_receive(variant, process, results))
+        measured = {}
+        for variant, (process, commands, results) in children.items():
+            commands.put("stop")
+            memory = _receive(variant, process, results)
+            process.join()
+            fastest = min(passes[variant], key=lambda result: result["drafter_seconds"])
+            measured[variant] = {**fastest, **memory}
+        return measured
+    finally:
+        for process, _, _ in children.values():
+            process.kill()  # a failed sibling leaves no child waiting for its next command
+
+
+_CONTEXT = multiprocessing.get_context("spawn")
+
+
+def _child(target: Callable, results, *args) -> None:
+    """A child's body: `target(*args, results)`; an exception is sent back as its
+    traceback, which fails the benchmark (a child never dies silently)."""
+    try:
+        target(*args, results)
+    except BaseException:
+        results.put({"error": traceback.format_exc()})
+
+
+def _start(target: Callable, *args) -> tuple:
+    """`target(*args, results)` in a spawned child; returns (process, results queue)."""
+    results = _CONTEXT.Queue()
+    process = _CONTEXT.Process(target=_child, args=(target, results, *args), daemon=True)
+    process.start()
+    return process, results
+
+
+def _receive(name: str, process, results) -> object:
+    """The child's next message; the child's error, or its death, fails the benchmark at
+    once (never a wait on a child that will not answer)."""
+    while True:
+        try:
+            message = results.get(timeout=0.2)
+        except queue.Empty:
+            if process.is_alive():
+                continue
+            try:  # a last message may have been sent just before it ended
+                message = results.get(timeout=1)
+            except queue.Empty:
+                raise SystemExit(
+                    f"benchmark failed: {name}'s process ended (exit code {process.exitcode}) "
+                    "without answering"
+                ) from None
+        if isinstance(message, dict) and "error" in message:
+            raise SystemExit(f"benchmark failed in {name}'s process:\n{message['error']}")
+        return message
+
+
+def _in_child(target: Callable, *args) -> object:
+    process, results = _start(target, *args)
+    try:
+        return _receive(target.__name__, process, results)
+    finally:
         process.join()
-        fastest = min(passes[variant], key=lambda result: result["drafter_seconds"])
-        measured[variant] = {**fastest, **memory}
-    return measured
-
-
-def _in_child(target, *args) -> object:
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    child = context.Process(target=target, args=(*args, queue))
-    child.start()
-    result = queue.get()
-    child.join()
-    return result
 
 
 def main() -> None:
@@ -265,7 +322,7 @@ def main() -> None:
         help="LM head rows (default 4096: the head is then ~1/3 of a block's FLOPs, as in "
         "Qwen3-8B-DFlash; the whole vocabulary is computed for every slot in every variant)",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     for threads in [int(t) for t in args.threads.split(",")]:
         args.threads = threads
         _compare(args)

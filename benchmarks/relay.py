@@ -15,7 +15,7 @@ the resume moved, then the spread of the pairs' ratios and, last, the whole-task
 median raw time / median stage time. A stage's relay phase runs from the start of its ssh
 processes (which start early, gated, while the control steps run) to its last byte. The lab
 is removed at the end, even on failure.
-Run: `.venv/bin/python benchmarks/relay.py [--runs 9] [--size 1g] [--low-priority]`.
+Run: `.venv/bin/python benchmarks/relay.py [--runs 9] [--size 1g] [--low-priority] [--smoke]`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._lab import one_checkpoint_lab
+from benchmarks._smoke import parse_args
 from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.units import format_bytes, parse_size
@@ -53,7 +54,7 @@ def main() -> None:
         action="store_true",
         help="the trainer's reader at nice 19 / ionice idle, as the inventory default",
     )
-    args = parser.parse_args()
+    args = parse_args(parser, {"runs": 1, "size": "8m"})
     size = parse_size(args.size)
     with one_checkpoint_lab(
         "dflash-bench-",

@@ -17,7 +17,7 @@ Reports, runs interleaved (the machine is shared):
 
 Needs root (namespaces, bind mounts) and 3 × --size free on the disk under --dir. Everything
 it made is removed at the end, even on failure.
-Run: `.venv/bin/python benchmarks/scale.py [--size 8g] [--runs 2] [--dir /var/tmp]`.
+Run: `.venv/bin/python benchmarks/scale.py [--size 8g] [--runs 2] [--dir /var/tmp] [--smoke]`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._smoke import parse_args
 from dflash_lab import lab
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.units import format_bytes, parse_size
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--size", default="8g")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--dir", default="/var/tmp", help="a directory on the real disk")
-    args = parser.parse_args()
+    args = parse_args(parser, {"size": "32m", "runs": 1})
     size = parse_size(args.size)
     base = Path(tempfile.mkdtemp(prefix="dflash-scale-", dir=args.dir))
     kind = filesystem_of(base)
