@@ -128,7 +128,7 @@ def run_fab(
 ) -> subprocess.CompletedProcess:
     """Run the real `fab` from the repo root against an inventory; output captured. The
     checkout's own packages come first on the path, whatever the venv was installed from."""
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": f"{REPO / 'remote'}:{REPO}"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'remote'}:{REPO}"}
     if inventory_path is not None:
         env["DFLASH_INVENTORY"] = str(inventory_path)
     return subprocess.run(

@@ -106,7 +106,6 @@ def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
     env = {
         **os.environ,
         "DFLASH_INVENTORY": str(inventory_path),
-        "COLUMNS": "200",
         "PYTHONPATH": f"{REPO / 'remote'}:{REPO}",
     }
     return subprocess.Popen(
@@ -292,7 +291,6 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "COLUMNS": "200"},
     )
     assert cli.returncode == 0, cli.stderr
     assert "best tree" in cli.stdout and (results / "cli-plots" / "tau_vs_step.png").exists()

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.table import Table
 
 from dflash_ops.remote.checks import Row, Status
 
-console = Console(highlight=False)
-errors = Console(stderr=True, highlight=False)
+# A line written to a pipe or a file is read by grep, a log or a test: it is never wrapped.
+UNWRAPPED_WIDTH = 10_000
+
+
+class _Console(Console):
+    """Wraps to the terminal's width (or COLUMNS) only when writing to a terminal."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        measured = super().size
+        if self.is_terminal:
+            return measured
+        return ConsoleDimensions(UNWRAPPED_WIDTH, measured.height)
+
+
+console = _Console(highlight=False)
+errors = _Console(stderr=True, highlight=False)
 
 _STATUS_STYLE = {
     Status.OK: "[green]✓ ok[/]",
