@@ -23,6 +23,8 @@ class HostItself:
     """No container: the trainer's files and commands are the host's own."""
 
     tool: ClassVar[str | None] = None  # the host-side command this kind needs (check-hosts)
+    # Whether commands can run inside it (a rootfs is only read through its files).
+    runs_commands: ClassVar[bool] = True
     # Whether the reader inside sets its own low priority: `wrap` may start it in a process
     # tree of its own (docker exec asks the daemon), out of reach of the host shell's nice.
     own_priority: ClassVar[bool] = False
@@ -105,6 +107,7 @@ class ThroughRootfs(HostItself):
     """A container read through the host-side path of its root filesystem."""
 
     section: RootfsContainer
+    runs_commands: ClassVar[bool] = False
 
     @property
     def description(self) -> str:

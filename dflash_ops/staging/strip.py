@@ -132,7 +132,7 @@ class TrainerExtraction:
 
     def __enter__(self) -> Extraction | Unavailable:
         env = self.files.env
-        if env.kind == "rootfs":
+        if not env.runs_commands:
             return Unavailable(
                 f"{env.description} is only read through its files: nothing runs inside it"
             )

@@ -97,7 +97,8 @@ def _check_union(value: Any, options: tuple[Any, ...], where: str) -> None:
         except SchemaError:
             continue
         return
-    _fail(where, " | ".join(_describe(option) for option in options), value)
+    named = [o for o in options if not (o is int and float in options)]  # float takes ints
+    _fail(where, " | ".join(_describe(option) for option in named), value)
 
 
 @functools.cache
