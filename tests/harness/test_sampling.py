@@ -36,6 +36,7 @@ from dflash_eval.schema_check import parse_results
 from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
 
 from .helpers import quick_eval
+from .live_drafter import PlainDrafter
 from .live_loops import LiveModels, Settings, live_sampled_lengths, plain_probs
 
 # The lab target is nearly deterministic at T ≈ 1 (its successor token's logit stands far
@@ -196,7 +197,9 @@ def lab_parts(lab):
     model = load_target(lab.target_dir, "float32")
     tokenizer = load_tokenizer(lab.target_dir)
     loaded = load_drafter(lab.checkpoints[6000], model.shape)
-    live = LiveModels(model.model, loaded.model, model.embed_weight, model.head_weight)
+    # The live loop's drafter is the plain one (live_drafter.py) over the same weights.
+    plain = PlainDrafter(loaded.config.to_hf_dict(), loaded.model.state_dict())
+    live = LiveModels(model.model, plain, model.embed_weight, model.head_weight)
     stops = stop_token_ids(lab.target_dir, tokenizer)
     return model, tokenizer, loaded, live, stops
 
