@@ -61,7 +61,9 @@ def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
         'pid=$(cat "$d/pid" 2>/dev/null || echo -); '
         'alive=no; for p in "$pid" "$(cat "$d/wrapper.pid" 2>/dev/null)"; do '
         '[ -n "$p" ] && [ "$p" != - ] && kill -0 "$p" 2>/dev/null && alive=yes; done; '
-        'results=no; [ -f "$d/results.json" ] && results=yes; '
+        # An eval's product is results.json, a diagnosis's diagnose.json.
+        "results=no; for r in results.json diagnose.json; do "
+        '[ -f "$d/$r" ] && results=yes; done; '
         '[ -f "$d/cancelled" ] && results=cancelled; '
         'finished=$(stat -c %Y "$d/exit_code" 2>/dev/null || echo -); '
         'last=$(tail -n 50 "$d/events.jsonl" 2>/dev/null | grep -aE '
@@ -94,7 +96,7 @@ def parse_runs(host_name: str, output: str, now: float | None = None) -> list[Ru
         if results == "cancelled":  # `fab eval-cancel` marks the run before killing it
             state = "cancelled" if exit_code is not None or alive != "yes" else "running"
         elif exit_code is not None:
-            # An eval run's product is results.json; a features run's is its feature set.
+            # An eval's (or a diagnosis's) product is its JSON; a features run's, its set.
             produced = results == "yes" or params_data.get("kind") == "features"
             state = "succeeded" if exit_code == 0 and produced else "failed"
         elif alive == "yes":
