@@ -72,14 +72,17 @@ def pull(root: Path, step: int, level: float, **changes) -> None:
         outcome["samples"] = [
             {
                 "id": "gsm8k-3",
+                "dataset": "gsm8k",
                 "completion_start": "Janet sells the <eggs> & keeps",
                 "rounds": [
                     {
-                        "position": 0,
+                        "position": 4,
                         "anchor": "Janet",
-                        "target": "sells",
-                        "draft": "sell",
+                        "target": " sells the eggs",
+                        "draft": " sells a egg",
                         "accepted": 1,
+                        "target_tokens": [" sells", " the", " eggs"],
+                        "draft_tokens": [" sells", " a", " egg"],
                     }
                 ],
             }
@@ -143,7 +146,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
     # Every reference inside the file points inside it (matplotlib's clip paths).
     assert all(link.startswith("#") for link in re.findall(r'href="([^"]*)"', text))
     assert all(ref.startswith("#") for ref in re.findall(r"url\(([^)]*)\)", text))
-    assert text.count("<svg") == 4  # τ vs step, per set, acceptance, DDTree budgets
+    assert text.count("<svg") == 5  # τ vs step, per set, lengths, acceptance, DDTree budgets
     for section in ("tau-vs-step", "comparison", "per-prompt-set", "provenance", "decoded-samples"):
         assert f'<section id="{section}">' in text
     assert 'id="per-dataset"' in text and ">humaneval<" in text
@@ -160,8 +163,8 @@ def test_compare_rewrites_the_report(three_steps, tmp_path):
     written = three_steps / report.REPORT_NAME
     assert "run-6000" in written.read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "acceptance_per_position.png", "ddtree_budgets.png", "tau_by_dataset.png",
-        "tau_vs_step.png",
+        "acceptance_lengths.png", "acceptance_per_position.png", "ddtree_budgets.png",
+        "tau_by_dataset.png", "tau_vs_step.png",
     ]  # fmt: skip
     pull(three_steps, 8000, 4.0)
     show_comparison(three_steps, plots=tmp_path / "plots")
@@ -216,4 +219,4 @@ def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
     assert table is not None
     assert table.group(0).count("<tr") == 1 + 3 * 3  # header + 3 runs × (all, gsm8k, humaneval)
     assert "humaneval" in table.group(0)
-    assert dom.count("<svg") == 4
+    assert dom.count("<svg") == 5

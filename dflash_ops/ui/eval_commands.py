@@ -26,7 +26,7 @@ from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request
 from dflash_ops.evaluation.run import run_eval
 from dflash_ops.staging.catalog import resolve_step
-from dflash_ops.ui import report
+from dflash_ops.ui import report, report_diagnosis
 from dflash_ops.ui.compare_view import export, print_comparison
 from dflash_ops.ui.console import console, errors
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
@@ -236,7 +236,12 @@ def show_comparison(
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {run.run_id} ({_step_of(run)}): {escape(why)}")
-    path = report.write(every, results_root / report.REPORT_NAME, results.mixed_note(every))
+    path = report.write(
+        every,
+        results_root / report.REPORT_NAME,
+        results.mixed_note(every),
+        report_diagnosis.pulled(results_root),
+    )
     for note in results.overlap_notes(comparison):
         notes.print(note)
     if samples:
@@ -284,7 +289,10 @@ def write_report(
     pulled = results.load_runs(results_root)
     comparison = results.compare(pulled, parse_steps(steps), tag, training_run)
     path = report.write(
-        comparison, out or results_root / report.REPORT_NAME, results.mixed_note(comparison)
+        comparison,
+        out or results_root / report.REPORT_NAME,
+        results.mixed_note(comparison),
+        report_diagnosis.pulled(results_root),
     )
     console.print(f"report: {path}")
     return path
