@@ -54,13 +54,14 @@ details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: bold; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; background: #f7f7f7; padding: 0.5em; }
 .cards { display: flex; flex-wrap: wrap; gap: 0.75em; margin: 1em 0; }
-.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.5em 0.9em; min-width: 9em;
-  flex: 1 1 9em; background: #fafafa; }
+.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.4em 0.7em; min-width: 7.5em;
+  flex: 1 1 7.5em; background: #fafafa; }
 .card .label { font-size: 0.8em; color: #555; } .card .value { font-size: 1.6em; font-weight: 600; }
 .card .note { font-size: 0.75em; color: #666; }
 nav.toc ol { columns: 2 14em; margin: 0.5em 0; }
 table.facts th.run { white-space: normal; min-width: 10em; vertical-align: bottom; }
 table.facts td, table.facts th { text-align: left; }
+table.facts td { white-space: normal; overflow-wrap: anywhere; min-width: 8em; max-width: 30em; }
 .sample { border-left: 3px solid #ddd; padding-left: 1em; margin: 1em 0; }
 .sample h3 { font-size: 1em; margin: 0.3em 0; } .set { color: #555; font-weight: normal; }
 .round { margin: 0.6em 0; } .round-head { font-size: 0.85em; color: #444; }
