@@ -191,6 +191,18 @@ def headless_chromium(profile: Path) -> list[str]:
     ]
 
 
+def shoot(browser: list[str], page: Path, screenshot: Path) -> Path:
+    """Chromium's screenshot of `page` (the browser's window size) into `screenshot`."""
+    shot = subprocess.run(
+        [*browser, f"--screenshot={screenshot}", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert screenshot.is_file(), shot.stderr[-2000:]
+    return screenshot
+
+
 @pytest.mark.slow
 @needs_chromium
 def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
@@ -200,14 +212,7 @@ def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
         results.compare(results.load_runs(three_steps)), three_steps / report.REPORT_NAME
     )
     browser = [*headless_chromium(tmp_path / "profile"), "--window-size=1280,2400"]
-    screenshot = tmp_path / "report.png"
-    shot = subprocess.run(
-        [*browser, f"--screenshot={screenshot}", path.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert screenshot.is_file(), shot.stderr[-2000:]
+    screenshot = shoot(browser, path, tmp_path / "report.png")
     histogram = Image.open(screenshot).convert("L").histogram()  # pixels per grey level
     dark = sum(count for level, count in enumerate(histogram) if level < 200)
     assert dark / sum(histogram) > 0.02  # text, tables and figures: not a blank page

@@ -18,7 +18,7 @@ import pytest
 from dflash_ops.evaluation import figures, results
 from dflash_ops.ui import report, report_diagnosis
 from dflash_ops.ui.report_facts import duration, readable, utc
-from tests.test_report import headless_chromium, needs_chromium, pull
+from tests.test_report import headless_chromium, needs_chromium, pull, shoot
 
 
 @pytest.fixture
@@ -217,16 +217,8 @@ def test_chromium_renders_the_report_at_desktop_and_phone_widths(
     )
     keep = Path(os.environ.get("REPORT_SCREENSHOTS", tmp_path))
     keep.mkdir(parents=True, exist_ok=True)
-    screenshot = keep / f"report-{name}.png"
     browser = [*headless_chromium(tmp_path / "profile"), f"--window-size={width},3000"]
-    shot = subprocess.run(
-        [*browser, f"--screenshot={screenshot}", path.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert screenshot.is_file(), shot.stderr[-2000:]
-    image = Image.open(screenshot).convert("L")
+    image = Image.open(shoot(browser, path, keep / f"report-{name}.png")).convert("L")
     assert image.size[0] == width
     histogram = image.histogram()  # pixels per grey level: text and figures, not blank
     assert sum(c for level, c in enumerate(histogram) if level < 200) / sum(histogram) > 0.02
