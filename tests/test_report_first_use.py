@@ -188,7 +188,8 @@ def test_a_pulled_diagnosis_of_a_shown_step_is_a_section(three_steps):
     assert "diag-4000" in section and "diag-9000" not in section
     assert "[probe] block size 16 &lt;raises&gt; τ" in section  # ranked finding, escaped
     assert "τ 2.10 vs reference 3.40 (gap -1.30 ± 0.20, 95%, 8 prompts)" in section
-    assert "<td>0.500</td><td>0.800</td><td>0.300</td>" in section  # the slot table
+    assert "<th>candidate acc.</th><th>reference acc.</th>" in section  # the slot table
+    assert "<td>0.500</td><td>0.800</td><td>0.300</td>" in section
     assert '<td class="text">block size 16</td><td>2.100</td><td>3.400</td>' in section
     assert "diag-broken" in section and "cannot read the diagnosis" in section
     assert 'href="#diagnosis"' in text

@@ -168,7 +168,8 @@ def _diagnosis(section: dict[str, Any]) -> dict[str, Any]:
         ("probes", report_diagnosis.PROBE_COLUMNS),
     ):
         cells = section[name]
-        header = [column.replace("_", " ") for column in columns]
+        named = {"candidate": "candidate acc.", "other": f"{section['against']} acc."}
+        header = [named.get(column, column.replace("_", " ")) for column in columns]
         text = {"probe"}
         tables[name] = _table(header, cells, None, [False] * len(cells), text) if cells else None
     return {**section, **tables}

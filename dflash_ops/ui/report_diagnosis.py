@@ -58,6 +58,7 @@ def _section(run_id: str, diagnosis: dict[str, Any]) -> dict[str, Any]:
         "run_id": run_id,
         "problem": None,
         "heading": lines[: lines.index("Findings, most likely cause first:")],
+        "against": str(data["against"]),
         "findings": data["findings"],
         "slots": [[_cell(row.get(c)) for c in SLOT_COLUMNS] for row in data["slots"]],
         "probes": [[_cell(row.get(c)) for c in PROBE_COLUMNS] for row in data["probes"]],
