@@ -66,3 +66,14 @@ def test_the_readme_states_the_two_ways_in_and_links_only_to_files_that_exist():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
     assert links and all((ROOT / link).is_file() for link in links), links
     assert "shared/" not in text  # nothing outside the repository
+
+
+def test_the_readme_inventory_example_loads(tmp_path):
+    from dflash_ops.core.inventory import load
+
+    text = README.read_text()
+    example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(example)
+    inventory = load(path)
+    assert inventory.eval_host(None)[0] == "eval"
