@@ -131,10 +131,12 @@ def test_samples_written_before_tokens_show_their_text(tmp_path):
     document = json.loads(path.read_text())
     for key in ("target_tokens", "draft_tokens"):
         del document["samples"][0]["rounds"][0][key]
+    document["samples"][0]["rounds"][0]["newer_field"] = "<kept>"  # from a newer harness
     path.write_text(json.dumps(document))
     text = _section(report.render(_comparison(root)), "decoded-samples")
     assert '<span class="tok ">&#39; sells a egg&#39;</span>' not in text
     assert '<span class="tok "> sells a egg</span>' in text and "1 accepted" in text
+    assert "newer_field <code>&lt;kept&gt;</code>" in text
 
 
 def _diagnosis(root: Path, step: int, run_id: str) -> Path:

@@ -2,7 +2,7 @@
 accepted prefix highlighted and the first rejected token marked (report.html.j2 draws them).
 
 Results written before samples carried tokens show the round's text as it was recorded;
-fields a newer harness adds are shown as plain lines, never dropped.
+fields a newer harness adds (to a sample or a round) are shown as plain text, never dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dflash_ops.evaluation.results import RunResult
 from dflash_ops.ui.report_facts import short
 
 KNOWN = {"id", "dataset", "completion_start", "rounds"}
+KNOWN_ROUND = {"position", "anchor", "accepted", "target", "draft", "target_tokens", "draft_tokens"}
 # How a token's invisible characters are shown (the token stays whole otherwise).
 VISIBLE = str.maketrans({"\n": "↵", "\t": "⇥"})
 
@@ -59,6 +60,7 @@ def _round(shown: SampleRound) -> dict[str, Any]:
         "slots": len(draft) if draft is not None else None,
         "draft": _marked(draft, accepted, "miss") if tokens else [(shown["draft"], "")],
         "target": _marked(target, accepted, "want") if tokens else [(shown["target"], "")],
+        "extra": [(str(k), short(v, 200)) for k, v in shown.items() if k not in KNOWN_ROUND],
     }
 
 
