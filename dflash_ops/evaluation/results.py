@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from dflash_eval.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate
-from dflash_ops.evaluation import run_ids
+from dflash_ops.evaluation import run_ids, training_metrics
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
 from dflash_ops.evaluation.records import RunSummary
 from dflash_ops.evaluation.run_ids import short_ids
@@ -64,6 +65,11 @@ class RunResult:
         if self.results:
             return self.results["checkpoint"].get("training_run")
         return self.run.get("training_run")
+
+    @cached_property
+    def training(self) -> dict[str, training_metrics.Value]:
+        """Its training run's logged metrics at its step (training_metrics; {}: none)."""
+        return training_metrics.values_of(self.directory)
 
     @property
     def metrics(self) -> Metrics:
@@ -257,6 +263,7 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
     block = max(row.metrics["block_size"] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
     ids = short_ids(row.run_id for row in comparison.rows)
+    trained = training_metrics.fields_of(row.training for row in comparison.rows)
     records = []
     for row in comparison.rows:
         metrics = row.metrics
@@ -282,6 +289,7 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
                 **{f"acc_{k}": per_position.get(k) for k in positions},
                 "reference_tau": reference["metrics"]["tau_macro"] if reference else None,
                 "vs_reference": (row.done["comparison"] or {}).get("tau_macro"),
+                **training_metrics.record_values(row.training, trained),
             }
         )
     return records
@@ -321,6 +329,7 @@ def table_columns(comparison: Comparison) -> list[tuple[str, Callable[[dict], st
     columns += [(f"acc@{k}", _shown(f"acc_{k}")) for k in POSITIONS_SHOWN if k < block]
     if any(row.done["reference"] for row in rows):
         columns += [("ref τ", _shown("reference_tau")), ("vs ref", ratio)]
+    columns += training_metrics.columns(row.training for row in rows)
     columns.append(("comparable", lambda r: "≠ " + r["differs"] if r["differs"] else "yes"))
     return columns
 

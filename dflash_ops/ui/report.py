@@ -34,6 +34,7 @@ from dflash_ops.evaluation.results import (
     overlap_notes,
     table_rows,
 )
+from dflash_ops.ui import training_view
 
 REPORT_NAME = "report.html"
 # Results blocks shown as each run's provenance, in this order (bulky lists are summarised).
@@ -67,9 +68,14 @@ pre { white-space: pre-wrap; background: #f7f7f7; padding: 0.5em; }
 """
 
 
-def write(comparison: Comparison, path: Path, mixed: str | None = None) -> Path:
+def write(
+    comparison: Comparison,
+    path: Path,
+    mixed: str | None = None,
+    training_metric: str | None = None,
+) -> Path:
     """Render the comparison into `path` (atomically) and return it."""
-    return write_atomic(path, render(comparison, mixed))
+    return write_atomic(path, render(comparison, mixed, training_metric))
 
 
 _TEMPLATES = jinja2.Environment(
@@ -79,10 +85,14 @@ _TEMPLATES = jinja2.Environment(
 )
 
 
-def render(comparison: Comparison, mixed: str | None = None) -> str:
-    """The whole HTML document."""
+def render(
+    comparison: Comparison, mixed: str | None = None, training_metric: str | None = None
+) -> str:
+    """The whole HTML document (`training_metric`: the one drawn beside τ, default the first
+    logged)."""
     # matplotlib escapes the text it puts into its SVG: the one markup trusted as such.
-    charts = {name: Markup(figures.svg_text(f)) for name, f in figures.build(comparison).items()}
+    built = figures.build(comparison, training_metric)
+    charts = {name: Markup(figures.svg_text(f)) for name, f in built.items()}
     latest = comparison.rows[-1].run_id
     context = {
         "style": Markup(STYLE),
@@ -96,6 +106,7 @@ def render(comparison: Comparison, mixed: str | None = None) -> str:
         "comparability": _comparability(comparison),
         "provenance": [_provenance(row, row.run_id == latest) for row in comparison.rows],
         "samples": [samples for row in comparison.rows if (samples := _samples(row))],
+        "training": training_view.report_section(comparison),
     }
     return _TEMPLATES.get_template("report.html.j2").render(context) + "\n"
 
