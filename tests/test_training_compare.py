@@ -78,6 +78,8 @@ def test_the_table_shows_them_beside_tau(pulled, wide):
     assert re.search(r"2000 .*2\.000.* 2\.5 +0\.25\b", text)
     assert re.search(r"4000 .*3\.000.* 1\.75 +nan\b", text)
     assert re.search(r"6000 .*3\.500.* - +-", text)
+    narrow = rendered(80, lambda on: print_comparison(comparison, "table", wide, on))
+    assert max(map(len, narrow)) <= 80  # the compact table leaves them out first
 
 
 def test_the_report_has_the_section_and_the_shared_step_axis_figure(pulled):

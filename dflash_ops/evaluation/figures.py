@@ -113,16 +113,26 @@ def _tau_and_training(rows: list[RunResult], field: str) -> Any:
         )
         logged = [(r.step or 0, r.training.get(field)) for r in run_rows]
         points = sorted((step, v) for step, v in logged if isinstance(v, float))
-        other.plot(
+        (line,) = other.plot(
             [step for step, _ in points],
             [v for _, v in points],
             marker="s",
             linestyle="--",
             color="black" if run is None else None,
+        )
+        # its legend entry on τ's axes: one legend for both
+        axes.plot(
+            [],
+            [],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
             label=_run_label(run, f"{field} (training, right axis)"),
         )
     axes.set(xlabel="training step", ylabel="acceptance length τ macro")
     other.set_ylabel(field)
+    axes.set_zorder(other.get_zorder() + 1)  # τ's axes, with the legend, in front
+    axes.patch.set_visible(False)
     return figure
 
 

@@ -90,11 +90,12 @@ def load_runs(results_root: Path) -> list[RunResult]:
     """Every fetched run under `results_root`, successful ones with their results. A run
     whose files cannot be used is kept with its `problem`: one bad directory never hides the
     others."""
-    runs = [_load_run(run_file.parent) for run_file in sorted(results_root.glob("*/run.json"))]
+    runs = [load_run(run_file.parent) for run_file in sorted(results_root.glob("*/run.json"))]
     return sorted(runs, key=lambda r: (r.step or 0, r.run.get("started") or 0))
 
 
-def _load_run(directory: Path) -> RunResult:
+def load_run(directory: Path) -> RunResult:
+    """The fetched run in `directory` (see load_runs)."""
     name = _printable(directory.name)
     try:
         run = validate(read_json_file(directory / "run.json", "run.json"), "run.json", RunSummary)

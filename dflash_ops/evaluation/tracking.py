@@ -89,8 +89,8 @@ def wandb_run_id(row: results.RunResult) -> str:
 
 def log_run(project: str, results_root: Path, run_id: str, say: Callable[[str], None]) -> bool:
     """Log one pulled run to W&B; False (and one line said) when it could not be."""
-    row = next((r for r in results.load_runs(results_root) if r.run_id == run_id), None)
-    if row is None or row.results is None:
+    row = results.load_run(results_root / run_id)
+    if row.results is None:
         return False
     try:
         with _ONE_AT_A_TIME:

@@ -24,8 +24,8 @@ from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.metrics_log import MetricsLog
 from dflash_ops.core.units import format_bytes
-from dflash_ops.evaluation.results import RunResult, load_runs
-from dflash_ops.evaluation.training_log import values_at
+from dflash_ops.evaluation.results import RunResult, load_run, load_runs
+from dflash_ops.evaluation.training_log import Logged, values_at
 from dflash_ops.evaluation.training_metrics import TRAINING_FILE, values_of
 from dflash_ops.remote.connection import Host, stderr_reason
 from dflash_ops.remote.containers import environment_of
@@ -93,7 +93,8 @@ def read_log(inventory: Inventory, log: MetricsLog) -> list[tuple[str, bytes]]:
     if result.exit_code in problems:
         raise MetricsLogError(f"{where}: {problems[result.exit_code]}")
     if result.exit_code == _TOO_LARGE:
-        size = format_bytes(int(result.stdout.strip()))
+        answer = result.stdout.strip()
+        size = format_bytes(int(answer)) if answer.isdigit() else "too large"
         raise MetricsLogError(
             f"{where}: {size}, more than the {format_bytes(MAX_LOG_BYTES)} read; log the "
             "scalars to a file of their own"
@@ -116,35 +117,55 @@ def attach(
     names) that has none yet and whose training run names a metrics log; the runs given
     values. Never raises for a log's sake: each problem is one line through `say`."""
     waiting: dict[str | None, list[RunResult]] = {}
-    for run in load_runs(results_root):
-        if run.results is None or run.step is None or (only is not None and run.run_id not in only):
-            continue
-        if not values_of(run.directory):
+    pulled = load_runs(results_root) if only is None else [load_run(results_root / i) for i in only]
+    for run in pulled:
+        if run.results is not None and run.step is not None and not values_of(run.directory):
             waiting.setdefault(run.training_run, []).append(run)
     stored = 0
     for training_run, runs in waiting.items():
         log = log_of(inventory, training_run)
         if log is None:
             continue
-        label = f" of {training_run}" if training_run else ""
         try:
             logged = values_at(log, read_log(inventory, log), {run.step for run in runs})
         except OpsError as exc:
-            say(f"training metrics{label}: {exc} (the results are unaffected)")
+            say(f"{_said(training_run)}: {exc} (the results are unaffected)")
             continue
-        for run in runs:
-            values = logged.get(run.step, {})
-            missing = [field for field in log.fields if field not in values]
-            if missing:
-                again = "" if values else " yet; fab fetch-results reads it again"
-                say(
-                    f"training metrics{label}: {log.path} logs no {', '.join(missing)} at step "
-                    f"{run.step}{again}"
-                )
-            if values:
-                _store(run, training_run, log, values)
-                stored += 1
+        stored += _store_each(runs, training_run, log, logged, say)
     return stored
+
+
+def _store_each(
+    runs: list[RunResult],
+    training_run: str | None,
+    log: MetricsLog,
+    logged: Logged,
+    say: Callable[[str], None],
+) -> int:
+    """Write each run's values; say what its step lacks. The runs given values."""
+    stored = 0
+    for run in runs:
+        values = logged.get(run.step, {})
+        missing = [field for field in log.fields if field not in values]
+        if missing:
+            again = "" if values else " yet; fab fetch-results reads it again"
+            say(
+                f"{_said(training_run)}: {log.path} logs no {', '.join(missing)} at step "
+                f"{run.step}{again}"
+            )
+        if not values:
+            continue
+        try:
+            _store(run, training_run, log, values)
+        except OSError as exc:
+            say(f"{_said(training_run)}: cannot write {run.directory}: {exc.strerror}")
+            continue
+        stored += 1
+    return stored
+
+
+def _said(training_run: str | None) -> str:
+    return f"training metrics of {training_run}" if training_run else "training metrics"
 
 
 def _store(run: RunResult, training_run: str | None, log: MetricsLog, values: dict) -> None:
