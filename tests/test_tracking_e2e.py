@@ -11,6 +11,7 @@ import yaml
 
 from dflash_lab.training_logs import logged_values, write_training_logs
 from tests.conftest import provisioned_models_lab, run_fab
+from tests.training_samples import offline_runs
 
 STEPS = (2000, 4000)
 QUICK = ["--num-prompts", "1", "--max-new-tokens", "16"]
@@ -23,8 +24,6 @@ def models_lab(tmp_path_factory):
 
 def test_a_sweep_logs_tau_and_training_metrics_by_step(models_lab, tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
-    from tests.test_wandb_offline import offline_runs
-
     sections = write_training_logs(models_lab, STEPS)
     document = yaml.safe_load(models_lab.inventory_path.read_text())
     document["hosts"]["trainer"]["metrics"] = sections["csv"]

@@ -14,31 +14,10 @@ import pytest
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.evaluation import figures, results
-from dflash_ops.evaluation.training_metrics import TRAINING_FILE
 from dflash_ops.ui import report
 from dflash_ops.ui.eval_commands import show_comparison
-from tests.schema_samples import results_dict
 from tests.test_output import rendered
-
-LOGGED = {2000: {"loss": 2.5, "acc": 0.25}, 4000: {"loss": 1.75, "acc": "nan"}}
-
-
-def pull(root: Path, step: int, tau: float, training: dict | None) -> None:
-    outcome = results_dict()
-    outcome["checkpoint"]["step"] = step
-    outcome["metrics"]["tau_macro"] = tau
-    directory = root / f"20261201-1200{step // 1000:02d}-step{step}-eval-ab{step // 1000:02d}"
-    directory.mkdir(parents=True)
-    run = {"run_id": directory.name, "host": "eval", "state": "succeeded", "step": step}
-    (directory / "run.json").write_text(json.dumps({**run, "started": step}))
-    (directory / "results.json").write_text(json.dumps(outcome))
-    if training is not None:
-        record = {
-            "step": step,
-            "log": {"path": "/w/m.jsonl", "format": "jsonl"},
-            "values": training,
-        }
-        (directory / TRAINING_FILE).write_text(json.dumps(record))
+from tests.training_samples import LOGGED, pull
 
 
 @pytest.fixture

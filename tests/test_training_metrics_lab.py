@@ -16,7 +16,7 @@ import yaml
 from dflash_lab import lab as labs
 from dflash_lab.training_logs import LOG_DIR, logged_values, write_training_logs
 from tests.conftest import run_fab
-from tests.test_training_compare import pull
+from tests.training_samples import pull
 
 STEPS = (2000, 4000, 6000)
 

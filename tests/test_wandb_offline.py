@@ -6,9 +6,7 @@ hold τ, the headline metrics and the training metrics keyed by the training ste
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import struct
 import sys
 from pathlib import Path
 
@@ -18,51 +16,9 @@ import fabfile
 from dflash_ops.core.errors import TrackerError
 from dflash_ops.evaluation import tracking
 from dflash_ops.evaluation.request import REQUEST_OPTIONS, request_options
-from tests.test_training_compare import LOGGED, pull
+from tests.training_samples import LOGGED, offline_runs, pull
 
 wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
-from wandb.proto import wandb_internal_pb2  # noqa: E402
-
-BLOCK = 32768  # the transaction log's block size
-HEADER = 7  # ':W&B', magic, version; then each chunk: crc32 (4), length (2), type (1)
-FULL, LAST = 1, 4
-
-
-def logged_records(path: Path) -> list:
-    """Every record of an offline run's transaction log, in order."""
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    records, pending, pos = [], b"", HEADER
-    while pos + HEADER <= len(data):
-        left = BLOCK - pos % BLOCK
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
-        if left < HEADER or (length, kind) == (0, 0):  # the block's zero padding
-            pos += left
-            continue
-        pending += data[pos + HEADER : pos + HEADER + length]
-        pos += HEADER + length
-        if kind in (FULL, LAST):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
-
-
-def offline_runs(directory: Path) -> list[tuple[object, dict[str, object]]]:
-    """(run record, logged history) of each offline run under `directory`, oldest first."""
-    found = []
-    for path in sorted(directory.glob("wandb/offline-run-*/run-*.wandb")):
-        records = logged_records(path)
-        run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
-        history = {}
-        for record in records:
-            if record.WhichOneof("record_type") == "history":
-                for item in record.history.item:
-                    key = item.key or "/".join(item.nested_key)
-                    history[key] = json.loads(item.value_json)
-        found.append((run, history))
-    return found
 
 
 @pytest.fixture
