@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_ops.evaluation import training_metrics
-from dflash_ops.evaluation.results import Comparison, number
+from dflash_ops.evaluation.results import Comparison, RunResult, number
 
 
 def report_section(comparison: Comparison) -> dict[str, Any] | None:
@@ -36,7 +36,7 @@ def report_section(comparison: Comparison) -> dict[str, Any] | None:
             }
         )
     table = {
-        "id": "training-metrics",
+        "id": "training-metrics-table",
         "header": [(h, "text" if h in text else "") for h in header],
         "rows": table_rows,
     }
@@ -44,6 +44,6 @@ def report_section(comparison: Comparison) -> dict[str, Any] | None:
     return {"table": table, "logs": logs}
 
 
-def _log_source(row: Any) -> str | None:
+def _log_source(row: RunResult) -> str | None:
     record = training_metrics.record_of(row.directory)
     return f"{record.log.path} ({record.log.format})" if record else None
