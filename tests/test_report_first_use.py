@@ -185,7 +185,7 @@ def test_a_pulled_diagnosis_of_a_shown_step_is_a_section(three_steps):
     broken = three_steps / report_diagnosis.DIAGNOSE_DIR / "diag-broken"
     broken.mkdir()
     (broken / "diagnose.json").write_text("{not json")
-    text = report.render(_comparison(three_steps), None, report_diagnosis.pulled(three_steps))
+    text = report.render(_comparison(three_steps), diagnoses=report_diagnosis.pulled(three_steps))
     section = _section(text, "diagnosis")
     assert "diag-4000" in section and "diag-9000" not in section
     assert "[probe] block size 16 &lt;raises&gt; τ" in section  # ranked finding, escaped
@@ -216,7 +216,9 @@ def test_chromium_renders_the_report_at_desktop_and_phone_widths(
     _diagnosis(three_steps, 6000, "diag-6000")
     comparison = _comparison(three_steps)
     path = report.write(
-        comparison, three_steps / report.REPORT_NAME, None, report_diagnosis.pulled(three_steps)
+        comparison,
+        three_steps / report.REPORT_NAME,
+        diagnoses=report_diagnosis.pulled(three_steps),
     )
     keep = Path(os.environ.get("REPORT_SCREENSHOTS", tmp_path))
     keep.mkdir(parents=True, exist_ok=True)

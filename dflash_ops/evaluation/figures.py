@@ -18,14 +18,18 @@ from typing import Any
 from dflash_eval import reading
 from dflash_eval.schema_metrics import Group, Interval
 
+from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.files import make_dirs, write_atomic
 from dflash_ops.evaluation.results import Comparison, RunResult
+from dflash_ops.evaluation.training_metrics import fields_of
 
 Read = Callable[[RunResult], Interval | float | None]  # an interval, or a bare value
 
 
-def build(comparison: Comparison) -> dict[str, Any]:
-    """Name → matplotlib figure; the per-set figure only when some run has named sets."""
+def build(comparison: Comparison, training_metric: str | None = None) -> dict[str, Any]:
+    """Name → matplotlib figure; the per-set figure only when some run has named sets, the
+    τ-and-training figure only when some run has training metrics (`training_metric`, else
+    the first field logged)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,13 +44,22 @@ def build(comparison: Comparison) -> dict[str, Any]:
         figures["tau_by_dataset"] = _by_dataset(rows, names)
     if comparison.budgets:
         figures["ddtree_budgets"] = _ddtree(rows, comparison.budgets)
+    logged = fields_of(row.training for row in rows)
+    if training_metric is not None and training_metric not in logged:
+        raise ResultsError(
+            f"--train-metric {training_metric}: no compared run has it logged; they have: "
+            f"{', '.join(logged) or 'no training metrics (inventory runs.NAME.metrics)'}"
+        )
+    if logged:
+        figures["tau_and_training"] = _tau_and_training(rows, training_metric or logged[0])
     return figures
 
 
-def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
+def plot(comparison: Comparison, out_dir: Path, training_metric: str | None = None) -> list[Path]:
     """The comparison's figures as PNG files in `out_dir` (`fab compare`)."""
     make_dirs(out_dir)
-    return [save_png(figure, out_dir / f"{name}.png") for name, figure in build(comparison).items()]
+    built = build(comparison, training_metric)
+    return [save_png(figure, out_dir / f"{name}.png") for name, figure in built.items()]
 
 
 def save_png(figure: Any, path: Path) -> Path:
@@ -89,6 +102,39 @@ def _tau_vs_step(rows: list[RunResult], budgets: list[str]) -> Any:
             _mean(references), linestyle="--", color="gray", label="reference drafter (macro)"
         )
     axes.set(xlabel="training step", ylabel="acceptance length τ")
+    return figure
+
+
+def _tau_and_training(rows: list[RunResult], field: str) -> Any:
+    """τ macro (left axis) and a training metric at the same steps (right axis)."""
+    figure, axes = _axes(f"τ and the training metric {field} vs step")
+    other = axes.twinx()
+    for run, run_rows in _by_run(rows).items():
+        _line_with_intervals(
+            axes, run_rows, lambda r: _interval_or(r, "tau_macro"), _run_label(run, "τ macro")
+        )
+        logged = [(r.step or 0, r.training.get(field)) for r in run_rows]
+        points = sorted((step, v) for step, v in logged if isinstance(v, float))
+        (line,) = other.plot(
+            [step for step, _ in points],
+            [v for _, v in points],
+            marker="s",
+            linestyle="--",
+            color="black" if run is None else None,
+        )
+        # its legend entry on τ's axes: one legend for both
+        axes.plot(
+            [],
+            [],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
+            label=_run_label(run, f"{field} (training, right axis)"),
+        )
+    axes.set(xlabel="training step", ylabel="acceptance length τ macro")
+    other.set_ylabel(field)
+    axes.set_zorder(other.get_zorder() + 1)  # τ's axes, with the legend, in front
+    axes.patch.set_visible(False)
     return figure
 
 

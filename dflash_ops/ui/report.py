@@ -35,7 +35,7 @@ from dflash_ops.evaluation.results import (
     overlap_notes,
     table_rows,
 )
-from dflash_ops.ui import report_diagnosis, report_facts, report_samples
+from dflash_ops.ui import report_diagnosis, report_facts, report_samples, training_view
 from dflash_ops.ui.report_facts import short
 
 REPORT_NAME = "report.html"
@@ -81,10 +81,11 @@ def write(
     comparison: Comparison,
     path: Path,
     mixed: str | None = None,
+    training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
 ) -> Path:
     """Render the comparison into `path` (atomically) and return it."""
-    return write_atomic(path, render(comparison, mixed, diagnoses))
+    return write_atomic(path, render(comparison, mixed, training_metric, diagnoses))
 
 
 _TEMPLATES = jinja2.Environment(
@@ -97,11 +98,14 @@ _TEMPLATES = jinja2.Environment(
 def render(
     comparison: Comparison,
     mixed: str | None = None,
+    training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
 ) -> str:
-    """The whole HTML document; `diagnoses`: those pulled (report_diagnosis.pulled)."""
+    """The whole HTML document (`training_metric`: the one drawn beside τ, default the first
+    logged; `diagnoses`: those pulled, report_diagnosis.pulled)."""
     # matplotlib escapes the text it puts into its SVG: the one markup trusted as such.
-    charts = {name: Markup(figures.svg_text(f)) for name, f in figures.build(comparison).items()}
+    built = figures.build(comparison, training_metric)
+    charts = {name: Markup(figures.svg_text(f)) for name, f in built.items()}
     context = {
         "style": Markup(STYLE),
         "charts": charts,
@@ -118,6 +122,7 @@ def render(
         ],
         "provenance": report_facts.provenance(comparison),
         "samples": report_samples.run_samples(comparison.rows),
+        "training": training_view.report_section(comparison),
     }
     return _TEMPLATES.get_template("report.html.j2").render(context) + "\n"
 

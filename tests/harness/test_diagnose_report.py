@@ -35,7 +35,7 @@ def test_a_real_diagnosis_is_a_section_of_the_report(lab, tmp_path):
     assert diagnosis["candidate"]["step"] == 2000 and diagnosis["findings"]
     assert json.loads((pulled / "diagnose.json").read_text())["findings"]
     comparison = results.compare(results.load_runs(root))
-    text = report.render(comparison, None, report_diagnosis.pulled(root))
+    text = report.render(comparison, diagnoses=report_diagnosis.pulled(root))
     section = text[text.index('<section id="diagnosis">') :]
     section = section[: section.index("</section>")]
     assert pulled.name in section
