@@ -29,6 +29,14 @@ BLOCK = 4
 LAYERS = (0, 1)  # the target layers the drafter reads
 PROMPTS = ("the cat sat", "a b c d", "hello, world!", "quiet; please")
 TRAIN_STEPS = 150
+# The width of the target's layers and of the drafter's alike.
+SHAPE = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+}
 
 
 def build(directory: Path) -> tuple[Path, Path, Path]:
@@ -84,19 +92,14 @@ def _target(directory: Path, vocab_size: int, tokenizer, draw: random.Random):
     """A two-layer Qwen3 whose weights are all drawn here; its head walks a cycle."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    stops = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     config = Qwen3Config(
+        **SHAPE,
+        **stops,
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
         max_position_embeddings=256,
         tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
     )
     model = Qwen3ForCausalLM(config).eval()
     _draw_matrices(model, draw)
@@ -132,12 +135,8 @@ def _drafter(path: Path, target, tokenizer, draw: random.Random) -> Path:
         hidden = target(walks, output_hidden_states=True).hidden_states
     features = torch.cat([hidden[i + 1] for i in LAYERS], dim=-1)  # [16, 64, 2·H]
     config = DrafterConfig(
-        hidden_size=32,
-        intermediate_size=64,
+        **SHAPE,
         num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
         target_layer_ids=LAYERS,
         block_size=BLOCK,
         mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"),
