@@ -33,7 +33,7 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
     }
     if request.features is None:  # a feature set brings its own prompts and completions
         key["completions"] = "sglang" if request.sglang else "local-greedy"
-        prompts = _prompts_hash(request.prompts, args.num_prompts)
+        prompts = prompts_sha256(request.prompts, args.num_prompts)
         if prompts is not None:
             key["prompts"] = prompts
     if args.block_size is not None:
@@ -45,7 +45,7 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
     return key
 
 
-def _prompts_hash(path: Path | None, count: int | None) -> str | None:
+def prompts_sha256(path: Path | None, count: int | None) -> str | None:
     """The prompts' sha256 as the harness records it; None where this workstation cannot
     read prompts as the harness does (its module needs torch: the `eval` extra)."""
     try:

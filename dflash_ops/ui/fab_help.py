@@ -86,6 +86,8 @@ RUN_EVAL_HELP = {
     "features": "use a relayed feature set (fab extract-features) instead of computing "
     "completions and hidden states on the eval host: its id, or 'latest'",
     "verbose": "the harness's whole summary at the end (default: 3 lines)",
+    "like": "repeat a pulled run (its id, short id or any unique part): its step, prompts "
+    "and every option, with the current harness; flags given beside it override",
     **task_help(RUN_EVAL),
 }
 
