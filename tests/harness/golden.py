@@ -28,7 +28,7 @@ SPECIALS = ("<|endoftext|>", "<|im_end|>", "<|mask|>", "<unk>")
 BLOCK = 4
 LAYERS = (0, 1)  # the target layers the drafter reads
 PROMPTS = ("the cat sat", "a b c d", "hello, world!", "quiet; please")
-TRAIN_STEPS = 150
+TRAIN_STEPS = 50
 # The width of the target's layers and of the drafter's alike.
 SHAPE = {
     "hidden_size": 32,
@@ -117,7 +117,7 @@ def _target(directory: Path, vocab_size: int, tokenizer, draw: random.Random):
 
 
 def _drafter(path: Path, target, tokenizer, draw: random.Random) -> Path:
-    """A one-layer drafter trained TRAIN_STEPS steps on the target's greedy walks."""
+    """A two-layer drafter (one of them sliding) trained on the target's greedy walks."""
     vocab_size = target.config.vocab_size
     first = len(SPECIALS)
     starts = torch.tensor(
@@ -136,7 +136,10 @@ def _drafter(path: Path, target, tokenizer, draw: random.Random) -> Path:
     features = torch.cat([hidden[i + 1] for i in LAYERS], dim=-1)  # [16, 64, 2·H]
     config = DrafterConfig(
         **SHAPE,
-        num_hidden_layers=1,
+        num_hidden_layers=2,
+        # A sliding layer narrower than the block: its mask rule shows in the numbers.
+        layer_types=("sliding_attention", "full_attention"),
+        sliding_window=3,
         target_layer_ids=LAYERS,
         block_size=BLOCK,
         mask_token_id=tokenizer.convert_tokens_to_ids("<|mask|>"),
