@@ -193,6 +193,7 @@ def run_eval(
     detach=False,
     dry_run=False,
     features=None,
+    like=None,
     inventory=None,
     run=None,
     verbose=False,
@@ -200,20 +201,33 @@ def run_eval(
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
     from dflash_ops.evaluation.request import request_options
-    from dflash_ops.ui.eval_commands import run_eval_command
+    from dflash_ops.ui.eval_commands import like_command, run_eval_command
 
+    options = {**request_options(locals()), "via": "pull" if pull else via}
+    shown = {"detach": detach, "dry_run": dry_run, "verbose": verbose}
+    if like:
+        like_command(
+            with_bwlimit(load_inventory(inventory), bwlimit),
+            like,
+            run=run,
+            step=parse_count("--step", step),
+            host=host,
+            options=options,
+            features=features,
+            refused={"--steps": steps, "--latest": latest, "--all-new": all_new},
+            **shown,
+        )
+        return
     run_eval_command(
         with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
         step=parse_count("--step", step) or 0,
         steps=steps,
         all_new=all_new,
         host=host,
-        options={**request_options(locals()), "via": "pull" if pull else via},
+        options=options,
         latest=latest,
-        detach=detach,
-        dry_run=dry_run,
         features=features,
-        verbose=verbose,
+        **shown,
     )
 
 

@@ -19,7 +19,7 @@ from dflash_eval.cli import build_parser
 from dflash_eval.completions import builtin_prompts, prompts_hash
 from dflash_eval.dtypes import dtype_name
 from dflash_eval.options import BY_NAME, help_text
-from dflash_eval.version import harness_hash
+from dflash_eval.version import NUMERICS_VERSION
 from rich.console import Console
 
 from dflash_ops.core.arguments import one_of
@@ -347,7 +347,7 @@ def comparable_results() -> dict:
     outcome["prompts"]["sha256"] = prompts_hash(builtin_prompts())
     outcome["prompts"]["max_new_tokens"] = 256
     outcome["options"] = {"max_blocks": None, "thinking": False}
-    outcome["harness"]["content_sha256"] = harness_hash()
+    outcome["harness"]["numerics_version"] = NUMERICS_VERSION
     outcome["completions"]["source"] = "local-greedy"
     return outcome
 

@@ -3,9 +3,9 @@
 The comparability key (dflash_eval.reading.comparability_key) is read from results, after the
 run. Most of it follows from the run's options, known before: the harness's own parser reads
 the run's harness argv (its defaults included), the prompts are hashed as the harness hashes
-them, and the harness is the one this checkout deploys. What only the eval host can tell (the
-target's fingerprint, the checkpoint's block size, a dtype left to `auto`) is left out: the
-warning names only what certainly differs.
+them, and the numerics version is that of the harness this checkout deploys. What only the
+eval host can tell (the target's fingerprint, the checkpoint's block size, a dtype left to
+`auto`) is left out: the warning names only what certainly differs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.cli import build_parser
-from dflash_eval.version import harness_hash
+from dflash_eval.version import NUMERICS_VERSION
 
 from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
 from dflash_ops.evaluation.request import EvalRequest
@@ -29,11 +29,11 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
         "max new tokens": args.max_new_tokens,
         "max blocks": args.max_blocks,
         "thinking": args.thinking,
-        "harness": harness_hash(),
+        "numerics": NUMERICS_VERSION,
     }
     if request.features is None:  # a feature set brings its own prompts and completions
         key["completions"] = "sglang" if request.sglang else "local-greedy"
-        prompts = _prompts_hash(request.prompts, args.num_prompts)
+        prompts = prompts_sha256(request.prompts, args.num_prompts)
         if prompts is not None:
             key["prompts"] = prompts
     if args.block_size is not None:
@@ -45,7 +45,7 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
     return key
 
 
-def _prompts_hash(path: Path | None, count: int | None) -> str | None:
+def prompts_sha256(path: Path | None, count: int | None) -> str | None:
     """The prompts' sha256 as the harness records it; None where this workstation cannot
     read prompts as the harness does (its module needs torch: the `eval` extra)."""
     try:
@@ -79,6 +79,8 @@ def _difference(name: str, value: Any, group: RunGroup[RunResult]) -> str:
     if name == "prompts":
         count = group.rows[0].done["prompts"]["count"]
         return f"prompts sha256 {value[:12]}… vs {theirs[:12]}… ({count} prompts)"
-    if name == "harness":
-        return f"harness {value[:12]}… vs {theirs[:12]}… (the harness code changed)"
+    if name == "numerics":
+        return (
+            f"numerics version {value} vs {theirs} (the harness computes its numbers differently)"
+        )
     return f"{name} {value} vs {theirs}"

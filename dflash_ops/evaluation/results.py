@@ -5,8 +5,9 @@ intervals overlap). Figures are in dflash_ops.evaluation.figures.
 Each run lives in `<results>/<run-id>/` (see dflash_ops.evaluation.jobs.fetch): `run.json`
 (where and how it ran, its final state) and, for a successful run, the harness's `results.json`.
 Runs are comparable only when everything that shapes the numbers matches: prompts, target,
-block size, completion length, completion source and harness version
-(`reading.COMPARABILITY`). Comparing across that line is refused unless asked for, and then
+block size, completion length, completion source and the harness's numerics version
+(`reading.COMPARABILITY`; not its content hash: a harness edit that moves no number keeps
+earlier results comparable). Comparing across that line is refused unless asked for, and then
 every differing row is flagged. A results file is checked against the types of
 dflash_eval.schema once, on loading (`schema_check.parse_results`), and read through them.
 

@@ -6,6 +6,7 @@ Exit statuses: OpsError → 1 (ops_task / the click CLI); Ctrl-C while following
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,11 @@ from rich.markup import escape
 from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
-from dflash_ops.evaluation import figures, jobs, results, sweep, training_fetch
+from dflash_ops.evaluation import figures, jobs, like, results, sweep, training_fetch
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
-from dflash_ops.evaluation.harness_options import checked
+from dflash_ops.evaluation.harness_options import checked, harness_args
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request
@@ -91,6 +92,62 @@ def run_eval_command(
         _evaluate_one(inventory, request, verbose)
     else:
         _evaluate_sweep(inventory, steps_of_sweep, request)
+
+
+def like_command(
+    inventory: Inventory,
+    typed: str,
+    *,
+    run: str | None,
+    step: int | None,
+    host: str | None,
+    options: Mapping[str, object],
+    features: str | None,
+    refused: Mapping[str, object],
+    **rest: Any,
+) -> None:
+    """`fab run-eval --like RUN_ID`: the pulled run's step, prompts and options again (see
+    dflash_ops.evaluation.like), the flags given beside it overriding; `refused`: flags
+    that choose other steps, by name and value."""
+    for flag, value in refused.items():
+        if value:
+            raise OpsError(f"--like repeats one run's step: {flag} cannot go with it")
+    pulled = like.find(inventory.local.results, typed)
+    found = like.liked(pulled)
+    chosen = like.merged(found.options, options)
+    own_prompts = bool(options.get("prompts") or options.get("dataset"))
+    wanted = [
+        name
+        for name in found.remote_files
+        if not options.get(name) and not (name == "prompts" and own_prompts)
+    ]
+    if wanted and rest.get("dry_run"):
+        raise OpsError(
+            f"--dry-run with --like {found.run_id} is not supported: its "
+            f"{' and '.join(like.FETCHED[name] for name in wanted)} would be fetched and "
+            "written here; pass them yourself (--prompts, --drafter-config) to see the plan"
+        )
+    chosen |= like.fetch_files(inventory, found, wanted, inventory.local.results / PROMPT_SETS_DIR)
+    if not own_prompts and not (features or found.features):
+        like.require_same_prompts(found, pulled, chosen.get("prompts"))
+    if host is None and found.host in inventory.eval_hosts:
+        host = found.host
+    repeated = harness_args(chosen["harness_options"])
+    console.print(
+        f"like {found.run_id}: step {step or found.step}"
+        + (f", options {escape(shlex.join(repeated))}" if repeated else "")
+        + (f", its prompts from {found.host}" if "prompts" in wanted else "")
+    )
+    run_eval_command(
+        inventory.for_run(run or found.training_run),
+        step=step or found.step,
+        steps=None,
+        all_new=False,
+        host=host,
+        options=chosen,
+        features=features or found.features,
+        **rest,
+    )
 
 
 def warn_if_incomparable(inventory: Inventory, request: EvalRequest) -> None:

@@ -89,6 +89,8 @@ RUN_EVAL_HELP = {
     "wandb": "log each pulled run to this Weights & Biases project, keyed by training step: "
     "τ, the headline metrics and the training metrics (needs the wandb extra; W&B's own "
     "WANDB_* settings apply, e.g. WANDB_MODE=offline)",
+    "like": "repeat a pulled run (its id, short id or any unique part): its step, prompts "
+    "and every option, with the current harness; flags given beside it override",
     **task_help(RUN_EVAL),
 }
 

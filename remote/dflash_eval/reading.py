@@ -10,6 +10,7 @@ from typing import Any
 
 from dflash_eval.schema import FEATURES_IDENTITY, Results
 from dflash_eval.schema_metrics import Group, Interval, Metrics
+from dflash_eval.version import NUMERICS_OF_UNVERSIONED
 
 ALL_PROMPTS = "all prompts"  # the name of the group of every prompt (by_dataset.overall)
 
@@ -29,13 +30,16 @@ COMPARABILITY: dict[str, Callable[[Results], Any]] = {
     # None at T = 0 (greedy); the seed and the Monte Carlo samples do not change what is measured.
     "sampling": lambda r: sampling_settings(r["metrics"]),
     "attention rule": lambda r: attention_rule(r),
-    "harness": lambda r: r["harness"]["content_sha256"],
+    "numerics": lambda r: numerics(r),
 }
 
 # Why a difference in a comparability key matters, where the name alone does not say it.
 COMPARABILITY_WHY = {
     "attention rule": "results before schema 3 masked sliding-window layers both ways; z-lab's "
     "current code (07ebd93) makes them causal unless the config's is_causal says otherwise",
+    "numerics": "the harness's metric definitions, drafter maths, completion or feature "
+    "rules differ (harness.numerics_version); a run written before the version was recorded "
+    "is keyed on its harness content hash unless that hash is a known version-1 harness",
 }
 
 
@@ -61,6 +65,19 @@ def attention_rule(results: Results) -> str | None:
     if all(layer["kind"] == "full_attention" and not layer["causal"] for layer in layers):
         return None
     return "zlab 07ebd93"
+
+
+def numerics(results: Results) -> int | str:
+    """The numerics version the results were computed under. Results written before it was
+    recorded name only their code (`harness.content_sha256`): a hash checked to compute
+    version 1's numbers counts as version 1; any other stays its own key, comparable only
+    with results of the very same harness code (what compare keyed on before)."""
+    harness = results["harness"]
+    version = harness.get("numerics_version")
+    if version is not None:
+        return version
+    content = harness["content_sha256"]
+    return NUMERICS_OF_UNVERSIONED.get(content, f"unversioned harness {content[:16]}")
 
 
 def features_identity(results: Results) -> dict[str, Any] | None:

@@ -37,7 +37,7 @@ from dflash_eval.schema import (
 )
 from dflash_eval.schema_metrics import Metrics, PromptRow, Throughput
 from dflash_eval.urls import redact_url
-from dflash_eval.version import harness_hash
+from dflash_eval.version import NUMERICS_VERSION, harness_hash
 
 if TYPE_CHECKING:
     from dflash_eval.completions import Prompt
@@ -103,6 +103,7 @@ def results(
         completions=completions_block(options, parts.lookup),
         harness=Harness(
             content_sha256=harness_hash(),
+            numerics_version=NUMERICS_VERSION,
             predictor="per-block" if options.per_block else "batched",
         ),
         libraries=parts.libraries,

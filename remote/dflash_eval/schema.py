@@ -219,11 +219,19 @@ class Completions(TypedDict):
     the larger one with `--reference-drafter` (see "metrics")."""
 
 
-class Harness(TypedDict):
+class _HarnessKeys(TypedDict):
     content_sha256: str
     """sha256 over the sorted relative paths and contents of every `*.py` of the deployed
-    `dflash_eval` package (`version.harness_hash`)."""
+    `dflash_eval` package (`version.harness_hash`): which code ran."""
     predictor: Literal["batched", "per-block"]
+
+
+class Harness(_HarnessKeys, total=False):
+    numerics_version: int
+    """What the numbers mean (`version.NUMERICS_VERSION`): raised whenever a metric
+    definition, the drafter's maths or a completion or feature rule changes a number.
+    Comparisons key on it, not on the content hash. Absent in results written before it was
+    recorded (see "Comparability")."""
 
 
 class Host(TypedDict):
