@@ -261,6 +261,8 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
         host_name=args.host_name,
         device=args.device,
         check_space=args.check_space,
+        shard_gpus=args.shard_gpus,
+        gpu_memory=args.gpu_memory,
     )
     summary = run_features(options, progress)
     progress.event("done", out=str(args.out), summary=summary)

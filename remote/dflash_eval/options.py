@@ -268,6 +268,22 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("step", "int", "record this step (default: from the checkpoint)", minimum=0),
     Option(
+        "shard_gpus",
+        "switch",
+        "split the target over every GPU torch sees, in order (CUDA_VISIBLE_DEVICES picks "
+        "them; the inventory's `gpus` sets it)",
+        default=False,
+        commands=("features",),
+    ),
+    Option(
+        "gpu_memory",
+        "int",
+        "with --shard-gpus: at most this many bytes of target weights per GPU (leave room for "
+        "activations; the inventory's `gpu_memory`)",
+        minimum=1,
+        commands=("features",),
+    ),
+    Option(
         "verify",
         "switch",
         "hash the checkpoint even when the staging manifest beside it records its sha256",
