@@ -186,6 +186,7 @@ def run_eval(
     top_k=None,
     seed=None,
     samples=None,
+    device=None,
     sglang=False,
     strip_optimizer=False,
     tag=None,
@@ -432,6 +433,7 @@ def watch(
     top_k=None,
     seed=None,
     samples=None,
+    device=None,
     inventory=None,
     run=None,
 ):

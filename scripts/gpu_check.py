@@ -13,7 +13,10 @@ result and a verdict:
 2. sharding: the target split over every visible GPU (placement.py) gives the features of
    the target on one GPU, and every weight is where the plan put it;
 3. drafter: a random DFlash drafter's block logits on CUDA equal its CPU logits within
-   tolerance.
+   tolerance;
+4. eval: `eval --device cuda` (target features and drafter on the GPU) on the lab's tiny
+   target and trained drafter gives the τ of `--device cpu`, within tolerance, and records
+   the GPU in `host.device`.
 
 Without CUDA it says so in one line and exits 0. The checks take their devices as
 arguments, so tests/harness/test_gpu_check.py runs them on CPU "devices".
@@ -40,26 +43,29 @@ from dflash_eval.placement import Shard  # noqa: E402
 from dflash_eval.target import load_target  # noqa: E402
 
 DRAFTER_TOLERANCE = 2e-3  # relative, float32 logits of a tiny drafter on two devices
+TAU_TOLERANCE = 0.02  # relative: a near-tie argmax may flip between devices, rarely
 SHARD_TOLERANCE = 1e-5  # relative: the same kernels on different cards
 
 
-def build_target(directory: Path, layers: int = 8, seed: int = 0) -> Path:
-    """A tiny random Qwen3.5 text model (three linear-attention layers to one full one)."""
+def build_target(directory: Path, layers: int = 8, seed: int = 0, width: int = 128) -> Path:
+    """A tiny random Qwen3.5 text model (three linear-attention layers to one full one),
+    `width` wide, with four attention heads (two KV heads) of width / 4 in either kind."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(seed)
+    heads, head_width = 4, width // 4
     config = Qwen3_5TextConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
+        vocab_size=4 * width,
+        hidden_size=width,
+        intermediate_size=2 * width,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=head_width,
+        linear_key_head_dim=head_width,
+        linear_value_head_dim=head_width,
+        linear_num_key_heads=heads // 2,
+        linear_num_value_heads=heads,
     )
     Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(directory))
     return directory
@@ -156,6 +162,39 @@ def check_drafter(device: str) -> list[str]:
     ]
 
 
+def check_eval(device: str, workdir: Path) -> list[str]:
+    """The lab's tiny target and step-6000 drafter evaluated on `device` and on the CPU."""
+    from dflash_eval.evaluate import EvalOptions, run_eval
+    from dflash_eval.progress import Progress
+
+    from dflash_lab.models import build_lab_models
+
+    lab = build_lab_models(workdir / "lab-models")
+
+    def results(on: str) -> dict:
+        options = EvalOptions(
+            checkpoint=lab.checkpoints[max(lab.checkpoints)],
+            target=lab.target_dir,
+            out=workdir / f"results-{on}.json",
+            prompts=lab.prompts,
+            num_prompts=4,
+            max_new_tokens=48,
+            cache_dir=workdir / f"cache-{on.replace(':', '-')}",
+            device=on,
+        )
+        return run_eval(options, Progress(quiet=True))
+
+    cpu, gpu = results("cpu"), results(device)
+    expected, found = cpu["metrics"]["tau_macro"], gpu["metrics"]["tau_macro"]
+    apart = abs(found - expected) / expected
+    verdict = "ok" if apart <= TAU_TOLERANCE else "DIFFERS"
+    return [
+        f"eval on {gpu['host'].get('device')} (features on {gpu['features']['device']}): "
+        f"tau macro {found:.4f} against {expected:.4f} on cpu, {apart:.2%} apart (tolerance "
+        f"{TAU_TOLERANCE:.0%}): {verdict}"
+    ]
+
+
 def run_checks(checks: list[tuple[str, Callable[[], list[str]]]]) -> bool:
     """Print each check's lines; True when none failed or raised."""
     passed = True
@@ -189,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("fidelity", lambda: check_fidelity(target_dir, devices[0], tokens)),
                 ("sharding", lambda: check_sharding(target_dir, devices, tokens)),
                 ("drafter", lambda: check_drafter(devices[0])),
+                ("eval", lambda: check_eval(devices[0], Path(scratch))),
             ]
         )
     print(f"gpu_check: {'all checks passed' if passed else 'SOME CHECKS FAILED'}")

@@ -14,7 +14,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import parse
 from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
 from dflash_ops.remote.relayed_sets import parse_relayed_sets, pick_set
-from tests.inventory_documents import minimal_document
+from tests.inventory_documents import features_host, minimal_document
 
 
 def test_the_set_id_names_every_input_and_nothing_else():
@@ -69,14 +69,7 @@ def _inventory(tmp_path: Path, drafter: dict | None = None):
 
 def _with_features_host(tmp_path: Path, **gpu):
     raw = minimal_document()
-    raw["hosts"]["gpu"] = {
-        "role": "features",
-        "address": "g",
-        "workdir": "/w",
-        "venv": {"path": "/v", "torch": "cuda"},
-        "target_model": "/m",
-        **gpu,
-    }
+    raw["hosts"]["gpu"] = features_host(**gpu)
     return parse(raw, tmp_path / "inventory.yaml")
 
 

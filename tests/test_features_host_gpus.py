@@ -14,19 +14,12 @@ from dflash_ops.core.inventory import parse
 from dflash_ops.features.extract import features_command
 from dflash_ops.features.spec import FeatureRequest
 from dflash_ops.remote.connection import Host
-from tests.inventory_documents import minimal_document
+from tests.inventory_documents import features_host, minimal_document
 
 
 def _with_gpu_host(tmp_path: Path, **gpu):
     raw = minimal_document(container={"kind": "pct", "id": 200})
-    raw["hosts"]["gpu"] = {
-        "role": "features",
-        "address": "t",
-        "workdir": "/w",
-        "venv": {"path": "/v", "torch": "cuda"},
-        "target_model": "/m",
-        **gpu,
-    }
+    raw["hosts"]["gpu"] = features_host(address="t", **gpu)
     return parse(raw, tmp_path / "inventory.yaml")
 
 

@@ -34,7 +34,7 @@ from dflash_eval.options import default
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
 from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
-from dflash_eval.target_source import TargetSource, features_device, visible_gpus
+from dflash_eval.target_source import TargetSource, resolve_device, visible_gpus
 
 
 @dataclass
@@ -73,7 +73,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     )
     timer, warnings = Timer(), []
     with timer.phase("load_target"):
-        device = features_device("cuda" if options.shard_gpus else options.device)
+        device = resolve_device("cuda" if options.shard_gpus else options.device)
         shard = visible_gpus(options.gpu_memory) if options.shard_gpus else None
         target = TargetSource(options.target, options.target_dtype, timer, progress, device, shard)
         tokenizer = load_tokenizer(options.target)

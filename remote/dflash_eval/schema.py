@@ -226,13 +226,19 @@ class Harness(TypedDict):
     predictor: Literal["batched", "per-block"]
 
 
-class Host(TypedDict):
+class _HostKeys(TypedDict):
     hostname: str
     platform: str
     machine: str
     cpu_count: int | None
     torch_threads: int
     python_executable: str
+
+
+class Host(_HostKeys, total=False):
+    device: str
+    """Where the drafters ran: `cpu`, or `cuda:N` (`--device cuda`, with the GPU's name
+    after it). Absent in results made before the option existed: the CPU."""
 
 
 # --- features ----------------------------------------------------------------------------------

@@ -28,11 +28,12 @@ from dflash_eval.target import DTYPES, Target, load_target
 from dflash_eval.target_config import read_target_config
 from dflash_eval.target_parts import TargetParts, load_target_parts
 
-DEVICE = "cpu"  # the eval harness computes on CPU; `features` may use CUDA (features_device)
+DEVICE = "cpu"  # the harness computes on CPU unless --device says otherwise
 
 
-def features_device(requested: str) -> str:
-    """`features`' device: CUDA when asked for or (auto) present, else the CPU."""
+def resolve_device(requested: str) -> str:
+    """The device a run asked for (`--device`): CUDA when asked for or (auto) present, else
+    the CPU."""
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
@@ -42,6 +43,19 @@ def features_device(requested: str) -> str:
             "cpu."
         )
     return requested
+
+
+def eval_device(requested: str | None, sampled: bool) -> str:
+    """An eval's `--device` as this host can honour it (the CPU by default). On CUDA the
+    walks are greedy only: the sampled walks draw from CPU generators, whose streams a GPU
+    would not repeat."""
+    if sampled and requested == "cuda":
+        raise HarnessError(
+            "--device cuda evaluates greedy runs (--temperature 0) only: the sampled walks "
+            "draw from CPU random streams. Use --device cpu for T > 0."
+        )
+    device = resolve_device(requested or DEVICE)
+    return DEVICE if sampled else device
 
 
 def visible_gpus(cap_bytes: int | None) -> Shard:

@@ -49,3 +49,9 @@ def test_its_checks_run_and_pass_on_cpu_devices(gpu_check, tmp_path):
     drafter = gpu_check.check_drafter("cpu")
     assert drafter[0].endswith(": ok") and "relative error 0 " in drafter[0]
     assert gpu_check.run_checks([("crash", lambda: 1 / 0)]) is False
+
+
+def test_its_eval_check_runs_the_whole_eval_on_a_device(gpu_check, tmp_path):
+    lines = gpu_check.check_eval("cpu", tmp_path)
+    assert lines[0].startswith("eval on cpu (features on cpu): tau macro ")
+    assert lines[0].endswith("0.00% apart (tolerance 2%): ok")
