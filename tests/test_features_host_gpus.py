@@ -13,6 +13,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import parse
 from dflash_ops.features.extract import features_command
 from dflash_ops.features.spec import FeatureRequest
+from dflash_ops.provision.packages import requirements, split_built_against_torch
 from dflash_ops.remote.connection import Host
 from tests.inventory_documents import features_host, minimal_document
 
@@ -93,3 +94,13 @@ def test_the_harness_sees_only_the_inventory_s_gpus_and_is_told_to_shard(tmp_pat
     plain = _with_gpu_host(tmp_path).hosts["gpu"]
     argv = shlex.split(features_command(plain, "gpu", "/h", request, "/w/features/s", {}))
     assert "--shard-gpus" not in argv and not any(a.startswith("CUDA_") for a in argv)
+
+
+def test_causal_conv1d_is_installed_after_torch_without_build_isolation(tmp_path):
+    entry = _with_gpu_host(tmp_path, fla=True, venv={"path": "/v", "torch": "cuda"})
+    first, later = split_built_against_torch(requirements(entry.hosts["gpu"].venv))
+    assert later == ["causal-conv1d"]
+    assert first[0] == "torch" and first[-1] == "flash-linear-attention"
+    assert not any("conv1d" in requirement for requirement in first)
+    pinned = split_built_against_torch(["torch", "causal_conv1d==1.7.0"])
+    assert pinned == (["torch"], ["causal_conv1d==1.7.0"])

@@ -63,15 +63,17 @@ def _bytes(module: nn.Module, element_bytes: int) -> int:
 
 
 def units_of(model: nn.Module, decoder_name: str, element_bytes: int, tied: bool) -> list[Unit]:
-    """The model cut into units in forward order: embedding (with the LM head when it is tied
-    to it), each decoder layer, then everything else (final norm, rotary, LM head)."""
+    """The model cut into units in forward order: the embedding (with the LM head when it is
+    tied to it, and the weightless rotary table the decoder runs before its layers), each
+    decoder layer, then everything else (final norm, LM head)."""
     decoder = model.get_submodule(decoder_name)
     prefix = f"{decoder_name}." if decoder_name else ""
     first = [f"{prefix}embed_tokens"]
     last: list[str] = []
-    for name, _ in decoder.named_children():
+    for name, child in decoder.named_children():
         if name not in ("embed_tokens", "layers"):
-            last.append(prefix + name)
+            weightless = next(child.parameters(), None) is None
+            (first if weightless else last).append(prefix + name)
     root = decoder_name.split(".")[0] if decoder_name else None
     for name, _ in model.named_children():
         if name != root:

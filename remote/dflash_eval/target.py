@@ -189,12 +189,7 @@ def load_target(
     path = Path(path)
     config = config or read_target_config(path)
     dtype = resolve_dtype(dtype_name, config)
-    placement = None
-    if shard is not None:
-        skeleton = _text_model(config, dtype, meta=True)
-        name = _decoder_name(skeleton, path)
-        units = units_of(skeleton, name, dtype.itemsize, config.tied_embeddings)
-        placement = plan(units, list(shard.devices), shard.cap_bytes)
+    placement = plan_placement(config, dtype, shard) if shard is not None else None
     model = _load_text_model(path, config, dtype, placement)
     if placement is None:
         model.to(device)
@@ -242,23 +237,27 @@ def _text_options(config: TargetConfig, dtype: torch.dtype) -> dict[str, Any]:
     return options
 
 
-def _text_model(config: TargetConfig, dtype: torch.dtype, meta: bool) -> nn.Module:
-    """The text model built from its config alone, on the meta device (no memory): the shapes
-    the placement plan is made from."""
+def text_skeleton(config: TargetConfig, dtype: torch.dtype) -> nn.Module:
+    """The text model built from its config alone, on the meta device (no memory): the
+    module names and sizes a placement plan is made from."""
     import transformers
 
     options = _text_options(config, dtype)
     text = options.get("config", config.hf_config)
-    with torch.device("meta" if meta else "cpu"), warnings.catch_warnings():
+    with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return transformers.AutoModelForCausalLM.from_config(
             text, dtype=dtype, attn_implementation=ATTENTION_IMPLEMENTATION
         )
 
 
-def _decoder_name(model: nn.Module, path: Path) -> str:
-    decoder = find_decoder(model, path)
-    return next(name for name, module in model.named_modules() if module is decoder)
+def plan_placement(config: TargetConfig, dtype: torch.dtype, shard: Shard) -> Placement:
+    """Where each module of the text model goes when split over `shard.devices`."""
+    skeleton = text_skeleton(config, dtype)
+    decoder = find_decoder(skeleton, config.path)
+    name = next(name for name, module in skeleton.named_modules() if module is decoder)
+    units = units_of(skeleton, name, dtype.itemsize, config.tied_embeddings)
+    return plan(units, list(shard.devices), shard.cap_bytes)
 
 
 def _load_text_model(

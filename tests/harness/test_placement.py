@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from dflash_eval.errors import HarnessError
-from dflash_eval.placement import Shard, Unit, plan, units_of
-from dflash_eval.target import _decoder_name, _text_model, load_target
+from dflash_eval.placement import Shard, Unit, plan
+from dflash_eval.target import load_target, plan_placement, text_skeleton
 from dflash_eval.target_config import read_target_config
 
 from .helpers import save_tiny_qwen3_5
@@ -62,14 +62,16 @@ def test_weights_that_cannot_fit_under_the_caps_are_refused_with_the_sizes():
 def test_every_weight_of_a_real_hybrid_model_has_a_planned_device(lab, tmp_path):
     target_dir = save_tiny_qwen3_5(tmp_path / "t", lab.target_dir, 101, wrapper=True)
     config = read_target_config(target_dir)
-    skeleton = _text_model(config, torch.float32, meta=True)
-    units = units_of(skeleton, _decoder_name(skeleton, target_dir), 4, config.tied_embeddings)
-    placement = plan(units, ["cuda:0", "cuda:1"], None)
+    skeleton = text_skeleton(config, torch.float32)
+    placement = plan_placement(config, torch.float32, Shard(("cuda:0", "cuda:1")))
     names = [name for name, _ in skeleton.named_parameters()]
     covered = [n for n in names if any(n.startswith(m + ".") for m in placement.device_map)]
     assert covered == names
     assert sum(placement.weight_bytes.values()) == 4 * sum(p.numel() for p in skeleton.parameters())
     assert placement.layers == {"cuda:0": [0, 1], "cuda:1": [2, 3]}
+    # The rotary table runs before the first layer: with the embedding; the head after the last.
+    assert placement.device_map["model.rotary_emb"] == placement.device_map["model.embed_tokens"]
+    assert placement.device_map["lm_head"] == placement.device_map["model.norm"] == "cuda:1"
 
 
 def test_a_sharded_load_gives_the_features_of_a_plain_load(lab, tmp_path):
