@@ -18,6 +18,7 @@ assembles the results from what the phases produced.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -383,7 +384,9 @@ def _walk_all(
     head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype, device)
     loaded.model.to(device)
     # Every tensor the predictors make (positions, masks, token ids) goes to `device` too.
-    with torch.device(device):
+    # Not on the CPU, where they are made anyway: the device context intercepts every torch
+    # call in Python, which costs the small CPU ops of a walk.
+    with nullcontext() if device == "cpu" else torch.device(device):
         return _walk_on(loaded, phase, sequences, head, options, decode, progress)
 
 
