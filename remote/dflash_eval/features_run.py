@@ -245,6 +245,11 @@ def _check_options(options: FeaturesOptions) -> None:
     if options.block_size < 1:
         raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
     check_values(options, ("max_new_tokens", "threads", "gpu_memory"))
+    if options.shard_gpus and options.device == "cpu":
+        raise HarnessError(
+            "--shard-gpus splits the target over GPUs, but --device cpu asks for the CPU: drop "
+            "one (a features host with `gpus` in the inventory shards; leave --device out)."
+        )
     require_writable(f"--out {options.out}", Path(options.out).parent)
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 from dflash_eval.errors import HarnessError
+from dflash_eval.features_run import FeaturesOptions, run_features
 from dflash_eval.placement import Shard, Unit, plan
+from dflash_eval.progress import Progress
 from dflash_eval.target import load_target, plan_placement, text_skeleton
 from dflash_eval.target_config import read_target_config
 
@@ -72,6 +74,19 @@ def test_every_weight_of_a_real_hybrid_model_has_a_planned_device(lab, tmp_path)
     # The rotary table runs before the first layer: with the embedding; the head after the last.
     assert placement.device_map["model.rotary_emb"] == placement.device_map["model.embed_tokens"]
     assert placement.device_map["lm_head"] == placement.device_map["model.norm"] == "cuda:1"
+
+
+def test_sharding_on_the_cpu_is_refused_before_anything_loads(lab, tmp_path):
+    options = FeaturesOptions(
+        target=lab.target_dir,
+        out=tmp_path / "set",
+        layers=[1],
+        block_size=4,
+        device="cpu",
+        shard_gpus=True,
+    )
+    with pytest.raises(HarnessError, match=r"--shard-gpus splits the target over GPUs, but"):
+        run_features(options, Progress(quiet=True))
 
 
 def test_a_sharded_load_gives_the_features_of_a_plain_load(lab, tmp_path):
