@@ -31,6 +31,7 @@ from dflash_ops.ui.fab_help import (
     RUN_HELP,
     RUN_ID_HELP,
     STAGE_HELP,
+    TRAIN_METRIC_HELP,
     WATCH_HELP,
 )
 from dflash_ops.ui.output import FORMAT_HELP
@@ -196,6 +197,7 @@ def run_eval(
     inventory=None,
     run=None,
     verbose=False,
+    wandb=None,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
     from dflash_ops.evaluation.request import request_options
@@ -313,6 +315,7 @@ def compare(
     wide=False,
     group=None,
     baseline=None,
+    train_metric=None,
 ):
     """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
     from dflash_ops.ui.eval_commands import show_comparison
@@ -330,6 +333,7 @@ def compare(
         wide=wide,
         group=parse_count("--group", group, minimum=1),
         baseline=baseline,
+        train_metric=train_metric,
     )
 
 
@@ -355,14 +359,16 @@ def export(c, out=None, steps=None, tag=None, inventory=None, run=None):
         "tag": "only runs with this tag",
         "out": "where to write the HTML file (default: <results>/report.html)",
         "run": "only this training run's results (default: every run's, grouped by run)",
+        "train_metric": TRAIN_METRIC_HELP,
     }
 )
-def report(c, steps=None, tag=None, out=None, inventory=None, run=None):
+def report(c, steps=None, tag=None, out=None, inventory=None, run=None, train_metric=None):
     """One self-contained HTML report: τ vs step with intervals, per-set table, provenance."""
     from dflash_ops.ui.eval_commands import write_report
 
     inv = load_inventory(inventory)
-    write_report(inv.local.results, steps, tag, Path(out) if out else None, inv.require_run(run))
+    out_path = Path(out) if out else None
+    write_report(inv.local.results, steps, tag, out_path, inv.require_run(run), train_metric)
 
 
 @ops_task(help=DIAGNOSE_HELP)
@@ -436,6 +442,7 @@ def watch(
     device=None,
     inventory=None,
     run=None,
+    wandb=None,
 ):
     """Follow training: evaluate each new complete checkpoint, every --interval, until Ctrl-C."""
     from dflash_ops.evaluation.request import request_options

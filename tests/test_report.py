@@ -72,14 +72,17 @@ def pull(root: Path, step: int, level: float, **changes) -> None:
         outcome["samples"] = [
             {
                 "id": "gsm8k-3",
+                "dataset": "gsm8k",
                 "completion_start": "Janet sells the <eggs> & keeps",
                 "rounds": [
                     {
-                        "position": 0,
+                        "position": 4,
                         "anchor": "Janet",
-                        "target": "sells",
-                        "draft": "sell",
+                        "target": " sells the eggs",
+                        "draft": " sells a egg",
                         "accepted": 1,
+                        "target_tokens": [" sells", " the", " eggs"],
+                        "draft_tokens": [" sells", " a", " egg"],
                     }
                 ],
             }
@@ -143,7 +146,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
     # Every reference inside the file points inside it (matplotlib's clip paths).
     assert all(link.startswith("#") for link in re.findall(r'href="([^"]*)"', text))
     assert all(ref.startswith("#") for ref in re.findall(r"url\(([^)]*)\)", text))
-    assert text.count("<svg") == 4  # τ vs step, per set, acceptance, DDTree budgets
+    assert text.count("<svg") == 5  # τ vs step, per set, lengths, acceptance, DDTree budgets
     for section in ("tau-vs-step", "comparison", "per-prompt-set", "provenance", "decoded-samples"):
         assert f'<section id="{section}">' in text
     assert 'id="per-dataset"' in text and ">humaneval<" in text
@@ -160,8 +163,8 @@ def test_compare_rewrites_the_report(three_steps, tmp_path):
     written = three_steps / report.REPORT_NAME
     assert "run-6000" in written.read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "acceptance_per_position.png", "ddtree_budgets.png", "tau_by_dataset.png",
-        "tau_vs_step.png",
+        "acceptance_lengths.png", "acceptance_per_position.png", "ddtree_budgets.png",
+        "tau_by_dataset.png", "tau_vs_step.png",
     ]  # fmt: skip
     pull(three_steps, 8000, 4.0)
     show_comparison(three_steps, plots=tmp_path / "plots")
@@ -188,6 +191,18 @@ def headless_chromium(profile: Path) -> list[str]:
     ]
 
 
+def shoot(browser: list[str], page: Path, screenshot: Path) -> Path:
+    """Chromium's screenshot of `page` (the browser's window size) into `screenshot`."""
+    shot = subprocess.run(
+        [*browser, f"--screenshot={screenshot}", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert screenshot.is_file(), shot.stderr[-2000:]
+    return screenshot
+
+
 @pytest.mark.slow
 @needs_chromium
 def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
@@ -197,14 +212,7 @@ def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
         results.compare(results.load_runs(three_steps)), three_steps / report.REPORT_NAME
     )
     browser = [*headless_chromium(tmp_path / "profile"), "--window-size=1280,2400"]
-    screenshot = tmp_path / "report.png"
-    shot = subprocess.run(
-        [*browser, f"--screenshot={screenshot}", path.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert screenshot.is_file(), shot.stderr[-2000:]
+    screenshot = shoot(browser, path, tmp_path / "report.png")
     histogram = Image.open(screenshot).convert("L").histogram()  # pixels per grey level
     dark = sum(count for level, count in enumerate(histogram) if level < 200)
     assert dark / sum(histogram) > 0.02  # text, tables and figures: not a blank page
@@ -216,4 +224,4 @@ def test_chromium_renders_the_report_with_its_table(three_steps, tmp_path):
     assert table is not None
     assert table.group(0).count("<tr") == 1 + 3 * 3  # header + 3 runs × (all, gsm8k, humaneval)
     assert "humaneval" in table.group(0)
-    assert dom.count("<svg") == 4
+    assert dom.count("<svg") == 5

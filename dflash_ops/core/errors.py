@@ -116,3 +116,11 @@ class ResultsError(OpsError):
 
 class WatchError(OpsError):
     """The watch cannot go on: bad arguments or an unreadable state file."""
+
+
+class MetricsLogError(OpsError):
+    """A training run's metrics log cannot be read or does not parse (τ is unaffected)."""
+
+
+class TrackerError(OpsError):
+    """Logging to an experiment tracker (W&B) cannot start or failed."""

@@ -38,6 +38,7 @@ from dflash_ops.core.inventory_errors import (
     validation_error,
     yaml_problem,
 )
+from dflash_ops.core.metrics_log import MetricsLog
 from dflash_ops.core.strict import Strict
 from dflash_ops.core.units import MIN_BWLIMIT, format_bytes, parse_bwlimit
 
@@ -138,6 +139,7 @@ class TrainingRun(Strict):
     layout: StepPattern | None = None
     complete_marker: StepPattern | None = None
     drafter: DrafterProfile | None = None
+    metrics: MetricsLog | None = None  # its training log, read beside τ (core/metrics_log.py)
 
 
 class TrainerHost(_SshHost):
@@ -152,6 +154,7 @@ class TrainerHost(_SshHost):
     drafter: DrafterProfile | None = None  # how to read this trainer's checkpoints
     # The training environment's interpreter (with its torch): --weights-only extracts with it.
     python: str = "python3"
+    metrics: MetricsLog | None = None  # the default run's training log (core/metrics_log.py)
     runs: dict[RunName, TrainingRun] = Field(default_factory=dict)  # name → training run
 
     def checkpoint_dirs(self) -> dict[str | None, str]:
@@ -193,9 +196,8 @@ class HarnessHost(_SshHost):
     venv: VenvSpec
     target_model: str
     sglang_url: str | None = None
-    threads: int | None = Field(
-        default=None, ge=1, le=4096
-    )  # torch threads per run (leave SGLang room)
+    # torch threads per run (leave SGLang room)
+    threads: int | None = Field(default=None, ge=1, le=4096)
 
 
 class EvalHost(HarnessHost):
@@ -302,9 +304,10 @@ class Inventory(Strict):
 
     def for_run(self, name: str | None) -> Inventory:
         """This inventory as training run `name` sees it: the trainer's checkpoints, layout,
-        completeness marker and drafter profile are the run's (each the trainer's own where
-        the run leaves it out), and `training_run` is set. None: the trainer's own
-        checkpoints, unchanged; without those, its only run (several: an error naming them)."""
+        completeness marker, drafter profile and metrics log are the run's (each the
+        trainer's own where the run leaves it out), and `training_run` is set. None: the
+        trainer's own checkpoints, unchanged; without those, its only run (several: an error
+        naming them)."""
         trainer = self.trainer
         if name is None:
             if trainer.checkpoints is not None:
@@ -323,6 +326,7 @@ class Inventory(Strict):
                 "layout": run.layout or trainer.layout,
                 "complete_marker": run.complete_marker or trainer.complete_marker,
                 "drafter": run.drafter or trainer.drafter,
+                "metrics": run.metrics or trainer.metrics,
             }
         )
         hosts = {**self.hosts, self.trainer_name: chosen}

@@ -1,5 +1,6 @@
 """Figures of a comparison (matplotlib, headless): τ vs step with its confidence intervals,
-τ per prompt set vs step, per-position acceptance, DDTree τ vs budget.
+τ per prompt set vs step, per-position acceptance and DDTree τ vs budget (with intervals
+where the results carry them), and the acceptance-length histogram.
 
 Only comparable runs are drawn (the flagged ones are left out). Each training run has its
 own lines (named after it); where several evaluations of one run share a step, the line goes
@@ -17,14 +18,18 @@ from typing import Any
 from dflash_eval import reading
 from dflash_eval.schema_metrics import Group, Interval
 
+from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.files import make_dirs, write_atomic
 from dflash_ops.evaluation.results import Comparison, RunResult
+from dflash_ops.evaluation.training_metrics import fields_of
 
 Read = Callable[[RunResult], Interval | float | None]  # an interval, or a bare value
 
 
-def build(comparison: Comparison) -> dict[str, Any]:
-    """Name → matplotlib figure; the per-set figure only when some run has named sets."""
+def build(comparison: Comparison, training_metric: str | None = None) -> dict[str, Any]:
+    """Name → matplotlib figure; the per-set figure only when some run has named sets, the
+    τ-and-training figure only when some run has training metrics (`training_metric`, else
+    the first field logged)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,19 +37,29 @@ def build(comparison: Comparison) -> dict[str, Any]:
     figures = {
         "tau_vs_step": _tau_vs_step(rows, comparison.budgets),
         "acceptance_per_position": _acceptance(rows),
+        "acceptance_lengths": _lengths(rows),
     }
     names = sorted({name for row in rows for name in _sets(row)})
     if names:
         figures["tau_by_dataset"] = _by_dataset(rows, names)
     if comparison.budgets:
         figures["ddtree_budgets"] = _ddtree(rows, comparison.budgets)
+    logged = fields_of(row.training for row in rows)
+    if training_metric is not None and training_metric not in logged:
+        raise ResultsError(
+            f"--train-metric {training_metric}: no compared run has it logged; they have: "
+            f"{', '.join(logged) or 'no training metrics (inventory runs.NAME.metrics)'}"
+        )
+    if logged:
+        figures["tau_and_training"] = _tau_and_training(rows, training_metric or logged[0])
     return figures
 
 
-def plot(comparison: Comparison, out_dir: Path) -> list[Path]:
+def plot(comparison: Comparison, out_dir: Path, training_metric: str | None = None) -> list[Path]:
     """The comparison's figures as PNG files in `out_dir` (`fab compare`)."""
     make_dirs(out_dir)
-    return [save_png(figure, out_dir / f"{name}.png") for name, figure in build(comparison).items()]
+    built = build(comparison, training_metric)
+    return [save_png(figure, out_dir / f"{name}.png") for name, figure in built.items()]
 
 
 def save_png(figure: Any, path: Path) -> Path:
@@ -90,6 +105,39 @@ def _tau_vs_step(rows: list[RunResult], budgets: list[str]) -> Any:
     return figure
 
 
+def _tau_and_training(rows: list[RunResult], field: str) -> Any:
+    """τ macro (left axis) and a training metric at the same steps (right axis)."""
+    figure, axes = _axes(f"τ and the training metric {field} vs step")
+    other = axes.twinx()
+    for run, run_rows in _by_run(rows).items():
+        _line_with_intervals(
+            axes, run_rows, lambda r: _interval_or(r, "tau_macro"), _run_label(run, "τ macro")
+        )
+        logged = [(r.step or 0, r.training.get(field)) for r in run_rows]
+        points = sorted((step, v) for step, v in logged if isinstance(v, float))
+        (line,) = other.plot(
+            [step for step, _ in points],
+            [v for _, v in points],
+            marker="s",
+            linestyle="--",
+            color="black" if run is None else None,
+        )
+        # its legend entry on τ's axes: one legend for both
+        axes.plot(
+            [],
+            [],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
+            label=_run_label(run, f"{field} (training, right axis)"),
+        )
+    axes.set(xlabel="training step", ylabel="acceptance length τ macro")
+    other.set_ylabel(field)
+    axes.set_zorder(other.get_zorder() + 1)  # τ's axes, with the legend, in front
+    axes.patch.set_visible(False)
+    return figure
+
+
 def _by_dataset(rows: list[RunResult], names: list[str]) -> Any:
     figure, axes = _axes("τ macro per prompt set vs step (95 % confidence intervals)")
     for run, run_rows in _by_run(rows).items():
@@ -105,10 +153,14 @@ def _by_dataset(rows: list[RunResult], names: list[str]) -> Any:
 
 
 def _acceptance(rows: list[RunResult]) -> Any:
-    figure, axes = _axes("per-position acceptance (latest run of each step)")
+    figure, axes = _axes("per-position acceptance (latest run of each step; bars: 95 % CI)")
     for label, row in _latest_of_each_step(rows):
         latest = reading.conditional_by_position(row.metrics)
-        axes.plot(list(latest), list(latest.values()), marker=".", label=label)
+        (line,) = axes.plot(list(latest), list(latest.values()), marker=".", label=label)
+        overall = _overall(row)
+        if overall:
+            bars = [(p["position"], p["conditional"]) for p in overall["per_position"]]
+            _error_bars(axes, bars, line.get_color())
     axes.set(xlabel="block position k", ylabel="P(slot k correct | slots < k correct)")
     axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set_ylim(0, 1.02)
@@ -116,11 +168,16 @@ def _acceptance(rows: list[RunResult]) -> Any:
 
 
 def _ddtree(rows: list[RunResult], budgets: list[str]) -> Any:
-    figure, axes = _axes("DDTree τ vs tree budget (latest run of each step)")
+    figure, axes = _axes("DDTree τ vs tree budget (latest run of each step; bars: 95 % CI)")
     for label, latest in _latest_of_each_step(rows):
         points = [(int(b), reading.ddtree_tau(latest.metrics, b)) for b in budgets]
         present = [(b, tau) for b, tau in points if tau is not None]
-        axes.plot([b for b, _ in present], [tau for _, tau in present], marker="o", label=label)
+        (line,) = axes.plot(
+            [b for b, _ in present], [tau for _, tau in present], marker="o", label=label
+        )
+        overall = _overall(latest)
+        bars = [(int(b), reading.ddtree_interval(overall, b)) for b in budgets]
+        _error_bars(axes, bars, line.get_color())
         vanilla = latest.metrics["tau_macro"]
         if vanilla is not None:
             axes.axhline(vanilla, linestyle=":", linewidth=0.8, color=axes.lines[-1].get_color())
@@ -131,6 +188,27 @@ def _ddtree(rows: list[RunResult], budgets: list[str]) -> Any:
     return figure
 
 
+def _lengths(rows: list[RunResult]) -> Any:
+    """The share of rounds that committed 1, 2, …, B tokens: bars side by side per step."""
+    figure, axes = _axes("acceptance length per round (latest run of each step)")
+    shown = _latest_of_each_step(rows)
+    width = 0.8 / max(len(shown), 1)
+    for index, (label, row) in enumerate(shown):
+        counts = {int(length): count for length, count in row.metrics["histogram"].items()}
+        total = sum(counts.values()) or 1
+        lengths = sorted(counts)
+        offset = (index - (len(shown) - 1) / 2) * width
+        axes.bar(
+            [length + offset for length in lengths],
+            [counts[length] / total for length in lengths],
+            width=width,
+            label=label,
+        )
+    axes.set(xlabel="tokens committed in the round (τ is their mean)", ylabel="share of rounds")
+    axes.xaxis.get_major_locator().set_params(integer=True)
+    return figure
+
+
 def _line_with_intervals(axes: Any, rows: list[RunResult], read: Read, label: str) -> None:
     """A line through the per-step means, and each run's interval as an error bar."""
     by_step = _by_step(rows)
@@ -138,20 +216,31 @@ def _line_with_intervals(axes: Any, rows: list[RunResult], read: Read, label: st
     means = [_mean([_value(read(r)) for r in by_step[s]]) for s in steps]
     (line,) = axes.plot(steps, means, marker="o", label=label)
     bars = [(r.step or 0, read(r)) for r in rows]
-    bars = [(step, i) for step, i in bars if isinstance(i, dict) and i["low"] is not None]
-    if bars:
+    _error_bars(axes, [(x, i) for x, i in bars if isinstance(i, dict)], line.get_color())
+
+
+def _error_bars(axes: Any, bars: list[tuple[float, Interval | None]], color: str) -> None:
+    """Each bounded interval as an error bar at its x (the unbounded and missing skipped)."""
+    bounded = [(x, i) for x, i in bars if i and i["low"] is not None and i["high"] is not None]
+    if bounded:
         axes.errorbar(
-            [step for step, _ in bars],
-            [i["value"] for _, i in bars],
+            [x for x, _ in bounded],
+            [i["value"] for _, i in bounded],
             yerr=[
-                [i["value"] - i["low"] for _, i in bars],
-                [i["high"] - i["value"] for _, i in bars],
+                [i["value"] - i["low"] for _, i in bounded],
+                [i["high"] - i["value"] for _, i in bounded],
             ],
             fmt="none",
-            ecolor=line.get_color(),
+            ecolor=color,
             capsize=3,
             alpha=0.8,
         )
+
+
+def _overall(row: RunResult) -> Group | None:
+    """The run's every-prompt group with its intervals (None: results without them)."""
+    block = row.done.get("by_dataset")
+    return block["overall"] if block else None
 
 
 def _interval_or(row: RunResult, metric: str) -> Interval | float | None:
@@ -161,8 +250,7 @@ def _interval_or(row: RunResult, metric: str) -> Interval | float | None:
 
 def _ddtree_interval_or(row: RunResult, budget: str) -> Interval | float | None:
     """The run's overall DDTree τ interval at `budget`, else (older results) its value."""
-    overall = (row.done.get("by_dataset") or {}).get("overall")
-    return reading.ddtree_interval(overall, budget) or reading.ddtree_tau(row.metrics, budget)
+    return reading.ddtree_interval(_overall(row), budget) or reading.ddtree_tau(row.metrics, budget)
 
 
 def _sets(row: RunResult) -> dict[str, Group]:

@@ -16,6 +16,7 @@ from dflash_ops.core.records import check_json_lines
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import harness_args, pick
+from dflash_ops.evaluation.tracking import require_wandb
 from dflash_ops.staging.sources import Via
 
 
@@ -33,6 +34,7 @@ class EvalRequest:
     detach: bool = False
     via: str = "stream"  # how staging reads the trainer's file (stage-checkpoint --via/--pull)
     features: str | None = None  # a relayed feature set's id, or 'latest' (extract-features)
+    wandb: str | None = None  # a W&B project each pulled run is logged to (tracking.py)
 
 
 # build_request's keywords that `fab run-eval` and `fab watch` take from their command line
@@ -46,6 +48,7 @@ REQUEST_OPTIONS = (
     "strip_optimizer",
     "tag",
     "via",
+    "wandb",
 )
 
 
@@ -72,6 +75,7 @@ def build_request(
     detach: bool = False,
     via: str = "stream",
     features: str | None = None,
+    wandb: str | None = None,
     say: Callable[[str], None] = lambda message: None,
 ) -> EvalRequest:
     """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
@@ -87,6 +91,8 @@ def build_request(
     prompts_path = prompts_file(
         prompts, dataset, per_set, prompt_sets_dir or Path("prompt-sets"), say
     )
+    if wandb:
+        require_wandb(wandb)
     if drafter_config and not Path(drafter_config).is_file():
         raise OpsError(f"--drafter-config: {drafter_config} is not a file on this workstation")
     return EvalRequest(
@@ -102,6 +108,7 @@ def build_request(
         detach=detach,
         via=parse_choice("--via", via, get_args(Via)),
         features=features or None,
+        wandb=wandb or None,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from dflash_eval.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate
-from dflash_ops.evaluation import run_ids
+from dflash_ops.evaluation import run_ids, training_metrics
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
 from dflash_ops.evaluation.records import RunSummary
 from dflash_ops.evaluation.run_ids import short_ids
@@ -65,6 +66,11 @@ class RunResult:
             return self.results["checkpoint"].get("training_run")
         return self.run.get("training_run")
 
+    @cached_property
+    def training(self) -> dict[str, training_metrics.Value]:
+        """Its training run's logged metrics at its step (training_metrics; {}: none)."""
+        return training_metrics.values_of(self.directory)
+
     @property
     def metrics(self) -> Metrics:
         assert self.results is not None
@@ -84,11 +90,12 @@ def load_runs(results_root: Path) -> list[RunResult]:
     """Every fetched run under `results_root`, successful ones with their results. A run
     whose files cannot be used is kept with its `problem`: one bad directory never hides the
     others."""
-    runs = [_load_run(run_file.parent) for run_file in sorted(results_root.glob("*/run.json"))]
+    runs = [load_run(run_file.parent) for run_file in sorted(results_root.glob("*/run.json"))]
     return sorted(runs, key=lambda r: (r.step or 0, r.run.get("started") or 0))
 
 
-def _load_run(directory: Path) -> RunResult:
+def load_run(directory: Path) -> RunResult:
+    """The fetched run in `directory` (see load_runs)."""
     name = _printable(directory.name)
     try:
         run = validate(read_json_file(directory / "run.json", "run.json"), "run.json", RunSummary)
@@ -257,6 +264,7 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
     block = max(row.metrics["block_size"] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
     ids = short_ids(row.run_id for row in comparison.rows)
+    trained = training_metrics.fields_of(row.training for row in comparison.rows)
     records = []
     for row in comparison.rows:
         metrics = row.metrics
@@ -282,6 +290,7 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
                 **{f"acc_{k}": per_position.get(k) for k in positions},
                 "reference_tau": reference["metrics"]["tau_macro"] if reference else None,
                 "vs_reference": (row.done["comparison"] or {}).get("tau_macro"),
+                **training_metrics.record_values(row.training, trained),
             }
         )
     return records
@@ -321,6 +330,7 @@ def table_columns(comparison: Comparison) -> list[tuple[str, Callable[[dict], st
     columns += [(f"acc@{k}", _shown(f"acc_{k}")) for k in POSITIONS_SHOWN if k < block]
     if any(row.done["reference"] for row in rows):
         columns += [("ref τ", _shown("reference_tau")), ("vs ref", ratio)]
+    columns += training_metrics.columns(row.training for row in rows)
     columns.append(("comparable", lambda r: "≠ " + r["differs"] if r["differs"] else "yes"))
     return columns
 

@@ -33,6 +33,7 @@ from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import read_results
+from dflash_ops.evaluation.tracking import after_pull
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -139,7 +140,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             )
             return run
         expected = staged if checkpoint == staged.path else None  # not an extracted copy
-        return conclude(inventory, host, entry, run, reporter, expected)
+        return conclude(inventory, host, entry, run, reporter, expected, request.wandb)
     finally:
         host.close()
 
@@ -165,9 +166,11 @@ def conclude(
     run: jobs.Run,
     reporter: RunReporter,
     staged: StagedCheckpoint | None = None,
+    wandb_project: str | None = None,
 ) -> jobs.Run:
     """Fetch a finished run, show its summary; raise EvalFailed when it has no results, and
-    CheckpointError when the harness read other bytes than staging verified (`staged`)."""
+    CheckpointError when the harness read other bytes than staging verified (`staged`). A
+    freshly pulled success gets its training metrics, and goes to W&B (`wandb_project`)."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
     summary = []
@@ -185,6 +188,8 @@ def conclude(
     reporter.finished(run, summary, local)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
+    if local is not None:
+        after_pull(inventory, [run.run_id], reporter.say, wandb_project)
     return run
 
 

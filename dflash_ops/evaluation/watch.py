@@ -43,6 +43,7 @@ from dflash_ops.evaluation import jobs, sweep
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import load_runs, read_results
 from dflash_ops.evaluation.run import RunReporter, run_flag
+from dflash_ops.evaluation.tracking import after_pull
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host
 from dflash_ops.staging.catalog import list_checkpoints
@@ -224,7 +225,7 @@ class Watch:
 
     def _pull_finished_and_find_running(self) -> list[int]:
         """Bring home finished runs of this series; the steps of runs still going."""
-        running = []
+        running, pulled = [], []
         for host, entry in each_eval_host(self.inventory):
             for run in jobs.list_runs(host, entry):
                 ours = self._ours(run.params.get("tag"), run.params.get("training_run"))
@@ -234,6 +235,8 @@ class Watch:
                     running.append(run.step)
                 elif jobs.fetch(host, entry, run, self.inventory.local.results):
                     self.reporter.say(f"{host.name}: pulled {run.run_id} ({run.state})")
+                    pulled += [run.run_id] if run.state == "succeeded" else []
+        after_pull(self.inventory, pulled, self.reporter.say, self.template.wandb)
         return sorted(set(running))
 
     def _steps_to_evaluate(self, in_flight: set[int]) -> list[int]:

@@ -1,7 +1,8 @@
 """What `fab compare` and `dflash-ops results compare` print, and `fab export` writes.
 
 The default table is compact (step, training run, host, short id, τ with its 95 % interval,
-the best DDTree τ, acceptance at slot 1, against the reference, comparability) and fits the
+the best DDTree τ, acceptance at slot 1, against the reference, the training run's own metrics at
+the step where its inventory names a metrics log, comparability) and fits the
 terminal; `--wide` shows the complete table (as the report has it). Per-set results are in
 long form: a row per run × prompt set × metric, the tidy table `fab export` writes.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from dflash_ops.core.errors import OpsError
-from dflash_ops.evaluation import results
+from dflash_ops.evaluation import results, training_metrics
 from dflash_ops.evaluation.results import Comparison
 from dflash_ops.ui.output import Column, as_csv, as_json, field, render
 
@@ -53,6 +54,9 @@ def compact_columns(comparison: Comparison) -> list[Column]:
     columns.append(Column("acc@1", lambda r: results.number(r.get("acc_1")), keep=6, right=True))
     if any(row.done["reference"] for row in rows):
         columns.append(Column("vs ref", results.ratio, keep=4, right=True))
+    # the training run's own metrics at the step, beside τ (training_metrics)
+    trained = training_metrics.columns(row.training for row in rows)
+    columns += [Column(title, show, keep=4, right=True) for title, show in trained]
     if comparison.mixed:
         columns.append(Column("comparable", _comparable, keep=3))
     return columns

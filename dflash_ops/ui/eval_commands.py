@@ -16,7 +16,7 @@ from rich.markup import escape
 from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
-from dflash_ops.evaluation import figures, jobs, results, sweep
+from dflash_ops.evaluation import figures, jobs, results, sweep, training_fetch
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
@@ -26,7 +26,7 @@ from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request
 from dflash_ops.evaluation.run import run_eval
 from dflash_ops.staging.catalog import resolve_step
-from dflash_ops.ui import report
+from dflash_ops.ui import report, report_diagnosis
 from dflash_ops.ui.compare_view import export, print_comparison
 from dflash_ops.ui.console import console, errors
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
@@ -199,6 +199,11 @@ def fetch_all(inventory: Inventory) -> None:
         if pulled
         else "nothing new to pull"
     )
+    # every pulled run still without its training metrics: a log that had not reached a
+    # step at the run's end, or could not be read then, is read again
+    training_fetch.attach(
+        inventory, inventory.local.results, lambda line: console.print(escape(line))
+    )
 
 
 def show_comparison(
@@ -214,6 +219,7 @@ def show_comparison(
     wide: bool = False,
     group: int | None = None,
     baseline: str | None = None,
+    train_metric: str | None = None,
 ) -> results.Comparison:
     """`fab compare` / `dflash-ops results compare`: the runs of one comparability group
     (the largest, `group`, or `baseline`'s) in a table that fits the terminal (`wide`: the
@@ -236,7 +242,13 @@ def show_comparison(
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {run.run_id} ({_step_of(run)}): {escape(why)}")
-    path = report.write(every, results_root / report.REPORT_NAME, results.mixed_note(every))
+    path = report.write(
+        every,
+        results_root / report.REPORT_NAME,
+        results.mixed_note(every),
+        train_metric,
+        report_diagnosis.pulled(results_root),
+    )
     for note in results.overlap_notes(comparison):
         notes.print(note)
     if samples:
@@ -245,7 +257,7 @@ def show_comparison(
             notes.print(f"[bold]{run.run_id}[/] ({_step_of(run)}):")
             for line in lines:
                 notes.print(f"  {line}", markup=False)
-    for plot in figures.plot(comparison, plots or results_root / "plots"):
+    for plot in figures.plot(comparison, plots or results_root / "plots", train_metric):
         notes.print(f"plot: {plot}")
     notes.print(f"report: {path}")
     return comparison
@@ -279,12 +291,18 @@ def write_report(
     tag: str | None = None,
     out: Path | None = None,
     training_run: str | None = None,
+    train_metric: str | None = None,
 ) -> Path:
-    """`fab report`: the HTML report of the pulled runs (incomparable ones flagged)."""
+    """`fab report`: the HTML report of the pulled runs (incomparable ones flagged);
+    `train_metric`: the training metric drawn beside τ."""
     pulled = results.load_runs(results_root)
     comparison = results.compare(pulled, parse_steps(steps), tag, training_run)
     path = report.write(
-        comparison, out or results_root / report.REPORT_NAME, results.mixed_note(comparison)
+        comparison,
+        out or results_root / report.REPORT_NAME,
+        results.mixed_note(comparison),
+        train_metric,
+        report_diagnosis.pulled(results_root),
     )
     console.print(f"report: {path}")
     return path

@@ -86,6 +86,9 @@ RUN_EVAL_HELP = {
     "features": "use a relayed feature set (fab extract-features) instead of computing "
     "completions and hidden states on the eval host: its id, or 'latest'",
     "verbose": "the harness's whole summary at the end (default: 3 lines)",
+    "wandb": "log each pulled run to this Weights & Biases project, keyed by training step: "
+    "τ, the headline metrics and the training metrics (needs the wandb extra; W&B's own "
+    "WANDB_* settings apply, e.g. WANDB_MODE=offline)",
     **task_help(RUN_EVAL),
 }
 
@@ -106,6 +109,12 @@ FEATURES_HELP = {
 }
 
 
+TRAIN_METRIC_HELP = (
+    "the training metric drawn with τ on one step axis (default: the first the metrics log "
+    "names; inventory runs.NAME.metrics)"
+)
+
+
 COMPARE_HELP = {
     "steps": "only these steps, comma-separated",
     "tag": "only runs with this tag",
@@ -117,6 +126,7 @@ COMPARE_HELP = {
     "wide": "every column (default: a compact table that fits the terminal)",
     "group": "compare this comparability group (default 1, the largest; compare lists them)",
     "baseline": "compare the group of this run (its id or any unique part of it)",
+    "train_metric": TRAIN_METRIC_HELP,
 }
 
 
@@ -137,6 +147,7 @@ DIAGNOSE_HELP = {
 # harness's options it passes on are the table's: task_help(WATCH)).
 WATCH_RUN_OPTIONS = (
     "drafter_config", "reference", "prompts", "sglang", "strip_optimizer", "via", "dataset", "run",
+    "wandb",
 )  # fmt: skip
 
 WATCH_HELP = {

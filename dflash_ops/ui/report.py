@@ -1,15 +1,18 @@
 """`fab report`: one self-contained static HTML file of a comparison.
 
 Everything is inside the file (figures as inline SVG, styles inline, no script, no link to
-anything): it can be mailed, archived or opened offline. Sections: τ vs step with 95 %
-confidence intervals, the comparison table with its comparability flags, the per-prompt-set
-table and whether consecutive steps' intervals overlap, per-position acceptance, DDTree τ by
-budget, each run's provenance (whatever its results JSON records) and its decoded samples
-when the results carry them. Runs that are not comparable with the latest one are shown,
-flagged, and left out of the figures. `fab compare` rewrites it too.
+anything): it can be mailed, archived or opened offline. It opens with the key numbers of
+the latest comparable run and a table of contents; then τ vs step with 95 % confidence
+intervals, the comparison table with its comparability flags, the per-prompt-set table and
+whether consecutive steps' intervals overlap, the acceptance-length histogram, per-position
+acceptance and DDTree τ by budget (with intervals), the pulled `fab diagnose` results of the
+runs' checkpoints, the provenance facts that differ between runs (the shared ones folded:
+report_facts.py) and the decoded samples with the accepted prefix marked (report_samples.py).
+Runs of other comparability groups are shown, flagged, and left out of the figures.
+`fab compare` rewrites it too.
 
 Every value read from results reaches the page through an autoescaping Jinja2 template
-(templates/report.html.j2): this module builds plain data, the template the markup, and
+(templates/report.html.j2): these modules build plain data, the template the markup, and
 nothing from a results file is ever marked safe (only the SVG matplotlib wrote is).
 """
 
@@ -21,7 +24,6 @@ from typing import Any
 
 import jinja2
 from dflash_eval.reading import COMPARABILITY
-from dflash_eval.schema_metrics import Sample
 from markupsafe import Markup
 
 from dflash_ops.core.files import write_atomic
@@ -29,28 +31,17 @@ from dflash_ops.evaluation import figures
 from dflash_ops.evaluation.results import (
     TRAINING_RUN,
     Comparison,
-    RunResult,
     dataset_rows,
     overlap_notes,
     table_rows,
 )
+from dflash_ops.ui import report_diagnosis, report_facts, report_samples, training_view
+from dflash_ops.ui.report_facts import short
 
 REPORT_NAME = "report.html"
-# Results blocks shown as each run's provenance, in this order (bulky lists are summarised).
-PROVENANCE_BLOCKS = (
-    "checkpoint",
-    "drafter",
-    "target",
-    "prompts",
-    "completions",
-    "harness",
-    "libraries",
-    "host",
-    "timings_s",
-    "throughput",
-)
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222;
+  padding: 0 1em; line-height: 1.4; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; white-space: nowrap; }
@@ -61,15 +52,40 @@ tr.flagged td { background: #fff0f0; } .flag { color: #b00; font-weight: bold; }
 figure { margin: 1em 0; } figure svg { max-width: 100%; height: auto; }
 details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: bold; }
 code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
-pre { white-space: pre-wrap; background: #f7f7f7; padding: 0.5em; }
-.sample td, .mono { font-family: ui-monospace, monospace; white-space: pre; }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; background: #f7f7f7; padding: 0.5em; }
+.cards { display: flex; flex-wrap: wrap; gap: 0.75em; margin: 1em 0; }
+.card { border: 1px solid #ccc; border-radius: 6px; padding: 0.4em 0.7em; min-width: 7.5em;
+  flex: 1 1 7.5em; background: #fafafa; }
+.card .label { font-size: 0.8em; color: #555; } .card .value { font-size: 1.6em; font-weight: 600; }
+.card .note { font-size: 0.75em; color: #666; }
+nav.toc ol { columns: 2 14em; margin: 0.5em 0; }
+table.facts th.run { white-space: normal; min-width: 10em; vertical-align: bottom; }
+table.facts td, table.facts th { text-align: left; }
+table.facts td { white-space: normal; overflow-wrap: anywhere; min-width: 8em; max-width: 30em; }
 .sample { border-left: 3px solid #ddd; padding-left: 1em; margin: 1em 0; }
+.sample h3 { font-size: 1em; margin: 0.3em 0; } .set { color: #555; font-weight: normal; }
+.round { margin: 0.6em 0; } .round-head { font-size: 0.85em; color: #444; }
+.tokens { font-family: ui-monospace, monospace; font-size: 0.85em; line-height: 1.9; }
+.who { display: inline-block; width: 4em; color: #666; font-family: system-ui, sans-serif; }
+.tok { white-space: pre; border: 1px solid #ddd; border-radius: 3px; padding: 0 2px;
+  margin-right: 1px; }
+.tok.ok { background: #d8f5d0; border-color: #7fc46b; }
+.tok.miss { background: #ffd6d6; border-color: #d04040; text-decoration: line-through; }
+.tok.want { background: #dce8ff; border-color: #5a7fd0; font-weight: 600; }
+.tok.rest { color: #999; }
+.legend .tok { font-family: ui-monospace, monospace; font-size: 0.85em; }
 """
 
 
-def write(comparison: Comparison, path: Path, mixed: str | None = None) -> Path:
+def write(
+    comparison: Comparison,
+    path: Path,
+    mixed: str | None = None,
+    training_metric: str | None = None,
+    diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
+) -> Path:
     """Render the comparison into `path` (atomically) and return it."""
-    return write_atomic(path, render(comparison, mixed))
+    return write_atomic(path, render(comparison, mixed, training_metric, diagnoses))
 
 
 _TEMPLATES = jinja2.Environment(
@@ -79,23 +95,34 @@ _TEMPLATES = jinja2.Environment(
 )
 
 
-def render(comparison: Comparison, mixed: str | None = None) -> str:
-    """The whole HTML document."""
+def render(
+    comparison: Comparison,
+    mixed: str | None = None,
+    training_metric: str | None = None,
+    diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
+) -> str:
+    """The whole HTML document (`training_metric`: the one drawn beside τ, default the first
+    logged; `diagnoses`: those pulled, report_diagnosis.pulled)."""
     # matplotlib escapes the text it puts into its SVG: the one markup trusted as such.
-    charts = {name: Markup(figures.svg_text(f)) for name, f in figures.build(comparison).items()}
-    latest = comparison.rows[-1].run_id
+    built = figures.build(comparison, training_metric)
+    charts = {name: Markup(figures.svg_text(f)) for name, f in built.items()}
     context = {
         "style": Markup(STYLE),
         "charts": charts,
         "run_count": len(comparison.rows),
         "steps": ", ".join(str(r.step) for r in comparison.rows),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "mixed": mixed,
+        "key_numbers": report_facts.key_numbers(comparison),
         "comparison": _comparison_table(comparison),
         "datasets": _datasets(comparison),
         "comparability": _comparability(comparison),
-        "provenance": [_provenance(row, row.run_id == latest) for row in comparison.rows],
-        "samples": [samples for row in comparison.rows if (samples := _samples(row))],
+        "diagnoses": [
+            _diagnosis(d) for d in report_diagnosis.sections(comparison, diagnoses or [])
+        ],
+        "provenance": report_facts.provenance(comparison),
+        "samples": report_samples.run_samples(comparison.rows),
+        "training": training_view.report_section(comparison),
     }
     return _TEMPLATES.get_template("report.html.j2").render(context) + "\n"
 
@@ -129,56 +156,28 @@ def _comparability(comparison: Comparison) -> dict[str, Any]:
     cells = []
     for row in comparison.rows:
         key = row.key()
-        cells.append([row.run_id, str(row.step), *(_short(key[name]) for name in names)])
+        cells.append([row.run_id, str(row.step), *(short(key[name]) for name in names)])
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
     return _table(
         ["run", "step", *names], cells, "comparability", flagged, text_columns=set(names) | {"run"}
     )
 
 
-def _provenance(row: RunResult, open_: bool) -> dict[str, Any]:
-    """Everything the run's results (and run.json) record about where its numbers come
-    from; the latest run's is shown open."""
-    facts = {f"run.{key}": value for key, value in row.run.items()}
-    for block in PROVENANCE_BLOCKS:
-        facts.update(_flatten(row.results.get(block), block) if row.results else {})
-    warnings = row.results["warnings"] if row.results else []
-    return {
-        "title": f"{row.run_id} ({_step_of(row)})",
-        "open": open_,
-        "facts": [(key, _short(value, 96)) for key, value in facts.items()],
-        "warnings": [str(warning) for warning in warnings],
-    }
-
-
-def _samples(row: RunResult) -> dict[str, Any] | None:
-    samples = row.results["samples"] if row.results else []
-    if not samples:
-        return None
-    return {"title": f"{row.run_id} ({_step_of(row)})", "samples": [_sample(s) for s in samples]}
-
-
-def _step_of(row: RunResult) -> str:
-    """'step N', or 'RUN step N' for a named training run's checkpoint."""
-    return f"{row.training_run} step {row.step}" if row.training_run else f"step {row.step}"
-
-
-def _sample(sample: Sample) -> list[dict[str, Any]]:
-    """One decoded sample: text fields as text, lists of records as a table (so a field a
-    newer harness adds is shown too)."""
-    parts: list[dict[str, Any]] = []
-    for key, value in sample.items():
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            keys = list(dict.fromkeys(k for v in value for k in v))
-            header = [str(k) for k in keys]
-            cells = [[_short(v.get(k), 200) for k in keys] for v in value]
-            table = _table(header, cells, None, [False] * len(cells), set(header))
-            parts.append({"kind": "table", "table": table})
-        elif "\n" in str(value) or len(str(value)) > 80:
-            parts.append({"kind": "block", "key": str(key), "text": _short(value, 4000)})
-        else:
-            parts.append({"kind": "line", "key": str(key), "text": str(value)})
-    return parts
+def _diagnosis(section: dict[str, Any]) -> dict[str, Any]:
+    """A diagnosis section with its per-slot and probe tables as the `table` macro takes them."""
+    if section["problem"]:
+        return section
+    tables = {}
+    for name, columns in (
+        ("slots", report_diagnosis.SLOT_COLUMNS),
+        ("probes", report_diagnosis.PROBE_COLUMNS),
+    ):
+        cells = section[name]
+        named = {"candidate": "candidate acc.", "other": f"{section['against']} acc."}
+        header = [named.get(column, column.replace("_", " ")) for column in columns]
+        text = {"probe"}
+        tables[name] = _table(header, cells, None, [False] * len(cells), text) if cells else None
+    return {**section, **tables}
 
 
 def _table(
@@ -205,20 +204,3 @@ def _table(
         for row, flag in zip(cells, flagged, strict=True)
     ]
     return {"id": table_id, "header": [(c, classes(c)) for c in header], "rows": rows}
-
-
-def _flatten(value: Any, prefix: str) -> dict[str, Any]:
-    """Nested dicts as dotted keys; lists of records summarised by their length."""
-    if isinstance(value, dict):
-        flat: dict[str, Any] = {}
-        for key, inner in value.items():
-            flat.update(_flatten(inner, f"{prefix}.{key}"))
-        return flat
-    if isinstance(value, list) and any(isinstance(v, dict | list) for v in value):
-        return {prefix: f"({len(value)} entries: see results.json)"}
-    return {prefix: value}
-
-
-def _short(value: Any, limit: int = 24) -> str:
-    text = "-" if value is None else str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -2,7 +2,7 @@
 safetensors, requests only).
 
 `python -m dflash_eval eval ...` measures acceptance length (τ) of a drafter checkpoint
-against a target model by simulating greedy speculative decoding offline (DFLASH.md §3);
+against a target model by simulating greedy speculative decoding offline (dflash-spec.md §3);
 `python -m dflash_eval extract ...` strips a training checkpoint down to its parameters.
 """
 

@@ -1,4 +1,4 @@
-"""Drafter configuration (DFLASH.md §1): parsing, the default target-layer rule, checks.
+"""Drafter configuration (dflash-spec.md §1): parsing, the default target-layer rule, checks.
 
 A drafter config is a Qwen3 config plus `block_size`, `num_target_layers` and
 `dflash_config.{target_layer_ids, mask_token_id}`. The reference code (z-lab's
@@ -41,7 +41,7 @@ QWEN3_DEFAULT_MAX_POSITIONS = 32768
 
 @dataclass(frozen=True)
 class LayerAttention:
-    """One drafter layer's mask rule (DFLASH.md §2.4). With query position i and key position
+    """One drafter layer's mask rule (dflash-spec.md §2.4). With query position i and key position
     j (absolute): a causal layer sees j ≤ i; a window w also needs i − j < w and, when the
     layer is not causal, j − i < w. A non-causal layer without a window sees all it is given.
     (No window on a sliding layer: the config turns windows off, as Qwen3Config reads it.)"""

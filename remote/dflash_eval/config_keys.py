@@ -67,7 +67,7 @@ TOP_LEVEL: dict[str, str] = {
     "rope_scaling": "RoPE type and its parameters (transformers 4.x name)",
     "rope_parameters": "RoPE type and its parameters (transformers 5.x name)",
     "partial_rotary_factor": "share of each head's dimensions that RoPE rotates",
-    # Attention masks (DFLASH.md §2.4).
+    # Attention masks (dflash-spec.md §2.4).
     "layer_types": "per layer: full_attention or sliding_attention",
     "use_sliding_window": "Qwen3Config: false drops the window of sliding layers",
     "sliding_window": "window of sliding_attention layers",

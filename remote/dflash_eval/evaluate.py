@@ -44,7 +44,7 @@ from dflash_eval.profile import read_profile
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, write_results
 from dflash_eval.sampled_walk import SampledWalk, summarize_sampled, walk_sequence
-from dflash_eval.samples import SAMPLE_PROMPTS, Decode, draft_sample, tokenizer_decoder
+from dflash_eval.samples import Decode, draft_sample, sampled_prompts, tokenizer_decoder
 from dflash_eval.sampling import Sampling, from_options, refuse_dflash2
 from dflash_eval.schema import Checkpoint, Results
 from dflash_eval.schema_metrics import Metrics
@@ -407,6 +407,7 @@ def _walk_on(
     predictor_class = SampledPredictor if sampling.active else predictor_class
     run = DrafterRun([], 0, 0.0, [])
     total = len(sequences)
+    sampled = sampled_prompts([seq.prompt.dataset for seq in sequences])
     progress.progress(phase, 0, total)
     for done, seq in enumerate(sequences, start=1):
         span = seq.span
@@ -439,13 +440,13 @@ def _walk_on(
                 run.walks.append(walked)
         except NonFiniteLogits:
             raise non_finite_logits(seq.prompt.id, phase, features, head) from None
-        if walked is not None and done <= SAMPLE_PROMPTS:
+        if walked is not None and done - 1 in sampled:
             run.samples.append(
                 draft_sample(
                     seq.prompt.id,
+                    seq.prompt.dataset,
                     seq.tokens,
-                    span.first_anchor,
-                    span.end,
+                    (span.first_anchor, span.end),
                     walked.anchors,
                     [length - 1 for length in walked.lengths],
                     predictor.draft,

@@ -1,6 +1,6 @@
 """Where and how the target's features were computed, and how far they are from float32.
 
-DFLASH.md §6: a drafter is trained on features computed on GPUs; for Qwen3.5/3.6 targets the
+dflash-spec.md §6: a drafter is trained on features computed on GPUs; for Qwen3.5/3.6 targets the
 linear-attention layers run there through `fla` kernels, while on CPU transformers falls back
 to a pure-torch kernel whose bf16 output drifts far enough to garble the drafter. So:
 

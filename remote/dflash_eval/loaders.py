@@ -1,4 +1,4 @@
-"""Drafter checkpoints (DFLASH.md §5): read any of the three formats, resolve the config
+"""Drafter checkpoints (dflash-spec.md §5): read any of the three formats, resolve the config
 and settings (drafter_settings.py), and load strictly.
 
 Formats:

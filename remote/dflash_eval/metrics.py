@@ -1,4 +1,4 @@
-"""Acceptance metrics (DFLASH.md §3–4), computed by walking a completion offline.
+"""Acceptance metrics (dflash-spec.md §3–4), computed by walking a completion offline.
 
 A round at anchor s (g[s] the last committed token) drafts slots 1..B-1; the target accepts
 the longest prefix equal to g[s+1..]; the round commits acc+1 tokens and the next anchor
@@ -160,7 +160,7 @@ def anchors_of(first_anchor: int, lengths: Sequence[int]) -> list[int]:
 def ddtree_pop_order(
     logprobs: Sequence[Sequence[float]], max_nodes: int
 ) -> dict[tuple[int, ...], int]:
-    """Best-first draft tree (DFLASH.md §4) as the DDTree authors' `build_ddtree_tree`
+    """Best-first draft tree (dflash-spec.md §4) as the DDTree authors' `build_ddtree_tree`
     builds it: node = ranks along a path (slot 1, 2, …).
 
     Max-heap on the summed log-prob of the path; start with (slot 1, rank 0); each pop adds

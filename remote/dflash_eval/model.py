@@ -1,4 +1,4 @@
-"""The DFlash drafter (DFLASH.md §1–2), in the order data flows: RMSNorm → rotary →
+"""The DFlash drafter (dflash-spec.md §1–2), in the order data flows: RMSNorm → rotary →
 attention → MLP → layer → drafter.
 
 A reader who knows Hugging Face's `modeling_qwen3.py` should recognise every piece. Where
@@ -194,7 +194,7 @@ class DFlashAttention(nn.Module):
 
     def forward_uncached(self, x: torch.Tensor, ctx: torch.Tensor, rope: Rope) -> torch.Tensor:
         """One block x [B, H] anchored at s = len(ctx), computing K/V from [ctx; x] as
-        written in DFLASH.md §2.4 (no cache); rope holds the tables of positions 0..s+B-1.
+        written in dflash-spec.md §2.4 (no cache); rope holds the tables of positions 0..s+B-1.
         Used to check the cached path."""
         start, block_size = ctx.shape[0], x.shape[0]
         k, v = self._keys_values(torch.cat([ctx, x], dim=0), rope)  # [kv, S+B, D]
@@ -239,7 +239,7 @@ class DFlashMLP(nn.Module):
 
 
 class DFlashLayer(nn.Module):
-    """Pre-norm decoder layer; the context bypasses the layer norms (DFLASH.md §2.4)."""
+    """Pre-norm decoder layer; the context bypasses the layer norms (dflash-spec.md §2.4)."""
 
     def __init__(self, config: DrafterConfig, layer_index: int) -> None:
         super().__init__()

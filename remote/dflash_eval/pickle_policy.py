@@ -1,4 +1,4 @@
-"""Which pickled checkpoints the harness unpickles (DFLASH.md §5), and how.
+"""Which pickled checkpoints the harness unpickles (dflash-spec.md §5), and how.
 
 A training checkpoint is a torch pickle. Unpickling runs whatever functions the file names,
 so the harness reads it with `torch.load(weights_only=True)`: tensors, containers and plain

@@ -380,7 +380,7 @@ class _ResultsKeys(TypedDict):
     per_prompt: list[PromptRow]
     """One row per prompt; a multi-turn conversation has one per turn."""
     samples: list[Sample]
-    """Decoded drafts of the first 3 prompts, to see at a glance what the drafter proposes."""
+    """Decoded drafts of 3 prompts from each named set in turn, to see what the drafter proposes."""
     reference: Reference | None
     """Null, or the `--reference-drafter`'s blocks (same completions and hidden states)."""
     comparison: Comparison | None

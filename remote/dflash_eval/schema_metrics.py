@@ -182,7 +182,7 @@ class PromptRow(_PromptRowKeys, total=False):
     """Conditional acceptance counts per block position."""
 
 
-class SampleRound(TypedDict):
+class _SampleRoundKeys(TypedDict):
     position: int
     """Completion index of the anchor."""
     anchor: str
@@ -192,15 +192,29 @@ class SampleRound(TypedDict):
     draft: str
     """The drafter's greedy proposal for the same B−1 slots."""
     accepted: int
+    """Draft tokens that matched the target's before the first that did not."""
 
 
-class Sample(TypedDict):
+class SampleRound(_SampleRoundKeys, total=False):
+    target_tokens: list[str]
+    """`target` token by token (absent in results written before it)."""
+    draft_tokens: list[str]
+    """`draft` token by token: the first `accepted` were accepted, the next one rejected."""
+
+
+class _SampleKeys(TypedDict):
     id: str
     """The prompt's id."""
     completion_start: str
     """The first 4·B tokens of the completion."""
     rounds: list[SampleRound]
-    """The first 4 rounds of the vanilla walk."""
+    """Up to 4 rounds of the vanilla walk, at the quartiles of the prompt's accepted counts
+    (earlier results: the first 4), in walk order."""
+
+
+class Sample(_SampleKeys, total=False):
+    dataset: str
+    """The prompt's named set (absent for plain prompts and earlier results)."""
 
 
 # --- by_dataset --------------------------------------------------------------------------------

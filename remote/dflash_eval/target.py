@@ -1,4 +1,4 @@
-"""The target model (DFLASH.md §6): load with transformers, find its parts by structure,
+"""The target model (dflash-spec.md §6): load with transformers, find its parts by structure,
 extract context features, generate greedily.
 
 Supported: Qwen3 (`model.layers`), Qwen3.5/3.6 text models (mixed linear/full attention),

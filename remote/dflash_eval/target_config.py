@@ -1,4 +1,4 @@
-"""The target's configuration as transformers reads it (DFLASH.md §6).
+"""The target's configuration as transformers reads it (dflash-spec.md §6).
 
 Layer kinds, shapes, RoPE and the saved dtype come from the config class transformers builds
 for the model, never from raw JSON keys: a Qwen3.5/3.6 config may state its hybrid pattern only

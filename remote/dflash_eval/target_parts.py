@@ -1,7 +1,7 @@
 """The target's input embedding and LM head, read alone from its safetensors files.
 
 When every completion and hidden state is cached, the drafter needs only these two tensors
-(DFLASH.md §1); reading them by name costs their own bytes instead of the whole target
+(dflash-spec.md §1); reading them by name costs their own bytes instead of the whole target
 (54 GB for Qwen3.6-27B). Names are found by suffix, so the Qwen3 layout
 (`model.embed_tokens.weight`), the vision-language wrapper's
 (`model.language_model.embed_tokens.weight`) and tied embeddings (no `lm_head.weight`) are all

@@ -1,4 +1,4 @@
-"""The drafter forward against an independent, plainly written reference (DFLASH.md §2)."""
+"""The drafter forward against an independent, plainly written reference (dflash-spec.md §2)."""
 
 from __future__ import annotations
 

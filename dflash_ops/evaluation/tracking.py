@@ -1,0 +1,130 @@
+"""What happens to a run once it is pulled: its training metrics are read (training_fetch),
+and, with `--wandb PROJECT` (run-eval, watch), its numbers go to Weights & Biases.
+
+W&B is an optional dependency (`pip install 'dflash-ops[wandb]'`), off by default. Each
+training run (and tag) is one W&B run in PROJECT, resumed by a stable id, with the training
+step as its x axis (`training_step`, so steps logged out of order — a sweep, a re-run —
+still land where they belong): `eval/*` holds τ and the headline metrics of compare's
+records (results.run_records), `train/*` the training run's own metrics at that step. W&B
+reads its own settings from the environment (WANDB_MODE=offline, WANDB_DIR, …); its files
+go under `<results>/wandb` unless WANDB_DIR says otherwise. A W&B failure is one line: the
+evaluation and its results never depend on it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from dflash_ops.core.errors import TrackerError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import results, training_fetch, training_metrics
+
+WANDB_DIR = "wandb"  # under the results directory
+STEP_METRIC = "training_step"
+# compare's record keys that name a run rather than measure it
+_IDENTITY = {"step", "group", "best_tree_budget"}
+_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# wandb keeps one active run per process: runs of a sweep's hosts are logged one at a time.
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def require_wandb(project: str) -> None:
+    """Refuse, before anything runs, a project name W&B would refuse or a missing wandb."""
+    if not _PROJECT.fullmatch(project):
+        raise TrackerError(
+            f"--wandb: expected a W&B project name (letters, digits and . - _, at most 128), "
+            f"found {project!r}"
+        )
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise TrackerError(
+            "--wandb: the wandb package is not installed here; pip install 'dflash-ops[wandb]' "
+            "(or run without --wandb)"
+        ) from None
+
+
+def after_pull(
+    inventory: Inventory,
+    run_ids: Collection[str],
+    say: Callable[[str], None],
+    wandb_project: str | None = None,
+) -> None:
+    """For freshly pulled successful runs: store their training metrics, then log them to
+    W&B when a project is given."""
+    if not run_ids:
+        return
+    training_fetch.attach(inventory, inventory.local.results, say, only=run_ids)
+    if wandb_project:
+        for run_id in run_ids:
+            log_run(wandb_project, inventory.local.results, run_id, say)
+
+
+def wandb_values(row: results.RunResult) -> dict[str, float]:
+    """The numbers a pulled run sends to W&B: `eval/<key>` for τ and the headline metrics,
+    `train/<field>` for its training metrics; the step as STEP_METRIC."""
+    record = results.run_records(results.compare([row]))[0]
+    values: dict[str, float] = {STEP_METRIC: float(row.step or 0)}
+    for key, value in record.items():
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if key.startswith(training_metrics.KEY_PREFIX) and value is not None:
+            # "nan", "inf" as float: W&B takes non-finite values
+            values["train/" + key.removeprefix(training_metrics.KEY_PREFIX)] = float(value)
+        elif numeric and key not in _IDENTITY and math.isfinite(value):
+            values[f"eval/{key}"] = float(value)
+    return values
+
+
+def wandb_run_id(row: results.RunResult) -> str:
+    """One W&B run per training run and tag: evaluations of its steps resume it."""
+    parts = ["dflash-eval", row.training_run or "default", *([row.tag] if row.tag else [])]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", "-".join(parts))[:64]
+
+
+def log_run(project: str, results_root: Path, run_id: str, say: Callable[[str], None]) -> bool:
+    """Log one pulled run to W&B; False (and one line said) when it could not be."""
+    row = results.load_run(results_root / run_id)
+    if row.results is None:
+        return False
+    try:
+        with _ONE_AT_A_TIME:
+            _log(project, results_root, row)
+    # wandb raises many kinds of errors (network, auth, its service process): whichever it
+    # is, the evaluation is done and its results are safe, so it is said, never raised.
+    except Exception as exc:
+        say(f"W&B: run {run_id} not logged to {project}: {exc} (the results are unaffected)")
+        return False
+    say(f"W&B: step {row.step} logged to {project} (run {wandb_run_id(row)})")
+    return True
+
+
+def _log(project: str, results_root: Path, row: results.RunResult) -> None:
+    import wandb
+
+    directory = Path(os.environ.get("WANDB_DIR") or results_root / WANDB_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {"training_run": row.training_run, "tag": row.tag}
+    name = row.training_run or "default"
+    run = wandb.init(
+        project=project,
+        id=wandb_run_id(row),
+        name=f"{name} eval" + (f" ({row.tag})" if row.tag else ""),
+        job_type="eval",
+        resume="allow",
+        dir=str(directory),
+        config=config,
+        settings=wandb.Settings(silent=True, console="off"),
+    )
+    try:
+        run.define_metric(STEP_METRIC)
+        run.define_metric("eval/*", step_metric=STEP_METRIC)
+        run.define_metric("train/*", step_metric=STEP_METRIC)
+        run.log({**wandb_values(row), "eval/run_id": row.run_id})
+    finally:
+        run.finish()
