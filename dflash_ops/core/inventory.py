@@ -207,9 +207,8 @@ class EvalHost(HarnessHost):
 
 
 class FeaturesHost(HarnessHost):
-    """Computes the target's completions and hidden states (`fab extract-features`), usually
-    a GPU box with the training kernels, possibly inside the training container; its feature
-    sets are relayed to the eval hosts. `gpus`, `gpu_memory`, `fla`: core/features_host.py."""
+    """Computes the target's features (`fab extract-features`) on a GPU box, maybe inside the
+    training container, for the eval hosts. `gpus`, `gpu_memory`, `fla`: core/features_host.py."""
 
     role: Literal["features"]
     fla: bool = False  # install the kernels training used (fla, causal-conv1d) in the venv
