@@ -106,7 +106,8 @@ def plan(units: list[Unit], devices: list[str], cap_bytes: int | None) -> Placem
     raise HarnessError(
         f"The target's weights ({total / 2**30:.2f} GiB, largest part {largest / 2**30:.2f} "
         f"GiB) do not fit {len(devices)} GPU(s) at {cap_bytes / 2**30:.2f} GiB each. Add GPUs "
-        "to the features host's `gpus`, raise its `gpu_memory`, or use a smaller --target-dtype."
+        "to the features host's `gpus` or raise its `gpu_memory` (or, in float32, pass "
+        "--target-dtype bfloat16)."
     )
 
 
