@@ -143,7 +143,8 @@ def check_drafter(device: str) -> list[str]:
 
     def logits(on: str) -> torch.Tensor:
         model = drafter.to(on)
-        with torch.no_grad():
+        # As the harness walks on a GPU: the positions and masks the model makes go there too.
+        with torch.no_grad(), torch.device(on):
             ctx = model.fuse_context(features.to(on))
             hidden = model.forward_uncached(ctx, model.embed_block(embed.to(on), ids.to(on)))
             return model.logits(hidden, embed.to(on)).cpu()
