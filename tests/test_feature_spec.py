@@ -14,7 +14,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import parse
 from dflash_ops.features.spec import FeatureRequest, choose_layers, parse_layers, set_id
 from dflash_ops.remote.relayed_sets import parse_relayed_sets, pick_set
-from tests.inventory_documents import minimal_document
+from tests.inventory_documents import features_host, minimal_document
 
 
 def test_the_set_id_names_every_input_and_nothing_else():
@@ -69,14 +69,7 @@ def _inventory(tmp_path: Path, drafter: dict | None = None):
 
 def _with_features_host(tmp_path: Path, **gpu):
     raw = minimal_document()
-    raw["hosts"]["gpu"] = {
-        "role": "features",
-        "address": "g",
-        "workdir": "/w",
-        "venv": {"path": "/v", "torch": "cuda"},
-        "target_model": "/m",
-        **gpu,
-    }
+    raw["hosts"]["gpu"] = features_host(**gpu)
     return parse(raw, tmp_path / "inventory.yaml")
 
 
@@ -152,7 +145,7 @@ def test_a_features_host_with_fla_gets_the_package_in_its_venv(tmp_path):
         }
     }
     parsed = parse(raw, tmp_path / "inventory.yaml")
-    assert parsed.hosts["gpu"].venv.packages == ["flash-linear-attention"]
+    assert parsed.hosts["gpu"].venv.packages == ["flash-linear-attention", "causal-conv1d"]
     assert list(parsed.eval_hosts) == ["eval"] and list(parsed.features_hosts) == ["gpu"]
     assert list(parsed.harness_hosts) == ["eval", "gpu"]
 
@@ -177,10 +170,10 @@ def test_fla_adds_its_package_once_and_only_when_asked(tmp_path):
     assert _with_features_host(tmp_path, fla=False).hosts["gpu"].venv.packages == []
     pinned = {"path": "/v", "packages": ["numpy<3", "flash-linear-attention==0.3.2"]}
     kept = _with_features_host(tmp_path, fla=True, venv=pinned).hosts["gpu"].venv.packages
-    assert kept == ["numpy<3", "flash-linear-attention==0.3.2"]
+    assert kept == ["numpy<3", "flash-linear-attention==0.3.2", "causal-conv1d"]
     added = {"path": "/v", "packages": ["numpy<3"]}
     grown = _with_features_host(tmp_path, fla=True, venv=added).hosts["gpu"].venv.packages
-    assert grown == ["numpy<3", "flash-linear-attention"]
+    assert grown == ["numpy<3", "flash-linear-attention", "causal-conv1d"]
 
 
 def test_fla_with_a_malformed_venv_leaves_the_venv_s_own_error(tmp_path):

@@ -19,11 +19,19 @@ from pydantic import (
     BeforeValidator,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from dflash_ops.core.containers import Container
 from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.features_host import (
+    CommandContainer,
+    GpuList,
+    GpuMemory,
+    memory_needs_gpus,
+    with_packages,
+)
 from dflash_ops.core.inventory_errors import (
     UniqueKeyLoader,
     describe,
@@ -198,31 +206,23 @@ class EvalHost(HarnessHost):
     reference_drafter: str | None = None
 
 
-FLA_PACKAGE = "flash-linear-attention"
-
-
 class FeaturesHost(HarnessHost):
-    """Computes the target's completions and hidden states (`fab extract-features`), usually
-    a GPU box with the training kernels; its feature sets are relayed to the eval hosts."""
+    """Computes the target's features (`fab extract-features`) on a GPU box, maybe inside the
+    training container, for the eval hosts. `gpus`, `gpu_memory`, `fla`: core/features_host.py."""
 
     role: Literal["features"]
-    fla: bool = False  # install flash-linear-attention (the kernels training used) in the venv
+    fla: bool = False  # install the kernels training used (fla, causal-conv1d) in the venv
+    # Every command runs inside it, as the trainer's container is entered (pct, docker).
+    container: CommandContainer = None
+    gpus: GpuList | None = None  # split the target over these GPUs
+    gpu_memory: GpuMemory | None = None  # bytes of weights per GPU ("40g")
 
     @model_validator(mode="before")
     @classmethod
-    def _fla_in_venv(cls, data: Any) -> Any:
-        """`fla: true` is one more package of the venv: provisioning needs no special case."""
-        if not (isinstance(data, dict) and data.get("fla") is True):
-            return data
-        venv = data.get("venv")
-        if not isinstance(venv, dict):
-            return data  # the venv's own validation says what is wrong
-        packages = venv.get("packages") or []
-        if not isinstance(packages, list) or any(
-            isinstance(p, str) and p.startswith(FLA_PACKAGE) for p in packages
-        ):
-            return data
-        return {**data, "venv": {**venv, "packages": [*packages, FLA_PACKAGE]}}
+    def _packages(cls, data: Any) -> Any:
+        return with_packages(data)
+
+    _memory_needs_gpus = field_validator("gpu_memory")(memory_needs_gpus)
 
 
 HostEntry = TrainerHost | EvalHost | FeaturesHost

@@ -138,9 +138,17 @@ def features_command(
         argv += ["--target-dtype", request.target_dtype]
     if request.device:
         argv += ["--device", request.device]
+    environment = [f"PYTHONPATH={harness}"]
+    if entry.gpus:
+        # nvidia-smi's numbering (PCI bus order), not CUDA's default fastest-first.
+        visible = ",".join(map(str, entry.gpus))
+        environment += ["CUDA_DEVICE_ORDER=PCI_BUS_ID", f"CUDA_VISIBLE_DEVICES={visible}"]
+        argv += ["--shard-gpus"]
+        if entry.gpu_memory:
+            argv += ["--gpu-memory", str(entry.gpu_memory)]
     for flag, remote in uploads.items():
         argv += [flag, f"@{remote}" if flag == "--sglang" else remote]
-    return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
+    return shlex.join(["env", *environment, *argv])
 
 
 def _uploads(

@@ -54,6 +54,18 @@ def requirements(spec: VenvSpec) -> list[str]:
     return reqs
 
 
+# Packages whose build imports torch (causal-conv1d ships only a source archive, whose setup
+# fetches or compiles the CUDA extension for the installed torch): installed after the rest,
+# without build isolation, so that the build sees the venv's torch.
+BUILT_AGAINST_TORCH = ("causal-conv1d",)
+
+
+def split_built_against_torch(reqs: list[str]) -> tuple[list[str], list[str]]:
+    """(the requirements installed first, those built against the venv's torch after)."""
+    later = [r for r in reqs if normalize(requirement_name(r)) in BUILT_AGAINST_TORCH]
+    return [r for r in reqs if r not in later], later
+
+
 def requirement_name(requirement: str) -> str:
     for index, char in enumerate(requirement):
         if not (char.isalnum() or char in "-_."):

@@ -13,9 +13,9 @@ import shlex
 from dflash_ops.core.errors import DiskSpaceError, HostError, RemoteCommandError
 from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.core.units import parse_size
-from dflash_ops.provision.packages import Sources, requirements
+from dflash_ops.provision.packages import Sources, requirements, split_built_against_torch
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import SHARED_UMASK, Host, output_tail, with_umask
+from dflash_ops.remote.connection import SHARED_UMASK, Host, Result, output_tail, with_umask
 from dflash_ops.remote.layout import EvalLayout
 
 INSTALL_TIMEOUT = 1800  # seconds: a first CPU torch download on a slow link
@@ -107,14 +107,21 @@ def install(
     dropping a pin moves to the newest version instead of keeping the pinned one)."""
     layout = EvalLayout(entry)
     spec = entry.venv
-    argv = [uv, "pip", "install", "--python", layout.python, *sources.uv_args(spec)]
+    base = [uv, "pip", "install", "--python", layout.python, *sources.uv_args(spec)]
+    argv = list(base)
     for name in upgrade:
         argv += ["--upgrade-package", name]
     if reinstall_torch:
         argv += ["--reinstall-package", "torch"]
-    argv += requirements(spec)
-    command = with_umask(SHARED_UMASK, f"{_uv_env(layout)} {shlex.join(argv)}")
-    result = host.run(command, check=False, timeout=INSTALL_TIMEOUT)
+    plain, against_torch = split_built_against_torch(requirements(spec))
+    commands = [[*argv, *plain]]
+    if against_torch:
+        # Their builds import torch: built in the venv, once torch is in it.
+        commands.append([*base, "--no-build-isolation", *against_torch])
+    for each in commands:
+        result = _uv_install(host, layout, each)
+        if not result.ok:
+            break
     if not result.ok:
         raise HostError(
             host.name,
@@ -126,6 +133,11 @@ def install(
     lines = [line.strip() for line in result.stderr.splitlines()]
     done = [line for line in lines if line.startswith(("Installed", "Uninstalled", "Audited"))]
     return "; ".join(done) or "nothing to change"
+
+
+def _uv_install(host: Host, layout: EvalLayout, argv: list[str]) -> Result:
+    command = with_umask(SHARED_UMASK, f"{_uv_env(layout)} {shlex.join(argv)}")
+    return host.run(command, check=False, timeout=INSTALL_TIMEOUT)
 
 
 def verify(host: Host, entry: HarnessHost) -> dict:

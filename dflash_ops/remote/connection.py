@@ -30,9 +30,10 @@ from dflash_ops.core.errors import (
     RemoteCommandError,
     UnreachableError,
 )
-from dflash_ops.core.inventory import EvalHost, HostEntry, Inventory
+from dflash_ops.core.inventory import EvalHost, FeaturesHost, HostEntry, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
+from dflash_ops.remote.containers import HOST_ITSELF, HostItself, environment_of
 from dflash_ops.remote.probes import Probe
 from dflash_ops.remote.routes import require_lab_endpoint, verify_routes
 from dflash_ops.remote.ssh_config import Endpoint, resolve
@@ -102,11 +103,27 @@ class Host:
     def becomes_root(self) -> bool:
         return self.entry.become == "sudo"
 
+    @property
+    def environment(self) -> HostItself:
+        """Where this host's commands run: a features host's container (entered as staging
+        enters the trainer's), else the host itself. The trainer's container is not entered
+        here: staging decides per command how to reach it (stream, pull, rootfs)."""
+        if isinstance(self.entry, FeaturesHost):
+            return environment_of(self.entry.container)
+        return HOST_ITSELF
+
+    @property
+    def through_shell(self) -> bool:
+        """Files move through `cat` in a command (not SFTP as the login user): under sudo, or
+        into a container SFTP cannot see."""
+        return self.becomes_root or self.environment is not HOST_ITSELF
+
     def login_command(self, command: str) -> str:
         """`command` as the login shell must be given it: under the tool's own umask (what it
         creates is never group/world-writable, whatever the login's umask; a command wanting
-        0700/0600 sets 077 itself), through `sudo -n` with `become`."""
-        command = with_umask(SHARED_UMASK, command)
+        0700/0600 sets 077 itself), inside the host's container, through `sudo -n` with
+        `become`."""
+        command = self.environment.wrap(with_umask(SHARED_UMASK, command))
         if not self.becomes_root:
             return command
         return f"sudo -n -- bash -c {shlex.quote(command)}"
@@ -293,8 +310,8 @@ class Host:
         quoted = shlex.quote(remote)
         self.run(f"umask {'077' if private else '022'} && : > {quoted}")
         try:
-            if self.becomes_root:
-                self._write_through_sudo(data, quoted)
+            if self.through_shell:
+                self._write_through_shell(data, quoted)
             else:
                 self.connection.put(io.BytesIO(data), remote)
         except (OSError, paramiko.SSHException) as exc:
@@ -307,8 +324,9 @@ class Host:
                 "and retry.",
             ) from None
 
-    def _write_through_sudo(self, data: bytes, quoted: str) -> None:
-        """SFTP writes as the login user: under `become`, the bytes go to `cat` run by sudo."""
+    def _write_through_shell(self, data: bytes, quoted: str) -> None:
+        """SFTP writes as the login user, on the host: under `become` or into a container,
+        the bytes go to `cat` run where the command runs."""
         channel = self.connection.transport.open_session()
         try:
             channel.exec_command(self.login_command(f"cat > {quoted}"))
@@ -322,10 +340,10 @@ class Host:
             channel.close()
 
     def download(self, remote: str) -> bytes | None:
-        """The bytes of the file `remote`; None when it does not exist. Under `become` they
-        come from `cat` run by sudo (SFTP would read as the login user)."""
+        """The bytes of the file `remote`; None when it does not exist. Under `become` or in a
+        container they come from `cat` run there (SFTP reads as the login user, on the host)."""
         self.open()
-        if not self.becomes_root:
+        if not self.through_shell:
             buffer = io.BytesIO()
             try:
                 self.connection.get(remote, buffer)

@@ -92,12 +92,6 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
         help="get completions from SGLang's /generate at this URL (@FILE reads it from FILE)",
     )
     features.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="where the target runs (default auto: CUDA when torch sees a GPU, else CPU)",
-    )
-    features.add_argument(
         "--host-name", help="this host's name in the inventory, recorded as the features' host"
     )
     features.add_argument(
@@ -259,8 +253,10 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
         sglang_url=read_url(args.sglang_url) if args.sglang_url else None,
         threads=args.threads,
         host_name=args.host_name,
-        device=args.device,
+        device=args.device or "auto",
         check_space=args.check_space,
+        shard_gpus=args.shard_gpus,
+        gpu_memory=args.gpu_memory,
     )
     summary = run_features(options, progress)
     progress.event("done", out=str(args.out), summary=summary)

@@ -18,6 +18,7 @@ assembles the results from what the phases produced.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from dflash_eval.schema import Checkpoint, Results
 from dflash_eval.schema_metrics import Metrics
 from dflash_eval.summary import settings_line
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
-from dflash_eval.target_source import TargetSource
+from dflash_eval.target_source import TargetSource, eval_device
 
 # The run flags' fields, as dflash_eval.options declares them (type and default, once).
 RunOptions = run_options.options_class("RunOptions", "eval")
@@ -84,6 +85,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
     inputs.check_paths(options)
     prompts = inputs.load_prompts(options)
     sampling = from_options(options)
+    options = replace(options, device=eval_device(options.device, sampling.active))
     # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
     features_set = read_feature_set(options.features) if options.features else None
     progress.event(
@@ -97,7 +99,9 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
 
     with timer.phase("load_target"):
         # The model itself loads only if a completion or hidden state must be computed.
-        target = TargetSource(options.target, _target_dtype(options, features_set), timer, progress)
+        target = TargetSource(
+            options.target, _target_dtype(options, features_set), timer, progress, options.device
+        )
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
@@ -376,7 +380,27 @@ def _walk_all(
 ) -> DrafterRun:
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
-    head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype)
+    device = options.device or "cpu"
+    head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype, device)
+    loaded.model.to(device)
+    # Every tensor the predictors make (positions, masks, token ids) goes to `device` too.
+    # Not on the CPU, where they are made anyway: the device context intercepts every torch
+    # call in Python, which costs the small CPU ops of a walk.
+    with nullcontext() if device == "cpu" else torch.device(device):
+        return _walk_on(loaded, phase, sequences, head, options, decode, progress)
+
+
+def _walk_on(
+    loaded: LoadedDrafter,
+    phase: str,
+    sequences: list[pipeline.Sequence],
+    head: BorrowedHead,
+    options: EvalOptions,
+    decode: Decode,
+    progress: Progress,
+) -> DrafterRun:
+    config = loaded.config
+    dtype = head.embed_weight.dtype
     top_k = max([1, *options.ddtree])
     sampling = from_options(options)
     predictor_class = PerBlockPredictor if options.per_block else Predictor
@@ -393,7 +417,7 @@ def _walk_all(
             loaded.model,
             head,
             seq.tokens,
-            features.to(dtype),
+            features.to(device=head.embed_weight.device, dtype=dtype),
             span.first_anchor,
             config.block_size,
             top_k,

@@ -14,6 +14,7 @@ import torch
 
 from dflash_eval.cache_keys import features_key
 from dflash_eval.features import fidelity_needed, judge, measure_fidelity, provenance
+from dflash_eval.kernels_seen import require_as_expected
 from dflash_eval.pipeline import Lookup, Sequence
 from dflash_eval.progress import Progress
 from dflash_eval.target_source import TargetSource
@@ -36,10 +37,15 @@ def features_record(
     record = cache.get_record("features", key)
     if record is None:
         choice = source.dtype_choice
+        ran = source.kernels_run(first_tokens, layer_ids)
+        require_as_expected(source.kernel, ran)
         record = {
-            **provenance(source.device, choice.name, choice.source, source.kernel),
+            **provenance(source.device, choice.name, choice.source, ran),
             "fidelity": _fidelity(source, first_tokens, first_hidden, layer_ids),
         }
+        placement = source.placement_record()
+        if placement is not None:
+            record["placement"] = placement
         if host_name:
             record["host"] = host_name
         cache.put_record("features", key, record)

@@ -15,7 +15,6 @@ to a pure-torch kernel whose bf16 output drifts far enough to garble the drafter
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 from dataclasses import dataclass
 from importlib import metadata
@@ -26,10 +25,10 @@ import torch
 from torch import nn
 
 from dflash_eval.errors import HarnessError
+from dflash_eval.kernels_seen import CONV1D, TORCH_FALLBACK, expected
 from dflash_eval.target_config import LINEAR_ATTENTION, TargetConfig
 
 ATTENTION_IMPLEMENTATION = "sdpa"  # asked for explicitly at load time, so it is known before
-TORCH_FALLBACK = "torch fallback"
 # Beyond either bound the features are too far from float32 to trust a drafter's τ on them.
 # Tiny random 4-layer Qwen3.5 targets in bf16 (torch fallback) measure 0.25–0.6 % relative
 # error and cosine ≥ 0.9999; bf16 error grows with depth, and a 64-layer target that garbled
@@ -41,17 +40,18 @@ BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def linear_kernel() -> str:
-    """What transformers will run linear attention with: fla when importable (it prefers the
-    original package), else its pure-torch fallback."""
-    if importlib.util.find_spec("fla") is None:
-        return TORCH_FALLBACK
-    return f"fla {_version('flash-linear-attention') or _version('fla') or '?'}"
+    """What transformers should run linear attention with: fla when importable (it prefers
+    the original package), else its pure-torch fallback."""
+    return expected(LINEAR_ATTENTION)
 
 
 def kernel_record(config: TargetConfig) -> dict[str, str]:
+    """The kernels a forward is expected to run (the cache key's): what is installed. The
+    forward itself then checks that it ran them (kernels_seen.py)."""
     record = {"attention": ATTENTION_IMPLEMENTATION}
     if config.linear_attention_layers:
-        record[LINEAR_ATTENTION] = linear_kernel()
+        record[LINEAR_ATTENTION] = expected(LINEAR_ATTENTION)
+        record[CONV1D] = expected(CONV1D)
     return record
 
 
@@ -168,7 +168,9 @@ def fidelity_needed(config: TargetConfig, layer_ids: list[int], dtype: str) -> s
     linear = config.linear_attention_layers
     if not any(i <= max(layer_ids) for i in linear):
         return "no linear-attention layer up to the deepest target layer"
-    if dtype == "float32" and linear_kernel() == TORCH_FALLBACK:
+    if dtype == "float32" and all(
+        expected(k) == TORCH_FALLBACK for k in (LINEAR_ATTENTION, CONV1D)
+    ):
         return "features computed in float32 with the torch kernel: they are the reference"
     return None
 

@@ -34,7 +34,7 @@ from dflash_eval.options import default
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
 from dflash_eval.target import load_tokenizer, sha256_file, stop_token_ids, target_identity
-from dflash_eval.target_source import TargetSource, features_device
+from dflash_eval.target_source import TargetSource, resolve_device, visible_gpus
 
 
 @dataclass
@@ -52,6 +52,8 @@ class FeaturesOptions:
     host_name: str | None = None  # the inventory's name for this host, recorded as `host`
     device: str = "auto"  # auto: CUDA when torch sees a GPU (a features host), else CPU
     check_space: bool = False  # only measure the set's bound against the free space
+    shard_gpus: bool = False  # split the target over every visible GPU (placement.py)
+    gpu_memory: int | None = None  # bytes of weights per GPU when sharding
 
 
 def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]:
@@ -71,8 +73,9 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     )
     timer, warnings = Timer(), []
     with timer.phase("load_target"):
-        device = features_device(options.device)
-        target = TargetSource(options.target, options.target_dtype, timer, progress, device)
+        device = resolve_device("cuda" if options.shard_gpus else options.device)
+        shard = visible_gpus(options.gpu_memory) if options.shard_gpus else None
+        target = TargetSource(options.target, options.target_dtype, timer, progress, device, shard)
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
         identity = target_identity(options.target)
@@ -241,7 +244,12 @@ def _check_options(options: FeaturesOptions) -> None:
         raise HarnessError(f"--layers must list target layer ids ≥ 0, got {options.layers}.")
     if options.block_size < 1:
         raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
-    check_values(options, ("max_new_tokens", "threads"))
+    check_values(options, ("max_new_tokens", "threads", "gpu_memory"))
+    if options.shard_gpus and options.device == "cpu":
+        raise HarnessError(
+            "--shard-gpus splits the target over GPUs, but --device cpu asks for the CPU: drop "
+            "one (a features host with `gpus` in the inventory shards; leave --device out)."
+        )
     require_writable(f"--out {options.out}", Path(options.out).parent)
 
 

@@ -59,8 +59,9 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 class RotaryTable:
     """transformers' rotary embedding for the drafter config, as the reference builds it.
 
-    Deliberately not an nn.Module: its inverse frequencies stay float32 and on the CPU
-    whatever the drafter's dtype, and a meta-device build of the drafter leaves them intact.
+    Deliberately not an nn.Module: its inverse frequencies stay float32 whatever the
+    drafter's dtype, and a meta-device build of the drafter leaves them intact; they move to
+    the device of the positions asked for.
     """
 
     def __init__(self, config: DrafterConfig) -> None:
@@ -81,7 +82,8 @@ class RotaryTable:
                 "--max-new-tokens."
             )
         flat = positions.reshape(1, -1)
-        cos, sin = self.module(torch.empty(0, dtype=dtype), flat)  # [1, T, rotary_dim]
+        self.module.to(flat.device)  # the drafter on CUDA (--device cuda): tables follow
+        cos, sin = self.module(torch.empty(0, dtype=dtype, device=flat.device), flat)  # [1, T, D]
         shape = (*positions.shape, cos.shape[-1])
         return cos.reshape(shape), sin.reshape(shape)
 

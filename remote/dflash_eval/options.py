@@ -268,6 +268,32 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("step", "int", "record this step (default: from the checkpoint)", minimum=0),
     Option(
+        "device",
+        "text",
+        "where the drafter runs and the target computes features and completions: cpu, or "
+        "cuda on a host with a free GPU (recorded in the results); auto: CUDA when torch sees "
+        "a GPU (default: cpu for eval, auto for features)",
+        choices=("auto", "cpu", "cuda"),
+        commands=(*RUN, "features"),
+        tasks=EVAL_TASKS,
+    ),
+    Option(
+        "shard_gpus",
+        "switch",
+        "split the target over every GPU torch sees, in order (CUDA_VISIBLE_DEVICES picks "
+        "them; the inventory's `gpus` sets it)",
+        default=False,
+        commands=("features",),
+    ),
+    Option(
+        "gpu_memory",
+        "int",
+        "with --shard-gpus: at most this many bytes of target weights per GPU (leave room for "
+        "activations; the inventory's `gpu_memory`)",
+        minimum=1,
+        commands=("features",),
+    ),
+    Option(
         "verify",
         "switch",
         "hash the checkpoint even when the staging manifest beside it records its sha256",

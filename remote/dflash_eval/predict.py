@@ -37,9 +37,18 @@ class BorrowedHead:
 
     @classmethod
     def from_target(
-        cls, embed: torch.Tensor, head: torch.Tensor, mask_token_id: int, dtype: torch.dtype
+        cls,
+        embed: torch.Tensor,
+        head: torch.Tensor,
+        mask_token_id: int,
+        dtype: torch.dtype,
+        device: str = "cpu",
     ) -> BorrowedHead:
-        return cls(embed.detach().to(dtype), head.detach().to(dtype), mask_token_id)
+        return cls(
+            embed.detach().to(device=device, dtype=dtype),
+            head.detach().to(device=device, dtype=dtype),
+            mask_token_id,
+        )
 
 
 def default_chunk(block_size: int, vocab_size: int, context_length: int, heads: int) -> int:

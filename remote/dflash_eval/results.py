@@ -31,7 +31,7 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def host_info(threads: int) -> Host:
+def host_info(threads: int, device: str = "cpu") -> Host:
     return Host(
         hostname=socket.gethostname(),
         platform=platform.platform(),
@@ -39,7 +39,18 @@ def host_info(threads: int) -> Host:
         cpu_count=os.cpu_count(),
         torch_threads=threads,
         python_executable=sys.executable,
+        device=device_name(device),
     )
+
+
+def device_name(device: str) -> str:
+    """`cpu`, or a CUDA device with the GPU's name (`cuda:0 (NVIDIA H200)`)."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    index = torch.device(device).index or 0
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
 
 
 def file_identity(files: list[Path], verify: bool = True) -> dict[str, Any]:

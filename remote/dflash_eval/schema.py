@@ -234,13 +234,19 @@ class Harness(_HarnessKeys, total=False):
     recorded (see "Comparability")."""
 
 
-class Host(TypedDict):
+class _HostKeys(TypedDict):
     hostname: str
     platform: str
     machine: str
     cpu_count: int | None
     torch_threads: int
     python_executable: str
+
+
+class Host(_HostKeys, total=False):
+    device: str
+    """Where the drafters ran: `cpu`, or `cuda:N` (`--device cuda`, with the GPU's name
+    after it). Absent in results made before the option existed: the CPU."""
 
 
 # --- features ----------------------------------------------------------------------------------
@@ -296,9 +302,12 @@ class _FeaturesKeys(TypedDict):
     """The target dtype of the forward: `float32` | `bfloat16` | `float16`."""
     dtype_source: str
     """`--target-dtype`, `auto: as saved`, or `auto: float32 for linear attention on CPU`."""
-    kernel: dict[str, str]
-    """`{"attention": "sdpa"}` plus, for targets with linear-attention layers,
-    `"linear_attention": "torch fallback"` or `"fla <version>"`."""
+    kernel: dict[str, str | dict[str, list[int]]]
+    """What the forward ran, seen while it ran (kernels_seen.py): `{"attention": "sdpa"}`
+    plus, for targets with linear-attention layers, `"linear_attention"` (`"torch
+    fallback"` or `"flash-linear-attention <version>"`) and `"conv1d"` (`"torch fallback"`
+    or `"causal-conv1d <version>"`); a kind whose layers ran different kernels maps each
+    kernel to its layers (the run then stops: it differs from what the cache key says)."""
     libraries: dict[str, str | None]
     """Versions of `torch`, `transformers`, `flash-linear-attention`, `triton`,
     `causal-conv1d` (null when absent)."""
@@ -311,7 +320,21 @@ class _FeaturesKeys(TypedDict):
     cache: CacheCounts
 
 
+class Placement(TypedDict):
+    devices: list[str]
+    """The devices the target was split over, in forward order (`cuda:0` … as the process
+    saw them: the features host's `gpus`, through CUDA_VISIBLE_DEVICES)."""
+    layers: dict[str, list[int]]
+    """Per device, its first and last decoder layer."""
+    weight_bytes: dict[str, int]
+    """Per device, the bytes of target weights placed there."""
+    cap_bytes: int | None
+    """The features host's `gpu_memory`, or null for no cap."""
+
+
 class Features(_FeaturesKeys, total=False):
+    placement: Placement
+    """Only when the target was split over several GPUs (a features host with `gpus`)."""
     set: str
     """With `--features` only: the feature set's directory name."""
     target_match: Literal["fingerprint", "content"]

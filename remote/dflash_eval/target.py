@@ -21,6 +21,8 @@ from torch import nn
 from dflash_eval.config import TargetShape
 from dflash_eval.errors import HarnessError
 from dflash_eval.features import ATTENTION_IMPLEMENTATION
+from dflash_eval.kernels_seen import KernelWatch
+from dflash_eval.placement import Placement, Shard, plan, require_placed, units_of
 from dflash_eval.target_config import TargetConfig, read_target_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -97,6 +99,9 @@ class Target:
     rms_norm_eps: float
     rope_theta: float
     device: str = "cpu"  # where the model runs: cpu, or cuda for a features host
+    placement: Placement | None = None  # how it is split over several devices, when it is
+    linear_layers: tuple[int, ...] = ()  # decoder layers with linear attention
+    kernels_run: dict[str, Any] | None = None  # what the first feature forward ran (seen)
 
     @property
     def shape(self) -> TargetShape:
@@ -118,9 +123,19 @@ class Target:
         layer i (for the last layer, transformers returns it after the final norm).
         """
         ids = torch.tensor([token_ids], device=self.device)
-        output = self.model(
-            input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
-        )
+
+        def forward() -> Any:
+            return self.model(
+                input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
+            )
+
+        if self.kernels_run is None:
+            watch = KernelWatch(self.decoder.layers)
+            output = watch.run(forward)
+            attention = getattr(self.model.config, "_attn_implementation", None) or "?"
+            self.kernels_run = {"attention": attention, **watch.record(list(self.linear_layers))}
+        else:
+            output = forward()
         hidden = output.hidden_states
         if len(hidden) != self.num_layers + 1:
             raise HarnessError(
@@ -164,14 +179,24 @@ class Target:
 
 
 def load_target(
-    path: Path, dtype_name: str = "auto", device: str = "cpu", config: TargetConfig | None = None
+    path: Path,
+    dtype_name: str = "auto",
+    device: str = "cpu",
+    config: TargetConfig | None = None,
+    shard: Shard | None = None,
 ) -> Target:
+    """The target on `device`, or split over `shard.devices` (placement.py)."""
     path = Path(path)
     config = config or read_target_config(path)
     dtype = resolve_dtype(dtype_name, config)
-    model = _load_text_model(path, config, dtype)
-    model.to(device).eval()
+    placement = plan_placement(config, dtype, shard) if shard is not None else None
+    model = _load_text_model(path, config, dtype, placement)
+    if placement is None:
+        model.to(device)
+    model.eval()
     require_loaded_as(model, dtype, device, path)
+    if placement is not None:
+        require_placed(model, placement, path)
     decoder = find_decoder(model, path)
     head = model.get_output_embeddings()
     if head is None or getattr(head, "bias", None) is not None:
@@ -190,29 +215,64 @@ def load_target(
         dtype=dtype,
         rms_norm_eps=config.shape.rms_norm_eps,
         rope_theta=config.shape.rope_theta,
-        device=device,
+        device=placement.devices[0] if placement else device,
+        placement=placement,
+        linear_layers=tuple(config.linear_attention_layers),
     )
 
 
-def _load_text_model(path: Path, config: TargetConfig, dtype: torch.dtype) -> nn.Module:
-    """The text decoder and LM head only. A vision-language wrapper's checkpoint is read into
-    its text model (`model.language_model.*` → `model.*`): the vision tower and the MTP head
-    are never materialised. Every text weight must come from the files (none left at its
-    random init), or the run stops."""
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # stderr is for our messages
+def _text_options(config: TargetConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """What transformers needs to build the text model alone: a vision-language wrapper's
+    text config, its checkpoint's text keys mapped (`model.language_model.*` → `model.*`)."""
     options: dict[str, Any] = {
         "dtype": dtype,
         # Named, not left to transformers' default, so the cache key and the results can say
         # which attention implementation computed the features.
         "attn_implementation": ATTENTION_IMPLEMENTATION,
-        "output_loading_info": True,
     }
     if config.vision_language:
         text = copy.deepcopy(config.hf_config.get_text_config())
         text.tie_word_embeddings = config.tied_embeddings
         options |= {"config": text, "key_mapping": {TEXT_PREFIX_PATTERN: "model."}}
+    return options
+
+
+def text_skeleton(config: TargetConfig, dtype: torch.dtype) -> nn.Module:
+    """The text model built from its config alone, on the meta device (no memory): the
+    module names and sizes a placement plan is made from."""
+    import transformers
+
+    options = _text_options(config, dtype)
+    text = options.get("config", config.hf_config)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return transformers.AutoModelForCausalLM.from_config(
+            text, dtype=dtype, attn_implementation=ATTENTION_IMPLEMENTATION
+        )
+
+
+def plan_placement(config: TargetConfig, dtype: torch.dtype, shard: Shard) -> Placement:
+    """Where each module of the text model goes when split over `shard.devices`."""
+    skeleton = text_skeleton(config, dtype)
+    decoder = find_decoder(skeleton, config.path)
+    name = next(name for name, module in skeleton.named_modules() if module is decoder)
+    units = units_of(skeleton, name, dtype.itemsize, config.tied_embeddings)
+    return plan(units, list(shard.devices), shard.cap_bytes)
+
+
+def _load_text_model(
+    path: Path, config: TargetConfig, dtype: torch.dtype, placement: Placement | None = None
+) -> nn.Module:
+    """The text decoder and LM head only. A vision-language wrapper's checkpoint is read into
+    its text model: the vision tower and the MTP head are never materialised. Every text
+    weight must come from the files (none left at its random init), or the run stops. With a
+    placement, each weight loads straight onto its device."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # stderr is for our messages
+    options = _text_options(config, dtype) | {"output_loading_info": True}
+    if placement is not None:
+        options["device_map"] = placement.device_map
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

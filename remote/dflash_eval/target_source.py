@@ -22,16 +22,18 @@ from dflash_eval.features import (
     kernel_record,
     weight_bytes,
 )
+from dflash_eval.placement import Shard
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.target import DTYPES, Target, load_target
 from dflash_eval.target_config import read_target_config
 from dflash_eval.target_parts import TargetParts, load_target_parts
 
-DEVICE = "cpu"  # the eval harness computes on CPU; `features` may use CUDA (features_device)
+DEVICE = "cpu"  # the harness computes on CPU unless --device says otherwise
 
 
-def features_device(requested: str) -> str:
-    """`features`' device: CUDA when asked for or (auto) present, else the CPU."""
+def resolve_device(requested: str) -> str:
+    """The device a run asked for (`--device`): CUDA when asked for or (auto) present, else
+    the CPU."""
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
@@ -43,6 +45,32 @@ def features_device(requested: str) -> str:
     return requested
 
 
+def eval_device(requested: str | None, sampled: bool) -> str:
+    """An eval's `--device` as this host can honour it (the CPU by default). On CUDA the
+    walks are greedy only: the sampled walks draw from CPU generators, whose streams a GPU
+    would not repeat."""
+    if sampled and requested == "cuda":
+        raise HarnessError(
+            "--device cuda evaluates greedy runs (--temperature 0) only: the sampled walks "
+            "draw from CPU random streams. Use --device cpu for T > 0."
+        )
+    device = resolve_device(requested or DEVICE)
+    return DEVICE if sampled else device
+
+
+def visible_gpus(cap_bytes: int | None) -> Shard:
+    """Every CUDA device this process sees, in order, each holding at most `cap_bytes`."""
+    return Shard(tuple(f"cuda:{i}" for i in range(torch.cuda.device_count())), cap_bytes)
+
+
+def _available_bytes(device: str, shard: Shard | None) -> int | None:
+    """Host memory on CPU; on CUDA the free memory of the GPU(s) the target goes to."""
+    if device != "cuda":
+        return available_memory_bytes()
+    devices = shard.devices if shard is not None else ("cuda",)
+    return sum(torch.cuda.mem_get_info(torch.device(name))[0] for name in devices)
+
+
 class TargetSource:
     def __init__(
         self,
@@ -51,17 +79,17 @@ class TargetSource:
         timer: Timer,
         progress: Progress,
         device: str = DEVICE,
+        shard: Shard | None = None,
     ) -> None:
         self.path = Path(path)
         self.device = device
+        self.shard = shard
         self.config = read_target_config(self.path)
         self.shape: TargetShape = self.config.shape
         self.context = self.config.max_positions  # positions it was trained on (or None)
         self.family = self.config.family
         # What a float32 copy for the fidelity check must fit in: host or GPU memory.
-        self.available_bytes = (
-            torch.cuda.mem_get_info()[0] if device == "cuda" else available_memory_bytes()
-        )
+        self.available_bytes = _available_bytes(device, shard)
         self.dtype_choice: DtypeChoice = choose_target_dtype(
             requested_dtype,
             self.config.saved_dtype,
@@ -85,7 +113,7 @@ class TargetSource:
             with self._timer.phase("load_target"):
                 self._progress.status(f"Loading target {self.path} ({self.dtype_choice.name}) …")
                 self._target = load_target(
-                    self.path, self.dtype_choice.name, self.device, self.config
+                    self.path, self.dtype_choice.name, self.device, self.config, self.shard
                 )
             if self._target.shape != self.shape:
                 raise HarnessError(
@@ -93,6 +121,19 @@ class TargetSource:
                     f"from its config's {self.shape}; the config does not describe the weights."
                 )
         return self._target
+
+    def kernels_run(self, tokens: list[int], layer_ids: list[int]) -> dict[str, Any]:
+        """The kernels the target's feature forward ran, seen during its first forward (one
+        more forward over `tokens` when none has run yet)."""
+        target = self.target()
+        if target.kernels_run is None:
+            target.hidden_features(tokens, layer_ids)
+        return dict(target.kernels_run or {})
+
+    def placement_record(self) -> dict[str, Any] | None:
+        """How the loaded target is split over devices (None: on one device)."""
+        placement = self._target.placement if self._target is not None else None
+        return placement.record() if placement is not None else None
 
     def release_body(self) -> None:
         if self._target is not None and self._target.model is not None:

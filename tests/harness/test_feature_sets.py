@@ -19,7 +19,7 @@ import torch
 from dflash_eval.errors import HarnessError
 from dflash_eval.features_run import FeaturesOptions, run_features
 from dflash_eval.progress import Progress
-from dflash_eval.target_source import features_device
+from dflash_eval.target_source import resolve_device
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 
@@ -339,7 +339,7 @@ def test_a_flipped_value_in_a_hidden_state_file_is_refused_at_use(lab, lab_set, 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a GPU")
 def test_without_a_gpu_auto_is_the_cpu_and_cuda_is_refused_with_advice(lab, tmp_path):
-    assert features_device("auto") == "cpu"
+    assert resolve_device("auto") == "cpu"
     with pytest.raises(HarnessError, match=r"no CUDA device.*venv\.torch: cuda"):
         _extract(lab, tmp_path / "set", device="cuda")
     assert not (tmp_path / "set.partial").exists()

@@ -62,7 +62,11 @@ def test_bf16_features_of_a_linear_attention_target_are_measured_against_float32
     features = results["features"]
     assert features["device"] == "cpu" and features["dtype"] == "bfloat16"
     assert features["dtype_source"] == "--target-dtype"
-    assert features["kernel"] == {"attention": "sdpa", "linear_attention": "torch fallback"}
+    assert features["kernel"] == {
+        "attention": "sdpa",
+        "linear_attention": "torch fallback",
+        "conv1d": "torch fallback",
+    }
     assert features["libraries"]["transformers"] and features["host"]
     fidelity = features["fidelity"]
     assert fidelity["status"] == "measured"

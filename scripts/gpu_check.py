@@ -1,0 +1,240 @@
+"""GPU check (not part of CI): run the harness's CUDA paths on a tiny random hybrid target.
+
+    python scripts/gpu_check.py [--layers 8] [--tokens 96]
+
+On a machine whose torch sees a GPU it builds a tiny Qwen3.5-style target (linear and full
+attention layers, random weights) in a temporary directory and checks, printing one line per
+result and a verdict:
+
+1. fidelity: the target's features on CUDA (bf16 and float32, with whatever kernels this
+   venv has: fla and causal-conv1d, or transformers' torch fallbacks) against the CPU float32
+   torch reference, per layer, with the harness's own bounds; and which kernels each forward
+   really ran (kernels_seen.py);
+2. sharding: the target split over every visible GPU (placement.py) gives the features of
+   the target on one GPU, and every weight is where the plan put it;
+3. drafter: a random DFlash drafter's block logits on CUDA equal its CPU logits within
+   tolerance;
+4. eval: `eval --device cuda` (target features and drafter on the GPU) on the lab's tiny
+   target and trained drafter gives the τ of `--device cpu`, within tolerance, and records
+   the GPU in `host.device`.
+
+Without CUDA it says so in one line and exits 0. The checks take their devices as
+arguments, so tests/harness/test_gpu_check.py runs them on CPU "devices".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "remote"), str(ROOT)]
+
+from dflash_eval.config import DrafterConfig  # noqa: E402
+from dflash_eval.errors import HarnessError  # noqa: E402
+from dflash_eval.features import compare_layers, judge  # noqa: E402
+from dflash_eval.model import DFlashDrafter  # noqa: E402
+from dflash_eval.placement import Shard  # noqa: E402
+from dflash_eval.target import load_target  # noqa: E402
+
+DRAFTER_TOLERANCE = 2e-3  # relative, float32 logits of a tiny drafter on two devices
+TAU_TOLERANCE = 0.02  # relative: a near-tie argmax may flip between devices, rarely
+SHARD_TOLERANCE = 1e-5  # relative: the same kernels on different cards
+
+
+def build_target(directory: Path, layers: int = 8, seed: int = 0, width: int = 128) -> Path:
+    """A tiny random Qwen3.5 text model (three linear-attention layers to one full one),
+    `width` wide, with four attention heads (two KV heads) of width / 4 in either kind."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    heads, head_width = 4, width // 4
+    config = Qwen3_5TextConfig(
+        vocab_size=4 * width,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=head_width,
+        linear_key_head_dim=head_width,
+        linear_value_head_dim=head_width,
+        linear_num_key_heads=heads // 2,
+        linear_num_value_heads=heads,
+    )
+    Qwen3_5ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(directory))
+    return directory
+
+
+def _tokens(count: int) -> list[int]:
+    return torch.randint(3, 500, (count,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def check_fidelity(target_dir: Path, device: str, tokens: list[int]) -> list[str]:
+    """Per layer, features on `device` (bf16, float32) against CPU float32 torch kernels."""
+    layers = list(range(load_target(target_dir, "float32").num_layers))
+    reference = load_target(target_dir, "float32").hidden_features(tokens, layers)
+    lines = []
+    for dtype in ("bfloat16", "float32"):
+        target = load_target(target_dir, dtype, device)
+        rows = compare_layers(target.hidden_features(tokens, layers), reference)
+        worst = max(rows.values(), key=lambda row: row["relative_error"])
+        verdict = "ok" if not judge(rows) else "PAST BOUNDS"
+        lines.append(
+            f"fidelity {dtype} on {device}: kernels {target.kernels_run}; worst layer relative "
+            f"error {worst['relative_error']:.3g}, cosine min "
+            f"{min(r['cosine_min'] for r in rows.values()):.5f}: {verdict}"
+        )
+        lines += [
+            f"  layer {layer}: relative error {row['relative_error']:.3g}, cosine mean "
+            f"{row['cosine_mean']:.6f}, min {row['cosine_min']:.6f}"
+            for layer, row in rows.items()
+        ]
+    return lines
+
+
+def check_sharding(target_dir: Path, devices: list[str], tokens: list[int]) -> list[str]:
+    """The target split over `devices` gives the features of the target on the first one."""
+    whole = load_target(target_dir, "bfloat16", devices[0])
+    layers = list(range(whole.num_layers))
+    expected = whole.hidden_features(tokens, layers)
+    del whole
+    sharded = load_target(target_dir, "bfloat16", devices[0], shard=Shard(tuple(devices)))
+    rows = compare_layers(sharded.hidden_features(tokens, layers), expected)
+    worst = max(row["relative_error"] for row in rows.values())
+    verdict = "ok" if worst <= SHARD_TOLERANCE else "DIFFERS"
+    placement = sharded.placement.record() if sharded.placement else None
+    return [
+        f"sharding over {len(devices)} device(s) {devices}: layers {placement['layers']}, "
+        f"weight bytes {placement['weight_bytes']}",
+        f"  features against one device: worst relative error {worst:.3g} "
+        f"(tolerance {SHARD_TOLERANCE}): {verdict}",
+    ]
+
+
+def check_drafter(device: str) -> list[str]:
+    """A random drafter's logits for one block on `device` against the CPU's."""
+    config = DrafterConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        target_layer_ids=(1, 5),
+        block_size=8,
+        mask_token_id=3,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000.0,
+    )
+    generator = torch.Generator().manual_seed(2)
+    drafter = DFlashDrafter(config).eval()
+    with torch.no_grad():
+        for parameter in drafter.parameters():
+            parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    features = torch.randn(40, 2 * 128, generator=generator)
+    embed = torch.randn(512, 128, generator=generator)
+    ids = torch.tensor([7] + [config.mask_token_id] * (config.block_size - 1))
+
+    def logits(on: str) -> torch.Tensor:
+        model = drafter.to(on)
+        # As the harness walks on a GPU: the positions and masks the model makes go there too.
+        with torch.no_grad(), torch.device(on):
+            ctx = model.fuse_context(features.to(on))
+            hidden = model.forward_uncached(ctx, model.embed_block(embed.to(on), ids.to(on)))
+            return model.logits(hidden, embed.to(on)).cpu()
+
+    expected = logits("cpu")
+    try:
+        found = logits(device)
+    except (RuntimeError, HarnessError) as error:
+        return [f"drafter on {device}: FAILED: {str(error).splitlines()[0]}"]
+    error = float((found - expected).norm() / expected.norm())
+    same = bool((found.argmax(-1) == expected.argmax(-1)).all())
+    verdict = "ok" if error <= DRAFTER_TOLERANCE and same else "DIFFERS"
+    return [
+        f"drafter on {device}: logits relative error {error:.3g} (tolerance "
+        f"{DRAFTER_TOLERANCE}), same greedy drafts: {same}: {verdict}"
+    ]
+
+
+def check_eval(device: str, workdir: Path) -> list[str]:
+    """The lab's tiny target and step-6000 drafter evaluated on `device` and on the CPU."""
+    from dflash_eval.evaluate import EvalOptions, run_eval
+    from dflash_eval.progress import Progress
+
+    from dflash_lab.models import build_lab_models
+
+    lab = build_lab_models(workdir / "lab-models")
+
+    def results(on: str) -> dict:
+        options = EvalOptions(
+            checkpoint=lab.checkpoints[max(lab.checkpoints)],
+            target=lab.target_dir,
+            out=workdir / f"results-{on}.json",
+            prompts=lab.prompts,
+            num_prompts=4,
+            max_new_tokens=48,
+            cache_dir=workdir / f"cache-{on.replace(':', '-')}",
+            device=on,
+        )
+        return run_eval(options, Progress(quiet=True))
+
+    cpu, gpu = results("cpu"), results(device)
+    expected, found = cpu["metrics"]["tau_macro"], gpu["metrics"]["tau_macro"]
+    apart = abs(found - expected) / expected
+    verdict = "ok" if apart <= TAU_TOLERANCE else "DIFFERS"
+    return [
+        f"eval on {gpu['host'].get('device')} (features on {gpu['features']['device']}): "
+        f"tau macro {found:.4f} against {expected:.4f} on cpu, {apart:.2%} apart (tolerance "
+        f"{TAU_TOLERANCE:.0%}): {verdict}"
+    ]
+
+
+def run_checks(checks: list[tuple[str, Callable[[], list[str]]]]) -> bool:
+    """Print each check's lines; True when none failed or raised."""
+    passed = True
+    for name, check in checks:
+        try:
+            lines = check()
+        except Exception as error:  # a check that crashes is a finding, not the end
+            lines = [f"{name}: FAILED: {type(error).__name__}: {str(error).splitlines()[0]}"]
+        for line in lines:
+            print(line, flush=True)
+        passed &= not any(word in line for line in lines for word in ("FAILED", "DIFFERS", "PAST"))
+    return passed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers of the target")
+    parser.add_argument("--tokens", type=int, default=96, help="tokens of the test sequence")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"gpu_check: skipped: torch {torch.__version__} sees no CUDA device here")
+        return 0
+    devices = [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    names = ", ".join(torch.cuda.get_device_name(index) for index in range(len(devices)))
+    print(f"gpu_check: torch {torch.__version__}, {len(devices)} GPU(s): {names}")
+    tokens = _tokens(args.tokens)
+    with tempfile.TemporaryDirectory() as scratch:
+        target_dir = build_target(Path(scratch) / "target", args.layers)
+        passed = run_checks(
+            [
+                ("fidelity", lambda: check_fidelity(target_dir, devices[0], tokens)),
+                ("sharding", lambda: check_sharding(target_dir, devices, tokens)),
+                ("drafter", lambda: check_drafter(devices[0])),
+                ("eval", lambda: check_eval(devices[0], Path(scratch))),
+            ]
+        )
+    print(f"gpu_check: {'all checks passed' if passed else 'SOME CHECKS FAILED'}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
