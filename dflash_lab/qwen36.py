@@ -86,7 +86,7 @@ def build_qwen36_models(
     )
 
 
-def text_config(vocab_size: int, **ids: Any) -> Any:
+def _text_config(vocab_size: int, **ids: Any) -> Any:
     """The miniature's text decoder: Qwen3.6's hybrid 3:1 pattern at toy size."""
     from transformers import Qwen3_5TextConfig
 
@@ -154,7 +154,7 @@ def _text_decoder(tokenizer: Any, generator: Any) -> Any:
 
     transformers.utils.logging.disable_progress_bar()
     ids = _token_ids(tokenizer)
-    config = text_config(
+    config = _text_config(
         len(tokenizer), eos_token_id=ids["eos"], pad_token_id=ids["pad"], bos_token_id=None
     )
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
