@@ -13,9 +13,7 @@ import shutil
 import pytest
 import torch
 from dflash_eval.completions import encode_messages, template_reads_thinking
-from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.loaders import load_drafter
-from dflash_eval.progress import Progress
 from dflash_eval.target import load_target, load_tokenizer
 from dflash_eval.target_config import read_target_config
 from safetensors import safe_open
@@ -24,6 +22,8 @@ from dflash_lab.content import MODEL_CACHE, content_generator, qwen36_models
 from dflash_lab.models import LabModels
 from dflash_lab.qwen36 import REFERENCE, SHARDS, build_qwen36_models
 from dflash_ops.core.errors import LabError
+
+from .helpers import quick_eval
 
 HYBRID = ["linear_attention"] * 3 + ["full_attention"]
 LINEAR_LAYERS = [0, 1, 2, 4, 5, 6]
@@ -113,19 +113,10 @@ def test_without_layer_types_the_target_is_read_and_evaluated_as_hybrid(qwen36, 
 
 
 def quick_run(qwen36: LabModels, target, directory, **overrides) -> dict:
-    options = EvalOptions(
-        checkpoint=qwen36.checkpoints[6000],
-        target=target,
-        out=directory / "r.json",
-        prompts=qwen36.prompts,
-        num_prompts=2,
-        max_new_tokens=32,
-        cache_dir=directory / "cache",
-        ddtree=[4],
+    """A short evaluation of the step-6000 drafter on `target`, with its own cache."""
+    return quick_eval(
+        qwen36, directory, target=target, num_prompts=2, max_new_tokens=32, **overrides
     )
-    for name, value in overrides.items():
-        setattr(options, name, value)
-    return run_eval(options, Progress(quiet=True))
 
 
 def parameter_bytes(model: torch.nn.Module, part: str = "") -> int:
