@@ -19,6 +19,7 @@ from dflash_ops.core.units import parse_size
 
 if TYPE_CHECKING:
     from dflash_lab.lab import Lab
+    from dflash_lab.models import LabModels
 
 # The tiny models take minutes to train: built once per machine, then copied from here.
 MODEL_CACHE = Path(os.environ.get("DFLASH_LAB_CACHE", Path.home() / ".cache" / "dflash-lab"))
@@ -52,16 +53,30 @@ def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
     step in the trainer's container (built once, then reused from a cache)."""
     from dflash_lab.models import build_lab_models
 
-    models = build_lab_models(MODEL_CACHE, steps=config.steps)
+    return _place(lab, config, build_lab_models(MODEL_CACHE, steps=config.steps), "tiny-target")
+
+
+def qwen36_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
+    """As `trained_models`, on the miniature Qwen3.6 target (dflash_lab/qwen36.py), with its
+    sliding-window reference drafter."""
+    from dflash_lab.qwen36 import build_qwen36_models
+
+    models = build_qwen36_models(MODEL_CACHE, steps=config.steps)
+    return _place(lab, config, models, "qwen3.6-mini")
+
+
+def _place(lab: Lab, config: LabConfig, models: LabModels, target_name: str) -> dict[str, dict]:
+    """Copy the checkpoints into the trainer's container, the target and the reference
+    drafter onto each host that holds a target, the prompts into the lab."""
     for step in config.steps:
         path = lab.checkpoint_path(step)
         path.parent.mkdir(parents=True)
         shutil.copyfile(models.checkpoints[step], path)
-    reference = _reference_drafter(models.checkpoints[max(config.steps)])
+    reference = models.reference_dir or _reference_drafter(models.checkpoints[max(config.steps)])
     settings = {}
     for name in config.target_hosts:
         # copytree keeps the files' mtimes: the target's fingerprint is the same on every host
-        target = lab.data_dir(name) / "models" / "tiny-target"
+        target = lab.data_dir(name) / "models" / target_name
         shutil.copytree(models.target_dir, target)
         shutil.copytree(reference, target.with_name("reference-drafter"))
         settings[name] = {
@@ -73,13 +88,20 @@ def trained_models(lab: Lab, config: LabConfig) -> dict[str, dict]:
     return settings
 
 
+CONTENTS: dict[str, ContentGenerator] = {
+    "random": random_checkpoints,
+    "models": trained_models,
+    "qwen3.6": qwen36_models,
+}
+
+
 def content_generator(kind: str) -> ContentGenerator:
-    """The generator named on the command line: 'random' or 'models'."""
-    if kind == "random":
-        return random_checkpoints
-    if kind == "models":
-        return trained_models
-    raise LabError(f"unknown lab content {kind!r}; expected 'random' or 'models'")
+    """The generator named on the command line (a key of CONTENTS)."""
+    if kind not in CONTENTS:
+        raise LabError(
+            f"unknown lab content {kind!r}; expected one of {', '.join(map(repr, CONTENTS))}"
+        )
+    return CONTENTS[kind]
 
 
 def _reference_drafter(checkpoint: Path) -> Path:

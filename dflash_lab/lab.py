@@ -35,6 +35,7 @@ from dflash_lab.container import make_container
 from dflash_lab.content import (
     ContentGenerator,
     content_generator,
+    qwen36_models,
     random_checkpoints,
     trained_models,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "LabState",
     "content_generator",
     "load",
+    "qwen36_models",
     "random_checkpoints",
     "trained_models",
     "up",

@@ -26,7 +26,7 @@ import json
 import shutil
 import string
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -36,6 +36,18 @@ from typing import Any
 LAB_MODELS_VERSION = 2
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<unk>")
 MASK_TOKEN = "<|mask|>"
+# The tokenizer's ordinary tokens: printable ASCII, one token per character, after the specials.
+CHARACTERS = tuple(c for c in string.printable if c not in "\t\r\x0b\x0c")
+# The tiny targets' sizes (the miniature Qwen3.6 has the same, and its own layer count).
+TARGET_SIZES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
 BLOCK_SIZE = 8
 PROMPT_LENGTH = 16
 TRAIN_SEQUENCES = 48
@@ -64,6 +76,10 @@ class Training:
     # Soft targets: match the target's softmax at this temperature (KL) instead of its
     # greedy token (cross-entropy).
     soft_temperature: float | None = None
+    # Per drafter layer, "full_attention" or "sliding_attention" (None: two full layers),
+    # and the window of the sliding ones.
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,8 @@ class LabModels:
     target_dir: Path  # HF dir: config.json + model.safetensors + tokenizer files
     checkpoints: dict[int, Path]  # step -> training-format checkpoint.pt
     prompts: Path | None  # JSONL of prompts suited to the tiny model (None: built-ins)
+    # A published-format reference drafter (HF dir); None: extract the last checkpoint.
+    reference_dir: Path | None = None
 
 
 def build_lab_models(
@@ -78,14 +96,23 @@ def build_lab_models(
 ) -> LabModels:
     """Build (or return the cached) tiny target, prompts and drafter checkpoints."""
     steps = tuple(sorted(set(int(s) for s in steps)))
-    root = Path(cache_dir) / f"lab-models-{_cache_key(steps, seed)}"
+    root = Path(cache_dir) / f"lab-models-{cache_key(steps, seed)}"
     models = LabModels(
         target_dir=root / "target",
         checkpoints={s: root / "checkpoints" / f"step_{s}" / "checkpoint.pt" for s in steps},
         prompts=root / "prompts.jsonl",
     )
+    cached_build(root, lambda partial: _build(partial, steps, seed), steps, seed)
+    return models
+
+
+def cached_build(
+    root: Path, build: Callable[[Path], None], steps: tuple[int, ...], seed: int
+) -> None:
+    """Run `build` into a fresh directory that becomes `root` once complete (nothing to do
+    when `root` is already complete)."""
     if (root / "complete.json").is_file():
-        return models
+        return
     if not steps or min(steps) < 1:
         raise ValueError(f"steps must be positive integers, got {steps}")
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +121,7 @@ def build_lab_models(
     # directory.
     partial = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=root.parent))
     try:
-        _build(partial, steps, seed)
+        build(partial)
         (partial / "complete.json").write_text(json.dumps({"steps": steps, "seed": seed}) + "\n")
         partial.rename(root)
     except OSError:
@@ -102,13 +129,12 @@ def build_lab_models(
             raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return models
 
 
-def _cache_key(steps: tuple[int, ...], seed: int) -> str:
+def cache_key(steps: tuple[int, ...], seed: int, version: object = LAB_MODELS_VERSION) -> str:
     libraries = ("torch", "transformers", "tokenizers", "safetensors")
     versions = {name: metadata.version(name) for name in libraries}
-    key = {"version": LAB_MODELS_VERSION, "steps": steps, "seed": seed, "libraries": versions}
+    key = {"version": version, "steps": steps, "seed": seed, "libraries": versions}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -134,8 +160,7 @@ def _build_tokenizer(directory: Path) -> Any:
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    characters = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
-    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *characters])}
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.decoder = decoders.Fuse()
     backend.add_special_tokens(list(SPECIAL_TOKENS))
@@ -149,6 +174,26 @@ def _build_tokenizer(directory: Path) -> Any:
     return tokenizer
 
 
+def cycle_habit(vocab_size: int, hidden_size: int, tokenizer: Any, generator: Any) -> tuple:
+    """(embedding, LM head) that make greedy decoding walk one fixed random cycle through the
+    characters: large embedding rows, and a head that maps each character's row to the next
+    character of the cycle (the random layers only perturb the residual stream a little)."""
+    import torch
+
+    embed = torch.randn(vocab_size, hidden_size, generator=generator)
+    first = _first_character(tokenizer)
+    cycle = (first + torch.randperm(vocab_size - first, generator=generator)).tolist()
+    head = torch.zeros(vocab_size, hidden_size)
+    for here, successor in zip(cycle, cycle[1:] + cycle[:1], strict=True):
+        # logit of `successor` peaks when the current token is `here`
+        head[successor] = embed[here] / embed[here].norm() * 4.0
+    return embed, head
+
+
+def _first_character(tokenizer: Any) -> int:
+    return int(tokenizer.convert_tokens_to_ids(CHARACTERS[0]))
+
+
 def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
     """Tiny Qwen3 whose greedy continuation follows a random cycle through the characters."""
     import torch
@@ -159,27 +204,15 @@ def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
     vocab_size = len(tokenizer)
     config = Qwen3Config(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
+        **TARGET_SIZES,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
     model = Qwen3ForCausalLM(config).eval()
-    embed = torch.randn(vocab_size, config.hidden_size, generator=generator)
-    first_normal = len(SPECIAL_TOKENS)
-    cycle = (first_normal + torch.randperm(vocab_size - first_normal, generator=generator)).tolist()
-    head = torch.zeros(vocab_size, config.hidden_size)
-    for here, successor in zip(cycle, cycle[1:] + cycle[:1], strict=True):
-        # logit of `successor` peaks when the current token is `here`
-        head[successor] = embed[here] / embed[here].norm() * 4.0
+    embed, head = cycle_habit(vocab_size, config.hidden_size, tokenizer, generator)
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(head)
@@ -207,7 +240,7 @@ def train_drafter(
     with torch.no_grad():
         out = target(sequences, output_hidden_states=True)
     features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)  # [S, T, K·H]
-    config = _drafter_config(target, tokenizer, layer_ids, training.block_size)
+    config = _drafter_config(target, tokenizer, layer_ids, training)
     drafter = DFlashDrafter(config)
     for parameter in drafter.parameters():
         if parameter.ndim == 2:
@@ -232,19 +265,21 @@ def train_drafter(
             _save_checkpoint(path, drafter, optimizer, config, label, real_step)
 
 
-def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int], block_size: int) -> Any:
+def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int], training: Training) -> Any:
     """A small drafter for the tiny target, reading two of its layers."""
     from dflash_eval.config import DrafterConfig
 
     return DrafterConfig(
         hidden_size=target.config.hidden_size,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=len(training.layer_types or (0, 0)),
+        layer_types=training.layer_types,
+        sliding_window=training.sliding_window,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
         target_layer_ids=tuple(layer_ids),
-        block_size=block_size,
+        block_size=training.block_size,
         mask_token_id=tokenizer.convert_tokens_to_ids(MASK_TOKEN),
         rms_norm_eps=target.config.rms_norm_eps,
         rope_theta=10_000.0,
@@ -291,9 +326,11 @@ def _greedy_sequences(target: Any, tokenizer: Any, generator: Any) -> Any:
     """Random character prompts continued by the target's own greedy decoding."""
     import torch
 
-    first_normal = len(SPECIAL_TOKENS)
     prompts = torch.randint(
-        first_normal, len(tokenizer), (TRAIN_SEQUENCES, PROMPT_LENGTH), generator=generator
+        _first_character(tokenizer),
+        len(tokenizer),
+        (TRAIN_SEQUENCES, PROMPT_LENGTH),
+        generator=generator,
     )
     with torch.no_grad():
         return target.generate(

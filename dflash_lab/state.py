@@ -35,7 +35,9 @@ class LabConfig:
     workstation_disk: str = "256m"
     steps: tuple[int, ...] = (2000, 4000, 6000)
     checkpoint_size: str = "4m"  # for the random-bytes content
-    content: str = "random"  # "random" (bytes) or "models" (tiny target + trained drafters)
+    # "random" (bytes), "models" (tiny target + trained drafters) or "qwen3.6" (the same on
+    # a miniature shaped as the Qwen3.6-27B release)
+    content: str = "random"
     # Hosts whose inventory entry logs in as the lab's non-root user with `become: sudo`
     # (root only; see dflash_lab/users.py).
     sudo_hosts: tuple[str, ...] = ()

@@ -19,8 +19,9 @@ LAB_DIR_HELP = f"lab directory (default: $DFLASH_LAB_DIR, else {lab.DEFAULT_ROOT
     help={
         "dir": LAB_DIR_HELP,
         "eval_hosts": "how many eval hosts (eval, eval2, …)",
-        "content": "'random' (checkpoint files of random bytes) or 'models' (tiny target + "
-        "trained drafter checkpoints)",
+        "content": "'random' (checkpoint files of random bytes), 'models' (tiny Qwen3 target + "
+        "trained drafter checkpoints) or 'qwen3.6' (the same on a miniature shaped as "
+        "Qwen3.6-27B: vision wrapper, hybrid attention, MTP, shards)",
         "checkpoint_size": "size of each random checkpoint, e.g. 4m or 1.2g",
         "trainer_disk": "size of the trainer's disk (tmpfs)",
         "eval_disk": "size of each eval host's disk (tmpfs)",

@@ -99,18 +99,17 @@ def make_lab(tmp_path_factory) -> Iterator[Callable[..., labs.Lab]]:
 
 
 def provisioned_models_lab(
-    tmp_path_factory: pytest.TempPathFactory, **config: Any
+    tmp_path_factory: pytest.TempPathFactory,
+    content: labs.ContentGenerator = labs.trained_models,
+    **config: Any,
 ) -> Iterator[labs.Lab]:
-    """A lab with the tiny target, trained drafter checkpoints and its eval hosts set up
-    (`LabConfig` fields in `config`), for a module fixture to `yield from`: it is removed,
-    and checked, when the module is done."""
+    """A lab with a tiny target, trained drafter checkpoints (`content`: the lab's tiny Qwen3
+    by default) and its eval hosts set up (`LabConfig` fields in `config`), for a module
+    fixture to `yield from`: it is removed, and checked, when the module is done."""
     # Imported here: the provisioning stack costs every other test session half a second.
     from dflash_ops.provision.setup import setup_eval_hosts
 
-    built = labs.up(
-        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", **config),
-        labs.trained_models,
-    )
+    built = labs.up(labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", **config), content)
     try:
         setup_eval_hosts(load_inventory(built.inventory_path), None, False, say=lambda _: None)
         yield built
