@@ -25,6 +25,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.units import parse_bwlimit, parse_size
 from dflash_ops.evaluation.harness_options import PASSED, checked
 from dflash_ops.evaluation.watch import parse_interval
+from dflash_ops.ui.fab_help import DIAGNOSE_HELP, WATCH_HELP
 
 NUMERIC = [option for option in table.OPTIONS if option.kind in ("int", "float", "ints")]
 REQUIRED = ["--checkpoint", "c.pt", "--target", "t"]
@@ -127,6 +128,10 @@ def test_the_help_shows_each_range_and_unit_in_argparse_and_fab():
     assert "; each from 1 to 4096 tokens" in actions["ddtree"]
     assert "; > 0 and ≤ 1 (default 1.0)" in actions["top_p"]
     assert table.help_text(table.BY_NAME["num_prompts"]).endswith("; from 1 to 100000 prompts")
+    # The workstation's own counts say theirs too.
+    assert "; from 0 to 1000 retries (default 2)" in WATCH_HELP["retries"]
+    assert "; from 1 to 1000000 passes" in WATCH_HELP["max_passes"]
+    assert "; from 2 to 100000 prompts (default 4)" in DIAGNOSE_HELP["probe_prompts"]
 
 
 def test_fab_refuses_an_out_of_range_option_before_anything_else(capsys, monkeypatch, tmp_path):
