@@ -12,7 +12,14 @@ from invoke.exceptions import Exit
 
 # The lab's tasks (lab-up, lab-down, lab-status): fab collects the tasks of this module.
 from dflash_lab.tasks import lab_down, lab_status, lab_up  # noqa: F401
-from dflash_ops.core.arguments import one_of, parse_count
+from dflash_ops.core.arguments import (
+    MAX_COUNT,
+    MAX_PROMPTS,
+    MAX_RETRIES,
+    one_of,
+    parse_count,
+    parse_step,
+)
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
 from dflash_ops.evaluation.harness_options import DIAGNOSE_OPTIONS, FEATURES_OPTIONS, harness_args
@@ -104,7 +111,7 @@ def stage_checkpoint(
     """Copy a checkpoint trainer → workstation → eval host(s): disk-checked, hashed, resumable."""
     from dflash_ops.ui.staging_view import run_stage
 
-    step = parse_count("--step", step)
+    step = parse_step(step)
     run_stage(
         with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
         step=step,
@@ -221,7 +228,7 @@ def run_eval(
         return
     run_eval_command(
         with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
-        step=parse_count("--step", step) or 0,
+        step=parse_step(step) or 0,
         steps=steps,
         all_new=all_new,
         host=host,
@@ -345,7 +352,7 @@ def compare(
         inv.require_run(run),
         fmt=format,
         wide=wide,
-        group=parse_count("--group", group, minimum=1),
+        group=parse_count("--group", group, minimum=1, maximum=MAX_COUNT),
         baseline=baseline,
         train_metric=train_metric,
     )
@@ -401,10 +408,12 @@ def diagnose(
     """Why is this drafter worse? Ranked findings, each with evidence and what to check next."""
     from dflash_ops.ui.diagnose_view import diagnose_command
 
-    probes = parse_count("--probe-prompts", probe_prompts, 2)  # diagnose's own flag
+    probes = parse_count(  # diagnose's own flag
+        "--probe-prompts", probe_prompts, minimum=2, maximum=MAX_PROMPTS, unit="prompts"
+    )
     diagnose_command(
         load_inventory(inventory).for_run(run),
-        step=parse_count("--step", step),
+        step=parse_step(step),
         against=str(against),
         host=host,
         harness_args=[
@@ -465,9 +474,11 @@ def watch(
     watch_command(
         load_inventory(inventory).for_run(run),
         interval=interval,
-        retries=parse_count("--retries", retries),
+        retries=parse_count("--retries", retries, minimum=0, maximum=MAX_RETRIES, unit="retries"),
         once=once,
-        max_passes=parse_count("--max-passes", max_passes, minimum=1),
+        max_passes=parse_count(
+            "--max-passes", max_passes, minimum=1, maximum=MAX_COUNT, unit="passes"
+        ),
         webhook=webhook,
         options=request_options(locals()),
     )

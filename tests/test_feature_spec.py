@@ -100,8 +100,13 @@ def test_bad_layers_are_refused(text):
     [
         ({"thinking": "yes"}, None, None, "--thinking: expected one of on, off, found 'yes'"),
         ({"target_dtype": "fp16"}, None, None, "--target-dtype: expected one of auto, float32"),
-        ({"threads": "0"}, None, None, "--threads: expected a whole number ≥ 1"),
-        ({"block_size": "1"}, None, None, "--block-size: expected a whole number ≥ 2"),
+        ({"threads": "0"}, None, None, "--threads: expected a whole number from 1 to 4096 threads"),
+        (
+            {"block_size": "1"},
+            None,
+            None,
+            "--block-size: expected a whole number from 2 to 1024 tokens",
+        ),
         ({"num_prompts": "2"}, None, None, "--num-prompts draws from each --dataset set"),
         ({}, "nowhere.jsonl", None, "--prompts: nowhere.jsonl is not a file"),
         ({}, "p.jsonl", "gsm8k", "--dataset and --prompts both name the prompts"),

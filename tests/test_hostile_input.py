@@ -141,7 +141,10 @@ def test_an_upload_to_a_full_disk_leaves_nothing_and_says_so(make_lab):
         (["stage-checkpoint", "--step", "2000", "--margin", "inf"], "--margin: not a size: 'inf'"),
         (["run-eval", "--step", "2000", "--bwlimit", "nan"], "--bwlimit: not a bandwidth: 'nan'"),
         (["watch", "--interval", "1" + "0" * 400 + "s"], "--interval: expected a finite number"),
-        (["run-eval", "--step", "1e400"], "--step: expected a whole number ≥ 0, found '1e400'"),
+        (
+            ["run-eval", "--step", "1e400"],
+            "--step: expected a whole number from 0 to 1000000000, found '1e400'",
+        ),
     ],
 )
 def test_a_number_beyond_any_bound_is_one_line(lab, fab, argv, expected):

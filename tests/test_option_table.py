@@ -72,9 +72,15 @@ def test_each_fab_task_shows_the_tables_help_and_numbers_as_numbers(name):
 
 def test_a_bad_number_on_the_fab_command_line_is_one_line_naming_the_flag():
     arguments = _arguments(fabfile.run_eval)
-    with pytest.raises(ParseError, match=r"^--max-new-tokens: expected a whole number ≥ 1"):
+    with pytest.raises(
+        ParseError,
+        match=r"^--max-new-tokens: expected a whole number from 1 to 1048576 tokens, found '0'$",
+    ):
         arguments["max_new_tokens"].set_value("0")
-    with pytest.raises(ParseError, match=r"^--block-size: expected a whole number ≥ 2"):
+    with pytest.raises(
+        ParseError,
+        match=r"^--block-size: expected a whole number from 2 to 1024 tokens, found 'many'$",
+    ):
         arguments["block_size"].set_value("many")
     arguments["threads"].set_value("4")
     assert arguments["threads"].value == 4
@@ -95,8 +101,11 @@ def test_a_bad_value_is_refused_by_the_harness_and_by_the_workstation_alike(caps
     with pytest.raises(SystemExit) as exit_status:
         build_parser().parse_args(["plan", *REQUIRED, "--ddtree", "4,0"])
     assert exit_status.value.code == 2
-    assert "--ddtree: expected a whole number ≥ 1, found '0'" in capsys.readouterr().err
-    with pytest.raises(OpsError, match=r"^--ddtree: expected a whole number ≥ 1, found '0'$"):
+    assert "--ddtree: expected a whole number from 1 to 4096 tokens, found '0'" in (
+        capsys.readouterr().err
+    )
+    ddtree = r"^--ddtree: expected a whole number from 1 to 4096 tokens, found '0'$"
+    with pytest.raises(OpsError, match=ddtree):
         checked({"ddtree": "4,0"})
     with pytest.raises(OpsError, match=r"^--dtype: expected one of float32, bfloat16"):
         checked({"dtype": "float16"})

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_lab import sshd
 from dflash_ops.core.errors import TransferError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.staging.stage import StageOptions, stage
@@ -90,8 +91,9 @@ def test_a_link_that_dies_mid_transfer_fails_in_bounded_time(make_lab):
 
 
 def live_writers_of(path: Path) -> list[int]:
-    """The relay's writer processes for `path` (the host's `bash -c` and its python3), not
-    zombies (PID 1 here reaps none): their command line holds the sink's script and `path`.
+    """The relay's writer processes for `path` (the host's `bash -c` and its python3 or tee),
+    not zombies (PID 1 here reaps none): their command line holds the sink's script (or is
+    tee's) and `path`.
     (The destination's lock holder names the path too, but holds only the lock file: a
     leftover holder is taken over by the next stage, see the test below.)"""
     found = []
@@ -101,7 +103,8 @@ def live_writers_of(path: Path) -> list[int]:
             state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
         except OSError:
             continue
-        if str(path).encode() in command and b"import hashlib" in command and state != "Z":
+        writer = b"import hashlib" in command or command.startswith(b"tee\0")
+        if str(path).encode() in command and writer and state != "Z":
             found.append(int(proc.name))
     return found
 
@@ -113,22 +116,57 @@ def command_line(pid: int) -> str:
         return "(gone)"
 
 
-def test_the_eval_side_writer_dies_with_its_stream(make_lab):
+def without_python3(lab, host: str) -> None:
+    """Restart `host`'s sshd with a PATH that has every tool of this machine but python3
+    (a host with coreutils and no python): the relay's writer there is its tee fallback."""
+    tools = lab.host_dir(host) / "no-python"
+    tools.mkdir()
+    for directory in (
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ):
+        for tool in sorted(Path(directory).iterdir()) if Path(directory).is_dir() else ():
+            if not tool.name.startswith("python") and not (tools / tool.name).exists():
+                (tools / tool.name).symlink_to(tool)
+    config = lab.host_dir(host) / "sshd_config"
+    text = config.read_text()
+    system = ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+    assert system in text
+    config.write_text(text.replace(system, f":{tools} "))
+    sshd.stop(lab, host)
+    sshd.start(lab, host)
+
+
+@pytest.mark.parametrize("writer", ["python3", "tee"])
+def test_the_eval_side_writer_dies_with_its_stream(make_lab, writer):
     """The link to the eval host goes down mid-transfer and stays down: the workstation gives
     up (keepalive), and the writer on the host gives up too after transfer.stall_timeout,
-    closing the partial: removing it then frees its space, and no writer is left behind."""
+    closing the partial: removing it then frees its space, and no writer is left behind.
+    Either writer: python3's, or tee with its watchdog on a host without python3."""
     cut = LinkCut(make_lab, keepalive=1, stall_timeout=3)
     lab, inventory = cut.lab, cut.inventory
+    if writer == "tee":
+        without_python3(lab, "eval")
     partial = staged_dir(lab, 4000) / "checkpoint.pt.partial"
     disk = lab.data_dir("eval")
     free_before = shutil.disk_usage(disk).free
+    writing: list[str] = []  # the writers' command lines as the link went down
+
+    def on_progress(state) -> None:
+        cut.on_progress(state)
+        if cut.at is not None and not writing:
+            writing.extend(command_line(pid) for pid in live_writers_of(partial))
+
     try:
         with pytest.raises(TransferError):
             stage(
-                cut.fast,
-                4000,
-                options=StageOptions(report=lambda _: None, on_progress=cut.on_progress),
+                cut.fast, 4000, options=StageOptions(report=lambda _: None, on_progress=on_progress)
             )
+        assert any(line.startswith(f"{writer} ") for line in writing), writing
         # The link is still down: whatever ends the writer now is its own stall timeout.
         deadline = cut.at + 30
         while live_writers_of(partial) and time.monotonic() < deadline:
@@ -138,6 +176,7 @@ def test_the_eval_side_writer_dies_with_its_stream(make_lab):
         assert not alive, f"alive {gone_after:.0f} s after the link went down: {alive}"
         assert live_pids_holding(partial) == []
         assert partial.stat().st_size > 0  # what arrived stays, for a resume
+        assert not (staged_dir(lab, 4000) / "checkpoint.pt").exists()  # nothing promoted
         partial.unlink()  # as a discard or the user would: its space must come back
         assert shutil.disk_usage(disk).free >= free_before - (1 << 20)
     finally:

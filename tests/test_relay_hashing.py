@@ -34,7 +34,7 @@ from dflash_ops.staging.relay import (
 
 PAYLOAD = os.urandom((3 << 20) + 12345)  # over one splice chunk, a multiple of nothing
 DIGEST = hashlib.sha256(PAYLOAD).hexdigest()
-BASICS = ("bash", "sh", "cat", "tee", "sed", "sync", "stat", "tail", "head", "dirname")
+BASICS = ("bash", "sh", "cat", "tee", "sed", "sync", "stat", "tail", "head", "dirname", "sleep")
 TOOLSETS = {"python3": ("python3",), "openssl": ("openssl",), "sha256sum": ("sha256sum",)}
 
 
@@ -140,25 +140,51 @@ def test_sink_writes_hashes_appends_and_truncates(hasher_path, tmp_path):
     assert target.read_bytes() == b"short"
 
 
-def test_a_sink_fed_nothing_for_its_stall_timeout_gives_up_and_closes_its_file(tmp_path):
+@pytest.mark.parametrize("append", [False, True])
+def test_a_sink_fed_nothing_for_its_stall_timeout_gives_up_and_closes_its_file(
+    hasher_path, tmp_path, append
+):
     """A stream that goes silent without ending (a dead link): the writer keeps what arrived
-    and exits, instead of holding the file open for as long as sshd keeps the session."""
+    and exits, instead of holding the file open for as long as sshd keeps the session. Every
+    writer: python3's select timeout, and tee's watchdog where python3 is absent."""
     target = tmp_path / "x.partial"
+    target.write_bytes(b"kept ")
     feeder = subprocess.Popen(["bash", "-c", "printf first; exec sleep 60"], stdout=subprocess.PIPE)
     started = time.monotonic()
     try:
         writer = subprocess.run(
-            ["bash", "-c", sink(str(target), append=False, hashed=True, stall_timeout=1)],
+            ["bash", "-c", sink(str(target), append=append, hashed=not append, stall_timeout=1)],
             stdin=feeder.stdout,
             capture_output=True,
             timeout=30,
+            env={"PATH": hasher_path},
         )
     finally:
         feeder.kill()
         feeder.wait()
     assert writer.returncode == 3 and time.monotonic() - started < 20
-    assert f"writing {target}: nothing for 1 s" in writer.stderr.decode()
-    assert target.read_bytes() == b"first"
+    # One line, and only the writer's own: no shell notice of how tee was stopped.
+    assert writer.stderr.decode() == f"dflash-relay: writing {target}: nothing for 1 s\n"
+    assert target.read_bytes() == (b"kept first" if append else b"first")
+
+
+def test_a_sink_with_a_stall_timeout_ends_with_its_stream(hasher_path, tmp_path):
+    """The watchdog costs a transfer nothing: a stream that ends is written whole, hashed,
+    and the writer exits at once (not at the watchdog's next look)."""
+    target = tmp_path / "x.partial"
+    started = time.monotonic()
+    done = bash(
+        sink(str(target), append=False, hashed=True, stall_timeout=30), hasher_path, PAYLOAD
+    )
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert digest_in(done.stdout.decode()) == DIGEST and target.read_bytes() == PAYLOAD
+    assert time.monotonic() - started < 5
+    failed = bash(
+        sink(str(tmp_path / "no" / "x"), append=True, hashed=False, stall_timeout=30),
+        hasher_path,
+        b"x",
+    )
+    assert failed.returncode != 0 and b"No such file or directory" in failed.stderr
 
 
 def test_a_sink_that_cannot_write_fails(hasher_path, tmp_path):

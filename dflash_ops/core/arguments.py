@@ -1,6 +1,7 @@
 """Parsing of command-line values shared by the front doors (Fabric tasks and the click CLI).
 
-Kept apart from both so that neither front door imports the other.
+Kept apart from both so that neither front door imports the other. Every number goes through
+the harness's one parser (dflash_eval.numbers) and has both bounds, far beyond real use.
 """
 
 from __future__ import annotations
@@ -9,8 +10,13 @@ from typing import Any
 
 from dflash_eval.errors import HarnessError
 from dflash_eval.numbers import parse_number as harness_number
+from dflash_eval.options import MAX_PROMPTS, MAX_STEP
 
 from dflash_ops.core.errors import OpsError
+
+__all__ = ["MAX_COUNT", "MAX_PROMPTS", "MAX_RETRIES", "MAX_STEP"]  # the tasks' bounds too
+MAX_COUNT = 1_000_000  # passes, groups, kept steps or sets: beyond any real use
+MAX_RETRIES = 1000
 
 
 def parse_number(
@@ -32,13 +38,19 @@ def parse_number(
 
 
 def parse_count(
-    flag: str, text: str | int | None, minimum: int = 0, maximum: int | None = None
+    flag: str, text: str | int | None, *, minimum: int, maximum: int, unit: str = ""
 ) -> int | None:
     """A whole-number flag given as text (the tasks take numbers as text so that a bad value
-    gets this one line instead of invoke's traceback); None when not given."""
-    if text is None or text == "":
+    gets this one line instead of invoke's traceback); None when not given (an empty text is
+    refused: it is no number)."""
+    if text is None:
         return None
-    return parse_number(flag, text, minimum=minimum, maximum=maximum, whole=True)
+    return parse_number(flag, text, minimum=minimum, maximum=maximum, whole=True, unit=unit)
+
+
+def parse_step(text: str | int | None, flag: str = "--step") -> int | None:
+    """A training step (the harness's --step has the same bounds); None when not given."""
+    return parse_count(flag, text, minimum=0, maximum=MAX_STEP)
 
 
 def one_of(*flags: tuple[str, object]) -> None:
@@ -59,8 +71,4 @@ def parse_steps(text: str | None) -> list[int] | None:
     """`--steps 2000,4000` → [2000, 4000]; None when not given."""
     if not text:
         return None
-    return [
-        parse_number("--steps", part, minimum=0, whole=True)
-        for part in text.split(",")
-        if part.strip()
-    ]
+    return [parse_step(part, "--steps") for part in text.split(",") if part.strip()]

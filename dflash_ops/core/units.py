@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dflash_eval.errors import HarnessError
-from dflash_eval.numbers import parse_number
+from dflash_eval.numbers import parse_number, shown_value
 
 
 def format_bytes(count: float) -> str:
@@ -31,7 +31,8 @@ def parse_size(text: str | int) -> int:
         return int(parse_number("size", value, minimum=0, maximum=MAX_SIZE / factor) * factor)
     except HarnessError:
         raise ValueError(
-            f"not a size: {text!r} (expected e.g. 512m, 2g or a byte count, at most 1 EiB)"
+            f"not a size: {shown_value(text)} (expected e.g. 512m, 2g or a byte count, at most "
+            "1 EiB)"
         ) from None
 
 
@@ -48,8 +49,8 @@ def parse_bwlimit(text: str | int | None) -> int | None:
         rate = parse_size(str(text).strip().lower().removesuffix("/s"))
     except ValueError:
         raise ValueError(
-            f"not a bandwidth: {text!r} (expected bytes per second, e.g. 200m or 50m/s; "
-            "'none' for no limit)"
+            f"not a bandwidth: {shown_value(text)} (expected bytes per second from "
+            f"{MIN_BWLIMIT >> 10} KiB/s to 1 EiB/s, e.g. 200m or 50m/s; 'none' for no limit)"
         ) from None
     if rate < MIN_BWLIMIT:
         raise ValueError(

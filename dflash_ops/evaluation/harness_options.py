@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dflash_eval import options as table
+from dflash_eval.errors import HarnessError
 
 from dflash_ops.core.errors import OpsError
 
@@ -47,8 +48,8 @@ def checked(values: Mapping[str, object]) -> dict[str, object]:
         option = PASSED[name]
         try:
             parsed = table.parse(option, value)
-        except ValueError as error:
-            raise OpsError(f"{option.flag}: {error}") from None
+        except HarnessError as error:  # it names the flag
+            raise OpsError(str(error)) from None
         if parsed is not None and not (option.kind == "switch" and not parsed):
             found[name] = parsed
     return found

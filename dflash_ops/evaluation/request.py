@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
 
-from dflash_ops.core.arguments import parse_choice, parse_count
+from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.records import check_json_lines
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
-from dflash_ops.evaluation.harness_options import harness_args, pick
+from dflash_ops.evaluation.harness_options import checked, harness_args, pick
 from dflash_ops.evaluation.tracking import require_wandb
 from dflash_ops.staging.sources import Via
 
@@ -125,7 +125,7 @@ def prompts_file(
     if dataset:
         if prompts:
             raise OpsError("--dataset and --prompts both name the prompts: pass one of them")
-        per_set = parse_count("--num-prompts", num_prompts, 1)
+        per_set = checked({"num_prompts": num_prompts}).get("num_prompts")  # the table's
         return dataset_prompts(dataset, per_set, directory, say)
     if not prompts:
         return None

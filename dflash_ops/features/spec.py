@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_eval.completions import BUILTIN_PROMPTS
-from dflash_eval.options import default
+from dflash_eval.options import MAX_LAYER, default
 
 from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import InventoryError, OpsError
@@ -77,9 +77,6 @@ def set_id(request: FeatureRequest, target_name: str, target_fingerprint: str) -
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     name = re.sub(r"[^A-Za-z0-9._-]", "_", target_name) or "target"
     return f"{name}-{digest[:ID_HEX]}"
-
-
-MAX_LAYER = 1024  # layer ids beyond any model's depth
 
 
 def parse_layers(text: str) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import re
 import shlex
@@ -208,19 +209,46 @@ def source_command(read_command: str, stat_command: str, *, hashed: bool, path: 
 
 
 def sink(path: str, *, append: bool, hashed: bool, stall_timeout: float | None) -> str:
-    """Write stdin to `path`, fsync; print the digest of the bytes written if `hashed`. The
-    python3 writer exits, closing the file, when nothing arrives for `stall_timeout` seconds
-    (openssl/sha256sum hosts: tee has no such timeout)."""
+    """Write stdin to `path`, fsync; print the digest of the bytes written if `hashed`. Either
+    writer (python3, else tee) exits with status 3, closing the file and keeping what arrived,
+    when nothing arrives for `stall_timeout` seconds."""
     quoted = shlex.quote(path)
     mode, digest = "append" if append else "create", "hash" if hashed else "-"
     python = _py(PY_SINK, path, mode, digest, str(stall_timeout or 0))
     tee = f"tee --output-error=exit {'-a ' if append else ''}-- {quoted}"
+    writer = _watched(tee, path, stall_timeout) if stall_timeout else tee
 
     def other(tool: str) -> str:
-        digest = tool if hashed else "cat >/dev/null; echo unhashed"
-        return f"{{ {tee} | {digest} && sync -- {quoted}; }}"
+        # Grouped, so that pipefail sees the writer's status when nothing is hashed too.
+        digest = tool if hashed else "{ cat >/dev/null; echo unhashed; }"
+        return f"{{ {writer} | {digest} && sync -- {quoted}; }}"
 
     return f"set -o pipefail; {_by_hasher(python, other)}"
+
+
+def _watched(tee: str, path: str, stall_timeout: float) -> str:
+    """`tee` (writing `path`) with a watchdog: python3's select timeout, in shell. tee runs in
+    the background on the group's stdin (fd 3: a background job's own stdin is /dev/null);
+    the watchdog looks at the file's size every second and sends tee SIGUSR1 once it has not
+    grown for `stall_timeout` seconds. The watchdog keeps none of the pipes open, so the
+    digest and the session end as soon as tee does."""
+    quoted = shlex.quote(path)
+    seconds = max(1, math.ceil(stall_timeout))
+    said = shlex.quote(f"dflash-relay: writing {path}: nothing for {stall_timeout:g} s")
+    watchdog = (
+        "( n=0; last=; while sleep 1; do "
+        f"size=$(stat -c %s -- {quoted} 2>/dev/null); "
+        'if [ "$size" = "$last" ]; then n=$((n + 1)); else n=0; last=$size; fi; '
+        f'[ "$n" -lt {seconds} ] || {{ kill -s USR1 "$tee"; exit 0; }}; '
+        "done ) </dev/null >/dev/null 2>&1 3<&- 4>&- &"
+    )
+    # The shell's own stderr (fd 2) goes nowhere: it would report tee's SIGUSR1 death.
+    return (
+        f"{{ exec 3<&0 4>&2 2>/dev/null; {tee} <&3 2>&4 3<&- 4>&- & tee=$!; "
+        f'{watchdog} watchdog=$!; wait "$tee"; rc=$?; kill "$watchdog"; '
+        f'if [ "$(kill -l "$rc")" = USR1 ]; then sync -- {quoted}; '
+        f"echo {said} >&4; exit 3; fi; exit $rc; }}"
+    )
 
 
 def gated(command: str) -> str:

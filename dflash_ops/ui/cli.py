@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from dflash_ops.core.arguments import MAX_COUNT
 from dflash_ops.core.errors import OpsError
 from dflash_ops.ui.output import FORMATS
 
@@ -54,7 +55,9 @@ def results() -> None:
 @FORMAT
 @click.option("--wide", is_flag=True, help="every column (default: a compact table)")
 @click.option(
-    "--group", type=click.IntRange(min=1), help="compare this comparability group (default 1)"
+    "--group",
+    type=click.IntRange(min=1, max=MAX_COUNT),
+    help="compare this comparability group (default 1)",
 )
 @click.option("--baseline", help="compare the group of this run (id or unique part)")
 def compare_command(

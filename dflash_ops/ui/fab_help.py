@@ -4,8 +4,10 @@ holds the tasks themselves."""
 
 from __future__ import annotations
 
+from dflash_eval.numbers import span
 from dflash_eval.options import DIAGNOSE, EXTRACT_FEATURES, RUN_EVAL, WATCH
 
+from dflash_ops.core.arguments import MAX_COUNT, MAX_PROMPTS, MAX_RETRIES
 from dflash_ops.evaluation.harness_options import task_help
 from dflash_ops.ui.output import FORMAT_HELP
 
@@ -50,7 +52,7 @@ STAGE_HELP = {
 PRUNE_HELP = {
     "host": "only this eval (or, with --features, features) host (default: every eval host "
     "and local.staging)",
-    "keep_last": "keep the newest N steps of each training run (default 2)",
+    "keep_last": f"keep the newest N steps of each training run; {span(0, MAX_COUNT)} (default 2)",
     "keep_steps": "also keep these steps, comma-separated",
     "yes": "really remove (default: show what would go)",
     "dry_run": "show what would go, remove nothing (the default without --yes)",
@@ -126,7 +128,8 @@ COMPARE_HELP = {
     "run": "only this training run's results (default: every run's, grouped by run)",
     "format": FORMAT_HELP,
     "wide": "every column (default: a compact table that fits the terminal)",
-    "group": "compare this comparability group (default 1, the largest; compare lists them)",
+    "group": "compare this comparability group (default 1, the largest; compare lists them); "
+    + span(1, MAX_COUNT),
     "baseline": "compare the group of this run (its id or any unique part of it)",
     "train_metric": TRAIN_METRIC_HELP,
 }
@@ -139,7 +142,8 @@ DIAGNOSE_HELP = {
     "host": "eval host (default: the only one)",
     **task_help(DIAGNOSE),
     "num_prompts": "use the first N prompts (more than exist: an error)",
-    "probe_prompts": "prompts each probe re-evaluates the candidate on (default 4)",
+    "probe_prompts": "prompts each probe re-evaluates the candidate on; "
+    f"{span(2, MAX_PROMPTS, 'prompts')} (default 4)",
     "format": "text (default) or json: an object whose findings list is ranked",
     "run": RUN_HELP,
 }
@@ -155,10 +159,12 @@ WATCH_RUN_OPTIONS = (
 WATCH_HELP = {
     **{name: RUN_EVAL_HELP[name] for name in WATCH_RUN_OPTIONS},
     **task_help(WATCH),
-    "interval": "time between looks at the trainer, e.g. 90s, 10m, 1h (default 10m)",
-    "retries": "further attempts of a failed step, one per pass, before it is skipped",
+    "interval": "time between looks at the trainer, e.g. 90s, 10m, 1h; at most a week "
+    "(default 10m)",
+    "retries": "further attempts of a failed step, one per pass, before it is skipped; "
+    f"{span(0, MAX_RETRIES, 'retries')} (default 2)",
     "once": "one pass, then exit (for cron and tests)",
-    "max_passes": "stop after N passes (default: until Ctrl-C)",
+    "max_passes": f"stop after N passes; {span(1, MAX_COUNT, 'passes')} (default: until Ctrl-C)",
     "webhook": "POST JSON news of each step to this URL (default: $DFLASH_WATCH_WEBHOOK)",
     "tag": "a label stored with each run; the watch follows this tag's runs only",
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from dflash_ops.core.arguments import parse_count, parse_steps
+from dflash_ops.core.arguments import MAX_COUNT, parse_count, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.units import format_bytes
@@ -41,7 +41,7 @@ def run_prune(
     if keep_sets:
         raise OpsError("--keep-sets keeps feature sets: it needs --features")
     policy = prune.Policy(
-        keep_last=parse_count("--keep-last", keep_last, minimum=0) if keep_last else 2,
+        keep_last=_keep_last(keep_last),
         keep_steps=frozenset(parse_steps(keep_steps) or ()),
     )
     judged = prune.plan(inventory, policy, _steps_in_use, host, run)
@@ -53,6 +53,12 @@ def run_prune(
         table.add_row(item.host, item.run or "-", str(item.step), format_bytes(item.size), verdict)
     console.print(table)
     _outcome(judged, "step(s)", yes, lambda dropped: prune.apply(inventory, dropped))
+
+
+def _keep_last(text: str | None) -> int:
+    """--keep-last N (default 2)."""
+    found = parse_count("--keep-last", text, minimum=0, maximum=MAX_COUNT)
+    return 2 if found is None else found
 
 
 def _steps_in_use(host: Host, entry: EvalHost) -> set[str]:
@@ -73,7 +79,7 @@ def run_prune_sets(
     yes: bool,
 ) -> None:
     policy = prune_sets.SetPolicy(
-        keep_last=parse_count("--keep-last", keep_last, minimum=0) if keep_last else 2,
+        keep_last=_keep_last(keep_last),
         keep_sets=frozenset(part.strip() for part in (keep_sets or "").split(",") if part.strip()),
     )
     judged = prune_sets.plan(inventory, policy, host)

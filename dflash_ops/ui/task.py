@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable
 
 from dflash_eval import options as table
+from dflash_eval.errors import HarnessError
 from fabric import Task, task
 from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument
@@ -38,8 +39,8 @@ class _NumberArgument(Argument):
     def set_value(self, value: object, cast: bool = True) -> None:
         try:
             parsed = table.parse(self.option, value) if cast else value
-        except ValueError as error:
-            raise ParseError(f"{self.option.flag}: {error}") from None
+        except HarnessError as error:  # it names the flag
+            raise ParseError(str(error)) from None
         super().set_value(parsed, cast=False)
 
 

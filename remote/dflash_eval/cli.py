@@ -24,18 +24,16 @@ if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
 
 
-# Bounds of the few numeric flags outside the option table (dflash_eval.numbers): far beyond
-# real use, never a value that allocates without end.
-BLOCK_SIZE = bounded(minimum=2, maximum=1024, unit="tokens")
-COUNT = bounded(minimum=1, maximum=1 << 24)
+# diagnose's --probe-prompts, outside the option table: bounded as --num-prompts is.
+PROBE_PROMPTS = bounded(minimum=1, maximum=run_options.MAX_PROMPTS, unit="prompts")
 
 
 def _argument_type(option: run_options.Option) -> Callable[[str], object]:
     def convert(text: str) -> object:
         try:
             return run_options.parse(option, text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
+        except HarnessError as error:  # argparse names the flag itself
+            raise argparse.ArgumentTypeError(str(error).removeprefix(f"{option.flag}: ")) from None
 
     convert.__name__ = option.kind  # argparse names the kind when a value fails
     return convert
@@ -81,7 +79,7 @@ def _add_features_command(commands: argparse._SubParsersAction) -> None:
     )
     features.add_argument(
         "--block-size",
-        type=BLOCK_SIZE,
+        type=_argument_type(run_options.BY_NAME["block_size"]),
         required=True,
         help="reference tokens past each completion: the largest drafter block size to serve",
     )
@@ -150,7 +148,7 @@ def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
     )
     diagnose.add_argument(
         "--probe-prompts",
-        type=COUNT,
+        type=PROBE_PROMPTS,
         default=4,
         help="prompts each probe re-evaluates the candidate on (default 4)",
     )

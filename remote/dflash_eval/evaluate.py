@@ -78,10 +78,10 @@ class DrafterRun:
 def run_eval(options: EvalOptions, progress: Progress) -> Results:
     started = time.perf_counter()
     timer = Timer()
+    run_options.check(options)  # before torch is handed any of them
     if options.threads:
         torch.set_num_threads(options.threads)
     threads = torch.get_num_threads()
-    inputs.check_values(options)
     inputs.check_paths(options)
     prompts = inputs.load_prompts(options)
     sampling = from_options(options)

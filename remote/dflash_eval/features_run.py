@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from dflash_eval import feature_set, feature_size, pipeline
+from dflash_eval import options as run_options
 from dflash_eval.cache import DiskCache
 from dflash_eval.completions import (
     Prompt,
@@ -29,7 +30,7 @@ from dflash_eval.completions import (
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.feature_record import features_record
-from dflash_eval.inputs import check_values, require_writable
+from dflash_eval.inputs import require_writable
 from dflash_eval.options import default
 from dflash_eval.progress import Progress, Timer
 from dflash_eval.results import library_versions, utc_now
@@ -242,9 +243,7 @@ def _check_options(options: FeaturesOptions) -> None:
             raise HarnessError(f"{flag} {path} does not exist on this host. Check the path.")
     if not options.layers or any(i < 0 for i in options.layers):
         raise HarnessError(f"--layers must list target layer ids ≥ 0, got {options.layers}.")
-    if options.block_size < 1:
-        raise HarnessError(f"--block-size must be at least 1, got {options.block_size}.")
-    check_values(options, ("max_new_tokens", "threads", "gpu_memory"))
+    run_options.check(options, ("max_new_tokens", "threads", "block_size", "gpu_memory"))
     if options.shard_gpus and options.device == "cpu":
         raise HarnessError(
             "--shard-gpus splits the target over GPUs, but --device cpu asks for the CPU: drop "

@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_eval import options as run_options
 from dflash_eval.completions import Prompt, builtin_prompts, read_prompts_jsonl
 from dflash_eval.errors import HarnessError
 from dflash_eval.pickle_policy import expand_names
@@ -16,15 +15,6 @@ from dflash_eval.provenance import accepted_defaults
 
 if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
-
-
-def check_values(values: object, names: tuple[str, ...] | None = None) -> None:
-    """The table's range checks (dflash_eval.options) on options built in code, where no
-    argparse checked them; `names`: only these."""
-    try:
-        run_options.check(values, names)
-    except ValueError as error:
-        raise HarnessError(f"{error}.") from None
 
 
 def check_paths(options: EvalOptions) -> None:

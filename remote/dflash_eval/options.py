@@ -9,11 +9,13 @@ the help of `fab run-eval`, `fab watch` and `fab extract-features`.
 Adding an option is one `Option(...)` below plus the code that reads it
 (docs/contributing.md, "How to add a harness option").
 
-Kinds: `int` and `float` (within `minimum` and `maximum` when given; a float is finite),
+Kinds: `int` and `float` (finite, within `minimum` and `maximum`, counted in `unit`: every
+number has both bounds, far beyond any real run, and is read by dflash_eval.numbers),
 `text` (one of `choices` when given), `dtype` (text whose aliases such as bf16 are first
 named as the harness names them: dflash_eval.dtypes), `path`, `switch` (a flag without a
 value), `on-off` ("on"/"off" → a bool), `ints` and `names` (comma-separated lists; each int
-within the bounds).
+within the bounds). A value that is refused is one HarnessError line naming the flag, the
+range with its unit and the value found.
 
 `tasks` names the fab tasks that take the option under its own name and pass it on as is;
 options the workstation sets itself (paths it stages or uploads, the step) name none.
@@ -22,13 +24,15 @@ options the workstation sets itself (paths it stages or uploads, the step) name 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from dflash_eval.config_keys import CONFIG_BOUNDS, LIMIT
 from dflash_eval.dtypes import dtype_name
+from dflash_eval.errors import HarnessError
+from dflash_eval.numbers import parse_number, span
 
 Kind = Literal["int", "float", "text", "dtype", "path", "switch", "on-off", "ints", "names"]
 
@@ -60,6 +64,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     above_minimum: bool = False  # the minimum itself is refused: (minimum, maximum]
+    unit: str = ""  # what a number counts, shown with its range ("tokens")
     choices: tuple[str, ...] = ()
     required: bool = False
     commands: tuple[str, ...] = RUN
@@ -72,6 +77,14 @@ class Option:
 
 
 DTYPES = ("float32", "bfloat16")
+# Upper bounds far beyond any real run (a CPU evaluation of a million-token completion would
+# not end), yet small enough that nothing sized by them exhausts a host.
+INT64_MAX = (1 << 63) - 1  # whatever reaches torch must fit its int64
+MAX_LAYER = CONFIG_BOUNDS["num_hidden_layers"][1]  # hidden_states[0] is the embeddings
+MAX_BLOCK = CONFIG_BOUNDS["block_size"][1]
+MAX_TOKENS = 1 << 20
+MAX_PROMPTS = 100_000
+MAX_STEP = 10**9
 CACHE_DIR = Path.home() / ".cache" / "dflash-eval"
 
 OPTIONS: tuple[Option, ...] = (
@@ -90,6 +103,8 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         "block size B (default: the one the drafter was trained with)",
         minimum=2,
+        maximum=MAX_BLOCK,
+        unit="tokens",
         tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
     ),
     Option(
@@ -97,6 +112,7 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         "the drafter's mask token id (overrides what the checkpoint says)",
         minimum=0,
+        maximum=LIMIT,
         tasks=EVAL_TASKS,
     ),
     Option(
@@ -104,6 +120,7 @@ OPTIONS: tuple[Option, ...] = (
         "ints",
         "target layers feeding the drafter, comma-separated, e.g. 1,9,17 (overrides the config)",
         minimum=0,
+        maximum=MAX_LAYER,
         tasks=EVAL_TASKS,
     ),
     Option(
@@ -131,6 +148,8 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         "use the first N prompts (more than exist: an error); with --dataset, draw N from each set",
         minimum=1,
+        maximum=MAX_PROMPTS,
+        unit="prompts",
         tasks=(*EVAL_TASKS, EXTRACT_FEATURES, DIAGNOSE),
     ),
     Option(
@@ -147,6 +166,8 @@ OPTIONS: tuple[Option, ...] = (
         "reference completion length, as z-lab's max_new_tokens",
         default=256,
         minimum=1,
+        maximum=MAX_TOKENS,
+        unit="tokens",
         commands=(*RUN, "features"),
         tasks=(*EVAL_TASKS, EXTRACT_FEATURES, DIAGNOSE),
     ),
@@ -155,6 +176,8 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         "stop each prompt's walk after this many rounds",
         minimum=1,
+        maximum=MAX_TOKENS,
+        unit="rounds",
         tasks=EVAL_TASKS,
     ),
     Option(
@@ -163,6 +186,8 @@ OPTIONS: tuple[Option, ...] = (
         "DDTree budgets, comma-separated (default 4,8,16,32, none for a DFlash-2 drafter; '' for "
         "none)",
         minimum=1,
+        maximum=4096,
+        unit="tokens",
         tasks=EVAL_TASKS,
     ),
     Option(
@@ -170,6 +195,8 @@ OPTIONS: tuple[Option, ...] = (
         "int",
         "torch CPU threads on the host that runs it (default: torch's)",
         minimum=1,
+        maximum=4096,
+        unit="threads",
         commands=(*RUN, "features"),
         tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
     ),
@@ -222,7 +249,15 @@ OPTIONS: tuple[Option, ...] = (
         commands=(*RUN, "extract"),
         tasks=EVAL_TASKS,
     ),
-    Option("chunk_anchors", "int", "anchors per batched drafter pass", minimum=1, tasks=EVAL_TASKS),
+    Option(
+        "chunk_anchors",
+        "int",
+        "anchors per batched drafter pass",
+        minimum=1,
+        maximum=1 << 16,
+        unit="anchors",
+        tasks=EVAL_TASKS,
+    ),
     Option(
         "per_block",
         "switch",
@@ -237,6 +272,7 @@ OPTIONS: tuple[Option, ...] = (
         "slots (0: greedy; docs/sampling.md)",
         default=0.0,
         minimum=0,
+        maximum=100,
         tasks=EVAL_TASKS,
     ),
     Option(
@@ -249,13 +285,23 @@ OPTIONS: tuple[Option, ...] = (
         above_minimum=True,
         tasks=EVAL_TASKS,
     ),
-    Option("top_k", "int", "top-k at T > 0 (0: off)", default=0, minimum=0, tasks=EVAL_TASKS),
+    Option(
+        "top_k",
+        "int",
+        "top-k at T > 0 (0: off)",
+        default=0,
+        minimum=0,
+        maximum=LIMIT,
+        unit="tokens",
+        tasks=EVAL_TASKS,
+    ),
     Option(
         "seed",
         "int",
         "seed of the sampled completions and Monte Carlo walks",
         default=0,
         minimum=0,
+        maximum=INT64_MAX,
         tasks=EVAL_TASKS,
     ),
     Option(
@@ -264,9 +310,17 @@ OPTIONS: tuple[Option, ...] = (
         "Monte Carlo walks per prompt at T > 0 (at least 2, for an interval)",
         default=1000,
         minimum=2,
+        maximum=1_000_000,
+        unit="walks",
         tasks=EVAL_TASKS,
     ),
-    Option("step", "int", "record this step (default: from the checkpoint)", minimum=0),
+    Option(
+        "step",
+        "int",
+        "record this step (default: from the checkpoint)",
+        minimum=0,
+        maximum=MAX_STEP,
+    ),
     Option(
         "device",
         "text",
@@ -291,6 +345,8 @@ OPTIONS: tuple[Option, ...] = (
         "with --shard-gpus: at most this many bytes of target weights per GPU (leave room for "
         "activations; the inventory's `gpu_memory`)",
         minimum=1,
+        maximum=1 << 44,  # 16 TiB: far past any one GPU
+        unit="bytes",
         commands=("features",),
     ),
     Option(
@@ -323,8 +379,9 @@ def default(name: str) -> object:
 
 def parse(option: Option, value: object) -> object:
     """`value` (text from a command line, or already typed) as the option's kind, checked;
-    None when not given. ValueError says what was expected and found, without the flag."""
-    if value is None or (value == "" and option.kind not in ("ints", "names")):
+    None when not given. A HarnessError names the flag, what was expected and what found."""
+    # An empty number is refused (it would silently mean the default); an empty list is none.
+    if value is None or (value == "" and option.kind in ("text", "dtype", "path", "on-off")):
         return None
     if option.kind == "switch":
         return bool(value)
@@ -332,7 +389,7 @@ def parse(option: Option, value: object) -> object:
         if isinstance(value, bool):
             return value
         if value not in ("on", "off"):
-            raise ValueError(f"expected one of on, off, found {value!r}")
+            raise HarnessError(f"{option.flag}: expected one of on, off, found {value!r}")
         return value == "on"
     if option.kind in ("int", "float"):
         return _number(option, value)
@@ -345,43 +402,30 @@ def parse(option: Option, value: object) -> object:
     if option.kind == "dtype":
         value = dtype_name(str(value))
     if option.choices and value not in option.choices:
-        raise ValueError(f"expected one of {', '.join(option.choices)}, found {value!r}")
+        raise HarnessError(
+            f"{option.flag}: expected one of {', '.join(option.choices)}, found {value!r}"
+        )
     return str(value)
 
 
-INT64_MAX = (1 << 63) - 1
-
-
 def _number(option: Option, value: object) -> int | float:
-    """The one value check of every number the table declares (ValueError when refused)."""
-    kind = int if option.kind in ("int", "ints") else float
-    words = ("a whole number" if kind is int else "a number") + _bounds(option)
-    try:
-        number = kind(str(value).strip())
-    except ValueError:
-        raise ValueError(f"expected {words}, found {value!r}") from None
-    low, high = option.minimum, option.maximum
-    if kind is int and high is None:
-        high = INT64_MAX  # whatever reaches torch must fit its int64
-    refused = (
-        isinstance(value, bool)
-        or not math.isfinite(number)
-        or (low is not None and not (number > low if option.above_minimum else number >= low))
-        or (high is not None and not number <= high)
+    """A number the table declares, read by the one parser of numbers (dflash_eval.numbers)."""
+    return parse_number(
+        option.flag,
+        value,
+        minimum=option.minimum,
+        maximum=option.maximum,
+        whole=option.kind in ("int", "ints"),
+        unit=option.unit,
+        above_minimum=option.above_minimum,
     )
-    if refused:
-        raise ValueError(f"expected {words}, found {value!r}")
-    return number
 
 
-def _bounds(option: Option) -> str:
-    """The option's range in words: " ≥ 1", " in (0, 1]", or nothing."""
-    low, high = option.minimum, option.maximum
-    if low is not None and high is not None:
-        return f" in {'(' if option.above_minimum else '['}{low:g}, {high:g}]"
-    if low is not None:
-        return f" {'>' if option.above_minimum else '≥'} {low:g}"
-    return "" if high is None else f" ≤ {high:g}"
+def span_text(option: Option) -> str:
+    """A numeric option's range with its unit, as its help shows it ("" for other kinds)."""
+    if option.kind not in ("int", "float", "ints"):
+        return ""
+    return span(option.minimum, option.maximum, option.unit, option.above_minimum)
 
 
 def as_text(option: Option, value: object) -> str:
@@ -396,6 +440,8 @@ def as_text(option: Option, value: object) -> str:
 def help_text(option: Option) -> str:
     """The option's help with its default, as argparse and fab show it."""
     described = option.help
+    if span_text(option):
+        described += f"; {'each ' if option.kind == 'ints' else ''}{span_text(option)}"
     if option.choices:
         described += f"; one of {', '.join(option.choices)}"
     elif option.kind == "on-off":
@@ -413,18 +459,14 @@ def help_text(option: Option) -> str:
 
 
 def check(values: object, names: Iterable[str] | None = None) -> None:
-    """Every option among `names` (default: all) that `values` has as an attribute, in range;
-    ValueError naming the flag otherwise (for options built in code, not by argparse)."""
+    """Every number among `names` (default: all) that `values` has as an attribute, in range
+    (for options built in code, not parsed by argparse): a HarnessError naming the flag."""
     for option in OPTIONS:
         if (names is not None and option.name not in names) or not hasattr(values, option.name):
             continue
         value = getattr(values, option.name)
-        if value is None or option.kind not in ("int", "float", "ints"):
-            continue
-        try:
+        if value is not None and option.kind in ("int", "float", "ints"):
             parse(option, value)
-        except ValueError as error:
-            raise ValueError(f"{option.flag}: {error}") from None
 
 
 def fields(command: str) -> list[tuple[str, object, dataclasses.Field]]:

@@ -55,10 +55,7 @@ class Sampling:
     def check(self) -> None:
         """Each setting within its bounds in the option table (for settings built in code,
         not parsed by argparse), and top-p/top-k only with T > 0."""
-        try:
-            run_options.check(self)
-        except ValueError as error:
-            raise HarnessError(f"{error}.") from None
+        run_options.check(self)
         if not self.active and (self.top_p != 1 or self.top_k != 0):
             raise HarnessError("--top-p and --top-k need --temperature above 0 (T = 0 is greedy).")
 

@@ -109,5 +109,5 @@ def test_sampling_flags_reach_the_run_and_a_bad_one_exits_2(lab, tmp_path):
         "eval", *args, "--out", str(tmp_path / "r.json"), "--temperature", "0.7", "--top-p", "2"
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "--top-p: expected a number in (0, 1], found '2'" in result.stderr
+    assert "--top-p: expected a finite number > 0 and ≤ 1, found '2'" in result.stderr
     assert not (tmp_path / "r.json").exists()

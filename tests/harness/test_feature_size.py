@@ -15,6 +15,7 @@ from dflash_eval import feature_size
 from dflash_eval.completions import Prompt
 from dflash_eval.errors import HarnessError
 from dflash_eval.features_run import FeaturesOptions, run_features
+from dflash_eval.options import MAX_TOKENS
 from dflash_eval.progress import Progress
 from dflash_eval.target import load_tokenizer
 
@@ -74,11 +75,15 @@ def test_later_turns_count_the_earlier_replies(lab):
 
 
 def test_a_set_the_disk_cannot_hold_is_refused_before_the_target_loads(lab, tmp_path):
-    """A set larger than any disk (10^12 new tokens per prompt) against this machine's real
-    free space; the lab test (test_extract_features.py) does it on a small tmpfs."""
+    """A set larger than this machine's disks (5000 prompts of up to 2^20 new tokens, the
+    option's bound: terabytes) against its real free space; the lab test
+    (test_extract_features.py) does it on a small tmpfs."""
     setdir = tmp_path / "sets" / "huge"
+    prompts = tmp_path / "many.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(5000)))
+    huge = _options(lab, setdir, max_new_tokens=MAX_TOKENS, prompts=prompts)
     with pytest.raises(HarnessError, match=r"Not enough free space for feature set") as refused:
-        run_features(_options(lab, setdir, max_new_tokens=10**12), Progress(quiet=True))
+        run_features(huge, Progress(quiet=True))
     message = str(refused.value)
     assert "an upper bound" in message and "fab prune --features" in message
     assert "fewer prompts" in message

@@ -159,7 +159,9 @@ def test_bad_sampling_options_stop_the_run_with_one_line(tmp_path):
             checkpoint=tmp_path / "c", target=tmp_path / "t", out=tmp_path / "r.json", **values
         )
 
-    with pytest.raises(HarnessError, match=r"--top-p: expected a number in \(0, 1\], found 1.5"):
+    with pytest.raises(
+        HarnessError, match=r"--top-p: expected a finite number > 0 and ≤ 1, found 1.5"
+    ):
         from_options(options(temperature=1.0, top_p=1.5))
     with pytest.raises(HarnessError, match="need --temperature above 0"):
         from_options(options(top_k=5))
