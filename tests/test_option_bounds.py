@@ -39,9 +39,11 @@ def _message(option: table.Option, value: str) -> str:
 
 
 def _harness_refusal(option: table.Option, value: str, capsys) -> str:
-    """The one error line of `python -m dflash_eval eval --FLAG=VALUE`."""
+    """The one error line of `python -m dflash_eval COMMAND --FLAG=VALUE` (eval, or the
+    first command that takes the option: features for --gpu-memory)."""
+    command = "eval" if "eval" in option.commands else option.commands[0]
     with pytest.raises(SystemExit) as exited:
-        build_parser().parse_args(["eval", *REQUIRED, "--out", "o", f"{option.flag}={value}"])
+        build_parser().parse_args([command, *REQUIRED, "--out", "o", f"{option.flag}={value}"])
     assert exited.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     return line
@@ -105,9 +107,9 @@ def test_minus_zero_is_zero_where_zero_is_allowed(option):
     assert number == 0 and math.copysign(1, number) == 1  # never -0.0 in the argv or results
 
 
-def test_ten_to_the_twelve_is_refused_everywhere_but_for_a_seed():
+def test_ten_to_the_twelve_is_refused_everywhere_but_for_a_seed_and_bytes():
     taken = [option.name for option in NUMERIC if _accepts(option, str(10**12))]
-    assert taken == ["seed"]
+    assert taken == ["seed", "gpu_memory"]  # a 1 TB cap per GPU is odd, not absurd
 
 
 def _accepts(option: table.Option, value: str) -> bool:
