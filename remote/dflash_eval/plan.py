@@ -45,9 +45,11 @@ from dflash_eval.plan_drafter import DrafterFacts, drafter_facts, reference_fact
 from dflash_eval.plan_inputs import is_memory_file
 from dflash_eval.results import library_versions, staged_sha256
 from dflash_eval.sampling import from_options
+from dflash_eval.sglang_server import check_serves
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_config import TargetConfig, read_target_config
 from dflash_eval.target_source import DEVICE
+from dflash_eval.urls import redact_url
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     prompts = load_prompts(options)
     cached = count_cache(options, config, choice, prompts, drafter, reference)
     target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
+    completions = completions_record(options, problems)
     threads = options.threads or facts.cores
     machine = estimate.Machine(threads, facts.cpu.feature_class)
     phases = _phases(options, target, drafter, reference, cached, shape)
@@ -105,6 +108,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
         "reference_drafter": reference.record() if reference else None,
         "prompts": {"count": len(prompts), "source": prompts_source(options.prompts)},
         "cache": cached.record(),
+        "completions": completions,
         "host": {
             "memory_available_bytes": facts.memory_available,
             "cpu": facts.cpu.record(),
@@ -114,6 +118,20 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
         "estimate": estimate.estimate(machine, phases),
         "problems": problems,
     }
+
+
+def completions_record(options: EvalOptions, problems: list[str]) -> dict[str, Any]:
+    """Where the completions would come from; an SGLang server is asked what it serves, as
+    `eval` asks it before anything else (a refusal becomes a problem)."""
+    if not options.sglang_url:
+        return {"source": "local", "sglang_url": None}
+    record: dict[str, Any] = {"source": "sglang", "sglang_url": redact_url(options.sglang_url)}
+    try:
+        served = check_serves(options.sglang_url, options.target)
+    except HarnessError as refusal:
+        problems.append(f"the run would refuse to start: {refusal}")
+        return record
+    return {**record, "sglang_model": served.model_path, "sglang_version": served.version}
 
 
 def prompts_source(path: Path | None) -> str:
