@@ -320,34 +320,45 @@ def _phases(
     params, in_memory = target["parameters"], target["in_memory_bytes"]
     new_tokens = options.max_new_tokens + (drafter.block_size or 0)
     head_bytes = 2 * shape.vocab_size * shape.hidden_size * BYTES_PER_ELEMENT[dtype]
-    loaded = in_memory if target["body_loads"] is not False else head_bytes
+    body = target["body_loads"] is not False
+    layers = shape.num_layers
     phases = {
         "hash_checkpoint": estimate.Phase(disk_bytes=hashed_bytes(options)),
-        "load_target": estimate.Phase(disk_bytes=loaded),
+        "load_target": estimate.Phase(
+            disk_bytes=in_memory if body else head_bytes,
+            fixed_seconds=estimate.LOAD_START_S if body else 0.0,
+        ),
     }
     if not options.sglang_url:
         missing = [p for p in cached.prompts if p.reference_tokens is None]
         steps = len(missing) * new_tokens  # one decode step per token, each streams the weights
         prefill = sum(p.prompt_tokens or 0 for p in missing)
         phases["completions"] = estimate.Phase(
-            2.0 * params * (prefill + steps), dtype, streamed_bytes=float(in_memory) * steps
+            2.0 * params * (prefill + steps),
+            dtype,
+            streamed_bytes=float(in_memory) * steps,
+            fixed_seconds=estimate.layer_passes(steps, len(missing), layers),
         )
-    forward = sum(
-        (p.prompt_tokens or 0) + (p.reference_tokens or new_tokens)
-        for p in cached.prompts
-        if not p.hidden_hit
+    uncached = [p for p in cached.prompts if not p.hidden_hit]
+    forward = sum((p.prompt_tokens or 0) + (p.reference_tokens or new_tokens) for p in uncached)
+    phases["hidden_states"] = estimate.Phase(
+        2.0 * params * forward, dtype, fixed_seconds=estimate.layer_passes(0, len(uncached), layers)
     )
-    phases["hidden_states"] = estimate.Phase(2.0 * params * forward, dtype)
     if cached.features_record == "missing" and cached.prompts:
         first = cached.prompts[0]
         tokens = (first.prompt_tokens or 0) + (first.reference_tokens or new_tokens)
-        phases["fidelity"] = estimate.Phase(2.0 * params * tokens, "float32")
+        fixed = estimate.layer_passes(0, 1, layers)
+        phases["fidelity"] = estimate.Phase(2.0 * params * tokens, "float32", fixed_seconds=fixed)
     for name, walker in (("drafter", drafter), ("reference_drafter", reference)):
         if walker is not None and walker.parameters is not None and walker.block_size:
             # Every anchor of the completion, a block each, through the layers and the LM head.
             per_token = 2.0 * (walker.parameters + shape.vocab_size * shape.hidden_size)
-            tokens = cached.total * options.max_new_tokens * walker.block_size
-            phases[name] = estimate.Phase(per_token * tokens, drafter.dtype)
+            anchors = cached.total * options.max_new_tokens
+            phases[name] = estimate.Phase(
+                per_token * anchors * walker.block_size,
+                drafter.dtype,
+                fixed_seconds=anchors * estimate.ANCHOR_WALK_S,
+            )
     return phases
 
 
