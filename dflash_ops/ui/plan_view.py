@@ -37,7 +37,7 @@ def _staging(plan: HostPlan) -> list[str]:
 
 def _completions(completions: dict) -> str:
     if completions["source"] == "local":
-        return "decoded by the target on the host (--completions local, or no sglang_url)"
+        return "the target's own, computed on the host (no SGLang server for this run)"
     if "sglang_model" not in completions:  # the server did not answer: a problem says why
         return f"SGLang at {completions['sglang_url']}"
     version = completions["sglang_version"] or "version not given"
