@@ -20,8 +20,9 @@ The model, stated so that its numbers can be argued with:
 A phase takes max(FLOPs / compute rate, streamed bytes / bandwidth) + disk bytes / disk rate +
 its fixed costs. The constants are fitted (benchmarks/target_scale.py, docs/estimate.md) on
 random Qwen3.5-style hybrid targets of 30 M, 150 M and 600 M parameters on a 2-core AVX-512
-BF16 machine; the other feature classes keep their first-guess ratios to it. Call it an
-estimate, never a promise: another machine, a busy one above all, may differ by 2× either way.
+BF16 machine under heavy load, which made them pessimistic (up to 10× for some phases when the
+machine was quieter: docs/estimate.md); the other feature classes keep their first-guess
+ratios to it. Call it an estimate, never a promise.
 """
 
 from __future__ import annotations
