@@ -1,7 +1,9 @@
 """STAND-IN for an SGLang server (SGLang needs a GPU build; it cannot run here).
 
 It answers SGLang's native `POST [PREFIX]/generate[?QUERY]` JSON (input_ids + sampling_params →
-output_ids, text, meta_info), and nothing else. In-process it serves the harness's client
+output_ids, text, meta_info), `GET …/get_model_info` (model_path, tokenizer_path,
+is_generation) and `GET …/get_server_info` (a few server arguments and `version`), and nothing
+else. In-process it serves the harness's client
 tests with made-up tokens and failure modes; as a script, started inside a lab host's
 network namespace, it answers with the model's own greedy continuation:
 
@@ -31,9 +33,26 @@ def made_up_tokens(input_ids: list[int], count: int) -> list[int]:
 
 class StandIn(BaseHTTPRequestHandler):
     generate: ClassVar[Generate] = made_up_tokens
-    mode: ClassVar[str] = "ok"  # "error": HTTP 500; "no-ids": a reply without output_ids
+    # "error": HTTP 500 to POSTs; "no-ids": a reply without output_ids; "no-info": no model info
+    mode: ClassVar[str] = "ok"
+    model_path: ClassVar[str] = "stand-in-model"  # what /get_model_info says it serves
+    version: ClassVar[str | None] = "0.0.0-stand-in"  # None: no /get_server_info (older)
     requests: ClassVar[list[dict]] = []
     log: ClassVar[Path | None] = None
+
+    def do_GET(self):  # not in `requests`, which holds the /generate calls
+        path = urlsplit(self.path).path
+        if path.endswith("/get_model_info") and StandIn.mode != "no-info":
+            info = {"model_path": StandIn.model_path, "is_generation": True}
+            self._reply(200, {**info, "tokenizer_path": StandIn.model_path})
+        elif path.endswith("/get_server_info") and StandIn.version is not None:
+            # the real one holds every server argument, an api_key among them
+            self._reply(
+                200,
+                {"model_path": StandIn.model_path, "api_key": "s3cret", "version": StandIn.version},
+            )
+        else:
+            self._reply(404, {"detail": "Not Found"})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -73,9 +92,13 @@ class StandIn(BaseHTTPRequestHandler):
         pass
 
 
-def serve(generate: Generate = made_up_tokens) -> ThreadingHTTPServer:
-    """A server on 127.0.0.1 (ephemeral port) with fresh state; call serve_forever on it."""
+def serve(
+    generate: Generate = made_up_tokens, model_path: str = "stand-in-model"
+) -> ThreadingHTTPServer:
+    """A server on 127.0.0.1 (ephemeral port) with fresh state, serving `model_path`; call
+    serve_forever on it."""
     StandIn.generate, StandIn.mode, StandIn.requests = generate, "ok", []
+    StandIn.model_path, StandIn.version = model_path, "0.0.0-stand-in"
     return ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
 
 
@@ -95,7 +118,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True, help="JSON line per request")
     args = parser.parse_args()
-    server = serve(greedy_with(args.model))
+    server = serve(greedy_with(args.model), str(args.model))
     StandIn.log = args.log
     print(server.server_address[1], flush=True)
     server.serve_forever()

@@ -74,10 +74,10 @@ def test_every_option_the_run_had_is_repeated_and_means_the_same_run_to_the_harn
     harness = found.options["harness_options"]
     assert harness["no_cache"] is True and harness["ddtree"] == []  # '' (none) is not the default
     assert "max_blocks" not in harness and "top_p" not in harness  # unset or the default
+    assert harness["completions"] == "local"  # as the run had them, whatever the inventory says
     assert found.options | {"harness_options": None} == {
         "harness_options": None,
         "reference": False,
-        "sglang": False,
         "strip_optimizer": False,
         "tag": "nightly",
     }

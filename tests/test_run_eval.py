@@ -417,7 +417,7 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
     with_sglang = tmp_path / "inventory.yaml"
     with_sglang.write_text(yaml.safe_dump(document, sort_keys=False))
     step = ["--step", "6000", "--host", "eval"]
-    served = fab_eval(with_sglang, "run-eval", *step, "--sglang", *QUICK)
+    served = fab_eval(with_sglang, "run-eval", *step, *QUICK)  # sglang_url: SGLang by default
     assert served.returncode == 0, served.stdout + served.stderr
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     assert [request["path"] for request in requests] == ["/s3cret-path/generate?k=s3cret-q"] * 2
@@ -431,17 +431,20 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
         "source": "sglang",
         "sglang_url": redacted,
         "extra_tokens": BLOCK_SIZE,
+        "sglang_model": load(inventory_path).eval_hosts["eval"].target_model,  # asked first
+        "sglang_version": "0.0.0-stand-in",
     }
     for pulled_file in run_file.parent.iterdir():
         assert "s3cret" not in pulled_file.read_text(errors="replace"), pulled_file.name
     assert "s3cret" not in served.stdout + served.stderr
     assert list(runs.glob(".sglang-url-*")) == []  # the run is over: its secret file too
     # The stand-in serves the target's own greedy continuations: same metrics as local.
-    local = fab_eval(inventory_path, "run-eval", *step, *QUICK)
+    local = fab_eval(with_sglang, "run-eval", *step, "--completions", "local", *QUICK)
     assert local.returncode == 0, local.stdout + local.stderr
     [local_file] = [path for path in pulled(inventory_path) if path != run_file]
     local_results = json.loads((local_file.parent / "results.json").read_text())
     assert local_results["completions"]["source"] == "local-greedy"
+    assert len(log.read_text().splitlines()) == len(requests)  # the server was not asked
     assert local_results["metrics"] == results["metrics"]
     assert results["metrics"]["tau_macro"] > 1  # the trained step-6000 drafter
     # The server gone (other lengths, so no cached completion hides it): a clear failure.
@@ -451,7 +454,6 @@ def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_p
         with_sglang,
         "run-eval",
         *step,
-        "--sglang",
         "--num-prompts",
         "2",
         "--max-new-tokens",

@@ -64,7 +64,9 @@ def run_diagnose(
         else:
             other = stage_checkpoint(inventory, int(against), name, reporter)
             args += ["--reference-drafter", other.path, "--against", f"step {against}"]
-        request = EvalRequest(step=step, host=name, harness_args=args)
+        # local completions, as before SGLang became run-eval's default: the diagnosis
+        # launch does not remove a private URL file after the run
+        request = EvalRequest(step=step, host=name, harness_args=args, completions="local")
         run_id = jobs.new_run_id(step, name, DIAGNOSE_DIR, inventory.training_run)
         command = harness_command(
             host,

@@ -21,8 +21,9 @@ from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import RunResult, load_runs
 
 
-def expected_key(request: EvalRequest) -> dict[str, Any]:
-    """The parts of the run's comparability key that its options decide."""
+def expected_key(request: EvalRequest, from_sglang: bool = False) -> dict[str, Any]:
+    """The parts of the run's comparability key that its options decide (`from_sglang`: its
+    completions come from an SGLang server: request.sglang_url)."""
     placeholders = ["--checkpoint", "-", "--target", "-", "--out", "-"]
     args = build_parser().parse_args(["eval", *placeholders, *request.harness_args])
     key: dict[str, Any] = {
@@ -32,7 +33,7 @@ def expected_key(request: EvalRequest) -> dict[str, Any]:
         "numerics": NUMERICS_VERSION,
     }
     if request.features is None:  # a feature set brings its own prompts and completions
-        key["completions"] = "sglang" if request.sglang else "local-greedy"
+        key["completions"] = "sglang" if from_sglang else "local-greedy"
         prompts = prompts_sha256(request.prompts, args.num_prompts)
         if prompts is not None:
             key["prompts"] = prompts
@@ -56,14 +57,16 @@ def prompts_sha256(path: Path | None, count: int | None) -> str | None:
     return prompts_hash(prompts[:count] if count else prompts)
 
 
-def comparability_warning(results_root: Path, request: EvalRequest) -> str | None:
+def comparability_warning(
+    results_root: Path, request: EvalRequest, from_sglang: bool = False
+) -> str | None:
     """What sets the run apart from the largest comparability group of the pulled results
     (None: nothing that can be told before it runs, or no results yet)."""
     pulled = [run for run in load_runs(results_root) if run.results is not None]
     if not pulled:
         return None
     group = group_runs(pulled, RunResult.key, lambda run: run.run.get("started") or 0)[0]
-    expected = expected_key(request)
+    expected = expected_key(request, from_sglang)
     names = differing(expected, {name: group.key.get(name) for name in expected})
     if not names:
         return None

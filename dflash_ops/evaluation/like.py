@@ -9,7 +9,7 @@ harness option as the run had it) and run.json:
 - the prompts the run read (`options.prompts`, its uploaded copy) and the drafter config it
   was given (`options.drafter_config`), fetched back from the host it ran on; built-in
   prompts need nothing;
-- `--reference` (a `reference` block), `--sglang` (`completions.source`),
+- `--reference` (a `reference` block), `--completions` (`completions.source`),
   `--strip-optimizer` (an `extracted` checkpoint), the feature set (`features.set`), the tag.
 
 Not repeated: how staging read the checkpoint (`--via`), and the inventory's drafter profile
@@ -77,6 +77,9 @@ def liked(run: RunResult) -> Liked:
     if step is None:
         raise OpsError(f"--like {run.run_id}: its results record no step; pass --step")
     features = results.get("features") or {}
+    if not features.get("set"):  # a feature set brings its own completions
+        from_sglang = results["completions"]["source"] == "sglang"
+        harness["completions"] = "sglang" if from_sglang else "local"
     return Liked(
         run_id=run.run_id,
         step=step,
@@ -85,7 +88,6 @@ def liked(run: RunResult) -> Liked:
         options={
             "harness_options": harness,
             "reference": results["reference"] is not None,
-            "sglang": results["completions"]["source"] == "sglang",
             "strip_optimizer": results["checkpoint"]["format"] == "extracted",
             "tag": run.tag,
         },

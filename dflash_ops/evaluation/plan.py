@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.evaluation.in_memory import run_harness
-from dflash_ops.evaluation.request import EvalRequest
+from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.run import drafter_profile, host_defaults_argv, host_inputs_argv
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote.connection import Host
@@ -78,7 +78,12 @@ def plan_host(inventory: Inventory, request: EvalRequest, staged: StagedCheckpoi
         profile = drafter_profile(inventory)
         argv = plan_argv(host, entry, staged.path, request, profile)
         result = run_harness(
-            host, EvalLayout(entry).python, argv, json.dumps(stdin_inputs(entry, request, profile))
+            host,
+            EvalLayout(entry).python,
+            argv,
+            json.dumps(
+                stdin_inputs(entry, request, profile, sglang_url(request, host.name, entry))
+            ),
         )
     finally:
         host.close()
@@ -121,7 +126,9 @@ def plan_argv(
     return argv + request.harness_args
 
 
-def stdin_inputs(entry: EvalHost, request: EvalRequest, profile: dict | None) -> dict:
+def stdin_inputs(
+    entry: EvalHost, request: EvalRequest, profile: dict | None, url: str | None
+) -> dict:
     """What a real run uploads into its run directory, as the harness's `--inputs-on-stdin`."""
     inputs: dict[str, str] = {}
     if request.prompts is not None:
@@ -131,8 +138,8 @@ def stdin_inputs(entry: EvalHost, request: EvalRequest, profile: dict | None) ->
     if profile is not None:
         harness_profile = {k: v for k, v in profile.items() if k != "target_dtype"}
         inputs["drafter_profile"] = json.dumps(harness_profile)
-    if request.sglang and entry.sglang_url:
-        inputs["sglang_url"] = entry.sglang_url
+    if url is not None:
+        inputs["sglang_url"] = url
     return inputs
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import get_args
 
 from dflash_ops.core.arguments import parse_choice
-from dflash_ops.core.errors import OpsError
+from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.inventory import EvalHost
 from dflash_ops.core.records import check_json_lines
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
@@ -28,7 +29,8 @@ class EvalRequest:
     prompts: Path | None = None  # a local JSONL file, uploaded into the run directory
     drafter_config: Path | None = None  # a local config.json, uploaded likewise
     reference: bool = False  # also evaluate the inventory's reference_drafter
-    sglang: bool = False  # reference completions from the inventory's sglang_url
+    completions: str | None = None  # --completions: sglang, local, or None (sglang_url's)
+    sampled: bool = False  # T > 0: the target samples its own completions, never SGLang
     strip_optimizer: bool = False
     tag: str | None = None
     detach: bool = False
@@ -44,7 +46,6 @@ REQUEST_OPTIONS = (
     "dataset",
     "drafter_config",
     "reference",
-    "sglang",
     "strip_optimizer",
     "tag",
     "via",
@@ -69,7 +70,6 @@ def build_request(
     dataset: str | None = None,
     prompt_sets_dir: Path | None = None,
     reference: bool = False,
-    sglang: bool = False,
     strip_optimizer: bool = False,
     tag: str | None = None,
     detach: bool = False,
@@ -95,6 +95,7 @@ def build_request(
         require_wandb(wandb)
     if drafter_config and not Path(drafter_config).is_file():
         raise OpsError(f"--drafter-config: {drafter_config} is not a file on this workstation")
+    options = checked(harness_options)
     return EvalRequest(
         step=step,
         host=host,
@@ -102,7 +103,8 @@ def build_request(
         drafter_config=Path(drafter_config) if drafter_config else None,
         reference=reference,
         prompts=prompts_path,
-        sglang=sglang,
+        completions=options.get("completions"),
+        sampled=bool(options.get("temperature")),
         strip_optimizer=strip_optimizer,
         tag=tag,
         detach=detach,
@@ -110,6 +112,23 @@ def build_request(
         features=features or None,
         wandb=wandb or None,
     )
+
+
+def sglang_url(request: EvalRequest, name: str, entry: EvalHost) -> str | None:
+    """The SGLang server the run's completions come from; None: the target decodes them on
+    the host. By default the inventory's `sglang_url`, unless the target samples them (T > 0)
+    or a feature set brings them; --completions local opts out, --completions sglang insists."""
+    if request.completions == "local":
+        return None
+    if request.completions == "sglang" and not entry.sglang_url:
+        raise HostError(
+            name,
+            "--completions sglang needs `sglang_url` for this host in the inventory "
+            "(or pass --completions local)",
+        )
+    if request.completions is None and (request.sampled or request.features is not None):
+        return None
+    return entry.sglang_url
 
 
 def prompts_file(

@@ -31,7 +31,7 @@ from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.request import EvalRequest
+from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.results import read_results
 from dflash_ops.evaluation.tracking import after_pull
 from dflash_ops.provision.harness import deploy_harness
@@ -78,6 +78,7 @@ class RunReporter(Protocol):
 def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) -> jobs.Run:
     """One evaluation on one eval host, start to finish (or until detached)."""
     name, entry = inventory.eval_host(request.host)
+    from_sglang = sglang_url(request, name, entry) is not None  # refused before anything
     host = Host(inventory, name)
     try:
         harness = ensure_ready(host, entry, reporter.say)
@@ -131,7 +132,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
             reporter.say,
             reporter.follow,
             request.detach,
-            [upload_path(entry, SGLANG_URL_FILE, run_id)] if request.sglang else [],
+            [upload_path(entry, SGLANG_URL_FILE, run_id)] if from_sglang else [],
         )
         if request.detach:
             reporter.say(
@@ -369,7 +370,7 @@ def harness_command(
     argv += host_inputs_argv(host, entry, request)
     if features:
         argv += ["--features", features]
-    uploads = _uploads(entry, request, profile)
+    uploads = _uploads(entry, request, profile, sglang_url(request, host.name, entry))
     if uploads:
         host.run(f"mkdir -p {shlex.quote(layout.runs)}")
     for flag, data, name, private in uploads:
@@ -382,9 +383,7 @@ def harness_command(
 
 def host_inputs_argv(host: Host, entry: EvalHost, request: EvalRequest) -> list[str]:
     """The reference drafter the inventory names for this host, when asked for; refuses
-    --reference or --sglang that the host's inventory entry cannot serve."""
-    if request.sglang and not entry.sglang_url:
-        raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
+    --reference that the host's inventory entry cannot serve."""
     if not request.reference:
         return []
     if not entry.reference_drafter:
@@ -412,7 +411,7 @@ def upload_path(entry: EvalHost, name: str, run_id: str) -> str:
 
 
 def _uploads(
-    entry: EvalHost, request: EvalRequest, profile: dict | None
+    entry: EvalHost, request: EvalRequest, profile: dict | None, url: str | None
 ) -> list[tuple[str, bytes, str, bool]]:
     """(harness flag, content, file name, private) of each file the run needs on the host.
     The SGLang URL goes through a private file: it may carry credentials, which must not
@@ -428,8 +427,8 @@ def _uploads(
         harness_profile = {k: v for k, v in profile.items() if k != "target_dtype"}
         data = json.dumps(harness_profile, indent=2).encode()
         uploads.append(("--drafter-profile", data, "drafter-profile.json", False))
-    if request.sglang:
-        uploads.append(("--sglang-url", entry.sglang_url.encode(), SGLANG_URL_FILE, True))
+    if url is not None:
+        uploads.append(("--sglang-url", url.encode(), SGLANG_URL_FILE, True))
     return uploads
 
 

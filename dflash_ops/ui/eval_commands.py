@@ -24,7 +24,7 @@ from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import checked, harness_args
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
-from dflash_ops.evaluation.request import EvalRequest, build_request
+from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
 from dflash_ops.evaluation.run import run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
@@ -152,7 +152,9 @@ def like_command(
 
 def warn_if_incomparable(inventory: Inventory, request: EvalRequest) -> None:
     """Say, before it starts, when a run will not be comparable with the pulled results."""
-    warning = comparability_warning(inventory.local.results, request)
+    hosts = [inventory.eval_host(request.host)] if request.host else inventory.eval_hosts.items()
+    from_sglang = all(sglang_url(request, name, entry) for name, entry in hosts)
+    warning = comparability_warning(inventory.local.results, request, from_sglang)
     if warning:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
 

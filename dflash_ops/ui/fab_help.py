@@ -78,7 +78,6 @@ RUN_EVAL_HELP = {
     "dataset": "named prompt sets, comma-separated: gsm8k, math500, humaneval, mbpp, "
     "mt-bench (as z-lab's benchmark formats them; NAME=FILE reads local data files); "
     "--num-prompts N then draws N from each",
-    "sglang": "reference completions from the inventory's sglang_url",
     "strip_optimizer": "evaluate a copy without optimizer state (harness extract)",
     "tag": "a label stored with the run (for compare --tag)",
     "detach": "start the run and return; follow later with eval-logs --follow",
@@ -152,7 +151,7 @@ DIAGNOSE_HELP = {
 # run-eval's own options that `fab watch` passes on to every run, with run-eval's help (the
 # harness's options it passes on are the table's: task_help(WATCH)).
 WATCH_RUN_OPTIONS = (
-    "drafter_config", "reference", "prompts", "sglang", "strip_optimizer", "via", "dataset", "run",
+    "drafter_config", "reference", "prompts", "strip_optimizer", "via", "dataset", "run",
     "wandb",
 )  # fmt: skip
 

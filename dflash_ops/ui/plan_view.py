@@ -14,6 +14,7 @@ def plan_lines(plan: HostPlan) -> list[str]:
     lines += _staging(plan)
     lines.append(f"  drafter: {_drafter(harness['drafter'])}")
     lines.append(f"  cache: {_cache(harness['cache'], harness['prompts']['count'])}")
+    lines.append(f"  completions: {_completions(harness['completions'])}")
     lines.append(f"  compute: {_compute(harness)}")
     lines.append(f"  memory: {_memory(harness['target'], harness['host'])}")
     lines.append(f"  time: {_time(harness['estimate'])}")
@@ -32,6 +33,17 @@ def _staging(plan: HostPlan) -> list[str]:
         if hop.space is not None:
             lines.append(f"  disk: {hop.space.describe()}")
     return lines
+
+
+def _completions(completions: dict) -> str:
+    if completions["source"] == "local":
+        return "the target's own, computed on the host (no SGLang server for this run)"
+    if "sglang_model" not in completions:  # the server did not answer: a problem says why
+        return f"SGLang at {completions['sglang_url']}"
+    version = completions["sglang_version"] or "version not given"
+    return (
+        f"SGLang at {completions['sglang_url']}, serving {completions['sglang_model']} ({version})"
+    )
 
 
 def _drafter(drafter: dict) -> str:

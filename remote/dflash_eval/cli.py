@@ -17,6 +17,7 @@ from dflash_eval import options as run_options
 from dflash_eval.errors import HarnessError
 from dflash_eval.numbers import option as bounded
 from dflash_eval.progress import Progress
+from dflash_eval.sglang_server import completions_url
 from dflash_eval.summary import headline, summary_lines
 from dflash_eval.urls import read_url
 
@@ -229,6 +230,7 @@ def _eval_options(args: argparse.Namespace, given: dict[str, Any]) -> EvalOption
     values.update(given)
     if "sglang_url" not in given and args.sglang_url:
         values["sglang_url"] = read_url(args.sglang_url)
+    values["sglang_url"] = completions_url(args.completions, values["sglang_url"])
     if args.no_cache:
         values["cache_dir"] = None
     return EvalOptions(

@@ -28,6 +28,7 @@ import torch
 from dflash_eval.errors import HarnessError
 from dflash_eval.sampling import Sampling, generator, sample_row, stream_seed
 from dflash_eval.schema import PromptSet
+from dflash_eval.sglang_server import ServedModel
 from dflash_eval.urls import conceal, endpoint, redact_url
 
 BUILTIN_PROMPTS = (
@@ -272,6 +273,7 @@ class SGLangClient:
         self.generate_url = endpoint(self.url, "generate")
         self.shown = redact_url(self.url)  # for messages: scheme, host and port only
         self.timeout_s = timeout_s
+        self.served: ServedModel | None = None  # what the server said it serves
 
     def reference(
         self, prompt_ids: list[int], max_new_tokens: int, extra: int, stops: list[int]

@@ -48,6 +48,7 @@ from dflash_eval.samples import Decode, draft_sample, sampled_prompts, tokenizer
 from dflash_eval.sampling import Sampling, from_options, refuse_dflash2
 from dflash_eval.schema import Checkpoint, Results
 from dflash_eval.schema_metrics import Metrics
+from dflash_eval.sglang_server import check_serves
 from dflash_eval.summary import settings_line
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_source import TargetSource, eval_device
@@ -96,6 +97,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         threads=threads,
     )
     warnings: list[str] = []
+    client = _sglang_client(options, features_set, progress, warnings)  # checked before all
 
     with timer.phase("load_target"):
         # The model itself loads only if a completion or hidden state must be computed.
@@ -131,6 +133,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         prompts,
         features_set,
         target,
+        client,
         tokenizer,
         stops,
         identity,
@@ -159,6 +162,7 @@ def _target_side(
     prompts: list[Prompt],
     features_set: FeatureSet | None,
     target: TargetSource,
+    client: SGLangClient | None,
     tokenizer: Any,
     stops: list[int],
     identity: dict[str, Any],
@@ -179,7 +183,6 @@ def _target_side(
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
         progress.warn(warnings[-1])
     libraries = library_versions()
-    client = _sglang_client(options, features_set, progress, warnings)
     target_match = (  # the set (if any) must serve this run exactly
         features_set.check_fits(identity, drafters, options.max_new_tokens, options.thinking)
         if features_set is not None
@@ -326,10 +329,17 @@ def _sglang_client(
     progress: Progress,
     warnings: list[str],
 ) -> SGLangClient | None:
+    """The SGLang server's client, once it has said that it serves the target."""
     if not options.sglang_url:
         return None
     if features_set is None:
-        return SGLangClient(options.sglang_url)
+        client = SGLangClient(options.sglang_url)
+        client.served = check_serves(options.sglang_url, options.target)
+        progress.say(
+            f"SGLang at {client.shown} serves {client.served.model_path} "
+            f"(version {client.served.version or 'not given'})"
+        )
+        return client
     warnings.append(
         f"--sglang-url ignored: the completions come from feature set {features_set.name} "
         f"({features_set.manifest['completions']['source']})"
@@ -366,6 +376,7 @@ def _lookup(
         pipeline.completion_source(client),
         max(config.block_size for config in drafters.values()),
         sorted(set().union(*(config.target_layer_ids for config in drafters.values()))),
+        served=client.served.record() if client and client.served else None,
     )
 
 

@@ -207,6 +207,16 @@ OPTIONS: tuple[Option, ...] = (
         "get completions from SGLang's /generate (default: local greedy); @FILE reads the URL "
         "from FILE, keeping credentials out of the command line",
     ),
+    Option(
+        "completions",
+        "text",
+        "where the reference completions come from: sglang (the server of --sglang-url, or of "
+        "the inventory's sglang_url; the default when there is one, at T = 0) or local (greedy "
+        "decoding with the target on this host)",
+        choices=("sglang", "local"),
+        tasks=EVAL_TASKS,
+        stored=False,
+    ),
     Option("cache_dir", "path", "completion/hidden-state cache", default=CACHE_DIR),
     Option(
         "no_cache",

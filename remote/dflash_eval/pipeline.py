@@ -82,6 +82,7 @@ class Lookup:
     layer_ids: list[int]  # the target layers whose hidden states are stored
     missing: Missing | None = None  # None: compute a miss and store it
     sampling: Sampling | None = None  # T > 0: references sampled locally (sampling.py)
+    served: dict[str, Any] | None = None  # the SGLang server's model and version
 
 
 def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]) -> dict:

@@ -45,9 +45,11 @@ from dflash_eval.plan_drafter import DrafterFacts, drafter_facts, reference_fact
 from dflash_eval.plan_inputs import is_memory_file
 from dflash_eval.results import library_versions, staged_sha256
 from dflash_eval.sampling import from_options
+from dflash_eval.sglang_server import check_serves
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_config import TargetConfig, read_target_config
 from dflash_eval.target_source import DEVICE
+from dflash_eval.urls import redact_url
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     prompts = load_prompts(options)
     cached = count_cache(options, config, choice, prompts, drafter, reference)
     target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
+    completions = completions_record(options, problems)
     threads = options.threads or facts.cores
     machine = estimate.Machine(threads, facts.cpu.feature_class)
     phases = _phases(options, target, drafter, reference, cached, shape)
@@ -105,6 +108,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
         "reference_drafter": reference.record() if reference else None,
         "prompts": {"count": len(prompts), "source": prompts_source(options.prompts)},
         "cache": cached.record(),
+        "completions": completions,
         "host": {
             "memory_available_bytes": facts.memory_available,
             "cpu": facts.cpu.record(),
@@ -114,6 +118,20 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
         "estimate": estimate.estimate(machine, phases),
         "problems": problems,
     }
+
+
+def completions_record(options: EvalOptions, problems: list[str]) -> dict[str, Any]:
+    """Where the completions would come from; an SGLang server is asked what it serves, as
+    `eval` asks it before anything else (a refusal becomes a problem)."""
+    if not options.sglang_url:
+        return {"source": "local", "sglang_url": None}
+    record: dict[str, Any] = {"source": "sglang", "sglang_url": redact_url(options.sglang_url)}
+    try:
+        served = check_serves(options.sglang_url, options.target)
+    except HarnessError as refusal:
+        problems.append(f"the run would refuse to start: {refusal}")
+        return record
+    return {**record, "sglang_model": served.model_path, "sglang_version": served.version}
 
 
 def prompts_source(path: Path | None) -> str:
@@ -302,34 +320,45 @@ def _phases(
     params, in_memory = target["parameters"], target["in_memory_bytes"]
     new_tokens = options.max_new_tokens + (drafter.block_size or 0)
     head_bytes = 2 * shape.vocab_size * shape.hidden_size * BYTES_PER_ELEMENT[dtype]
-    loaded = in_memory if target["body_loads"] is not False else head_bytes
+    body = target["body_loads"] is not False
+    layers = shape.num_layers
     phases = {
         "hash_checkpoint": estimate.Phase(disk_bytes=hashed_bytes(options)),
-        "load_target": estimate.Phase(disk_bytes=loaded),
+        "load_target": estimate.Phase(
+            disk_bytes=in_memory if body else head_bytes,
+            fixed_seconds=estimate.LOAD_START_S if body else 0.0,
+        ),
     }
     if not options.sglang_url:
         missing = [p for p in cached.prompts if p.reference_tokens is None]
         steps = len(missing) * new_tokens  # one decode step per token, each streams the weights
         prefill = sum(p.prompt_tokens or 0 for p in missing)
         phases["completions"] = estimate.Phase(
-            2.0 * params * (prefill + steps), dtype, streamed_bytes=float(in_memory) * steps
+            2.0 * params * (prefill + steps),
+            dtype,
+            streamed_bytes=float(in_memory) * steps,
+            fixed_seconds=estimate.layer_passes(steps, len(missing), layers),
         )
-    forward = sum(
-        (p.prompt_tokens or 0) + (p.reference_tokens or new_tokens)
-        for p in cached.prompts
-        if not p.hidden_hit
+    uncached = [p for p in cached.prompts if not p.hidden_hit]
+    forward = sum((p.prompt_tokens or 0) + (p.reference_tokens or new_tokens) for p in uncached)
+    phases["hidden_states"] = estimate.Phase(
+        2.0 * params * forward, dtype, fixed_seconds=estimate.layer_passes(0, len(uncached), layers)
     )
-    phases["hidden_states"] = estimate.Phase(2.0 * params * forward, dtype)
     if cached.features_record == "missing" and cached.prompts:
         first = cached.prompts[0]
         tokens = (first.prompt_tokens or 0) + (first.reference_tokens or new_tokens)
-        phases["fidelity"] = estimate.Phase(2.0 * params * tokens, "float32")
+        fixed = estimate.layer_passes(0, 1, layers)
+        phases["fidelity"] = estimate.Phase(2.0 * params * tokens, "float32", fixed_seconds=fixed)
     for name, walker in (("drafter", drafter), ("reference_drafter", reference)):
         if walker is not None and walker.parameters is not None and walker.block_size:
             # Every anchor of the completion, a block each, through the layers and the LM head.
             per_token = 2.0 * (walker.parameters + shape.vocab_size * shape.hidden_size)
-            tokens = cached.total * options.max_new_tokens * walker.block_size
-            phases[name] = estimate.Phase(per_token * tokens, drafter.dtype)
+            anchors = cached.total * options.max_new_tokens
+            phases[name] = estimate.Phase(
+                per_token * anchors * walker.block_size,
+                drafter.dtype,
+                fixed_seconds=anchors * estimate.ANCHOR_WALK_S,
+            )
     return phases
 
 

@@ -207,6 +207,8 @@ def completions_block(options: EvalOptions, lookup: pipeline.Lookup) -> Completi
         source="sglang" if from_sglang else source,  # local-greedy or local-sampled
         sglang_url=url,
         extra_tokens=lookup.extra_tokens,
+        sglang_model=lookup.served["model_path"] if lookup.served else None,
+        sglang_version=lookup.served["version"] if lookup.served else None,
     )
 
 

@@ -208,7 +208,7 @@ class Prompts(_PromptsKeys, total=False):
     """Each named prompt set; `{}` for plain prompts."""
 
 
-class Completions(TypedDict):
+class _CompletionsKeys(TypedDict):
     source: Literal["local-greedy", "sglang", "local-sampled"]
     """`local-sampled`: at T > 0, sampled with the target itself (docs/sampling.md)."""
     sglang_url: str | None
@@ -217,6 +217,16 @@ class Completions(TypedDict):
     extra_tokens: int
     """How far each reference runs past the end of its completion: the drafter's block size,
     the larger one with `--reference-drafter` (see "metrics")."""
+
+
+class Completions(_CompletionsKeys, total=False):
+    sglang_model: str | None
+    """The model the SGLang server said it serves (`model_path` of its /get_model_info),
+    checked against the target before the run; null when no server was asked (local
+    completions, or a feature set's)."""
+    sglang_version: str | None
+    """SGLang's version (`version` of its /get_server_info); null when not asked or not
+    given."""
 
 
 class _HarnessKeys(TypedDict):

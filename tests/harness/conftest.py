@@ -1,13 +1,15 @@
-"""Fixtures for the harness tests: the lab's tiny models, built once per session."""
+"""Fixtures for the harness tests: the lab's tiny models (once per session), an SGLang stand-in."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from dflash_lab.models import LabModels, build_lab_models
+from tests.sglang_stand_in import serve
 
 from .helpers import loader_drafter
 
@@ -36,3 +38,14 @@ def drafter():
     """The loader tests' drafter (fitting LOADER_TARGET); modules that test another drafter
     define their own `drafter`."""
     return loader_drafter()
+
+
+@pytest.fixture
+def sglang_url():
+    """The URL of an SGLang stand-in (tests/sglang_stand_in.py) on loopback, fresh state."""
+    server = serve()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 from dflash_eval import cli
-from dflash_eval.estimate import GFLOPS_PER_CORE, Machine, Phase, parse_cpuinfo
+from dflash_eval.estimate import (
+    DECODE_LAYER_STEP_S,
+    DISK_BYTES_PER_SECOND,
+    FORWARD_LAYER_PASS_S,
+    GFLOPS_PER_CORE,
+    Machine,
+    Phase,
+    layer_passes,
+    parse_cpuinfo,
+)
 from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.features import parse_meminfo
 from dflash_eval.plan import HostFacts, make_plan
@@ -159,7 +168,13 @@ def test_the_time_model_is_flops_over_rate_or_bytes_over_bandwidth():
     assert machine.seconds(Phase(flops=1.0, streamed_bytes=machine.bandwidth * 5)) == (
         pytest.approx(5.0)
     )
-    assert machine.seconds(Phase(disk_bytes=2e9)) == pytest.approx(2.0)
+    assert machine.seconds(Phase(disk_bytes=2 * DISK_BYTES_PER_SECOND)) == pytest.approx(2.0)
+    # Fixed costs add to the rest, whatever the cores.
+    passes = layer_passes(decode_steps=10, forwards=1, layers=4)
+    assert passes == pytest.approx(4 * (10 * DECODE_LAYER_STEP_S + FORWARD_LAYER_PASS_S))
+    assert Machine(64, "avx2").seconds(Phase(flops=rate * 3, fixed_seconds=passes)) == (
+        pytest.approx(3.0 / 32 + passes)
+    )
 
 
 def test_without_a_staged_checkpoint_the_profile_or_unknown(lab, tmp_path):

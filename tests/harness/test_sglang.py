@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from dflash_eval.completions import SGLangClient
 from dflash_eval.errors import HarnessError
 
-from tests.sglang_stand_in import StandIn, made_up_tokens, serve
+from tests.sglang_stand_in import StandIn, made_up_tokens
 
 from .helpers import quick_eval
-
-
-@pytest.fixture
-def sglang_url():
-    server = serve()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def test_client_sends_greedy_request_and_reads_output_ids(sglang_url):
@@ -80,6 +68,7 @@ def test_unreachable_server_names_the_url_and_the_fix():
 
 
 def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
+    StandIn.model_path = str(lab.target_dir)  # what the server is asked before it is used
     results = quick_eval(
         lab,
         tmp_path,
@@ -93,6 +82,8 @@ def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
         "source": "sglang",
         "sglang_url": sglang_url,
         "extra_tokens": 8,  # the lab drafter's block size
+        "sglang_model": str(lab.target_dir),
+        "sglang_version": "0.0.0-stand-in",
     }
     assert len(StandIn.requests) == 2
     assert {r["sampling_params"]["max_new_tokens"] for r in StandIn.requests} == {12 + 8}
