@@ -34,9 +34,18 @@ def shared_key(
     }
 
 
-def completion_source(sglang_url: str | None) -> str:
-    """Where completions come from, as keyed: never a URL's credentials."""
-    return f"sglang {redact_url(sglang_url.rstrip('/'))}" if sglang_url else LOCAL_GREEDY
+def completion_source(
+    sglang_url: str | None, served_model: str | None = None, served_version: str | None = None
+) -> str:
+    """Where completions come from, as keyed: never a URL's credentials. A server is keyed
+    with the model and version it said it serves, so a URL that now serves another model (or
+    another SGLang) never finds the completions of the old one."""
+    if not sglang_url:
+        return LOCAL_GREEDY
+    source = f"sglang {redact_url(sglang_url.rstrip('/'))}"
+    if served_model:
+        source += f" serving {served_model} (SGLang {served_version or 'version not given'})"
+    return source
 
 
 def completion_key(

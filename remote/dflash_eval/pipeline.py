@@ -93,7 +93,12 @@ def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]
 
 
 def completion_source(client: SGLangClient | None) -> str:
-    return cache_keys.completion_source(client.url if client else None)
+    if client is None:
+        return cache_keys.LOCAL_GREEDY
+    served = client.served
+    return cache_keys.completion_source(
+        client.url, served and served.model_path, served and served.version
+    )
 
 
 def target_side(

@@ -96,9 +96,9 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     reference = reference_facts(options, shape) if options.reference_drafter else None
     problems += drafter.problems + (reference.problems if reference else [])
     prompts = load_prompts(options)
-    cached = count_cache(options, config, choice, prompts, drafter, reference)
-    target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
     completions = completions_record(options, problems)
+    cached = count_cache(options, config, choice, prompts, drafter, reference, completions)
+    target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
     threads = options.threads or facts.cores
     machine = estimate.Machine(threads, facts.cpu.feature_class)
     phases = _phases(options, target, drafter, reference, cached, shape)
@@ -197,9 +197,11 @@ def count_cache(
     prompts: list[Prompt],
     drafter: DrafterFacts,
     reference: DrafterFacts | None,
+    completions: dict[str, Any],
 ) -> CacheCount:
     """Look every entry up by the key `eval` would use; read completions (small) to know
-    the next keys, only the stored key of hidden states."""
+    the next keys, only the stored key of hidden states. `completions`: where they would
+    come from (completions_record: the server's answer is part of their key)."""
     count = CacheCount(options.cache_dir is not None, len(prompts))
     drafters = [d for d in (drafter, reference) if d is not None]
     if choice is None or not all(d.known for d in drafters):
@@ -222,7 +224,9 @@ def count_cache(
     source = (
         cache_keys.LOCAL_SAMPLED
         if sampling.active
-        else cache_keys.completion_source(options.sglang_url)
+        else cache_keys.completion_source(
+            options.sglang_url, completions.get("sglang_model"), completions.get("sglang_version")
+        )
     )
     cache = DiskCache(options.cache_dir)
     conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)

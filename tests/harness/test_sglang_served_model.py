@@ -110,3 +110,23 @@ def test_the_plan_asks_the_server_and_names_a_wrong_model_as_a_problem(lab, tmp_
     assert "serves Qwen/Qwen3-8B" in problem
     local = make_plan(options(lab, tmp_path), facts())
     assert local["completions"] == {"source": "local", "sglang_url": None}
+
+
+def test_completions_are_keyed_by_the_model_and_version_the_server_serves(
+    lab, tmp_path, sglang_url, monkeypatch
+):
+    """A URL is not an identity: after an SGLang upgrade (or another copy of the model behind
+    the same URL) the cached completions are not the server's any more."""
+    monkeypatch.setattr(StandIn, "model_path", str(lab.target_dir))
+
+    def completion_hits() -> int:
+        plan = make_plan(options(lab, tmp_path, sglang_url=sglang_url), facts())
+        return plan["cache"]["completions"]["hits"]
+
+    assert completion_hits() == 0
+    quick_eval(lab, tmp_path, sglang_url=sglang_url, max_new_tokens=24, ddtree=[4])
+    assert completion_hits() == 3  # eval and plan key them alike
+    monkeypatch.setattr(StandIn, "version", "0.0.1-upgraded")
+    assert completion_hits() == 0
+    monkeypatch.setattr(StandIn, "model_path", f"/other/copy/{lab.target_dir.name}")
+    assert completion_hits() == 0
