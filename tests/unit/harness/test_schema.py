@@ -14,7 +14,7 @@ from dflash_eval.summary import headline, summary_lines
 
 from tests.schema_samples import LATER_KEYS, SCHEMA_3_KEYS, results_dict, sampled_results_dict
 
-REMOTE = Path(__file__).resolve().parents[2] / "remote"
+REMOTE = Path(__file__).resolve().parents[3] / "remote"
 
 
 def test_importing_the_schema_loads_no_torch():

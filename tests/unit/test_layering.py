@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dflash_ops"
+PACKAGE = Path(__file__).resolve().parents[2] / "dflash_ops"
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -19,7 +19,7 @@ from dflash_ops.evaluation import figures, results
 from dflash_ops.remote.connection import Host
 from dflash_ops.staging.stage import StageOptions, stage
 from dflash_ops.ui import report
-from tests.test_report import pull
+from tests.unit.test_report import pull
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 from dflash_eval import reading, schema_check, summary
 from dflash_eval.cli import build_parser
 
-REMOTE = Path(__file__).resolve().parents[2] / "remote"
+REMOTE = Path(__file__).resolve().parents[3] / "remote"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

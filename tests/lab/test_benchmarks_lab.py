@@ -1,5 +1,5 @@
 """The transfer benchmarks at their smoke size, each on the lab it builds (root: namespaces,
-tmpfs and bind mounts), so that none rots unseen; the harness's: tests/test_benchmarks.py."""
+tmpfs and bind mounts), so that none rots unseen; the harness's: tests/unit/test_benchmarks.py."""
 
 from __future__ import annotations
 

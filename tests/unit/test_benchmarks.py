@@ -1,4 +1,4 @@
-"""benchmarks/harness.py at its smoke size (the lab benchmarks: tests/test_benchmarks_lab.py),
+"""benchmarks/harness.py at its smoke size (the lab benchmarks: tests/lab/test_benchmarks_lab.py),
 and its children: one that fails or dies fails the benchmark at once, with its error."""
 
 from __future__ import annotations

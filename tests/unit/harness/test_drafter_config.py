@@ -1,6 +1,6 @@
 """Drafter configs: where each field is read from, what is refused, and how a config is
 checked against the target. (How missing settings are filled, and from where, is the
-provenance rules' business: tests/harness/test_provenance.py.)"""
+provenance rules' business: tests/unit/harness/test_provenance.py.)"""
 
 from __future__ import annotations
 
@@ -374,6 +374,6 @@ def test_the_architecture_is_read_back_from_parameter_shapes():
 
 
 def test_every_accepted_key_is_in_the_specification():
-    spec = (Path(__file__).parents[2] / "docs" / "harness-spec.md").read_text()
+    spec = (Path(__file__).parents[3] / "docs" / "harness-spec.md").read_text()
     missing = [key for key in [*TOP_LEVEL, *UNDER_DFLASH_CONFIG] if f"`{key}`" not in spec]
     assert missing == []

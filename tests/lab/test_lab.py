@@ -18,7 +18,7 @@ from dflash_ops.remote.routes import network_namespaces
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and tmpfs need root")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tcp_from(lab: labs.Lab, host: str, address: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
 from dflash_eval.summary import summary_lines
 
-from tests.harness.helpers import quick_eval
+from tests.unit.harness.helpers import quick_eval
 
 SOURCE = {"repo": "openai/gsm8k", "revision": "0123456789abcdef", "seed": 0}
 # A template with a thinking switch, in the shape of Qwen3's (which adds an empty think

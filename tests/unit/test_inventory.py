@@ -13,7 +13,7 @@ from dflash_ops.core.containers import DockerContainer, PctContainer, RootfsCont
 from dflash_ops.core.errors import InventoryError
 from dflash_ops.remote.layout import EvalLayout
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "inventory.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "inventory.yaml"
 
 
 def example() -> dict:

@@ -41,7 +41,7 @@ from dflash_ops.ui.eval_view import (
 )
 from dflash_ops.ui.staging_view import short_label, transfer_bars
 from tests.schema_samples import results_dict
-from tests.test_report import pull as pull_with_sets
+from tests.unit.test_report import pull as pull_with_sets
 
 STAMPS = {2000: "20261201-120301", 4000: "20261201-120355", 6000: "20261202-093012"}
 

@@ -18,7 +18,7 @@ from dflash_eval.features_run import FeaturesOptions, run_features
 from dflash_eval.progress import Progress
 from dflash_eval.target import load_tokenizer
 
-REMOTE = Path(__file__).resolve().parents[2] / "remote"
+REMOTE = Path(__file__).resolve().parents[3] / "remote"
 TIMEOUT_S = 300
 
 

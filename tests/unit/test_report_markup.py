@@ -14,7 +14,7 @@ import pytest
 
 from dflash_ops.evaluation import results
 from dflash_ops.ui import report
-from tests.test_report import headless_chromium, needs_chromium, pull
+from tests.unit.test_report import headless_chromium, needs_chromium, pull
 
 TITLE = "DFlash drafter evaluation report"
 # Each route to script a page offers: a script element, an event handler, a javascript: URL,

@@ -25,7 +25,7 @@ from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 
 from .helpers import quick_eval
 
-REMOTE = Path(__file__).resolve().parents[2] / "remote"
+REMOTE = Path(__file__).resolve().parents[3] / "remote"
 LAB_LAYERS = [1, 3]  # what the lab drafters read
 LAB_BLOCK = 8
 SUBPROCESS_TIMEOUT_S = 300
