@@ -21,6 +21,7 @@ import pytest
 from dflash_lab import lab as labs
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging import catalog
 
 REPO = Path(__file__).resolve().parent.parent
 FAB = Path(sys.executable).parent / "fab"
@@ -69,6 +70,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _never_the_example_inventory(monkeypatch):
     """The committed inventory.yaml names a user's real servers: no test may fall back to it."""
     monkeypatch.setenv("DFLASH_INVENTORY", "/nonexistent/tests-must-pass-a-lab-inventory.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _no_stability_wait(monkeypatch):
+    """A listing looks twice at a checkpoint written in the last seconds, a window apart:
+    the lab writes its checkpoints just before the tests list them, so no test waits that
+    window (the growing-file test puts a real one back)."""
+    monkeypatch.setattr(catalog, "STABILITY", catalog.Stability(window_s=0.0))
 
 
 @pytest.fixture(scope="session")

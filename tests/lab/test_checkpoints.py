@@ -13,6 +13,7 @@ import yaml
 
 from dflash_ops.core.errors import CheckpointError
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging import catalog
 from dflash_ops.staging.catalog import list_checkpoints
 from dflash_ops.staging.stage import StageOptions, stage
 
@@ -40,7 +41,8 @@ def test_list_checkpoints_reports_steps_sizes_and_completeness(lab, inventory):
         assert info.mtime == int(lab.checkpoint_path(info.step).stat().st_mtime)
 
 
-def test_a_growing_file_is_not_complete(make_lab):
+def test_a_growing_file_is_not_complete(make_lab, monkeypatch):
+    monkeypatch.setattr(catalog, "STABILITY", catalog.Stability())  # the real window
     lab = make_lab(steps=(2000,), checkpoint_size="1m")
     inventory = load_inventory(lab.inventory_path)
     growing = lab.checkpoint_path(2000)
@@ -48,7 +50,7 @@ def test_a_growing_file_is_not_complete(make_lab):
     stop, writing = threading.Event(), threading.Event()
 
     def writer():
-        # Appends until told to stop: the listing's two looks (STABLE_WINDOW_S apart) see
+        # Appends until told to stop: the listing's two looks (the stability window apart) see
         # different sizes. The interval paces the writes (the trainer's disk is small); it
         # synchronises nothing: the test starts once the file is growing and stops it itself.
         with growing.open("ab") as out:
