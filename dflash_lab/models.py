@@ -41,6 +41,8 @@ PROMPT_LENGTH = 16
 TRAIN_SEQUENCES = 48
 # Long enough that the drafter sees the positions of a default eval (prompt + 256 tokens).
 TRAIN_NEW_TOKENS = 400
+# The labelled steps every build trains (one run, whatever subset a lab asks for).
+LAB_STEPS = (2000, 4000, 6000)
 # Real optimisation steps per 1000 "labelled" steps: 2000 → 50, 4000 → 100, 6000 → 150.
 REAL_STEPS_PER_1000 = 25
 LAB_PROMPTS = (
@@ -73,12 +75,15 @@ class LabModels:
     prompts: Path | None  # JSONL of prompts suited to the tiny model (None: built-ins)
 
 
-def build_lab_models(
-    cache_dir: Path, steps: Sequence[int] = (2000, 4000, 6000), seed: int = 0
-) -> LabModels:
-    """Build (or return the cached) tiny target, prompts and drafter checkpoints."""
+def build_lab_models(cache_dir: Path, steps: Sequence[int] = LAB_STEPS, seed: int = 0) -> LabModels:
+    """Build (or return the cached) tiny target, prompts and drafter checkpoints. One
+    training run saves every step of LAB_STEPS (and any other asked for), so labs that
+    use different steps share it; a step's weights do not depend on the others saved."""
     steps = tuple(sorted(set(int(s) for s in steps)))
-    root = Path(cache_dir) / f"lab-models-{_cache_key(steps, seed)}"
+    if not steps or min(steps) < 1:
+        raise ValueError(f"steps must be positive integers, got {steps}")
+    trained = tuple(sorted({*LAB_STEPS, *steps}))
+    root = Path(cache_dir) / f"lab-models-{_cache_key(trained, seed)}"
     models = LabModels(
         target_dir=root / "target",
         checkpoints={s: root / "checkpoints" / f"step_{s}" / "checkpoint.pt" for s in steps},
@@ -86,16 +91,14 @@ def build_lab_models(
     )
     if (root / "complete.json").is_file():
         return models
-    if not steps or min(steps) < 1:
-        raise ValueError(f"steps must be positive integers, got {steps}")
     root.parent.mkdir(parents=True, exist_ok=True)
     # A private build directory, renamed into place when complete: a concurrent build
     # (another process) cannot interfere, and an interrupted one leaves no complete-looking
     # directory.
     partial = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=root.parent))
     try:
-        _build(partial, steps, seed)
-        (partial / "complete.json").write_text(json.dumps({"steps": steps, "seed": seed}) + "\n")
+        _build(partial, trained, seed)
+        (partial / "complete.json").write_text(json.dumps({"steps": trained, "seed": seed}) + "\n")
         partial.rename(root)
     except OSError:
         if not (root / "complete.json").is_file():

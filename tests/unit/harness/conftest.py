@@ -1,4 +1,5 @@
-"""Fixtures for the harness tests: the lab's tiny models, built once per session."""
+"""Fixtures for the harness tests: the lab's tiny models, trained once per machine (the
+cache every lab copies from)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_lab.content import MODEL_CACHE
 from dflash_lab.models import LabModels, build_lab_models
 
 from .helpers import loader_drafter
 
 
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> LabModels:
-    return build_lab_models(tmp_path_factory.mktemp("lab-models"))
+def lab() -> LabModels:
+    return build_lab_models(MODEL_CACHE)
 
 
 @pytest.fixture(autouse=True)
