@@ -9,7 +9,6 @@ still going when it acts pauses the harness process (SIGSTOP) instead of hoping 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import signal
@@ -28,7 +27,7 @@ from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import FAB, REPO, provisioned_models_lab, run_fab
+from tests.conftest import FAB, REPO, provisioned_models_lab, run_fab, start_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
 
@@ -99,23 +98,6 @@ def paused(inventory_path: Path, run: jobs.Run, host_name: str = "eval") -> Iter
 
 def fab_eval(inventory_path: Path, *args: str, timeout: float = 300):
     return run_fab(inventory_path, *args, timeout=timeout)
-
-
-def start_fab(inventory_path: Path, *args: str) -> subprocess.Popen:
-    # The checkout's own packages first, as run_fab does (else the venv's dflash_eval runs).
-    env = {
-        **os.environ,
-        "DFLASH_INVENTORY": str(inventory_path),
-        "PYTHONPATH": f"{REPO / 'remote'}:{REPO}",
-    }
-    return subprocess.Popen(
-        [str(FAB), *args],
-        cwd=REPO,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
 
 
 def wait_for_run(

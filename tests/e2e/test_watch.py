@@ -35,8 +35,7 @@ from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
 from dflash_ops.ui.watch_view import WatchView, _show_stopped
-from tests.conftest import provisioned_models_lab, run_fab
-from tests.e2e.test_run_eval import start_fab
+from tests.conftest import provisioned_models_lab, run_fab, start_fab
 
 STEPS = (2000, 4000, 6000)
 QUICK_OPTIONS = {"num_prompts": "2", "max_new_tokens": "24", "ddtree": "4,8"}
