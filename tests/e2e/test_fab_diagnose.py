@@ -8,14 +8,17 @@ import json
 import pytest
 
 from dflash_ops.core.inventory import load
-from tests.conftest import provisioned_models_lab, run_fab
+from tests.conftest import run_fab
+from tests.e2e.conftest import hidden_steps, one_eval_host
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--probe-prompts", "2"]
 
 
-@pytest.fixture(scope="module")
-def models_lab(tmp_path_factory):
-    yield from provisioned_models_lab(tmp_path_factory, steps=(2000, 6000))
+@pytest.fixture
+def models_lab(e2e_lab, tmp_path):
+    """The shared lab as a trainer with the steps 2000 and 6000 and one eval host."""
+    with hidden_steps(e2e_lab, 4000):
+        yield one_eval_host(e2e_lab, tmp_path)
 
 
 def test_diagnose_one_step_against_another_prints_ranked_findings_and_keeps_the_data(models_lab):

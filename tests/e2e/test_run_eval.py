@@ -1,7 +1,7 @@
 """`fab run-eval` and the job tasks end to end on a lab with a tiny target, trained drafter
 checkpoints and provisioned eval hosts: the real harness, over real SSH.
 
-The lab is shared by the module; after each test its runs, pulled results and staged
+The lab is the e2e tier's shared one; after each test its runs, pulled results and staged
 checkpoints are put back as the lab was built (and checked). A test that needs a run to be
 still going when it acts pauses the harness process (SIGSTOP) instead of hoping it is slow.
 """
@@ -27,57 +27,15 @@ from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import FAB, REPO, provisioned_models_lab, run_fab, start_fab
+from tests.conftest import FAB, REPO, run_fab, start_fab
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
 
 
-@pytest.fixture(scope="module")
-def models_lab(tmp_path_factory):
-    yield from provisioned_models_lab(
-        tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=(2000, 4000, 6000)
-    )
-
-
-def staged_entries(inventory_path: Path) -> dict[str, list[str]]:
-    """What each eval host's staging directory holds (names, sorted)."""
-    inventory = load(inventory_path)
-    found = {}
-    for name, entry in inventory.eval_hosts.items():
-        host = Host(inventory, name)
-        try:
-            staging = shlex.quote(EvalLayout(entry).staging)
-            found[name] = host.run(f"ls -A {staging} 2>/dev/null || true").stdout.split()
-        finally:
-            host.close()
-    return found
-
-
-@pytest.fixture(scope="module")
-def as_built(models_lab) -> dict[str, list[str]]:
-    return staged_entries(models_lab.inventory_path)
-
-
 @pytest.fixture
-def inventory_path(models_lab, as_built):
-    """The lab's inventory. After the test: no run left going, runs, pulled results and
-    checkpoints staged by the test removed, and the staging checked to be as built."""
-    yield models_lab.inventory_path
-    inventory = load(models_lab.inventory_path)
-    staged_now = staged_entries(models_lab.inventory_path)
-    for name, entry in inventory.eval_hosts.items():
-        host = Host(inventory, name)
-        for run in jobs.list_runs(host, entry):  # nothing may stay running into the next test
-            if not run.done:
-                jobs.cancel(host, entry, run)
-                jobs.wait_finished(host, entry, run.run_id)
-        host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))}")
-        staging = EvalLayout(entry).staging
-        for added in set(staged_now[name]) - set(as_built[name]):
-            host.run(f"rm -rf -- {shlex.quote(f'{staging}/{added}')}")
-        host.close()
-    subprocess.run(["rm", "-rf", str(inventory.local.results)], check=True)
-    assert staged_entries(models_lab.inventory_path) == as_built
+def inventory_path(e2e_lab) -> Path:
+    """The shared lab's inventory (put back as built after the test: tests/e2e/conftest.py)."""
+    return e2e_lab.inventory_path
 
 
 @contextmanager
@@ -341,10 +299,10 @@ def test_ctrl_c_while_the_launch_confirms_still_detaches(inventory_path, monkeyp
     assert wait_for_run(inventory_path, state="succeeded").run_id == detached.value.run_id
 
 
-def test_memory_warning_and_missing_target(models_lab, monkeypatch):
+def test_memory_warning_and_missing_target(e2e_lab, monkeypatch):
     from dflash_ops.evaluation import run as evaluation
 
-    inventory = load(models_lab.inventory_path)
+    inventory = load(e2e_lab.inventory_path)
     host, entry = Host(inventory, "eval"), inventory.eval_hosts["eval"]
     said: list[str] = []
     try:
@@ -370,15 +328,15 @@ def test_unprovisioned_host_gets_a_clear_hint(make_lab, fab):
 
 
 @pytest.fixture
-def sglang_stand_in(models_lab, tmp_path):
+def sglang_stand_in(e2e_lab, tmp_path):
     """The SGLang stand-in (tests/sglang_stand_in.py) inside eval's network namespace,
     serving the target's greedy continuations on that namespace's loopback. Yields the
     process, its URL and its request log."""
-    target = load(models_lab.inventory_path).eval_hosts["eval"].target_model
+    target = load(e2e_lab.inventory_path).eval_hosts["eval"].target_model
     log = tmp_path / "requests.jsonl"
     argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", target, "--log", str(log)]
     server = subprocess.Popen(
-        models_lab.in_namespace("eval", argv), cwd=REPO, stdout=subprocess.PIPE, text=True
+        e2e_lab.in_namespace("eval", argv), cwd=REPO, stdout=subprocess.PIPE, text=True
     )
     try:
         port = int(server.stdout.readline())

@@ -13,16 +13,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from dflash_ops.core.inventory import load
-from tests.conftest import provisioned_models_lab, run_fab
+from tests.conftest import run_fab
+from tests.e2e.conftest import hidden_steps, one_eval_host
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def models_lab(tmp_path_factory):
-    yield from provisioned_models_lab(
-        tmp_path_factory, eval_hosts=1, eval_disk="3g", steps=(2000, 6000)
-    )
+@pytest.fixture
+def models_lab(e2e_lab, tmp_path):
+    """The shared lab as a trainer with the steps 2000 and 6000 and one eval host."""
+    with hidden_steps(e2e_lab, 4000):
+        yield one_eval_host(e2e_lab, tmp_path)
 
 
 @pytest.fixture

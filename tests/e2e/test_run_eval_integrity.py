@@ -15,14 +15,16 @@ import yaml
 
 from dflash_ops.core.inventory import load
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import provisioned_models_lab, run_fab
+from tests.conftest import run_fab
+from tests.e2e.conftest import one_eval_host
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 
 
-@pytest.fixture(scope="module")
-def models_lab(tmp_path_factory):
-    yield from provisioned_models_lab(tmp_path_factory, steps=(2000, 4000, 6000))
+@pytest.fixture
+def models_lab(e2e_lab, tmp_path):
+    """The shared lab as a trainer and one eval host."""
+    return one_eval_host(e2e_lab, tmp_path)
 
 
 def results_of(models_lab, output: str) -> dict:

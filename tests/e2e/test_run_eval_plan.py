@@ -13,16 +13,17 @@ import yaml
 
 from dflash_ops.core.inventory import load
 from dflash_ops.remote.connection import Host
-from tests.conftest import provisioned_models_lab, run_fab
+from tests.conftest import run_fab
+from tests.e2e.conftest import hidden_steps
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 
 
-@pytest.fixture(scope="module")
-def plan_lab(tmp_path_factory):
-    yield from provisioned_models_lab(
-        tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=(2000, 4000)
-    )
+@pytest.fixture
+def plan_lab(e2e_lab):
+    """The shared lab with the steps 2000 and 4000 on its trainer."""
+    with hidden_steps(e2e_lab, 6000):
+        yield e2e_lab
 
 
 def host_listing(inventory_path: Path, name: str) -> str:

@@ -35,7 +35,7 @@ from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
 from dflash_ops.ui.watch_view import WatchView, _show_stopped
-from tests.conftest import provisioned_models_lab, run_fab, start_fab
+from tests.conftest import run_fab, start_fab
 
 STEPS = (2000, 4000, 6000)
 QUICK_OPTIONS = {"num_prompts": "2", "max_new_tokens": "24", "ddtree": "4,8"}
@@ -171,11 +171,6 @@ def test_webhook_down_never_blocks_and_never_shows_credentials():
 # --- on a lab ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def watch_lab(tmp_path_factory):
-    yield from provisioned_models_lab(tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=STEPS)
-
-
 class Trainer:
     """Hides the lab's checkpoints and makes them appear (as a trainer writes them: to a
     temporary name, then renamed), or writes a corrupt one."""
@@ -210,12 +205,12 @@ class Trainer:
 
 
 @pytest.fixture
-def trainer(watch_lab, tmp_path) -> Iterator[Trainer]:
+def trainer(e2e_lab, tmp_path) -> Iterator[Trainer]:
     """The lab with no checkpoint yet; afterwards its checkpoints, runs and results as before."""
-    made = Trainer(watch_lab, tmp_path / "held")
+    made = Trainer(e2e_lab, tmp_path / "held")
     yield made
     made.restore()
-    inventory = load(watch_lab.inventory_path)
+    inventory = load(e2e_lab.inventory_path)
     for name, entry in inventory.eval_hosts.items():
         host = Host(inventory, name)
         for run in jobs.list_runs(host, entry):
@@ -241,7 +236,7 @@ def runs_on_hosts(lab: labs.Lab) -> list[jobs.Run]:
     return jobs.all_runs(load(lab.inventory_path))
 
 
-def test_new_checkpoints_are_evaluated_once_as_they_appear(watch_lab, trainer, hook):
+def test_new_checkpoints_are_evaluated_once_as_they_appear(e2e_lab, trainer, hook):
     trainer.only(2000, 4000)
 
     class ThenStep6000Appears(WatchView):
@@ -251,13 +246,13 @@ def test_new_checkpoints_are_evaluated_once_as_they_appear(watch_lab, trainer, h
                 trainer.appear(6000)
 
     webhook = Webhook(hook.url(), print)
-    watch = a_watch(watch_lab, ThenStep6000Appears(), webhook, interval_s=0, max_passes=3)
+    watch = a_watch(e2e_lab, ThenStep6000Appears(), webhook, interval_s=0, max_passes=3)
     passes = watch.run()
     webhook.close()
     assert [sorted(p.evaluated) for p in passes] == [[2000, 4000], [6000], []]
     assert not any(p.failed or p.skipped or p.error for p in passes)
-    assert pulled_steps(watch_lab) == [2000, 4000, 6000]
-    assert {run.host for run in runs_on_hosts(watch_lab)} == {"eval", "eval2"}  # in parallel
+    assert pulled_steps(e2e_lab) == [2000, 4000, 6000]
+    assert {run.host for run in runs_on_hosts(e2e_lab)} == {"eval", "eval2"}  # in parallel
     state = json.loads(watch.state.path.read_text())
     assert sorted(state["evaluated"]) == ["2000", "4000", "6000"]
     assert state["attempts"] == {} and state["skipped"] == {}
@@ -271,21 +266,21 @@ def test_new_checkpoints_are_evaluated_once_as_they_appear(watch_lab, trainer, h
 
     # A restart (the real task) re-runs nothing; nor does one without its state file: the
     # successful local results count.
-    again = run_fab(watch_lab.inventory_path, "watch", "--once", *QUICK)
+    again = run_fab(e2e_lab.inventory_path, "watch", "--once", *QUICK)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "pass 1: nothing new" in again.stdout
     watch.state.path.unlink()
-    fresh = a_watch(watch_lab, WatchView(), interval_s=0, max_passes=1).run()
+    fresh = a_watch(e2e_lab, WatchView(), interval_s=0, max_passes=1).run()
     assert fresh[0].evaluated == [] and fresh[0].error is None
-    assert len(runs_on_hosts(watch_lab)) == 3
+    assert len(runs_on_hosts(e2e_lab)) == 3
 
 
-def test_a_failing_step_is_retried_then_skipped(watch_lab, trainer, hook):
+def test_a_failing_step_is_retried_then_skipped(e2e_lab, trainer, hook):
     trainer.only(2000)
     trainer.appear(8000, b"not a checkpoint at all " * 1000)  # complete, but corrupt
     # Step 2000 goes through; step 8000 fails its first attempt: exit status 1.
     first = run_fab(
-        watch_lab.inventory_path,
+        e2e_lab.inventory_path,
         "watch",
         "--once",
         "--retries",
@@ -299,7 +294,7 @@ def test_a_failing_step_is_retried_then_skipped(watch_lab, trainer, hook):
     assert "watch: step(s) 8000 failed" in first.stderr
     # A restart carries the attempt on: the second fails too and the step is skipped.
     webhook = Webhook(hook.url(), print)
-    watch = a_watch(watch_lab, WatchView(), webhook, interval_s=0, retries=1, max_passes=2)
+    watch = a_watch(e2e_lab, WatchView(), webhook, interval_s=0, retries=1, max_passes=2)
     passes = watch.run()
     webhook.close()
     assert [(p.evaluated, p.failed, p.skipped) for p in passes] == [([], [], [8000]), ([], [], [])]
@@ -307,7 +302,7 @@ def test_a_failing_step_is_retried_then_skipped(watch_lab, trainer, hook):
     assert list(state["evaluated"]) == ["2000"] and list(state["skipped"]) == ["8000"]
     assert state["attempts"] == {}
     assert "exit code" in state["skipped"]["8000"]  # the last error, kept for the user
-    assert pulled_steps(watch_lab).count(8000) == 2  # two attempts, then no more
+    assert pulled_steps(e2e_lab).count(8000) == 2  # two attempts, then no more
 
     posts = hook.received()
     # The first run's two steps end on two hosts in parallel: their order is not fixed.
@@ -322,19 +317,19 @@ def test_a_failing_step_is_retried_then_skipped(watch_lab, trainer, hook):
     assert skipped["attempts"] == 2 and skipped["failures"] == {"8000": {"skipped": True}}
 
 
-def test_a_busy_host_is_a_wait_not_a_failed_attempt(watch_lab, trainer):
+def test_a_busy_host_is_a_wait_not_a_failed_attempt(e2e_lab, trainer):
     """Every eval host runs something else (a run by hand of another training run): the
     step waits, spends no attempt even with --retries 0, and is evaluated once a host is
     free."""
     trainer.only(2000)
-    inventory = load(watch_lab.inventory_path)
+    inventory = load(e2e_lab.inventory_path)
     holders = []
     for name, entry in inventory.eval_hosts.items():
         host = Host(inventory, name)
         run_id = f"by-hand-{name}"
         jobs.launch(host, entry, run_id, "sleep 600", {"step": 1, "training_run": "by-hand"})
         holders.append((host, entry, run_id))
-    first = a_watch(watch_lab, WatchView(), interval_s=0, retries=0, max_passes=2).run()
+    first = a_watch(e2e_lab, WatchView(), interval_s=0, retries=0, max_passes=2).run()
     assert [(p.waiting, p.failed, p.skipped, p.evaluated) for p in first] == [
         ([2000], [], [], []),
         ([2000], [], [], []),
@@ -345,7 +340,7 @@ def test_a_busy_host_is_a_wait_not_a_failed_attempt(watch_lab, trainer):
         jobs.cancel(host, entry, jobs.wait_finished(host, entry, run_id, timeout=0))
         jobs.wait_finished(host, entry, run_id)
         host.close()
-    [freed] = a_watch(watch_lab, WatchView(), interval_s=0, retries=0, max_passes=1).run()
+    [freed] = a_watch(e2e_lab, WatchView(), interval_s=0, retries=0, max_passes=1).run()
     assert (freed.evaluated, freed.waiting, freed.failed) == ([2000], [], [])
 
 
@@ -359,9 +354,9 @@ def wait_for_state(lab: labs.Lab, state: str, count: int = 1) -> list[jobs.Run]:
     raise AssertionError(f"no {state} run on the lab's eval hosts")
 
 
-def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
+def test_ctrl_c_stops_and_the_started_run_goes_on(e2e_lab, trainer):
     trainer.only(2000)
-    watching = start_fab(watch_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
+    watching = start_fab(e2e_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
     # Interrupt once the watch itself says the run started (the host may show it running
     # while the launch is still confirming it): that is the case this test is about.
     seen = []
@@ -369,7 +364,7 @@ def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
         seen.append(line)
         if " started (" in line:
             break
-    [run] = wait_for_state(watch_lab, "running")
+    [run] = wait_for_state(e2e_lab, "running")
     watching.send_signal(signal.SIGINT)
     rest, _ = watching.communicate(timeout=60)
     stdout = "".join(seen) + rest
@@ -378,10 +373,10 @@ def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
     assert "watch stopped" in flat
     assert f"run {run.run_id} goes on on {run.host}" in flat
     assert f"fab eval-logs --id {run.run_id} --follow" in stdout.replace("\n", "")
-    wait_for_state(watch_lab, "succeeded")
+    wait_for_state(e2e_lab, "succeeded")
 
     # Restarted, it pulls that run and starts nothing; then Ctrl-C ends its wait at once.
-    watching = start_fab(watch_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
+    watching = start_fab(e2e_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
     seen = []
     for line in watching.stdout:
         seen.append(line)
@@ -393,14 +388,14 @@ def test_ctrl_c_stops_and_the_started_run_goes_on(watch_lab, trainer):
     assert watching.returncode == 130, output
     assert f"pulled {run.run_id} (succeeded)" in output
     assert "pass 1: nothing new" in output
-    assert [r.run_id for r in runs_on_hosts(watch_lab)] == [run.run_id]
-    assert pulled_steps(watch_lab) == [2000]
+    assert [r.run_id for r in runs_on_hosts(e2e_lab)] == [run.run_id]
+    assert pulled_steps(e2e_lab) == [2000]
 
 
-def test_ctrl_c_during_a_launch_names_the_run_if_the_host_started_it(watch_lab):
+def test_ctrl_c_during_a_launch_names_the_run_if_the_host_started_it(e2e_lab):
     """A Ctrl-C can land between the launch and its confirmation: the watch then asks the
     host, and names the run only if it holds the host (or is about to)."""
-    inventory = load(watch_lab.inventory_path)
+    inventory = load(e2e_lab.inventory_path)
     name, entry = next(iter(inventory.eval_hosts.items()))
     states = {"started-run": "touch pid", "waiting-run": ":", "refused-run": "touch refused"}
     host = Host(inventory, name)
