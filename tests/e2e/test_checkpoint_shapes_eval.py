@@ -4,6 +4,8 @@ provisioned eval host (the other checkpoint shapes: tests/lab/test_checkpoint_sh
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,13 +57,33 @@ def sharded_models(lab, config) -> dict[str, dict]:
     return settings
 
 
-def test_a_sharded_directory_resumed_after_a_kill_is_evaluated_by_run_eval(make_lab, fab):
+@pytest.fixture(scope="module")
+def sharded_lab(tmp_path_factory) -> Iterator[labs.Lab]:
+    """One lab for the module: the trainer's STEP a sharded directory (its layout), the eval
+    host provisioned."""
     from dflash_ops.provision.setup import setup_eval_hosts
 
-    lab = make_lab(sharded_models, steps=(STEP,), eval_disk="3g")
-    set_trainer(lab, layout=DIRECTORY_LAYOUT)
+    root = tmp_path_factory.mktemp("lab") / "lab"
+    built = labs.up(labs.LabConfig(root=root, steps=(STEP,), eval_disk="3g"), sharded_models)
+    try:
+        set_trainer(built, layout=DIRECTORY_LAYOUT)
+        setup_eval_hosts(load_inventory(built.inventory_path), None, False, say=lambda _: None)
+        yield built
+    finally:
+        assert not built.down()
+
+
+@pytest.fixture
+def lab(sharded_lab) -> Iterator[labs.Lab]:
+    """The module's lab for one test; afterwards nothing staged or pulled (the next test
+    stages STEP afresh)."""
+    yield sharded_lab
+    shutil.rmtree(step_dir(sharded_lab), ignore_errors=True)
+    shutil.rmtree(sharded_lab.workstation_dir / "results", ignore_errors=True)
+
+
+def test_a_sharded_directory_resumed_after_a_kill_is_evaluated_by_run_eval(lab, fab):
     inventory = load_inventory(lab.inventory_path)
-    setup_eval_hosts(inventory, None, False, say=lambda message: None)
     first_shard = source_dir(lab) / "model-00001-of-00002.safetensors"
     config = (source_dir(lab) / "config.json").stat().st_size
     kill = killed_at(config + first_shard.stat().st_size + 1)  # inside the second shard
@@ -89,14 +111,9 @@ def test_a_sharded_directory_resumed_after_a_kill_is_evaluated_by_run_eval(make_
     assert results["metrics"]["tau_macro"] == results["reference"]["metrics"]["tau_macro"]
 
 
-def test_strip_optimizer_on_a_staged_directory_is_skipped_with_a_note(make_lab, fab):
+def test_strip_optimizer_on_a_staged_directory_is_skipped_with_a_note(lab, fab):
     """A directory's optimizer files are never read by the harness: `--strip-optimizer` has
     nothing to strip there, says so in one line and evaluates the staged directory."""
-    from dflash_ops.provision.setup import setup_eval_hosts
-
-    lab = make_lab(sharded_models, steps=(STEP,), eval_disk="3g")
-    set_trainer(lab, layout=DIRECTORY_LAYOUT)
-    setup_eval_hosts(load_inventory(lab.inventory_path), None, False, say=lambda message: None)
     quick = ["--num-prompts", "1", "--max-new-tokens", "16", "--ddtree", "4"]
     run = fab(
         lab.inventory_path,

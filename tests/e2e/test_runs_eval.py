@@ -1,22 +1,37 @@
-"""Two training runs of one step evaluated, watched, swept and compared by run, on
-provisioned eval hosts (the runs' inventory and staging: tests/lab/test_runs.py)."""
+"""Two training runs of one step evaluated, watched, swept and compared by run, on the shared
+e2e lab (the runs' inventory and staging: tests/lab/test_runs.py)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
+
+import pytest
 
 from dflash_lab import lab as labs
 from dflash_ops.core import inventory as inventories
-from dflash_ops.provision.setup import setup_eval_hosts
-from tests.lab.test_runs import QUICK, add_v5_checkpoints, runs_inventory
+from tests.e2e.conftest import hidden_steps, one_eval_host
+from tests.lab.test_runs import QUICK, V5_DIR, add_v5_checkpoints, runs_inventory
 
 
-def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(make_lab, fab):
-    lab = make_lab(labs.trained_models, eval_hosts=1, steps=(2000, 4000))
+@pytest.fixture
+def runs_lab(e2e_lab, tmp_path) -> Iterator[labs.Lab]:
+    """The shared lab as a trainer with the steps 2000 and 4000 and one eval host; the second
+    run's checkpoints and the runs' inventory are removed afterwards."""
+    with hidden_steps(e2e_lab, 6000):
+        try:
+            yield one_eval_host(e2e_lab, tmp_path)
+        finally:
+            shutil.rmtree(e2e_lab.container_path(V5_DIR), ignore_errors=True)
+            (e2e_lab.root / "runs.yaml").unlink(missing_ok=True)
+
+
+def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(runs_lab, fab):
+    lab = runs_lab
     # v5's steps are other weights than v4's same steps: v4's, swapped.
     add_v5_checkpoints(lab, {2000: lab.checkpoint_path(4000), 4000: lab.checkpoint_path(2000)})
     inventory = runs_inventory(lab, "runs.yaml")
-    setup_eval_hosts(inventories.load(inventory), None, False, say=lambda message: None)
     first = fab(inventory, "run-eval", "--run", "v4", "--step", "4000", *QUICK, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     # v4's result of step 4000 is not v5's: the watch of v5 evaluates both its steps, ...
