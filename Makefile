@@ -17,7 +17,7 @@ test: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest --durations=15
 
-# For contributors: the unit tier alone (no sshd, no lab), under two minutes.
+# For contributors: the unit tier alone (no sshd, no lab).
 test-fast: setup
 	$(BIN)/python -m pytest tests/unit
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -449,8 +450,20 @@ def sglang_on_the_features_host(features_lab, tmp_path):
         server.wait(timeout=30)
 
 
+@pytest.fixture
+def own_sets(features_lab) -> Iterator[list[str]]:
+    """The ids of the sets a test makes besides the module's, removed from every host after
+    it: `--features latest` names the module's set whichever tests ran before."""
+    made: list[str] = []
+    yield made
+    for host, identifier in ((h, i) for h in ("features", "eval") for i in made):
+        directory = set_dir(features_lab, host, identifier)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.with_name(f"{identifier}.manifest.json").unlink(missing_ok=True)
+
+
 def test_completions_from_sglang_make_their_own_set(
-    features_lab, extracted, sglang_on_the_features_host, tmp_path
+    features_lab, extracted, sglang_on_the_features_host, own_sets, tmp_path
 ):
     url, log = sglang_on_the_features_host
     document = yaml.safe_load(features_lab.inventory_path.read_text())
@@ -462,6 +475,7 @@ def test_completions_from_sglang_make_their_own_set(
     done = extract(features_lab, "--sglang", inventory_path=with_sglang)
     assert done.returncode == 0, done.stdout + done.stderr
     identifier = done.stdout.split("fab run-eval --features ")[1].split()[0]
+    own_sets.append(identifier)
     assert identifier != extracted  # other completions: another set, never the local one
     prompts = (features_lab.root / labs.LAB_PROMPTS).read_text().splitlines()
     requests = [json.loads(line) for line in log.read_text().splitlines()]
