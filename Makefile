@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint mutation clean
+.PHONY: setup demo test test-fast test-shuffled lint mutation clean
 setup: $(BIN)/fab
 
 $(BIN)/fab: pyproject.toml scripts/setup.sh
@@ -15,7 +15,16 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=15
+
+# For contributors: the unit tier alone (no sshd, no lab).
+test-fast: setup
+	$(BIN)/python -m pytest tests/unit
+
+# The whole suite in a shuffled order (SEED=n repeats one): order dependence shows.
+SEED ?= $(shell date +%s)
+test-shuffled: setup
+	$(BIN)/python -m pytest --shuffle $(SEED)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

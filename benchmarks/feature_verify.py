@@ -48,7 +48,7 @@ def synthetic_set(root: Path, total_mib: int, entry_mib: int) -> Path:
 
 
 def lab_set(root: Path) -> Path:
-    """The lab's feature set, as tests/harness/test_feature_sets.py builds it."""
+    """The lab's feature set, as tests/unit/harness/test_feature_sets.py builds it."""
     from dflash_eval.features_run import FeaturesOptions, run_features
     from dflash_eval.progress import Progress
 

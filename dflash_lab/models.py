@@ -53,6 +53,8 @@ PROMPT_LENGTH = 16
 TRAIN_SEQUENCES = 48
 # Long enough that the drafter sees the positions of a default eval (prompt + 256 tokens).
 TRAIN_NEW_TOKENS = 400
+# The labelled steps every build trains (one run, whatever subset a lab asks for).
+LAB_STEPS = (2000, 4000, 6000)
 # Real optimisation steps per 1000 "labelled" steps: 2000 → 50, 4000 → 100, 6000 → 150.
 REAL_STEPS_PER_1000 = 25
 LAB_PROMPTS = (
@@ -91,18 +93,21 @@ class LabModels:
     reference_dir: Path | None = None
 
 
-def build_lab_models(
-    cache_dir: Path, steps: Sequence[int] = (2000, 4000, 6000), seed: int = 0
-) -> LabModels:
-    """Build (or return the cached) tiny target, prompts and drafter checkpoints."""
+def build_lab_models(cache_dir: Path, steps: Sequence[int] = LAB_STEPS, seed: int = 0) -> LabModels:
+    """Build (or return the cached) tiny target, prompts and drafter checkpoints. One
+    training run saves every step of LAB_STEPS (and any other asked for), so labs that
+    use different steps share it; a step's weights do not depend on the others saved."""
     steps = tuple(sorted(set(int(s) for s in steps)))
-    root = Path(cache_dir) / f"lab-models-{cache_key(steps, seed)}"
+    if not steps or min(steps) < 1:
+        raise ValueError(f"steps must be positive integers, got {steps}")
+    trained = tuple(sorted({*LAB_STEPS, *steps}))
+    root = Path(cache_dir) / f"lab-models-{cache_key(trained, seed)}"
     models = LabModels(
         target_dir=root / "target",
         checkpoints={s: root / "checkpoints" / f"step_{s}" / "checkpoint.pt" for s in steps},
         prompts=root / "prompts.jsonl",
     )
-    cached_build(root, lambda partial: _build(partial, steps, seed), steps, seed)
+    cached_build(root, lambda partial: _build(partial, trained, seed), trained, seed)
     return models
 
 

@@ -19,7 +19,7 @@ result and a verdict:
    the GPU in `host.device`.
 
 Without CUDA it says so in one line and exits 0. The checks take their devices as
-arguments, so tests/harness/test_gpu_check.py runs them on CPU "devices".
+arguments, so tests/unit/harness/test_gpu_check.py runs them on CPU "devices".
 """
 
 from __future__ import annotations

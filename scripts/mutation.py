@@ -52,7 +52,7 @@ class Target:
     scopes: tuple[str, ...] = ()  # qualnames (functions, classes) to mutate; () = all
 
 
-HARNESS = "tests/harness"
+HARNESS = "tests/unit/harness"
 # Harness tests that run whole evaluations on the lab models: not the modules' fast tests.
 SLOW_HARNESS = (
     "--deselect",
@@ -95,17 +95,17 @@ BWLIMIT_UNIT_TESTS = (
 )
 # The inventory's tests, for both of its modules (the schema and its error explanations).
 INVENTORY_TESTS = (
-    "tests/test_inventory_structure.py",
-    "tests/test_inventory.py",
+    "tests/unit/test_inventory_structure.py",
+    "tests/unit/test_inventory.py",
     # The unit tests of the inventory's newer sections (runs, become, bwlimit, the features
     # host); their files' other tests build labs.
-    *(f"tests/test_runs.py::{name}" for name in RUNS_UNIT_TESTS),
-    *(f"tests/test_become.py::{name}" for name in BECOME_UNIT_TESTS),
-    *(f"tests/test_gentle_transfer.py::{name}" for name in BWLIMIT_UNIT_TESTS),
-    "tests/test_feature_spec.py",
+    *(f"tests/lab/test_runs.py::{name}" for name in RUNS_UNIT_TESTS),
+    *(f"tests/lab/test_become.py::{name}" for name in BECOME_UNIT_TESTS),
+    *(f"tests/lab/test_gentle_transfer.py::{name}" for name in BWLIMIT_UNIT_TESTS),
+    "tests/unit/test_feature_spec.py",
     # The same check through the real `fab` process: slow, and not the module's own.
     "--deselect",
-    "tests/test_inventory.py::test_typo_via_fab_is_one_clear_line",
+    "tests/unit/test_inventory.py::test_typo_via_fab_is_one_clear_line",
 )
 TARGETS = (
     Target("metrics", "remote/dflash_eval/metrics.py", (f"{HARNESS}/test_metrics.py",)),
@@ -130,7 +130,7 @@ TARGETS = (
     Target(
         "relay hashing",
         "dflash_ops/staging/relay.py",
-        ("tests/test_relay_hashing.py",),
+        ("tests/unit/test_relay_hashing.py",),
         scopes=(
             "_py",
             "_by_hasher",
@@ -148,7 +148,7 @@ TARGETS = (
     Target(
         "staging manifest",
         "dflash_ops/staging/manifest.py",
-        ("tests/test_staging_manifest_matching.py", "tests/test_staging_manifest.py"),
+        ("tests/unit/test_staging_manifest_matching.py", "tests/unit/test_staging_manifest.py"),
     ),
 )
 

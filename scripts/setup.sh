@@ -23,7 +23,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-# Chromium renders the HTML report in one test (tests/test_report.py); without it that test is
+# Chromium renders the HTML report in one test (tests/unit/test_report.py); without it that test is
 # skipped, saying why. Installed as root where apt-get works; never a reason to stop setup.
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then

@@ -7,12 +7,15 @@ checks the lab's routes before the first connection (see dflash_ops.remote.route
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 from dflash_lab import lab as labs
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging import catalog
 
 REPO = Path(__file__).resolve().parent.parent
 FAB = Path(sys.executable).parent / "fab"
@@ -69,6 +73,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _never_the_example_inventory(monkeypatch):
     """The committed inventory.yaml names a user's real servers: no test may fall back to it."""
     monkeypatch.setenv("DFLASH_INVENTORY", "/nonexistent/tests-must-pass-a-lab-inventory.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _no_stability_wait(monkeypatch):
+    """A listing looks twice at a checkpoint written in the last seconds, a window apart:
+    the lab writes its checkpoints just before the tests list them, so no test waits that
+    window (the growing-file test puts a real one back)."""
+    monkeypatch.setattr(catalog, "STABILITY", catalog.Stability(window_s=0.0))
 
 
 @pytest.fixture(scope="session")
@@ -123,21 +135,81 @@ def inventory(lab) -> Inventory:
 
 
 def run_fab(
-    inventory_path: Path | None, *args: str, timeout: float = 300, **popen
+    inventory_path: Path | None, *args: str, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """Run the real `fab` from the repo root against an inventory; output captured. The
-    checkout's own packages come first on the path, whatever the venv was installed from."""
+    """Run `fab` against an inventory as the command line would (from the repo root), in this
+    process, and return its exit status and output as a finished `fab` process would. A test
+    that checks what fab prints and its status gets the same, without a Python starting and
+    importing Fabric for each call; tests of signals and detaching start the real process
+    (`start_fab`)."""
+    from fabric.main import make_program
+
+    out, err = io.StringIO(), io.StringIO()
+    saved, cwd = os.environ.get("DFLASH_INVENTORY"), os.getcwd()
+    if inventory_path is not None:
+        os.environ["DFLASH_INVENTORY"] = str(inventory_path)
+    os.chdir(REPO)
+    try:
+        with redirect_stdout(out), redirect_stderr(err), _deadline(timeout, args):
+            code = _exit_status(lambda: make_program().run(["fab", *args]))
+    finally:
+        os.chdir(cwd)
+        if saved is None:
+            os.environ.pop("DFLASH_INVENTORY", None)
+        else:
+            os.environ["DFLASH_INVENTORY"] = saved
+    return subprocess.CompletedProcess(["fab", *args], code, out.getvalue(), err.getvalue())
+
+
+def _exit_status(main: Callable[[], None]) -> int:
+    """What the process would exit with: sys.exit's status (a message is printed and is 1);
+    an uncaught exception (a bug) is printed with its traceback, status 1."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired:
+        raise
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+@contextmanager
+def _deadline(seconds: float, args: tuple[str, ...]) -> Iterator[None]:
+    """Raise TimeoutExpired in the task (as subprocess.run's timeout would) once `seconds`
+    have passed."""
+
+    def expire(signum, frame):
+        raise subprocess.TimeoutExpired(["fab", *args], seconds)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def start_fab(inventory_path: Path | None, *args: str) -> subprocess.Popen:
+    """The real `fab` process, started and not waited for (signals, detached runs); output
+    piped. The checkout's own packages come first on its path, whatever the venv was
+    installed from."""
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'remote'}:{REPO}"}
     if inventory_path is not None:
         env["DFLASH_INVENTORY"] = str(inventory_path)
-    return subprocess.run(
+    return subprocess.Popen(
         [str(FAB), *args],
         cwd=REPO,
         env=env,
-        capture_output=True,
         text=True,
-        timeout=timeout,
-        **popen,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -21,8 +21,23 @@ from dflash_ops.remote.containers import environment_of
 from dflash_ops.staging.manifest import Member
 from dflash_ops.staging.relay import stderr_reason
 
-STABLE_AFTER_S = 2  # a file untouched this long is not being written
-STABLE_WINDOW_S = 1.0  # otherwise: its size must not change over this window
+
+@dataclass(frozen=True)
+class Stability:
+    """How a checkpoint without a marker is judged complete: one untouched for `after_s` is
+    not being written; a newer one must keep its size while the listing waits `window_s`
+    and looks again."""
+
+    after_s: float = 2.0
+    window_s: float = 1.0
+
+    def recent(self, now: float, mtime: float) -> bool:
+        return now - mtime < self.after_s
+
+
+# The judgement every listing makes. A module setting, so that a caller (the tests) can put
+# in a shorter window without threading it through every task that lists checkpoints.
+STABILITY = Stability()
 
 
 @dataclass(frozen=True)
@@ -150,15 +165,15 @@ def _scan(inventory: Inventory, host: Host | None = None) -> tuple[int, dict[int
 
 def list_checkpoints(inventory: Inventory, host: Host | None = None) -> list[CheckpointInfo]:
     """The trainer's checkpoints, by step, with completeness: the marker when the inventory
-    names one, else a size that does not change (files modified within STABLE_AFTER_S are
-    looked at again after STABLE_WINDOW_S). `host`: the trainer's already-open connection."""
+    names one, else a size that does not change (recent files are looked at again after
+    STABILITY's window). `host`: the trainer's already-open connection."""
     inventory = inventory.for_run(inventory.training_run)  # a trainer with runs only: its run
     now, files, markers = _scan(inventory, host)
     uses_marker = inventory.trainer.complete_marker is not None
-    recent = [s for s, (_, mtime, _) in files.items() if now - mtime < STABLE_AFTER_S]
+    recent = [s for s, (_, mtime, _) in files.items() if STABILITY.recent(now, mtime)]
     unstable: set[int] = set()
     if recent and not uses_marker:
-        time.sleep(STABLE_WINDOW_S)
+        time.sleep(STABILITY.window_s)
         _, again, _ = _scan(inventory, host)
         unstable = {s for s in recent if again.get(s) != files[s]}
         files = {**files, **{s: again[s] for s in recent if s in again}}

@@ -26,8 +26,8 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
+from dflash_ops.staging import catalog
 from dflash_ops.staging.catalog import (
-    STABLE_AFTER_S,
     checkpoint_path,
     list_checkpoints,
     resolve_step,
@@ -471,7 +471,7 @@ def _require_complete(payload: Payload, context: _Context) -> None:
     incomplete = None
     if found.marker is False:
         incomplete = f"its marker {inventory.trainer.complete_marker} is missing"
-    elif found.marker is None and found.now - identity.mtime < STABLE_AFTER_S:
+    elif found.marker is None and catalog.STABILITY.recent(found.now, identity.mtime):
         listed = list_checkpoints(inventory, payload.reader.side.host)
         info = next((c for c in listed if c.step == identity.step), None)
         if info is not None and not info.complete:

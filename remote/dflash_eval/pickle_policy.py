@@ -8,7 +8,7 @@ the user names them (`--safe-globals`), through torch's safe-globals mechanism.
 
 What can be named is a fixed list, chosen by proof and not by name: each entry is a
 constructor of plain data that, whatever arguments a file gives it (text, numbers, tensors,
-other entries), builds a value and calls nothing else (tests/harness/test_pickle_inert.py
+other entries), builds a value and calls nothing else (tests/unit/harness/test_pickle_inert.py
 checks each one). Anything outside the list is refused, whatever the user names:
 a global that is not on it may run code (`timeit.timeit` runs its text), and a checkpoint
 that needs one is not plain data. Arbitrary unpickling stays possible only by the explicit

@@ -9,7 +9,7 @@ sampled expectations), the drafter's maths (masks, RoPE, norms, the batched forw
 completion rules (greedy or sampled reference, stops, the extension past the completion)
 and the feature rules (which hidden states, in which dtype and kernel). Results of equal
 numerics versions are comparable however their content hashes differ; the golden test
-(tests/harness/test_golden.py) fails when a number moves and the version did not.
+(tests/unit/harness/test_golden.py) fails when a number moves and the version did not.
 """
 
 from __future__ import annotations

@@ -1,0 +1,138 @@
+"""The e2e tier: tests that run the real harness on provisioned eval hosts.
+
+One lab (tiny target, trained drafter checkpoints at STEPS, two provisioned eval hosts) is
+built once per pytest run and shared by the modules here that take `e2e_lab`, or a view of
+it (`one_eval_host`, `hidden_steps`); after every test it is put back as built: no run left
+going, runs and pulled results removed, staged copies and the eval hosts' caches as built,
+the trainer's checkpoints as built. Modules whose lab differs in kind (a sudo login, a
+features host, a venv the test breaks) build their own.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_lab import lab as labs
+from dflash_ops.core.inventory import load
+from dflash_ops.evaluation import jobs
+from dflash_ops.remote.connection import Host
+from dflash_ops.remote.layout import EvalLayout
+from tests.conftest import provisioned_models_lab
+
+STEPS = (2000, 4000, 6000)
+
+
+@pytest.fixture(scope="session")
+def shared_lab(tmp_path_factory) -> Iterator[labs.Lab]:
+    yield from provisioned_models_lab(tmp_path_factory, eval_hosts=2, eval_disk="3g", steps=STEPS)
+
+
+def staged_entries(inventory_path: Path) -> dict[str, list[str]]:
+    """What each eval host's staging directory holds (names, sorted)."""
+    inventory = load(inventory_path)
+    found = {}
+    for name, entry in inventory.eval_hosts.items():
+        host = Host(inventory, name)
+        try:
+            staging = shlex.quote(EvalLayout(entry).staging)
+            found[name] = host.run(f"ls -A {staging} 2>/dev/null || true").stdout.split()
+        finally:
+            host.close()
+    return found
+
+
+@pytest.fixture(scope="session")
+def as_built(shared_lab, tmp_path_factory) -> dict:
+    """The shared lab's staging listing, and a copy of each trainer checkpoint (mtime too)."""
+    pristine = tmp_path_factory.mktemp("pristine-checkpoints")
+    for step in STEPS:
+        shutil.copy2(shared_lab.checkpoint_path(step), pristine / str(step))
+    return {"staged": staged_entries(shared_lab.inventory_path), "checkpoints": pristine}
+
+
+@pytest.fixture
+def e2e_lab(shared_lab, as_built) -> Iterator[labs.Lab]:
+    """The shared lab for one test, put back as built (and checked) afterwards."""
+    yield shared_lab
+    inventory = load(shared_lab.inventory_path)
+    staged_now = staged_entries(shared_lab.inventory_path)
+    for name, entry in inventory.eval_hosts.items():
+        host = Host(inventory, name)
+        for run in jobs.list_runs(host, entry):  # nothing may stay running into the next test
+            if not run.done:
+                jobs.cancel(host, entry, run)
+                jobs.wait_finished(host, entry, run.run_id)
+        layout = EvalLayout(entry)
+        host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))} {shlex.quote(layout.cache)}")
+        for added in set(staged_now[name]) - set(as_built["staged"][name]):
+            host.run(f"rm -rf -- {shlex.quote(f'{layout.staging}/{added}')}")
+        host.close()
+    local = inventory.local
+    subprocess.run(["rm", "-rf", str(local.results)], check=True)
+    if local.staging is not None:
+        for path in Path(local.staging).iterdir():
+            subprocess.run(["rm", "-rf", "--", str(path)], check=True)
+    _restore_checkpoints(shared_lab, as_built["checkpoints"])
+    assert staged_entries(shared_lab.inventory_path) == as_built["staged"]
+
+
+def _restore_checkpoints(lab: labs.Lab, pristine: Path) -> None:
+    """The trainer's checkpoints as built: STEPS' files with their bytes and mtime, no other
+    step directory."""
+    directory = lab.checkpoint_path(STEPS[0]).parent.parent
+    for path in directory.iterdir():
+        if path.name not in {lab.checkpoint_path(step).parent.name for step in STEPS}:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for step in STEPS:
+        target, kept = lab.checkpoint_path(step), pristine / str(step)
+        if not target.is_file() or target.stat().st_mtime_ns != kept.stat().st_mtime_ns:
+            target.parent.mkdir(exist_ok=True)
+            shutil.copy2(kept, target)
+
+
+class InventoryView(labs.Lab):
+    """A lab seen through another inventory file (a subset of its hosts)."""
+
+    def __init__(self, lab: labs.Lab, inventory_path: Path) -> None:
+        super().__init__(lab.state)
+        self._inventory_path = inventory_path
+
+    @property
+    def inventory_path(self) -> Path:
+        return self._inventory_path
+
+
+def one_eval_host(lab: labs.Lab, directory: Path) -> labs.Lab:
+    """The lab as a trainer and one eval host: its inventory without eval2."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    hosts = document["hosts"]
+    for name in [n for n, host in hosts.items() if host["role"] == "eval" and n != "eval"]:
+        del hosts[name]
+    path = directory / "one-eval-host.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return InventoryView(lab, path)
+
+
+@contextmanager
+def hidden_steps(lab: labs.Lab, *steps: int) -> Iterator[None]:
+    """The trainer without these steps' checkpoints while held (renamed out of the layout's
+    glob, bytes and mtime kept)."""
+    moved = []
+    try:
+        for step in steps:
+            directory = lab.checkpoint_path(step).parent
+            hidden = directory.with_name(f".hidden-{directory.name}")
+            directory.rename(hidden)
+            moved.append((hidden, directory))
+        yield
+    finally:
+        for hidden, directory in moved:
+            hidden.rename(directory)

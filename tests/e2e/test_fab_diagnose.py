@@ -1,0 +1,55 @@
+"""`fab diagnose` end to end on a lab: the candidate and the other step staged, the harness's
+diagnose run on the eval host over real SSH, the diagnosis pulled and printed as JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_ops.core.inventory import load
+from tests.conftest import run_fab
+from tests.e2e.conftest import hidden_steps, one_eval_host
+
+QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--probe-prompts", "2"]
+
+
+@pytest.fixture
+def models_lab(e2e_lab, tmp_path):
+    """The shared lab as a trainer with the steps 2000 and 6000 and one eval host."""
+    with hidden_steps(e2e_lab, 4000):
+        yield one_eval_host(e2e_lab, tmp_path)
+
+
+def test_diagnose_one_step_against_another_prints_ranked_findings_and_keeps_the_data(models_lab):
+    done = run_fab(
+        models_lab.inventory_path,
+        "diagnose",
+        "--step",
+        "2000",
+        "--against",
+        "6000",
+        "--format",
+        "json",
+        *QUICK,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)  # stdout is the JSON object alone
+    assert shown["against"] == "step 6000"
+    assert shown["candidate"].endswith("checkpoint.pt")
+    assert [f["rank"] for f in shown["findings"]] == list(range(1, len(shown["findings"]) + 1))
+    assert all(f["evidence"] and f["check_next"] for f in shown["findings"])
+    assert {p["probe"] for p in shown["probes"]} >= {"all target layer ids +1"}
+    results = load(models_lab.inventory_path).local.results
+    [pulled] = list((results / "diagnose").glob("*/diagnose.json"))
+    kept = json.loads(pulled.read_text())
+    assert kept["findings"][0]["title"] == shown["findings"][0]["title"]
+    assert kept["candidate"]["step"] == 2000 and kept["other"]["step"] == 6000
+
+
+def test_diagnose_refuses_an_against_that_is_neither_reference_nor_a_step(models_lab):
+    done = run_fab(models_lab.inventory_path, "diagnose", "--step", "2000", "--against", "best")
+    assert done.returncode != 0
+    assert "--against: expected 'reference' or a step number, got 'best'" in done.stderr
+    assert "Traceback" not in done.stderr

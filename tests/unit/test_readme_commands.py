@@ -1,0 +1,79 @@
+"""The README's commands name real tasks and real flags, and its links point at files that
+exist: a renamed task or flag, or a moved doc, fails here instead of in a reader's shell.
+(That they also work as written is what `make demo` and the lab runs of the first-evaluation
+commands show.)"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from invoke import Collection
+
+import fabfile
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def _tasks() -> dict[str, set[str]]:
+    """Task name → the long flags it takes."""
+    collection = Collection.from_module(fabfile)
+    flags = {}
+    for name in collection.task_names:
+        task = collection[name]
+        flags[name] = {f"--{arg.name.replace('_', '-')}" for arg in task.get_arguments()}
+    return flags
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Every `fab …` command line in the text's code blocks and backticks (comments off)."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif inside:
+            lines.append(line)
+    lines += re.findall(r"`(fab [^`]+)`", text)
+    commands = []
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("fab ") and "TASK" not in line:
+            commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def test_every_fab_command_in_the_readme_names_a_task_and_its_flags():
+    tasks = _tasks()
+    commands = _commands(README.read_text())
+    assert len(commands) >= 12  # the first evaluation and the everyday table
+    for argv in commands:
+        if argv[0] == "--list":
+            continue
+        assert argv[0] in tasks, f"README: fab {argv[0]}: no such task"
+        for word in argv[1:]:
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--"):
+                assert flag in tasks[argv[0]], f"README: fab {shlex.join(argv)}: no {flag}"
+
+
+def test_the_readme_states_the_two_ways_in_and_links_only_to_files_that_exist():
+    text = README.read_text()
+    assert "make demo" in text and "make test" in text
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert links and all((ROOT / link).is_file() for link in links), links
+    assert "shared/" not in text  # nothing outside the repository
+
+
+def test_the_readme_inventory_example_loads(tmp_path):
+    from dflash_ops.core.inventory import load
+
+    text = README.read_text()
+    example = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(example)
+    inventory = load(path)
+    assert inventory.eval_host(None)[0] == "eval"
