@@ -1,7 +1,7 @@
-"""`fab run-eval --like RUN_ID` end to end on a provisioned lab: a run with its own prompts and
-options, then the same run again named only by its short id (its prompts file deleted from
-the workstation: they come back from the eval host), and `fab compare` puts the two in one
-comparability group with equal numbers."""
+"""`fab run-eval --like RUN_ID` end to end on the shared provisioned lab: a run with its own
+prompts and options, then the same run again named only by its short id (its prompts file
+deleted from the workstation: they come back from the eval host), and `fab compare` puts the
+two in one comparability group with equal numbers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation.run_ids import short_ids
-from tests.conftest import provisioned_models_lab, run_fab
+from tests.conftest import run_fab
+from tests.e2e.conftest import one_eval_host
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +20,10 @@ PROMPTS = ("the quick brown fox jumps", "def add(a, b): return", "SELECT name FR
 OPTIONS = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4", "--seed", "3"]
 
 
-@pytest.fixture(scope="module")
-def models_lab(tmp_path_factory):
-    yield from provisioned_models_lab(tmp_path_factory, eval_hosts=1, eval_disk="3g", steps=(4000,))
+@pytest.fixture
+def models_lab(e2e_lab, tmp_path):
+    """The shared e2e lab as a trainer and one eval host (put back as built afterwards)."""
+    return one_eval_host(e2e_lab, tmp_path)
 
 
 def test_a_run_repeated_like_another_lands_in_its_group_with_equal_numbers(models_lab, tmp_path):
