@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from dflash_eval.evaluate import EvalOptions
 
 
-# diagnose's --probe-prompts, outside the option table: bounded as --num-prompts is.
-PROBE_PROMPTS = bounded(minimum=1, maximum=run_options.MAX_PROMPTS, unit="prompts")
+# diagnose's --probe-prompts, outside the option table: bounded as --num-prompts is, from 2
+# (a probe's interval needs two prompts; fab diagnose refuses fewer alike).
+PROBE_PROMPTS = bounded(minimum=2, maximum=run_options.MAX_PROMPTS, unit="prompts")
 
 
 def _argument_type(option: run_options.Option) -> Callable[[str], object]:

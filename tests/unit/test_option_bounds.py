@@ -136,6 +136,16 @@ def test_the_help_shows_each_range_and_unit_in_argparse_and_fab():
     assert "; from 2 to 100000 prompts (default 4)" in DIAGNOSE_HELP["probe_prompts"]
 
 
+def test_diagnose_takes_the_same_probe_prompts_range_as_fab_diagnose(capsys):
+    """One prompt gives a probe no interval: the harness refuses it as `fab diagnose` does,
+    in argparse, with the same range."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["diagnose", *REQUIRED, "--out", "o", "--probe-prompts", "1"])
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "--probe-prompts: expected a whole number from 2 to 100000 prompts, found '1'" in line
+    assert "from 2 to 100000 prompts" in DIAGNOSE_HELP["probe_prompts"]
+
+
 def test_fab_refuses_an_out_of_range_option_before_anything_else(capsys, monkeypatch, tmp_path):
     """`fab run-eval --num-prompts 1e400` fails while invoke parses it: the inventory (here none)
     is never read, nothing is staged or deployed."""
