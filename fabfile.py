@@ -218,7 +218,7 @@ def run_eval(
             with_bwlimit(load_inventory(inventory), bwlimit),
             like,
             run=run,
-            step=parse_count("--step", step),
+            step=parse_step(step),
             host=host,
             options=options,
             features=features,

@@ -91,6 +91,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         prompts,
         None,
         target,
+        None,  # completions from the target itself: a diagnosis never asks SGLang
         tokenizer,
         stops,
         target_identity(run.target),
