@@ -28,7 +28,7 @@ import torch
 from dflash_eval.errors import HarnessError
 from dflash_eval.sampling import Sampling, generator, sample_row, stream_seed
 from dflash_eval.schema import PromptSet
-from dflash_eval.sglang_server import ServedModel
+from dflash_eval.sglang_server import ServedModel, check_serves
 from dflash_eval.urls import conceal, endpoint, redact_url
 
 BUILTIN_PROMPTS = (
@@ -327,3 +327,15 @@ class SGLangClient:
         if not all(isinstance(token, int) for token in output_ids):
             raise HarnessError(f"SGLang at {self.shown} returned non-integer output_ids.")
         return list(output_ids)
+
+
+def checked_client(url: str, target: Path, say: Callable[[str], None]) -> SGLangClient:
+    """A client of the SGLang server at `url`, once the server has said that it serves
+    `target` (dflash_eval.sglang_server refuses another model)."""
+    client = SGLangClient(url)
+    client.served = check_serves(url, target)
+    say(
+        f"SGLang at {client.shown} serves {client.served.model_path} "
+        f"(version {client.served.version or 'not given'})"
+    )
+    return client

@@ -29,7 +29,7 @@ from dflash_eval import inputs, pipeline, record
 from dflash_eval import options as run_options
 from dflash_eval.cache import DiskCache
 from dflash_eval.cache_keys import LOCAL_SAMPLED
-from dflash_eval.completions import Prompt, SGLangClient, template_reads_thinking
+from dflash_eval.completions import Prompt, SGLangClient, checked_client, template_reads_thinking
 from dflash_eval.config import DrafterConfig, TargetShape
 from dflash_eval.conversation import Conversations
 from dflash_eval.errors import HarnessError
@@ -48,7 +48,6 @@ from dflash_eval.samples import Decode, draft_sample, sampled_prompts, tokenizer
 from dflash_eval.sampling import Sampling, from_options, refuse_dflash2
 from dflash_eval.schema import Checkpoint, Results
 from dflash_eval.schema_metrics import Metrics
-from dflash_eval.sglang_server import check_serves
 from dflash_eval.summary import settings_line
 from dflash_eval.target import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target_source import TargetSource, eval_device
@@ -333,13 +332,7 @@ def _sglang_client(
     if not options.sglang_url:
         return None
     if features_set is None:
-        client = SGLangClient(options.sglang_url)
-        client.served = check_serves(options.sglang_url, options.target)
-        progress.say(
-            f"SGLang at {client.shown} serves {client.served.model_path} "
-            f"(version {client.served.version or 'not given'})"
-        )
-        return client
+        return checked_client(options.sglang_url, options.target, progress.say)
     warnings.append(
         f"--sglang-url ignored: the completions come from feature set {features_set.name} "
         f"({features_set.manifest['completions']['source']})"

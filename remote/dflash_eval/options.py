@@ -461,10 +461,8 @@ def help_text(option: Option) -> str:
     shown = option.default
     if shown in (None, []) or option.kind == "switch":
         return described
-    if isinstance(shown, Path):
-        shown = (
-            f"~/{shown.relative_to(Path.home())}" if shown.is_relative_to(Path.home()) else shown
-        )
+    if isinstance(shown, Path) and shown.is_relative_to(Path.home()):
+        shown = f"~/{shown.relative_to(Path.home())}"
     return f"{described} (default {as_text(option, shown)})"
 
 

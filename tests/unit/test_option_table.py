@@ -37,7 +37,7 @@ def _unset(option: table.Option) -> object:
     return False if option.kind == "switch" else None
 
 
-def _arguments(task) -> dict:
+def task_arguments(task) -> dict:
     """The task's invoke Arguments (invoke consumes the help dict it reads: a copy here)."""
     fresh = copy.copy(task)
     fresh.help = dict(task.help)
@@ -61,7 +61,7 @@ def test_each_fab_task_takes_exactly_its_table_options_unset_by_default(name):
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_each_fab_task_shows_the_tables_help_and_numbers_as_numbers(name):
     task = TASKS[name]
-    arguments = _arguments(task)
+    arguments = task_arguments(task)
     for option in table.for_task(name):
         if option.name not in HELP_OVERRIDES.get(name, set()):
             assert arguments[option.name].help == table.help_text(option)
@@ -71,7 +71,7 @@ def test_each_fab_task_shows_the_tables_help_and_numbers_as_numbers(name):
 
 
 def test_a_bad_number_on_the_fab_command_line_is_one_line_naming_the_flag():
-    arguments = _arguments(fabfile.run_eval)
+    arguments = task_arguments(fabfile.run_eval)
     with pytest.raises(
         ParseError,
         match=r"^--max-new-tokens: expected a whole number from 1 to 1048576 tokens, found '0'$",

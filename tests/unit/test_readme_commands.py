@@ -12,6 +12,7 @@ from pathlib import Path
 from invoke import Collection
 
 import fabfile
+from tests.unit.test_option_table import task_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -22,8 +23,8 @@ def _tasks() -> dict[str, set[str]]:
     collection = Collection.from_module(fabfile)
     flags = {}
     for name in collection.task_names:
-        task = collection[name]
-        flags[name] = {f"--{arg.name.replace('_', '-')}" for arg in task.get_arguments()}
+        arguments = task_arguments(collection[name])  # never the task's own help dict
+        flags[name] = {f"--{name.replace('_', '-')}" for name in arguments}
     return flags
 
 
