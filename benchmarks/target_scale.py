@@ -1,7 +1,8 @@
 """Benchmark: the harness's time estimate (dflash_eval.estimate) against real runs, per phase.
 
     .venv/bin/python benchmarks/target_scale.py [--sizes 30m,150m,600m] [--threads 2]
-        [--prompts 2] [--max-new-tokens 32] [--save FILE] [--measured FILE] [--smoke]
+        [--prompts 4] [--max-new-tokens 32] [--save FILE] [--measured FILE] [--smoke]
+    .venv/bin/python benchmarks/target_scale.py --fit FILE
 
 For each size it builds a random hybrid target as Qwen3.5/3.6 is made (three linear-attention
 layers to one full-attention layer, built from its config with random weights, saved in
@@ -19,14 +20,17 @@ a few tokens (the suite runs it so); its figures mean nothing.
 
 A shared machine's load slows a run down by as much as the other processes take: each run's
 `uptime` is recorded, and measured times are compared as if the run had had its cores to
-itself (see `compare`). `--save` keeps the measurements; `--measured` plans again against
-them without running eval (to check constants fitted on one run: docs/estimate.md).
+itself (see `share`); on a shared machine, give the run's autogroup priority as
+docs/estimate.md shows. `--save` keeps the measurements with the plan's work; `--fit` fits the
+estimate's constants to them without running anything; `--measured` plans again against them
+without running eval.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -54,6 +58,17 @@ MEASURED = {
     "drafter": "drafter",
 }
 COUNTED_FROM_S = 1.0
+# What --fit adjusts: the compute rates' common factor, the streaming rate and the fixed costs
+# (see dflash_eval.estimate). Not the disk rate: the benchmark reads weights it has just
+# written, from the page cache, which says nothing about a cold read of a large target.
+FITTED_CONSTANTS = (
+    "FITTED",
+    "BANDWIDTH_PER_CORE",
+    "DECODE_LAYER_STEP_S",
+    "FORWARD_LAYER_PASS_S",
+    "ANCHOR_WALK_S",
+    "LOAD_START_S",
+)
 BLOCK_SIZE = 16
 DRAFTER_LAYERS = 2
 
@@ -177,7 +192,7 @@ def measure(name: str, size: Size, args: argparse.Namespace, work: Path, models)
     [plan] = [event["plan"] for event in events if event["event"] == "plan"]
     run = {"parameters": parameters, "estimate": plan["estimate"], "dtype": plan["target"]["dtype"]}
     if name in args.earlier:
-        run.update(args.earlier[name])
+        run.update({key: args.earlier[name][key] for key in ("measured", "cpu_seconds", "uptime")})
     else:
         _, cpu = harness("eval", [*flags, "--out", str(work / name / "results.json")])
         results = json.loads((work / name / "results.json").read_text())
@@ -186,32 +201,48 @@ def measure(name: str, size: Size, args: argparse.Namespace, work: Path, models)
     return run
 
 
-def compare(name: str, run: dict) -> list[float]:
-    """Print one size's phases; the differences (fractions) of the phases that count.
+def share(run: dict) -> float:
+    """The share of its threads' cores the run kept busy (CPU seconds / wall seconds /
+    threads): measured times are compared as if the run had had its cores to itself, so that
+    the load other processes put on a shared machine is not fitted into the constants. The
+    scaling is the same for every phase (an average over the run)."""
+    return run["cpu_seconds"] / run["measured"]["total"] / run["estimate"]["cores"]
 
-    Measured times are compared as if the run had had its threads' cores to itself: each is
-    scaled by the share of them the run kept busy (its CPU seconds / wall seconds / threads),
-    so that the load other processes put on a shared machine is not fitted into the
-    constants. The scaling is the same for every phase (an average over the run)."""
+
+def paired(run: dict, estimated: dict[str, float]) -> dict[str, tuple[float, float, float]]:
+    """Per measured phase: (estimated s, measured wall s, measured s at full share)."""
+    pairs: dict[str, list[float]] = {}
+    for phase, seconds in estimated.items():
+        if phase in MEASURED:
+            pairs.setdefault(MEASURED[phase], [0.0])[0] += seconds
+    wall = run["measured"]
+    return {
+        phase: (guess, wall.get(phase, 0.0), wall.get(phase, 0.0) * share(run))
+        for phase, [guess] in pairs.items()
+    }
+
+
+def differences(run: dict, estimated: dict[str, float]) -> list[float]:
+    """(estimate − measured) / measured of the phases that count (at least COUNTED_FROM_S)."""
+    return [
+        (guess - real) / real
+        for guess, _, real in paired(run, estimated).values()
+        if real >= COUNTED_FROM_S
+    ]
+
+
+def compare(name: str, run: dict) -> list[float]:
+    """Print one size's phases; the differences (fractions) of the phases that count."""
     estimate, measured = run["estimate"], run["measured"]
-    share = run["cpu_seconds"] / measured["total"] / estimate["cores"]
     print(
         f"{name}: {run['parameters'] / 1e6:.0f} M parameters (target in {run['dtype']}), "
         f"threads {estimate['cores']}, feature class {estimate['feature_class']}; measured at "
-        f"{run['uptime']}; the run kept {share:.0%} of its cores busy"
+        f"{run['uptime']}; the run kept {share(run):.0%} of its cores busy"
     )
-    pairs: dict[str, list[float]] = {}
-    for phase, seconds in estimate["phases"].items():
-        if phase in MEASURED:
-            pair = pairs.setdefault(MEASURED[phase], [0.0, measured.get(MEASURED[phase], 0.0)])
-            pair[0] += seconds
-    counted = []
-    for phase, (guess, wall) in pairs.items():
-        real = wall * share
+    pairs = paired(run, estimate["phases"])
+    for phase, (guess, wall, real) in pairs.items():
         difference = (guess - real) / real if real > 0 else float("inf")
         note = "" if real >= COUNTED_FROM_S else f"  (under {COUNTED_FROM_S:g} s: not counted)"
-        if real >= COUNTED_FROM_S:
-            counted.append(difference)
         print(
             f"  {phase:>14}: measured {wall:8.2f} s wall, {real:7.2f} s at full share, "
             f"estimated {guess:7.2f} s, {difference:+6.0%}{note}"
@@ -219,10 +250,56 @@ def compare(name: str, run: dict) -> list[float]:
     others = sorted(set(measured) - set(pairs) - {"total"})
     print(f"  not estimated: {', '.join(f'{p} {measured[p]:.2f} s' for p in others)}")
     print(
-        f"  total: measured {measured['total']:.2f} s wall, {measured['total'] * share:.2f} s "
+        f"  total: measured {measured['total']:.2f} s wall, {measured['total'] * share(run):.2f} s "
         f"at full share, estimated {estimate['seconds']:.2f} s"
     )
-    return counted
+    return differences(run, estimate["phases"])
+
+
+def fit(runs: dict[str, dict]) -> None:
+    """Print the constants of dflash_eval.estimate that fit the saved runs best, the error of
+    every counted phase with them, and the worst. The search is multiplicative, one constant
+    at a time from the current values, and minimises the sum of |log(estimate / measured)|^6
+    (close to the worst phase's error, but smooth enough not to stall on a ridge). The
+    estimate's own Machine computes every guess: the search only sets the module's constants."""
+    from dflash_eval import estimate
+
+    def errors() -> dict[str, list[float]]:
+        found = {}
+        for name, run in runs.items():
+            machine = estimate.Machine(run["estimate"]["cores"], run["estimate"]["feature_class"])
+            phases = {
+                phase: machine.seconds(estimate.Phase(**work))
+                for phase, work in run["estimate"]["work"].items()
+            }
+            found[name] = differences(run, phases)
+        return found
+
+    def cost() -> float:
+        return sum(math.log1p(e) ** 6 for each in errors().values() for e in each)
+
+    def worst() -> float:
+        return max((abs(e) for each in errors().values() for e in each), default=0.0)
+
+    print(f"with the current constants, worst phase: {worst() * 100:.0f} %")
+    best = cost()
+    for _ in range(1000):
+        improved = False
+        for constant in FITTED_CONSTANTS:
+            for factor in (0.5, 0.8, 0.95, 0.99, 1.01, 1.05, 1.25, 2.0):
+                before = getattr(estimate, constant)
+                setattr(estimate, constant, before * factor)
+                if (now := cost()) < best * (1 - 1e-9):
+                    best, improved = now, True
+                else:
+                    setattr(estimate, constant, before)
+        if not improved:
+            break
+    for constant in FITTED_CONSTANTS:
+        print(f"  {constant} = {getattr(estimate, constant):.3g}")
+    for name, each in errors().items():
+        print(f"  {name}: " + ", ".join(f"{e:+.0%}" for e in each))
+    print(f"fitted, worst phase: {worst() * 100:.0f} %")
 
 
 def uptime() -> str:
@@ -233,7 +310,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="30m,150m,600m", help=f"of {', '.join(SIZES)}")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--save", type=Path, help="write each size's measurements to this JSON")
     parser.add_argument(
@@ -242,7 +319,14 @@ def main() -> None:
         help="take the measurements from a --save file instead of running eval again (the "
         "estimate is planned anew: for checking constants fitted on a run)",
     )
+    parser.add_argument(
+        "--fit",
+        type=Path,
+        help="fit the estimate's constants to a --save file (no run) and print them",
+    )
     args = parse_args(parser, SMOKE)
+    if args.fit:
+        return fit(json.loads(args.fit.read_text()))
     args.earlier = json.loads(args.measured.read_text()) if args.measured else {}
     from dflash_lab.content import MODEL_CACHE
     from dflash_lab.models import build_lab_models
@@ -256,7 +340,9 @@ def main() -> None:
                 raise SystemExit(f"--sizes: {name} is not one of {', '.join(SIZES)}")
             run = measure(name, SIZES[name], args, Path(work), models)
             counted += compare(name, run)
-            saved[name] = {key: run[key] for key in ("measured", "cpu_seconds", "uptime")}
+            saved[name] = {
+                key: run[key] for key in ("measured", "cpu_seconds", "uptime", "estimate")
+            }
             if args.save:
                 args.save.write_text(json.dumps(saved, indent=1) + "\n")
     print(f"after: {uptime()}")

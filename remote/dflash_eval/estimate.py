@@ -8,9 +8,9 @@ The model, stated so that its numbers can be argued with:
   unit its /proc/cpuinfo flags name (AMX tiles, AVX-512 BF16, AVX-512F, AVX2, none) and on
   the dtype: bf16 is fast only with AMX or AVX-512 BF16, otherwise it is converted and slow;
 - a greedy decode step (one token, batch 1) also streams every weight once: a step takes at
-  least weight bytes / memory bandwidth, assumed `cores × 4 GB/s` up to 100 GB/s. Decoding
+  least weight bytes / memory bandwidth, `cores × 6.3 GB/s` up to 100 GB/s. Decoding
   on CPU is bandwidth-bound far more often than compute-bound;
-- reading weights or hashing a checkpoint runs at about 1 GB/s.
+- reading weights or hashing a checkpoint runs at about 3 GB/s (a cold read: a guess).
 
 - each pass of one layer costs a fixed time besides its FLOPs (Python, kernel launches, the
   torch fallback of the linear-attention kernels looping over chunks): a decode step through
@@ -18,16 +18,15 @@ The model, stated so that its numbers can be argued with:
   anchor each have their own; loading a target has a fixed start-up cost.
 
 A phase takes max(FLOPs / compute rate, streamed bytes / bandwidth) + disk bytes / disk rate +
-its fixed costs. The constants are fitted (benchmarks/target_scale.py, docs/estimate.md) on
-random Qwen3.5-style hybrid targets of 30 M, 150 M and 600 M parameters on a 2-core AVX-512
-BF16 machine under heavy load, which made them pessimistic (up to 10× for some phases when the
-machine was quieter: docs/estimate.md); the other feature classes keep their first-guess
-ratios to it. Call it an estimate, never a promise.
+its fixed costs. The constants are fitted (benchmarks/target_scale.py --fit, docs/estimate.md)
+on random Qwen3.5-style hybrid targets of 30 M, 150 M and 600 M parameters on a 2-core AVX-512
+BF16 machine (every phase of a second run within 21 %); the other feature classes keep their
+first-guess ratios to it. Call it an estimate, never a promise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 # Best first: the class a host belongs to is the first whose flags it has all of.
 FEATURE_CLASSES: tuple[tuple[str, frozenset[str]], ...] = (
@@ -40,7 +39,7 @@ FEATURE_CLASSES: tuple[tuple[str, frozenset[str]], ...] = (
 FLAGS_OF_INTEREST = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
 # Sustained GFLOP/s per core, by feature class and dtype (float16 counts as bfloat16): the
 # first guesses (60 float32 for avx512-bf16 …) times FITTED, measured on avx512-bf16 float32.
-FITTED = 0.19
+FITTED = 0.79
 _FIRST_GUESSES: dict[str, dict[str, float]] = {
     "amx-bf16": {"bfloat16": 250.0, "float32": 60.0},
     "avx512-bf16": {"bfloat16": 80.0, "float32": 60.0},
@@ -48,18 +47,14 @@ _FIRST_GUESSES: dict[str, dict[str, float]] = {
     "avx2": {"bfloat16": 8.0, "float32": 25.0},
     "baseline": {"bfloat16": 2.0, "float32": 5.0},
 }
-GFLOPS_PER_CORE = {
-    name: {dtype: round(rate * FITTED, 2) for dtype, rate in rates.items()}
-    for name, rates in _FIRST_GUESSES.items()
-}
-BANDWIDTH_PER_CORE = 4.5e9  # bytes/s of weights streamed per core in a decode step
+BANDWIDTH_PER_CORE = 6.3e9  # bytes/s of weights streamed per core in a decode step
 BANDWIDTH_MAX = 100e9
-DISK_BYTES_PER_SECOND = 3e9  # reading (and converting) weights, hashing a checkpoint
+DISK_BYTES_PER_SECOND = 3e9  # a cold read of weights (a first guess: see docs/estimate.md)
 # Fixed costs, whatever the cores (fitted as the rates are):
-DECODE_LAYER_STEP_S = 0.019  # one decode step through one layer
-FORWARD_LAYER_PASS_S = 0.11  # one sequence's forward through one layer
-ANCHOR_WALK_S = 0.025  # the drafter's walk of one anchor (its block and the DDTree walks)
-LOAD_START_S = 0.8  # building the target's modules before its weights are read
+DECODE_LAYER_STEP_S = 0.0021  # one decode step through one layer
+FORWARD_LAYER_PASS_S = 0.015  # one sequence's forward through one layer
+ANCHOR_WALK_S = 0.011  # the drafter's walk of one anchor (its block and the DDTree walks)
+LOAD_START_S = 1.0  # building the target's modules before its weights are read
 
 
 @dataclass(frozen=True)
@@ -96,13 +91,17 @@ def parse_cpuinfo(text: str) -> CpuInfo:
 
 @dataclass(frozen=True)
 class Phase:
-    """The work of one phase of a run."""
+    """The work of one phase of a run: what it computes, streams and reads, and how many of
+    each fixed-cost pass it makes (kept as counts so that a saved plan can be refitted)."""
 
     flops: float = 0.0
     dtype: str = "float32"
     streamed_bytes: float = 0.0  # weights read from memory once per decode step
     disk_bytes: float = 0.0
-    fixed_seconds: float = 0.0  # the per-pass costs (layer_passes) and start-up costs
+    decode_layer_steps: float = 0.0  # decode steps × layers
+    forward_layer_passes: float = 0.0  # sequence forwards × layers
+    anchor_walks: float = 0.0
+    target_loads: int = 0
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ class Machine:
     feature_class: str
 
     def compute_rate(self, dtype: str) -> float:
-        rates = GFLOPS_PER_CORE[self.feature_class]
+        rates = gflops_per_core(self.feature_class)
         return self.cores * rates["float32" if dtype == "float32" else "bfloat16"] * 1e9
 
     @property
@@ -122,13 +121,22 @@ class Machine:
         compute = phase.flops / self.compute_rate(phase.dtype)
         memory = phase.streamed_bytes / self.bandwidth
         disk = phase.disk_bytes / DISK_BYTES_PER_SECOND
-        return max(compute, memory) + disk + phase.fixed_seconds
+        return max(compute, memory) + disk + fixed_seconds(phase)
 
 
-def layer_passes(decode_steps: float = 0, forwards: float = 0, layers: int = 0) -> float:
-    """The fixed seconds of `decode_steps` decode steps and `forwards` sequence forwards,
-    each through `layers` layers."""
-    return layers * (decode_steps * DECODE_LAYER_STEP_S + forwards * FORWARD_LAYER_PASS_S)
+def gflops_per_core(feature_class: str) -> dict[str, float]:
+    """Sustained GFLOP/s per core of one feature class, by dtype."""
+    return {dtype: round(rate * FITTED, 2) for dtype, rate in _FIRST_GUESSES[feature_class].items()}
+
+
+def fixed_seconds(phase: Phase) -> float:
+    """The costs that do not shrink with more cores."""
+    return (
+        phase.decode_layer_steps * DECODE_LAYER_STEP_S
+        + phase.forward_layer_passes * FORWARD_LAYER_PASS_S
+        + phase.anchor_walks * ANCHOR_WALK_S
+        + phase.target_loads * LOAD_START_S
+    )
 
 
 def estimate(machine: Machine, phases: dict[str, Phase]) -> dict[str, object]:
@@ -137,9 +145,10 @@ def estimate(machine: Machine, phases: dict[str, Phase]) -> dict[str, object]:
     return {
         "seconds": round(sum(seconds.values()), 3),
         "phases": seconds,
+        "work": {name: asdict(phase) for name, phase in phases.items()},
         "cores": machine.cores,
         "feature_class": machine.feature_class,
-        "gflops_per_core": GFLOPS_PER_CORE[machine.feature_class],
+        "gflops_per_core": gflops_per_core(machine.feature_class),
         "bandwidth_bytes_per_second": machine.bandwidth,
         "model": "estimate: FLOPs = 2 x parameters x tokens at cores x per-core rate; decode "
         "steps at least weight bytes / bandwidth; disk at 3 GB/s; fixed costs per layer pass, "

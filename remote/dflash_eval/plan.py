@@ -330,7 +330,7 @@ def _phases(
         "hash_checkpoint": estimate.Phase(disk_bytes=hashed_bytes(options)),
         "load_target": estimate.Phase(
             disk_bytes=in_memory if body else head_bytes,
-            fixed_seconds=estimate.LOAD_START_S if body else 0.0,
+            target_loads=1 if body else 0,
         ),
     }
     if not options.sglang_url:
@@ -341,18 +341,20 @@ def _phases(
             2.0 * params * (prefill + steps),
             dtype,
             streamed_bytes=float(in_memory) * steps,
-            fixed_seconds=estimate.layer_passes(steps, len(missing), layers),
+            decode_layer_steps=steps * layers,
+            forward_layer_passes=len(missing) * layers,
         )
     uncached = [p for p in cached.prompts if not p.hidden_hit]
     forward = sum((p.prompt_tokens or 0) + (p.reference_tokens or new_tokens) for p in uncached)
     phases["hidden_states"] = estimate.Phase(
-        2.0 * params * forward, dtype, fixed_seconds=estimate.layer_passes(0, len(uncached), layers)
+        2.0 * params * forward, dtype, forward_layer_passes=len(uncached) * layers
     )
     if cached.features_record == "missing" and cached.prompts:
         first = cached.prompts[0]
         tokens = (first.prompt_tokens or 0) + (first.reference_tokens or new_tokens)
-        fixed = estimate.layer_passes(0, 1, layers)
-        phases["fidelity"] = estimate.Phase(2.0 * params * tokens, "float32", fixed_seconds=fixed)
+        phases["fidelity"] = estimate.Phase(
+            2.0 * params * tokens, "float32", forward_layer_passes=layers
+        )
     for name, walker in (("drafter", drafter), ("reference_drafter", reference)):
         if walker is not None and walker.parameters is not None and walker.block_size:
             # Every anchor of the completion, a block each, through the layers and the LM head.
@@ -361,7 +363,7 @@ def _phases(
             phases[name] = estimate.Phase(
                 per_token * anchors * walker.block_size,
                 drafter.dtype,
-                fixed_seconds=anchors * estimate.ANCHOR_WALK_S,
+                anchor_walks=anchors,
             )
     return phases
 

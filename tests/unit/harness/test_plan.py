@@ -12,13 +12,15 @@ import pytest
 import torch
 from dflash_eval import cli
 from dflash_eval.estimate import (
+    ANCHOR_WALK_S,
     DECODE_LAYER_STEP_S,
     DISK_BYTES_PER_SECOND,
     FORWARD_LAYER_PASS_S,
-    GFLOPS_PER_CORE,
+    LOAD_START_S,
     Machine,
     Phase,
-    layer_passes,
+    fixed_seconds,
+    gflops_per_core,
     parse_cpuinfo,
 )
 from dflash_eval.evaluate import EvalOptions, run_eval
@@ -160,7 +162,7 @@ def test_the_time_model_is_flops_over_rate_or_bytes_over_bandwidth():
     )
     assert parse_cpuinfo("").feature_class == "baseline"
     machine = Machine(2, "avx2")
-    rate = 2 * GFLOPS_PER_CORE["avx2"]["float32"] * 1e9
+    rate = 2 * gflops_per_core("avx2")["float32"] * 1e9
     assert machine.seconds(Phase(flops=rate * 3)) == pytest.approx(3.0)
     # bf16 without a bf16 unit is slower than float32 for the same work.
     assert machine.seconds(Phase(flops=rate, dtype="bfloat16")) > 1.0
@@ -170,11 +172,16 @@ def test_the_time_model_is_flops_over_rate_or_bytes_over_bandwidth():
     )
     assert machine.seconds(Phase(disk_bytes=2 * DISK_BYTES_PER_SECOND)) == pytest.approx(2.0)
     # Fixed costs add to the rest, whatever the cores.
-    passes = layer_passes(decode_steps=10, forwards=1, layers=4)
-    assert passes == pytest.approx(4 * (10 * DECODE_LAYER_STEP_S + FORWARD_LAYER_PASS_S))
-    assert Machine(64, "avx2").seconds(Phase(flops=rate * 3, fixed_seconds=passes)) == (
-        pytest.approx(3.0 / 32 + passes)
+    passes = Phase(
+        flops=rate * 3,
+        decode_layer_steps=40,
+        forward_layer_passes=4,
+        anchor_walks=7,
+        target_loads=1,
     )
+    fixed = 40 * DECODE_LAYER_STEP_S + 4 * FORWARD_LAYER_PASS_S + 7 * ANCHOR_WALK_S + LOAD_START_S
+    assert fixed_seconds(passes) == pytest.approx(fixed)
+    assert Machine(64, "avx2").seconds(passes) == pytest.approx(3.0 / 32 + fixed)
 
 
 def test_without_a_staged_checkpoint_the_profile_or_unknown(lab, tmp_path):
