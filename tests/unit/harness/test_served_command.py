@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 from dflash_eval.cli import main
@@ -16,21 +17,24 @@ from dflash_eval.progress import Progress
 from tests.sglang_stand_in import StandIn
 
 
-def served(monkeypatch, capsys, url: str, target) -> tuple[int, list[dict], str]:
-    """`python -m dflash_eval served --target TARGET` with `url` on stdin: its exit status,
-    its JSON events and its stderr."""
-    monkeypatch.setattr("sys.stdin", io.StringIO(url + "\n"))
-    status = main(["served", "--target", str(target)])
-    out, err = capsys.readouterr()
-    return status, [json.loads(line) for line in out.splitlines()], err
+@pytest.fixture
+def ask(monkeypatch, capsys, tmp_path, sglang_url):
+    """`python -m dflash_eval served --target …/Qwen3.6-27B`, the stand-in's URL on stdin and
+    serving the model given: the target, its exit status, its JSON events and its stderr."""
+
+    def asked(served_as: str) -> tuple[Path, int, list[dict], str]:
+        StandIn.model_path = served_as
+        monkeypatch.setattr("sys.stdin", io.StringIO(sglang_url + "\n"))
+        target = tmp_path / "Qwen3.6-27B"
+        status = main(["served", "--target", str(target)])
+        out, err = capsys.readouterr()
+        return target, status, [json.loads(line) for line in out.splitlines()], err
+
+    return asked
 
 
-def test_served_names_the_model_and_version_of_a_server_serving_the_target(
-    monkeypatch, capsys, tmp_path, sglang_url
-):
-    target = tmp_path / "Qwen3.6-27B"
-    StandIn.model_path = "/srv/models/Qwen3.6-27B"
-    status, events, _ = served(monkeypatch, capsys, sglang_url, target)
+def test_served_names_the_model_and_version_of_a_server_serving_the_target(ask):
+    _, status, events, _ = ask("/srv/models/Qwen3.6-27B")
     assert status == 0
     assert {key: value for key, value in events[-1].items() if key != "time"} == {
         "event": "served",
@@ -39,12 +43,8 @@ def test_served_names_the_model_and_version_of_a_server_serving_the_target(
     }
 
 
-def test_served_refuses_another_model_in_one_line_naming_both(
-    monkeypatch, capsys, tmp_path, sglang_url
-):
-    target = tmp_path / "Qwen3.6-27B"
-    StandIn.model_path = "/srv/models/Llama-3-8B"
-    status, events, err = served(monkeypatch, capsys, sglang_url, target)
+def test_served_refuses_another_model_in_one_line_naming_both(ask):
+    target, status, events, err = ask("/srv/models/Llama-3-8B")
     assert status == 2
     assert events[-1]["event"] == "error"
     [line] = err.splitlines()
