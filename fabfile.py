@@ -24,6 +24,7 @@ from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
 from dflash_ops.evaluation.harness_options import DIAGNOSE_OPTIONS, FEATURES_OPTIONS, harness_args
 from dflash_ops.evaluation.harness_options import pick as pick_harness_options
+from dflash_ops.evaluation.served import sglang_rows
 from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
@@ -47,9 +48,9 @@ from dflash_ops.ui.task import ops_task
 
 @ops_task()
 def check_hosts(c, inventory=None):
-    """Check every inventory host: SSH, host key, container, directories, disk, tools."""
+    """Check every inventory host: SSH, host key, container, directories, disk, tools, SGLang."""
     inv = load_inventory(inventory)
-    rows = checks.check_inventory(inv)
+    rows = checks.check_inventory(inv, more=[sglang_rows])
     console.print(check_table(rows, f"check-hosts ({inv.path})"))
     bad = checks.failed(rows)
     if bad:
@@ -252,7 +253,7 @@ def extract_features(
     thinking=None,
     target_dtype=None,
     device=None,
-    sglang=False,
+    completions=None,
     threads=None,
     to=None,
     verify=False,
@@ -270,7 +271,6 @@ def extract_features(
         harness_options=pick_harness_options(locals(), FEATURES_OPTIONS),
         layers=layers,
         device=device,
-        sglang=sglang,
         to=to,
         verify=verify,
     )

@@ -10,17 +10,21 @@ network namespace, it answers with the model's own greedy continuation:
     python -m tests.sglang_stand_in --model TARGET_DIR --log requests.jsonl
 
 It prints the port it listens on (127.0.0.1, an ephemeral port) as its first line.
+`--model-path` makes it claim to serve another model, `--mode` picks a failure (as `mode`);
+`started_in` runs the script so in a lab host's namespace.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 Generate = Callable[[list[int], int], list[int]]
@@ -113,13 +117,35 @@ def greedy_with(model_dir: Path) -> Generate:
     return lambda input_ids, count: target.greedy(input_ids, count, stops)
 
 
+@contextmanager
+def started_in(
+    lab: Any, host: str, model: str, log: Path, *more: str
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """The script in lab host `host`'s network namespace, on its loopback (`more`: its
+    options): the process and its URL; stopped on exit."""
+    argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", model, "--log", str(log)]
+    server = subprocess.Popen(
+        lab.in_namespace(host, [*argv, *more]),
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield server, f"http://127.0.0.1:{int(server.stdout.readline())}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True, help="JSON line per request")
+    parser.add_argument("--model-path", help="what /get_model_info names (default: --model)")
+    parser.add_argument("--mode", choices=("ok", "error", "no-info"), default="ok")
     args = parser.parse_args()
-    server = serve(greedy_with(args.model), str(args.model))
-    StandIn.log = args.log
+    server = serve(greedy_with(args.model), args.model_path or str(args.model))
+    StandIn.log, StandIn.mode = args.log, args.mode
     print(server.server_address[1], flush=True)
     server.serve_forever()
 

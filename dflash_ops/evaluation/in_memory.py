@@ -80,3 +80,19 @@ def run_harness(host: Host, python: str, argv: list[str], stdin: str = "") -> Re
     if done.returncode == SSH_FAILED:
         raise HostError(host.name, f"ssh failed: {stderr_reason(done.stderr)}")
     return Result(done.stdout, done.stderr, done.returncode)
+
+
+def harness_event(host: str, answer: Result, event: str, failure: str) -> dict:
+    """The harness's `event` line (JSON on stdout) of a command that succeeded; otherwise a
+    HostError: `failure` then the harness's own `error:` line (the last of its stderr when
+    it wrote none)."""
+    for line in answer.stdout.splitlines() if answer.ok else []:
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and found.get("event") == event:
+            return found
+    errors = [line for line in answer.stderr.splitlines() if line.startswith("error: ")]
+    reason = errors[-1].removeprefix("error: ") if errors else answer.stderr.strip()[-1500:]
+    raise HostError(host, f"{failure} (exit {answer.exit_code}): {reason}")

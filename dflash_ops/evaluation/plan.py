@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
-from dflash_ops.evaluation.in_memory import run_harness
+from dflash_ops.evaluation.in_memory import harness_event, run_harness
 from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.run import drafter_profile, host_defaults_argv, host_inputs_argv
 from dflash_ops.provision.state import read_state, venv_problem
@@ -87,7 +87,7 @@ def plan_host(inventory: Inventory, request: EvalRequest, staged: StagedCheckpoi
         )
     finally:
         host.close()
-    plan = _parse(host.name, result.stdout, result.stderr, result.exit_code)
+    plan = harness_event(host.name, result, "plan", "the harness could not plan the run")["plan"]
     notes = []
     if request.strip_optimizer:
         notes.append("--strip-optimizer: the run evaluates an optimizer-free copy of it")
@@ -141,17 +141,3 @@ def stdin_inputs(
     if url is not None:
         inputs["sglang_url"] = url
     return inputs
-
-
-def _parse(host: str, stdout: str, stderr: str, exit_code: int) -> dict:
-    """The harness's plan event; its error message when it refused."""
-    for line in stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "plan" and exit_code == 0:
-            return event["plan"]
-    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    reason = errors[-1].removeprefix("error: ") if errors else stderr.strip()[-1500:]
-    raise HostError(host, f"the harness could not plan the run (exit {exit_code}): {reason}")

@@ -12,7 +12,7 @@ from typing import get_args
 
 from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import HostError, OpsError
-from dflash_ops.core.inventory import EvalHost
+from dflash_ops.core.inventory import EvalHost, HarnessHost
 from dflash_ops.core.records import check_json_lines
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
@@ -116,18 +116,25 @@ def build_request(
 
 def sglang_url(request: EvalRequest, name: str, entry: EvalHost) -> str | None:
     """The SGLang server the run's completions come from; None: the target decodes them on
-    the host. By default the inventory's `sglang_url`, unless the target samples them (T > 0)
-    or a feature set brings them; --completions local opts out, --completions sglang insists."""
-    if request.completions == "local":
+    the host. As `completions_server` says, except that by default the target samples them
+    itself (T > 0) and a feature set brings its own."""
+    if request.completions is None and (request.sampled or request.features is not None):
         return None
-    if request.completions == "sglang" and not entry.sglang_url:
+    return completions_server(request.completions, name, entry)
+
+
+def completions_server(completions: str | None, name: str, entry: HarnessHost) -> str | None:
+    """The SGLang server greedy completions come from on host `name` (None: the target
+    decodes them there): by default the inventory's `sglang_url`; --completions local opts
+    out, --completions sglang insists."""
+    if completions == "local":
+        return None
+    if completions == "sglang" and not entry.sglang_url:
         raise HostError(
             name,
             "--completions sglang needs `sglang_url` for this host in the inventory "
             "(or pass --completions local)",
         )
-    if request.completions is None and (request.sampled or request.features is not None):
-        return None
     return entry.sglang_url
 
 

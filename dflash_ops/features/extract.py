@@ -159,9 +159,7 @@ def _uploads(
     files: dict[str, tuple[bytes, bool]] = {}
     if request.prompts is not None:
         files["--prompts"] = (request.prompts.read_bytes(), False)
-    if request.sglang:
-        if not entry.sglang_url:
-            raise HostError(host.name, "--sglang needs `sglang_url` for this host in the inventory")
+    if request.sglang:  # chosen by --completions, the host's sglang_url known to be set
         files["--sglang"] = (entry.sglang_url.encode(), True)
     runs = EvalLayout(entry).runs
     if files:

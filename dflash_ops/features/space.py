@@ -13,12 +13,12 @@ named before the first byte moves.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 
-from dflash_ops.core.errors import DiskSpaceError, HostError
+from dflash_ops.core.errors import DiskSpaceError
 from dflash_ops.core.units import format_bytes
+from dflash_ops.evaluation.in_memory import harness_event
 from dflash_ops.remote.connection import Host
 from dflash_ops.staging.disk import Margin, SpaceCheck, space_check
 from dflash_ops.staging.stage import StagedCheckpoint
@@ -40,27 +40,13 @@ def eval_host_advice(host: str) -> str:
     )
 
 
-def parse_space_event(host: str, stdout: str, stderr: str) -> dict:
-    """The harness's `space` event (features --check-space), or its error as a HostError."""
-    for line in stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "space":
-            return event
-    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    reason = errors[-1].removeprefix("error: ") if errors else stderr.strip()[-1500:]
-    raise HostError(host, f"the harness could not size the feature set: {reason}")
-
-
 def check_features_host(
     host: Host, command: str, set_id: str, margin: Margin, report: Callable[[str], None]
 ) -> SpaceCheck:
     """Run the features command with --check-space (computes nothing) and refuse, with the
     numbers and what to do, when the set's upper bound and the margin exceed the free space."""
     answer = host.run(f"{command} {CHECK_FLAG}", check=False)
-    space = parse_space_event(host.name, answer.stdout, answer.stderr)
+    space = harness_event(host.name, answer, "space", "the harness refused the feature set")
     bound = (
         f"at most {format_bytes(space['to_write_bytes'])}, an upper bound: "
         f"{space['prompts']} prompts of ≤ {space['longest_bound']} tokens × {space['layers']} "

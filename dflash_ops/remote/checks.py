@@ -1,7 +1,9 @@
 """`fab check-hosts`: is every host of the inventory usable, and if not, why.
 
 Each check yields a row (host, check, status, detail). A failed *required* check makes the
-task exit non-zero; 'warn' and 'info' rows never do.
+task exit non-zero; 'warn' and 'info' rows never do. Checks that need more than this package
+(the harness's own, run on the host) are given by the caller as `more`, run for every host
+that answers.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -17,6 +19,7 @@ from dflash_ops.core.errors import HostError, HostKeyError, UnreachableError
 from dflash_ops.core.inventory import (
     EvalHost,
     HarnessHost,
+    HostEntry,
     Inventory,
     TrainerHost,
 )
@@ -43,12 +46,15 @@ class Row:
     detail: str
 
 
-def check_inventory(inventory: Inventory) -> list[Row]:
+HostCheck = Callable[[Host, HostEntry], Iterable[Row]]
+
+
+def check_inventory(inventory: Inventory, more: Sequence[HostCheck] = ()) -> list[Row]:
     rows: list[Row] = list(check_workstation(inventory))
     for name in inventory.hosts:
         host = Host(inventory, name)
         try:
-            rows.extend(check_host(host))
+            rows.extend(check_host(host, more))
         finally:
             host.close()
     rows.extend(check_routes(inventory))
@@ -77,7 +83,7 @@ def check_workstation(inventory: Inventory) -> Iterator[Row]:
         yield Row("workstation", label, Status.OK, f"{path} {state} ({format_bytes(free)} free)")
 
 
-def check_host(host: Host) -> Iterator[Row]:
+def check_host(host: Host, more: Sequence[HostCheck] = ()) -> Iterator[Row]:
     name, entry = host.name, host.entry
     try:
         reachable = reachability(host)
@@ -113,6 +119,8 @@ def check_host(host: Host) -> Iterator[Row]:
             yield from _check_trainer(host, entry)
         else:
             yield from _check_eval(host, entry)
+        for check in more:
+            yield from check(host, entry)
         yield from _check_machine(host)
     except HostError as exc:
         yield Row(name, "remaining checks", Status.FAIL, host_error_row(exc))

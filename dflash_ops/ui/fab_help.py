@@ -106,7 +106,6 @@ FEATURES_HELP = {
     "trainer's drafter profile)",
     "block_size": "block size B the completions are extended by (default: the profile's)",
     "device": "where the target runs there: auto (CUDA when torch sees a GPU), cpu, cuda",
-    "sglang": "reference completions from the features host's sglang_url",
     "to": "eval host(s) to relay the set to, comma-separated (default: every eval host)",
     "verify": "hash every relayed copy again; send again one that no longer matches",
 }

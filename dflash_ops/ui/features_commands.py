@@ -15,7 +15,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation.harness_options import checked
 from dflash_ops.evaluation.jobs import Detached
-from dflash_ops.evaluation.request import prompts_file
+from dflash_ops.evaluation.request import completions_server, prompts_file
 from dflash_ops.features.extract import FeatureSet, extract_features
 from dflash_ops.features.relay import RelayOptions, relay_set
 from dflash_ops.features.spec import FeatureRequest, choose_layers
@@ -35,7 +35,6 @@ def extract_features_command(
     harness_options: Mapping[str, object],
     layers: str | None,
     device: str | None,
-    sglang: bool,
     to: str | None,
     verify: bool,
 ) -> FeatureSet:
@@ -49,15 +48,18 @@ def extract_features_command(
     num_prompts = options.pop("num_prompts", None)  # for the prompts file, not the harness
     chosen = checked(options)
     layer_ids, block = choose_layers(inventory, layers, chosen.get("block_size"))
+    prompts_path = _prompts_file(inventory, prompts, dataset, num_prompts)
+    # The harness asks the server what it serves before it loads the target (features_run).
+    sglang = completions_server(chosen.get("completions"), *inventory.features_host(on))
     request = FeatureRequest(
         layers=layer_ids,
         block_size=block,
         max_new_tokens=chosen.get("max_new_tokens", default("max_new_tokens")),
         thinking=chosen.get("thinking", False),
-        prompts=_prompts_file(inventory, prompts, dataset, num_prompts),
+        prompts=prompts_path,
         target_dtype=chosen.get("target_dtype"),
         device=parse_choice("--device", device, DEVICES) if device else None,
-        sglang=sglang,
+        sglang=sglang is not None,
         threads=chosen.get("threads"),
     )
     view = LiveView()

@@ -1,5 +1,5 @@
-"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …`, `… plan …` and
-`… diagnose …`.
+"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …`, `… plan …`,
+`… diagnose …` and `… served …`.
 
 Exit status: 0 success; 2 an expected failure (HarnessError: the message says what to do,
 no traceback); 130 interrupted. stdout carries JSON-line events only; people read stderr.
@@ -17,7 +17,7 @@ from dflash_eval import options as run_options
 from dflash_eval.errors import HarnessError
 from dflash_eval.numbers import option as bounded
 from dflash_eval.progress import Progress
-from dflash_eval.sglang_server import completions_url
+from dflash_eval.sglang_server import check_serves, completions_url
 from dflash_eval.summary import headline, summary_lines
 from dflash_eval.urls import read_url
 
@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_options(strip, "extract")
     _add_plan_parser(commands)
     _add_diagnose_parser(commands)
+    served = commands.add_parser(
+        "served",
+        help="ask the SGLang server whose URL is on stdin (so no credential reaches argv) "
+        "what it serves; refused unless it is --target",
+    )
+    served.add_argument("--target", type=Path, required=True, help="target model directory")
     return parser
 
 
@@ -196,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args, progress)
         if args.command == "diagnose":
             return _diagnose(args, progress)
+        if args.command == "served":
+            return _served(args, progress)
         return _extract(args, progress)
     except HarnessError as error:
         progress.event("error", message=str(error))
@@ -283,6 +291,13 @@ def _diagnose(args: argparse.Namespace, progress: Progress) -> int:
     diagnosis = run_diagnose(options, progress)
     progress.say("\n".join(summary_lines(diagnosis)))
     progress.event("done", out=str(args.out), findings=len(diagnosis["findings"]))
+    return 0
+
+
+def _served(args: argparse.Namespace, progress: Progress) -> int:
+    """`fab check-hosts` asks this on the host, which reaches the server."""
+    served = check_serves(sys.stdin.read().strip(), args.target)
+    progress.event("served", **served.record())
     return 0
 
 

@@ -23,6 +23,7 @@ from dflash_eval.completions import (
     Prompt,
     SGLangClient,
     builtin_prompts,
+    checked_client,
     prompts_hash,
     read_prompts_jsonl,
     template_reads_thinking,
@@ -73,6 +74,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         threads=torch.get_num_threads(),
     )
     timer, warnings = Timer(), []
+    client = _sglang_client(options, progress)
     with timer.phase("load_target"):
         device = resolve_device("cuda" if options.shard_gpus else options.device)
         shard = visible_gpus(options.gpu_memory) if options.shard_gpus else None
@@ -81,7 +83,6 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         stops = stop_token_ids(options.target, tokenizer)
         identity = target_identity(options.target)
     _check_layers(options.layers, target.shape.num_layers)
-    client = SGLangClient(options.sglang_url) if options.sglang_url else None
     inputs = _inputs(options, prompts, identity, target, client)
     if feature_set.is_complete_and_same(setdir, inputs):
         progress.say(f"{setdir} is already complete with these inputs: nothing to do")
@@ -136,6 +137,14 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     feature_set.complete(partial, setdir, manifest)
     progress.say(f"Feature set {setdir}: {len(sequences)} prompts, layers {lookup.layer_ids}")
     return _summary(setdir, manifest, noop=False)
+
+
+def _sglang_client(options: FeaturesOptions, progress: Progress) -> SGLangClient | None:
+    """Asked what it serves before the target loads (minutes for a real one), so that a
+    server serving another model stops the run at once."""
+    if not options.sglang_url:
+        return None
+    return checked_client(options.sglang_url, options.target, progress.say)
 
 
 def _check_layers(layers: list[int], num_layers: int) -> None:

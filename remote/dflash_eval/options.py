@@ -214,7 +214,7 @@ OPTIONS: tuple[Option, ...] = (
         "the inventory's sglang_url; the default when there is one, at T = 0) or local (greedy "
         "decoding with the target on this host)",
         choices=("sglang", "local"),
-        tasks=EVAL_TASKS,
+        tasks=(*EVAL_TASKS, EXTRACT_FEATURES),
         stored=False,
     ),
     Option("cache_dir", "path", "completion/hidden-state cache", default=CACHE_DIR),

@@ -16,7 +16,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +33,8 @@ from dflash_ops.features.relay import set_destination, set_payload
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.stage import StageOptions, deliver
-from tests.conftest import REPO, run_fab
+from tests.conftest import run_fab
+from tests.sglang_stand_in import started_in
 
 MAX_NEW_TOKENS = "24"
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
@@ -251,25 +251,57 @@ def test_layers_the_target_lacks_are_refused_before_any_run_starts(features_lab,
     assert "staged and verified" not in done.stdout
 
 
+def with_sglang_url(lab: labs.Lab, url: str, directory: Path) -> Path:
+    """The lab's inventory with `url` as the features host's sglang_url."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"]["features"]["sglang_url"] = url
+    path = directory / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def small_extraction(inventory_path: Path) -> subprocess.CompletedProcess:
+    return run_fab(
+        inventory_path, "extract-features", "--layers", "1", "--block-size", "8",
+        "--max-new-tokens", "4", timeout=600,
+    )  # fmt: skip
+
+
 def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned, tmp_path):
-    """A run that fails once started: its completions come from an SGLang URL where nothing
-    listens (port 9 of the features host's own loopback)."""
+    """A run that fails once started: the SGLang server (the default with an sglang_url)
+    serves the target, then answers every /generate with HTTP 500."""
     features = load(features_lab.inventory_path).hosts["features"]
     sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
-    document = yaml.safe_load(features_lab.inventory_path.read_text())
-    document["hosts"]["features"]["sglang_url"] = "http://127.0.0.1:9"
-    nowhere = tmp_path / "inventory.yaml"
-    nowhere.write_text(yaml.safe_dump(document, sort_keys=False))
-    done = run_fab(
-        nowhere, "extract-features", "--layers", "1", "--block-size", "8", "--max-new-tokens",
-        "4", "--sglang", timeout=600,
-    )  # fmt: skip
+    log, failing = tmp_path / "requests.jsonl", ("--mode", "error")
+    with started_in(features_lab, "features", features.target_model, log, *failing) as (_, url):
+        done = small_extraction(with_sglang_url(features_lab, url, tmp_path))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "failed (exit code" in said(done.stderr), done.stderr
-    assert "127.0.0.1:9" in said(done.stderr.split("last lines of its log:")[1]), done.stderr
+    assert f"/generate at {url} answered HTTP 500" in said(
+        done.stderr.split("last lines of its log:")[1]
+    ), done.stderr
     assert "staged and verified" not in done.stdout
     complete = [p for p in Path(EvalLayout(features).features).glob("*") if p not in sets_before]
     assert not [p for p in complete if (p / "feature-set.json").exists()]
+
+
+def test_a_server_serving_another_model_is_refused_before_anything_is_extracted(
+    features_lab, provisioned, tmp_path
+):
+    features = load(features_lab.inventory_path).hosts["features"]
+    layout = EvalLayout(features)
+    before = {d: sorted(Path(d).glob("*")) for d in (layout.features, layout.runs)}
+    log, other = tmp_path / "requests.jsonl", "/srv/models/another-model"
+    served_as = ("--model-path", other)
+    with started_in(features_lab, "features", features.target_model, log, *served_as) as (_, url):
+        done = small_extraction(with_sglang_url(features_lab, url, tmp_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    output = said(done.stderr)
+    assert f"SGLang at {url} serves {other}, but the target is {features.target_model}" in output
+    assert "or pass --completions local" in output and "Traceback" not in output
+    assert not log.exists()  # not one completion asked for
+    assert "needs at most" not in done.stdout  # refused before the set was even sized
+    assert {d: sorted(Path(d).glob("*")) for d in before} == before  # no run, no partial set
 
 
 def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
@@ -439,15 +471,8 @@ def sglang_on_the_features_host(features_lab, tmp_path):
     in the features host's namespace, on its loopback. Yields its URL and request log."""
     target = load(features_lab.inventory_path).hosts["features"].target_model
     log = tmp_path / "requests.jsonl"
-    argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", target, "--log", str(log)]
-    server = subprocess.Popen(
-        features_lab.in_namespace("features", argv), cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        yield f"http://127.0.0.1:{int(server.stdout.readline())}", log
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with started_in(features_lab, "features", target, log) as (_, url):
+        yield url, log
 
 
 @pytest.fixture
@@ -466,13 +491,11 @@ def test_completions_from_sglang_make_their_own_set(
     features_lab, extracted, sglang_on_the_features_host, own_sets, tmp_path
 ):
     url, log = sglang_on_the_features_host
-    document = yaml.safe_load(features_lab.inventory_path.read_text())
     # credentials in the URL (the stand-in ignores them) must reach no file, argv or output
-    document["hosts"]["features"]["sglang_url"] = url.replace("http://", "http://u:s3cret@")
-    with_sglang = tmp_path / "inventory.yaml"
-    with_sglang.write_text(yaml.safe_dump(document, sort_keys=False))
+    secret = url.replace("http://", "http://u:s3cret@")
+    with_sglang = with_sglang_url(features_lab, secret, tmp_path)
 
-    done = extract(features_lab, "--sglang", inventory_path=with_sglang)
+    done = extract(features_lab, inventory_path=with_sglang)  # sglang_url: SGLang by default
     assert done.returncode == 0, done.stdout + done.stderr
     identifier = done.stdout.split("fab run-eval --features ")[1].split()[0]
     own_sets.append(identifier)
@@ -489,3 +512,7 @@ def test_completions_from_sglang_make_their_own_set(
     for path in (p for p in seen if p.is_file()):
         assert b"s3cret" not in path.read_bytes(), path
     assert "s3cret" not in done.stdout + done.stderr
+    local = extract(features_lab, "--completions", "local", inventory_path=with_sglang)
+    assert local.returncode == 0, local.stdout + local.stderr
+    assert f"feature set {extracted} found" in said(local.stdout)  # the module's local set
+    assert len(log.read_text().splitlines()) == len(requests)  # the server was not asked

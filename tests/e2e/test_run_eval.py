@@ -13,7 +13,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,8 @@ from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import FAB, REPO, run_fab, start_fab
+from tests.conftest import FAB, run_fab, start_fab
+from tests.sglang_stand_in import started_in
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
 
@@ -334,16 +334,8 @@ def sglang_stand_in(e2e_lab, tmp_path):
     process, its URL and its request log."""
     target = load(e2e_lab.inventory_path).eval_hosts["eval"].target_model
     log = tmp_path / "requests.jsonl"
-    argv = [sys.executable, "-m", "tests.sglang_stand_in", "--model", target, "--log", str(log)]
-    server = subprocess.Popen(
-        e2e_lab.in_namespace("eval", argv), cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        port = int(server.stdout.readline())
-        yield server, f"http://127.0.0.1:{port}", log
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with started_in(e2e_lab, "eval", target, log) as (server, url):
+        yield server, url, log
 
 
 def test_run_eval_with_sglang_completions(inventory_path, sglang_stand_in, tmp_path):

@@ -354,20 +354,31 @@ def wait_for_state(lab: labs.Lab, state: str, count: int = 1) -> list[jobs.Run]:
     raise AssertionError(f"no {state} run on the lab's eval hosts")
 
 
-def test_ctrl_c_stops_and_the_started_run_goes_on(e2e_lab, trainer):
-    trainer.only(2000)
-    watching = start_fab(e2e_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
-    # Interrupt once the watch itself says the run started (the host may show it running
-    # while the launch is still confirming it): that is the case this test is about.
+def watch_until(lab: labs.Lab, marker: str) -> tuple[subprocess.Popen, list[str]]:
+    """`fab watch --interval 10m` started, its output read up to the first line with `marker`."""
+    watching = start_fab(lab.inventory_path, "watch", "--interval", "10m", *QUICK)
     seen = []
     for line in watching.stdout:
         seen.append(line)
-        if " started (" in line:
+        if marker in line:
             break
-    [run] = wait_for_state(e2e_lab, "running")
+    return watching, seen
+
+
+def interrupt(watching: subprocess.Popen, seen: list[str]) -> str:
+    """Ctrl-C to the watch; its whole output."""
     watching.send_signal(signal.SIGINT)
     rest, _ = watching.communicate(timeout=60)
-    stdout = "".join(seen) + rest
+    return "".join(seen) + rest
+
+
+def test_ctrl_c_stops_and_the_started_run_goes_on(e2e_lab, trainer):
+    trainer.only(2000)
+    # Interrupt once the watch itself says the run started (the host may show it running
+    # while the launch is still confirming it): that is the case this test is about.
+    watching, seen = watch_until(e2e_lab, " started (")
+    [run] = wait_for_state(e2e_lab, "running")
+    stdout = interrupt(watching, seen)
     assert watching.returncode == 130
     flat = " ".join(stdout.split())
     assert "watch stopped" in flat
@@ -376,15 +387,8 @@ def test_ctrl_c_stops_and_the_started_run_goes_on(e2e_lab, trainer):
     wait_for_state(e2e_lab, "succeeded")
 
     # Restarted, it pulls that run and starts nothing; then Ctrl-C ends its wait at once.
-    watching = start_fab(e2e_lab.inventory_path, "watch", "--interval", "10m", *QUICK)
-    seen = []
-    for line in watching.stdout:
-        seen.append(line)
-        if "next look in 10 min" in line:
-            break
-    watching.send_signal(signal.SIGINT)
-    rest, _ = watching.communicate(timeout=60)
-    output = "".join(seen) + rest
+    watching, seen = watch_until(e2e_lab, "next look in 10 min")
+    output = interrupt(watching, seen)
     assert watching.returncode == 130, output
     assert f"pulled {run.run_id} (succeeded)" in output
     assert "pass 1: nothing new" in output

@@ -185,25 +185,29 @@ def test_the_eval_side_writer_dies_with_its_stream(make_lab, writer):
     assert result.sha256 == sha256(lab.checkpoint_path(4000))
 
 
-def test_a_lock_whose_holder_is_gone_is_taken_over_at_once(make_lab):
+def lab_and_lock(make_lab):
+    """A lab with step 4000 only, its inventory, and the lock staging takes on eval's copy."""
     lab = make_lab(steps=(4000,))
-    inventory = load_inventory(lab.inventory_path)
     directory = staged_dir(lab, 4000)
     directory.mkdir(parents=True)
-    lock = directory / ".checkpoint.pt.lock"
+    return lab, load_inventory(lab.inventory_path), directory / ".checkpoint.pt.lock"
+
+
+def holding(lock: Path, pid: int, then: str) -> list[str]:
+    """argv that takes `lock` as staging does, records `pid` as its holder, prints "held",
+    then execs `then` (so the lock stays held while it runs)."""
+    holder = f"pid {pid} on {socket.gethostname()} since 00:00:00 token 0123abcd"
+    script = f"exec 9>>{lock}; flock 9; echo '{holder}' > {lock}; echo held; exec {then}"
+    return ["bash", "-c", script]
+
+
+def test_a_lock_whose_holder_is_gone_is_taken_over_at_once(make_lab):
+    lab, inventory, lock = lab_and_lock(make_lab)
     gone = subprocess.Popen(["true"])
     gone.wait()
-    holder = f"pid {gone.pid} on {socket.gethostname()} since 00:00:00 token 0123abcd"
     # What a dropped connection leaves behind on the host: a process still holding the lock.
     leftover = subprocess.Popen(
-        lab.in_namespace(
-            "eval",
-            [
-                "bash",
-                "-c",
-                f"exec 9>>{lock}; flock 9; echo '{holder}' > {lock}; echo held; exec sleep 600",
-            ],
-        ),
+        lab.in_namespace("eval", holding(lock, gone.pid, "sleep 600")),
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -222,26 +226,21 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_at_once(make_lab):
 
 
 def test_a_live_holder_is_never_taken_over(make_lab):
-    lab = make_lab(steps=(4000,))
-    inventory = load_inventory(lab.inventory_path)
-    directory = staged_dir(lab, 4000)
-    directory.mkdir(parents=True)
-    lock = directory / ".checkpoint.pt.lock"
+    _, inventory, lock = lab_and_lock(make_lab)
     sleeper = subprocess.Popen(["sleep", "600"])
-    holder = f"pid {sleeper.pid} on {socket.gethostname()} since 00:00:00 token 0123abcd"
-    holding = subprocess.Popen(
-        ["bash", "-c", f"exec 9>>{lock}; flock 9; echo '{holder}' > {lock}; echo held; exec cat"],
+    holder = subprocess.Popen(
+        holding(lock, sleeper.pid, "cat"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        assert holding.stdout.readline().strip() == "held"
+        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(TransferError, match=f"locked by another stage .*pid {sleeper.pid}"):
             stage(inventory, 4000, options=StageOptions(report=lambda _: None))
-        assert holding.poll() is None and sleeper.poll() is None
+        assert holder.poll() is None and sleeper.poll() is None
     finally:
-        holding.stdin.close()
-        holding.wait()
+        holder.stdin.close()
+        holder.wait()
         sleeper.kill()
         sleeper.wait()

@@ -128,7 +128,6 @@ def test_extract_features_checks_run_eval_s_options_as_run_eval_does(
             harness_options=options,
             layers=None,
             device=None,
-            sglang=False,
             to=None,
             verify=False,
         )

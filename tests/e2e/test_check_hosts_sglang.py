@@ -1,0 +1,88 @@
+"""`fab check-hosts` asks each eval host's SGLang server what it serves, from that host (the
+SGLang stand-in runs in the eval host's namespace, which the workstation does not reach).
+
+e2e tier: the served check runs in the eval venv, so the shared provisioned `e2e_lab`;
+read-only, it leaves the lab as it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dflash_ops.core.inventory import load
+from dflash_ops.evaluation.served import CHECK, sglang_rows
+from dflash_ops.remote import checks
+from dflash_ops.remote.checks import Row, Status
+from tests.conftest import run_fab
+from tests.sglang_stand_in import started_in
+
+
+def with_sglang_url(lab, url: str, directory: Path) -> Path:
+    """The lab's inventory with `url` as the eval host's sglang_url (the other has none)."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"]["eval"]["sglang_url"] = url
+    path = directory / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def sglang_row(inventory_path: Path) -> Row:
+    """The eval host's SGLang row, its detail unwrapped (the table folds long ones)."""
+    rows = checks.check_inventory(load(inventory_path), more=[sglang_rows])
+    assert [row.host for row in rows if row.check == CHECK] == ["eval"]  # only it has a URL
+    return next(row for row in rows if row.check == CHECK)
+
+
+@pytest.fixture
+def target(e2e_lab) -> str:
+    return load(e2e_lab.inventory_path).eval_hosts["eval"].target_model
+
+
+def test_a_server_serving_the_target_passes(e2e_lab, target, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    with started_in(e2e_lab, "eval", target, log) as (_, url):
+        secret = url.replace("http://", "http://u:s3cret@")  # credentials reach no output
+        inventory_path = with_sglang_url(e2e_lab, secret, tmp_path)
+        row = sglang_row(inventory_path)
+        done = run_fab(inventory_path, "check-hosts")
+    assert row.status is Status.OK, row
+    assert row.detail == (
+        f"{url}/*** serves {target} (version 0.0.0-stand-in): the inventory's target {target}"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sglang server" in done.stdout and "s3cret" not in done.stdout + done.stderr
+    assert not log.exists()  # asked what it serves, never asked to generate
+
+
+def test_a_server_serving_another_model_fails_naming_both(e2e_lab, target, tmp_path):
+    other = "/srv/models/another-model"
+    with started_in(e2e_lab, "eval", target, tmp_path / "log", "--model-path", other) as (_, url):
+        inventory_path = with_sglang_url(e2e_lab, url, tmp_path)
+        row = sglang_row(inventory_path)
+        done = run_fab(inventory_path, "check-hosts")
+    assert row.status is Status.FAIL, row
+    assert f"SGLang at {url} serves {other}, but the target is {target}" in row.detail
+    assert "Start SGLang with --model-path for this target" in row.detail
+    assert done.returncode == 1
+    assert "required check(s) failed: eval sglang server" in done.stderr
+
+
+def test_an_unreachable_server_fails_with_what_to_do(e2e_lab, tmp_path):
+    nowhere = "http://127.0.0.1:9"  # the eval host's own loopback: nothing listens there
+    inventory_path = with_sglang_url(e2e_lab, nowhere, tmp_path)
+    row = sglang_row(inventory_path)
+    assert row.status is Status.FAIL, row
+    assert f"Cannot reach the SGLang server at {nowhere}" in row.detail
+    assert "Start it on the eval host" in row.detail
+    assert run_fab(inventory_path, "check-hosts").returncode == 1
+
+
+def test_a_server_that_is_not_sglang_fails(e2e_lab, target, tmp_path):
+    """A server without SGLang's native /get_model_info (a proxy, another server)."""
+    with started_in(e2e_lab, "eval", target, tmp_path / "log", "--mode", "no-info") as (_, url):
+        row = sglang_row(with_sglang_url(e2e_lab, url, tmp_path))
+    assert row.status is Status.FAIL, row
+    assert f"SGLang's /get_model_info at {url} answered HTTP 404" in row.detail
