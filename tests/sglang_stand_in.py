@@ -107,14 +107,23 @@ def serve(
 
 
 def greedy_with(model_dir: Path) -> Generate:
-    """The target's greedy continuation, as SGLang at temperature 0 would serve it."""
-    import torch
-    from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+    """The target's greedy continuation, as SGLang at temperature 0 would serve it. The
+    target loads at the first /generate: a server only asked what it serves (check-hosts)
+    starts without torch."""
+    loaded: list[Generate] = []
 
-    torch.set_num_threads(1)
-    target = load_target(model_dir, "float32")
-    stops = stop_token_ids(model_dir, load_tokenizer(model_dir))
-    return lambda input_ids, count: target.greedy(input_ids, count, stops)
+    def generate(input_ids: list[int], count: int) -> list[int]:
+        if not loaded:
+            import torch
+            from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+
+            torch.set_num_threads(1)
+            target = load_target(model_dir, "float32")
+            stops = stop_token_ids(model_dir, load_tokenizer(model_dir))
+            loaded.append(lambda ids, n: target.greedy(ids, n, stops))
+        return loaded[0](input_ids, count)
+
+    return generate
 
 
 @contextmanager
