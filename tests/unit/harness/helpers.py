@@ -180,6 +180,7 @@ def diagnose_lab(
     *,
     probe_prompts: int,
     max_new_tokens: int = 96,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """`diagnose` of `candidate` against `reference` on a lab's target and prompts."""
     options = EvalOptions(
@@ -190,6 +191,7 @@ def diagnose_lab(
         max_new_tokens=max_new_tokens,
         cache_dir=root / "cache",
         reference_drafter=reference,
+        **overrides,
     )
     against = f"step {reference.parent.name.removeprefix('step_')}"
     return run_diagnose(DiagnoseOptions(options, against, probe_prompts), Progress(quiet=True))
