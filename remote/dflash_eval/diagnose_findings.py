@@ -452,10 +452,10 @@ def tau_floor(diagnosis: dict[str, Any]) -> list[Finding]:
             f"{change['prompts']} probe prompts, so every probe's τ difference is about 0; "
             "the probes are compared on the loss of the target's tokens instead (largest "
             f"fall: {best['label']}, {best['loss_base']:.3f} → {best['loss']:.3f} nats, "
-            f"−{change['mean']:.3f} ± {change['half_width']:.3f})",
+            f"{-change['mean']:+.3f} ± {change['half_width']:.3f})",
             "check that the candidate loads the trained weights and is fed what it was "
-            "trained on (mask token, target layers, feature dtype); a probe above that "
-            "lowers the loss names the setting",
+            "trained on (mask token, target layers, feature dtype); a probe finding that "
+            "lowers the loss beyond its interval names the setting",
         )
     ]
 
