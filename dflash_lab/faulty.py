@@ -3,7 +3,9 @@ way real drafters go wrong, so that `diagnose` can be shown to find the cause.
 
 Each fault is a training recipe plus what its checkpoint then claims (the config it carries):
 
-- layer-ids: trained on target layers 2,4; its config names 1,3 (the lab default);
+- layer-ids: trained on target layers 2,4; its config names 1,3 (the lab default). Built
+  on the context lab (context_models.py): the main lab target's next token depends on the
+  current one alone, so its drafters use no features and wrong layers change nothing;
 - block-size: trained with blocks of 16; its config (and training args) say 8;
 - soft-target: trained to match the target's softmax at a temperature (KL) instead of its
   greedy token: flat, under-confident slots. The lab target is near one-hot at temperature
@@ -12,7 +14,8 @@ Each fault is a training recipe plus what its checkpoint then claims (the config
 - fc-width: trained on three target layers 1,3,5 (`fc` is 3·H wide); its config names two.
 
 The checkpoints are labelled step 6000 (150 real optimisation steps, as the lab's best; the
-fc-width one needs a single step) and cached per fault beside the lab models.
+fc-width one needs a single step; layer-ids 24000, as the context lab's drafter) and cached
+per fault beside the lab models they are built from.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_lab.context_models import DRAFTER_STEP as CONTEXT_STEP
 from dflash_lab.models import LabModels, Training, train_drafter
 
 FAULT_STEP = 6000
@@ -42,6 +46,7 @@ FAULTS = {
         Training(layer_ids=(2, 4)),
         {"target_layer_ids": [1, 3]},
         "trained on target layers [2, 4], config names [1, 3]",
+        step=CONTEXT_STEP,  # the context lab's: a drafter must have learnt to read features
     ),
     "block-size": Fault(
         Training(block_size=16), {"block_size": 8}, "trained with block size 16, config says 8"

@@ -26,7 +26,8 @@ import json
 import shutil
 import string
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -146,21 +147,21 @@ def cache_key(steps: tuple[int, ...], seed: int, version: object = LAB_MODELS_VE
 def _build(root: Path, steps: tuple[int, ...], seed: int) -> None:
     import torch
 
-    # Tiny tensors: one thread avoids OpenMP overhead and contention on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         generator = torch.Generator().manual_seed(seed)
-        tokenizer = _build_tokenizer(root / "target")
+        tokenizer = build_tokenizer(root / "target")
         target = _build_target(root / "target", tokenizer, generator)
-        lines = [json.dumps({"id": f"lab-{i}", "prompt": p}) for i, p in enumerate(LAB_PROMPTS)]
-        (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+        write_prompts(root / "prompts.jsonl")
         train_drafter(root / "checkpoints", target, tokenizer, steps, generator)
-    finally:
-        torch.set_num_threads(threads)
 
 
-def _build_tokenizer(directory: Path) -> Any:
+def write_prompts(path: Path) -> None:
+    """The lab's prompts as JSONL (what run-eval --prompts reads)."""
+    lines = [json.dumps({"id": f"lab-{i}", "prompt": p}) for i, p in enumerate(LAB_PROMPTS)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def build_tokenizer(directory: Path) -> Any:
     """Character-level tokenizer (printable ASCII + specials) saved for AutoTokenizer."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
@@ -186,7 +187,7 @@ def cycle_habit(vocab_size: int, hidden_size: int, tokenizer: Any, generator: An
     import torch
 
     embed = torch.randn(vocab_size, hidden_size, generator=generator)
-    first = _first_character(tokenizer)
+    first = first_character(tokenizer)
     cycle = (first + torch.randperm(vocab_size - first, generator=generator)).tolist()
     head = torch.zeros(vocab_size, hidden_size)
     for here, successor in zip(cycle, cycle[1:] + cycle[:1], strict=True):
@@ -195,20 +196,19 @@ def cycle_habit(vocab_size: int, hidden_size: int, tokenizer: Any, generator: An
     return embed, head
 
 
-def _first_character(tokenizer: Any) -> int:
+def first_character(tokenizer: Any) -> int:
     return int(tokenizer.convert_tokens_to_ids(CHARACTERS[0]))
 
 
-def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
-    """Tiny Qwen3 whose greedy continuation follows a random cycle through the characters."""
+def new_target(tokenizer: Any, generator: Any) -> Any:
+    """A randomly initialised tiny Qwen3 (six layers) over the tokenizer's vocabulary."""
     import torch
     import transformers
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     transformers.utils.logging.disable_progress_bar()
-    vocab_size = len(tokenizer)
     config = Qwen3Config(
-        vocab_size=vocab_size,
+        vocab_size=len(tokenizer),
         num_hidden_layers=6,
         **TARGET_SIZES,
         eos_token_id=tokenizer.eos_token_id,
@@ -216,8 +216,28 @@ def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
         bos_token_id=None,
     )
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
-    model = Qwen3ForCausalLM(config).eval()
-    embed, head = cycle_habit(vocab_size, config.hidden_size, tokenizer, generator)
+    return Qwen3ForCausalLM(config)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: one torch thread is fastest and avoids contention on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build_target(directory: Path, tokenizer: Any, generator: Any) -> Any:
+    """Tiny Qwen3 whose greedy continuation follows a random cycle through the characters."""
+    import torch
+
+    model = new_target(tokenizer, generator).eval()
+    embed, head = cycle_habit(len(tokenizer), model.config.hidden_size, tokenizer, generator)
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(head)
@@ -332,7 +352,7 @@ def _greedy_sequences(target: Any, tokenizer: Any, generator: Any) -> Any:
     import torch
 
     prompts = torch.randint(
-        _first_character(tokenizer),
+        first_character(tokenizer),
         len(tokenizer),
         (TRAIN_SEQUENCES, PROMPT_LENGTH),
         generator=generator,

@@ -25,7 +25,6 @@ from typing import Any
 
 from dflash_lab.models import (
     CHARACTERS,
-    LAB_PROMPTS,
     SPECIAL_TOKENS,
     TARGET_SIZES,
     LabModels,
@@ -33,7 +32,9 @@ from dflash_lab.models import (
     cache_key,
     cached_build,
     cycle_habit,
+    one_thread,
     train_drafter,
+    write_prompts,
 )
 
 QWEN36_VERSION = "qwen3.6-2"  # bump when the generated content changes
@@ -106,20 +107,15 @@ def _text_config(vocab_size: int, **ids: Any) -> Any:
 def _build(root: Path, steps: tuple[int, ...], seed: int) -> None:
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: one thread is fastest on a busy machine
-    try:
+    with one_thread():
         generator = torch.Generator().manual_seed(seed)
         tokenizer = _tokenizer(root / "target")
         text = _text_decoder(tokenizer, generator)
         save_release(root / "target", text, tokenizer, generator)
-        lines = [json.dumps({"id": f"lab-{i}", "prompt": p}) for i, p in enumerate(LAB_PROMPTS)]
-        (root / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+        write_prompts(root / "prompts.jsonl")
         train_drafter(root / "checkpoints", text, tokenizer, steps, generator)
         train_drafter(root / "reference", text, tokenizer, (REFERENCE_STEP,), generator, REFERENCE)
         _publish(root / "reference" / f"step_{REFERENCE_STEP}" / "checkpoint.pt", root)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _tokenizer(directory: Path) -> Any:

@@ -16,7 +16,17 @@ from dflash_ops.evaluation.diagnose import DIAGNOSE_DIR, read_diagnosis
 from dflash_ops.evaluation.results import Comparison
 
 SLOT_COLUMNS = ("slot", "candidate", "other", "confidence", "accuracy", "entropy")
-PROBE_COLUMNS = ("probe", "tau_base", "tau", "difference", "half_width")
+PROBE_COLUMNS = (
+    "probe",
+    "tau_base",
+    "tau",
+    "difference",
+    "half_width",
+    "loss_base",
+    "loss",
+    "loss_fall",
+    "loss_half_width",
+)
 
 
 def pulled(results_root: Path) -> list[tuple[str, dict[str, Any] | str]]:

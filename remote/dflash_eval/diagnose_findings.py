@@ -6,11 +6,13 @@ kinds of evidence, not probabilities:
   100  the candidate does not load (nothing else can be measured)
    95  non-finite weights
   80+  a probe raised τ beyond its interval (the checkpoint works better with that setting)
+  72+  τ at its floor, and a probe lowered the loss of the target's tokens beyond its interval
    85  features outside the fidelity bounds; 82: bf16 features of a linear-attention
        target computed on CPU (within the bounds on the first prompt, drift grows with length)
   50+  configuration differences that change numbers; a trained block size the config
        contradicts
   70+  calibration: flat, under-confident slots (a soft-target loss)
+   50  τ at its floor: probes on τ cannot show anything (they are judged on the loss)
   ≤60  symptoms: weights unlike the other's, over-confidence, a slope with context length,
        one prompt set, the slot where the gap opens
 
@@ -53,6 +55,8 @@ NORM_RATIO = 3.0
 # A scale of an RMSNorm still this close to its initial ones has not been trained.
 UNTRAINED_NORM = 1e-6
 GAP_OPENS = 0.1  # per-slot conditional acceptance below the other's by this much
+# A probe base τ below this: fewer than 5% of first slots accepted, τ cannot separate probes.
+TAU_FLOOR = 1.05
 
 
 def finding(score: float, area: str, title: str, evidence: str, check_next: str) -> Finding:
@@ -373,33 +377,87 @@ def features(diagnosis: dict[str, Any]) -> list[Finding]:
     return []
 
 
+def _significant(difference: dict[str, Any]) -> bool:
+    return bool(difference["mean"] - difference["half_width"] > 0)
+
+
+def _at_floor(tau: float | None) -> bool:
+    return tau is not None and tau < TAU_FLOOR
+
+
 def probes(diagnosis: dict[str, Any]) -> list[Finding]:
+    """A probe that raises τ beyond its interval; where the candidate's τ is at its floor
+    (it accepts almost nothing, so no setting can raise τ measurably), one that lowers the
+    loss of the target's tokens beyond its interval, ranked below any τ evidence."""
     found = []
     for probe in diagnosis["probes"]["settings"]:
-        difference = probe["difference"]
-        if difference["mean"] - difference["half_width"] <= 0:
-            continue
-        base = probe["tau_base"] or 1.0
-        what = (
-            "its config names the wrong target layers"
-            if probe["setting"] == "target_layer_ids"
-            else "it was trained with another block size"
-        )
-        found.append(
-            finding(
-                80 + min(15.0, 15 * difference["mean"] / base),
-                "probe",
-                f"τ rises with {probe['label']}: {what}?",
-                f"τ {probe['tau_base']:.2f} → {probe['tau']:.2f} on {difference['prompts']} "
-                f"prompts (+{difference['mean']:.2f} ± {difference['half_width']:.2f}, 95%; "
-                f"slots 1..{probe['scored_slots']} scored); {probe['setting']} = "
-                f"{probe['value']}; loss of the target's tokens {probe['loss_base']:.3f} → "
-                f"{probe['loss']:.3f} nats",
-                f"check the training run's {probe['setting']}; if it was {probe['value']}, "
-                "fix the config",
-            )
-        )
+        if _significant(probe["difference"]):
+            found.append(_tau_probe(probe))
+        elif _at_floor(probe["tau_base"]) and _significant(probe["loss_difference"]):
+            found.append(_loss_probe(probe))
     return found
+
+
+def _probe_cause(probe: dict[str, Any]) -> str:
+    if probe["setting"] == "target_layer_ids":
+        return "its config names the wrong target layers"
+    return "it was trained with another block size"
+
+
+def _tau_probe(probe: dict[str, Any]) -> Finding:
+    difference = probe["difference"]
+    base = probe["tau_base"] or 1.0
+    return finding(
+        80 + min(15.0, 15 * difference["mean"] / base),
+        "probe",
+        f"τ rises with {probe['label']}: {_probe_cause(probe)}?",
+        f"τ {probe['tau_base']:.2f} → {probe['tau']:.2f} on {difference['prompts']} "
+        f"prompts (+{difference['mean']:.2f} ± {difference['half_width']:.2f}, 95%; "
+        f"slots 1..{probe['scored_slots']} scored); {probe['setting']} = "
+        f"{probe['value']}; loss of the target's tokens {probe['loss_base']:.3f} → "
+        f"{probe['loss']:.3f} nats",
+        f"check the training run's {probe['setting']}; if it was {probe['value']}, fix the config",
+    )
+
+
+def _loss_probe(probe: dict[str, Any]) -> Finding:
+    difference = probe["loss_difference"]
+    return finding(
+        72 + min(6.0, 6 * difference["mean"] / max(probe["loss_base"], 1e-9)),
+        "probe",
+        f"the target's tokens get likelier with {probe['label']}: {_probe_cause(probe)}?",
+        f"τ is at its floor ({probe['tau_base']:.3f} → {probe['tau']:.3f}), so the probe is "
+        f"judged on the loss of the target's tokens: {probe['loss_base']:.3f} → "
+        f"{probe['loss']:.3f} nats on {difference['prompts']} prompts "
+        f"(−{difference['mean']:.3f} ± {difference['half_width']:.3f}, 95%; slots "
+        f"1..{probe['scored_slots']}); {probe['setting']} = {probe['value']}",
+        f"check the training run's {probe['setting']}; if it was {probe['value']}, fix the "
+        "config, and diagnose again: τ should leave its floor",
+    )
+
+
+def tau_floor(diagnosis: dict[str, Any]) -> list[Finding]:
+    """Say plainly when τ cannot tell the probes apart: the candidate accepts ~nothing."""
+    settings = diagnosis["probes"]["settings"]
+    if not settings or not all(_at_floor(p["tau_base"]) for p in settings):
+        return []
+    best = max(settings, key=lambda p: p["loss_difference"]["mean"])
+    change = best["loss_difference"]
+    return [
+        finding(
+            50,
+            "probe",
+            f"τ is at its floor ({best['tau_base']:.3f}): probes on τ cannot show anything",
+            f"the candidate as configured accepts almost no draft token on the "
+            f"{change['prompts']} probe prompts, so every probe's τ difference is about 0; "
+            "the probes are compared on the loss of the target's tokens instead (largest "
+            f"fall: {best['label']}, {best['loss_base']:.3f} → {best['loss']:.3f} nats, "
+            f"{-change['mean']:+.3f} ± {change['half_width']:.3f})",
+            "check that the candidate loads the trained weights and is fed what it was "
+            "trained on (mask token, target layers, feature dtype); a probe finding that "
+            "lowers the loss beyond its interval names the setting",
+        )
+    ]
 
 
 def no_gap(diagnosis: dict[str, Any]) -> list[Finding]:
@@ -427,5 +485,6 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     prompt_sets,
     features,
     probes,
+    tau_floor,
     no_gap,
 )

@@ -70,6 +70,11 @@ def report_section(diagnosis: dict[str, Any]) -> dict[str, Any]:
             "tau": probe["tau"],
             "difference": probe["difference"]["mean"],
             "half_width": probe["difference"]["half_width"],
+            # The loss of the target's tokens: it still moves where τ sits at its floor.
+            "loss_base": probe.get("loss_base"),
+            "loss": probe.get("loss"),
+            "loss_fall": (probe.get("loss_difference") or {}).get("mean"),
+            "loss_half_width": (probe.get("loss_difference") or {}).get("half_width"),
         }
         for probe in diagnosis["probes"]["settings"]
     ]

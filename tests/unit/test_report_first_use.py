@@ -166,6 +166,9 @@ def _diagnosis(root: Path, step: int, run_id: str) -> Path:
         "tau_base": 2.1,
         "tau": 3.4,
         "difference": {"mean": 1.3, "half_width": 0.2},
+        "loss_base": 2.5,
+        "loss": 1.25,
+        "loss_difference": {"mean": 1.25, "half_width": 0.5},
     }
     diagnosis = {
         "against": "reference",
@@ -193,6 +196,7 @@ def test_a_pulled_diagnosis_of_a_shown_step_is_a_section(three_steps):
     assert "<th>candidate acc.</th><th>reference acc.</th>" in section  # the slot table
     assert "<td>0.500</td><td>0.800</td><td>0.300</td>" in section
     assert '<td class="text">block size 16</td><td>2.100</td><td>3.400</td>' in section
+    assert "<td>2.500</td><td>1.250</td><td>1.250</td><td>0.500</td>" in section  # the loss
     assert "diag-broken" in section and "cannot read the diagnosis" in section
     assert 'href="#diagnosis"' in text
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from dflash_eval.config import DrafterConfig, TargetShape
+from dflash_eval.diagnose import DiagnoseOptions, run_diagnose
 from dflash_eval.errors import HarnessError
 from dflash_eval.evaluate import EvalOptions, run_eval
 from dflash_eval.loaders import load_drafter
@@ -169,3 +170,28 @@ def quick_eval(lab, tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     for name, value in overrides.items():
         setattr(options, name, value)
     return run_eval(options, Progress(quiet=True))
+
+
+def diagnose_lab(
+    lab: Any,
+    root: Path,
+    candidate: Path,
+    reference: Path,
+    *,
+    probe_prompts: int,
+    max_new_tokens: int = 96,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """`diagnose` of `candidate` against `reference` on a lab's target and prompts."""
+    options = EvalOptions(
+        checkpoint=candidate,
+        target=lab.target_dir,
+        out=root / "diagnose.json",
+        prompts=lab.prompts,
+        max_new_tokens=max_new_tokens,
+        cache_dir=root / "cache",
+        reference_drafter=reference,
+        **overrides,
+    )
+    against = f"step {reference.parent.name.removeprefix('step_')}"
+    return run_diagnose(DiagnoseOptions(options, against, probe_prompts), Progress(quiet=True))

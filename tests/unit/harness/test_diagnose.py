@@ -19,22 +19,19 @@ from dflash_eval.progress import Progress
 
 from dflash_lab.faulty import build_faulty_drafter
 
-from .helpers import random_drafter, save_tiny_qwen3_5, save_training_checkpoint, small_config
+from .helpers import (
+    diagnose_lab,
+    random_drafter,
+    save_tiny_qwen3_5,
+    save_training_checkpoint,
+    small_config,
+)
 
 PROMPTS = 8  # all of the lab's prompts
 
 
 def _diagnose(lab, tmp_path, candidate):
-    options = EvalOptions(
-        checkpoint=candidate,
-        target=lab.target_dir,
-        out=tmp_path / "diagnose.json",
-        prompts=lab.prompts,
-        max_new_tokens=96,
-        cache_dir=tmp_path / "cache",
-        reference_drafter=lab.checkpoints[6000],
-    )
-    return run_diagnose(DiagnoseOptions(options, "step 6000", PROMPTS), Progress(quiet=True))
+    return diagnose_lab(lab, tmp_path, candidate, lab.checkpoints[6000], probe_prompts=PROMPTS)
 
 
 def test_a_drafter_trained_with_block_size_16_but_configured_for_8_is_found_by_its_probe(
