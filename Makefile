@@ -13,10 +13,11 @@ demo: setup
 	$(BIN)/python -m dflash_lab.demo
 
 # Parallel workers (pytest-xdist): most of a test's time is spent waiting on sshd hosts and
-# remote harness runs, so more workers than cores pays; --dist loadgroup keeps each module,
-# and every test of the shared e2e lab, on one worker (tests/conftest.py).
+# remote harness runs, so more workers than cores pays. --dist loadfile keeps a module on one
+# worker (its module-scoped lab is built once); each worker that runs e2e_lab tests builds
+# its own shared e2e lab (a session fixture is per worker), which also spreads them out.
 WORKERS ?= 4
-PARALLEL := -n $(WORKERS) --dist loadgroup
+PARALLEL := -n $(WORKERS) --dist loadfile
 
 test: setup
 	$(BIN)/ruff check .
@@ -26,7 +27,7 @@ test: setup
 # For contributors: the unit tier alone (no sshd, no lab). It computes rather than waits:
 # one worker per core.
 test-fast: setup
-	$(BIN)/python -m pytest -n auto --dist loadgroup tests/unit
+	$(BIN)/python -m pytest -n auto --dist loadfile tests/unit
 
 # The whole suite in a shuffled order (SEED=n repeats one): order dependence shows.
 SEED ?= $(shell date +%s)

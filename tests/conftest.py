@@ -54,13 +54,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None if seed is None else f"shuffled with seed {seed} (--shuffle {seed} repeats it)"
 
 
-# The shared e2e lab's fixture: every test that reads it runs on one xdist worker.
-SHARED_E2E_LAB = "shared_lab"
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _group_for_workers(items)
     seed = config.getoption("--shuffle")
     if seed is None:
         return
@@ -73,19 +67,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for module_items in order:
         shuffler.shuffle(module_items)
     items[:] = [item for module_items in order for item in module_items]
-
-
-def _group_for_workers(items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (make test), a worker takes whole groups: a
-    module's tests stay together, so its module-scoped lab is built once, and every test of
-    the shared e2e lab goes to one worker, so that lab is provisioned once and never used by
-    two tests at a time. Tried first: xdist reads the mark in its own hook, after this one."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        shared = SHARED_E2E_LAB in getattr(item, "fixturenames", ())
-        group = "e2e-shared-lab" if shared else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
