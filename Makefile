@@ -12,19 +12,27 @@ $(BIN)/fab: pyproject.toml scripts/setup.sh
 demo: setup
 	$(BIN)/python -m dflash_lab.demo
 
+# Parallel workers (pytest-xdist): most of a test's time is spent waiting on sshd hosts and
+# remote harness runs, so more workers than cores pays. --dist loadfile keeps a module on one
+# worker (its module-scoped lab is built once); each worker that runs e2e_lab tests builds
+# its own shared e2e lab (a session fixture is per worker), which also spreads them out.
+WORKERS ?= 4
+PARALLEL := -n $(WORKERS) --dist loadfile
+
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest --durations=15
+	$(BIN)/python -m pytest $(PARALLEL) --durations=15
 
-# For contributors: the unit tier alone (no sshd, no lab).
+# For contributors: the unit tier alone (no sshd, no lab). It computes rather than waits:
+# one worker per core.
 test-fast: setup
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n auto --dist loadfile tests/unit
 
 # The whole suite in a shuffled order (SEED=n repeats one): order dependence shows.
 SEED ?= $(shell date +%s)
 test-shuffled: setup
-	$(BIN)/python -m pytest --shuffle $(SEED)
+	$(BIN)/python -m pytest $(PARALLEL) --shuffle $(SEED)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

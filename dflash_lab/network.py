@@ -33,7 +33,7 @@ NAMESPACE_PREFIX = "dflab"  # dflab<slot>-<host>
 # that another process is about to lock would let two holders in).
 _LOCK_DIR = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
 SLOT_LOCK = _LOCK_DIR / "dflash-lab-slots.lock"
-SLOT_LOCK_TIMEOUT = 120.0  # seconds; the lock is held for well under one by each lab
+SLOT_LOCK_TIMEOUT = 120.0  # seconds; a lab's up or down holds the lock for about one
 
 
 @contextmanager

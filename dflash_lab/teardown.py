@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,15 +41,17 @@ def down(lab: Lab) -> list[str]:
     problems: list[str] = []
     for name in state.hosts:
         attempt(problems, f"stop sshd of {name}", lambda name=name: sshd.stop(lab, name))
-    with _held_open(state.namespaces) as inodes:
+    # Under the slot lock until checked: a lab coming up meanwhile would claim the slot as
+    # soon as its namespaces are gone, and its namespaces (same names) would read as ours.
+    with _slot_held(state), _held_open(state.namespaces) as inodes:
         stubborn = [netns for netns, inode in inodes.items() if processes.empty_namespace(inode)]
         _remove_mounts_and_links(state, problems)
         for netns in (n for n in state.namespaces if n not in stubborn):
             attempt(problems, f"delete netns {netns}", lambda n=netns: network.delete_namespace(n))
         problems += _processes_left(inodes, stubborn)
-    _remove_run_sshd(state)
-    users.remove(lab, problems)
-    problems += [f"{thing} is still there" for thing in _on_the_machine(lab)]
+        _remove_run_sshd(state)
+        users.remove(lab, problems)
+        problems += [f"{thing} is still there" for thing in _on_the_machine(lab)]
     if not problems:
         shutil.rmtree(lab.root, ignore_errors=True)
         if lab.root.exists():
@@ -106,6 +108,11 @@ def _on_the_machine(lab: Lab) -> list[str]:
         if sshd.running(lab, name)
     ]
     return found + users.leftovers(lab)
+
+
+def _slot_held(state: LabState) -> AbstractContextManager[None]:
+    """The machine-wide slot lock for a lab of namespaces (loopback labs have no slot)."""
+    return network.slot_lock() if state.namespaces else nullcontext()
 
 
 @contextmanager

@@ -320,16 +320,20 @@ def test_the_in_stream_hasher_on_the_trainer_runs_at_low_priority_too(make_lab):
     lab = make_lab(steps=(2000,), checkpoint_size="64m", trainer_disk="128m")
     inventory = with_bwlimit(load_inventory(lab.inventory_path), "4m")
     seen: list[tuple[int, str]] = []
+    # This lab's trainer session (sshd sets its HOME): other labs may be staging meanwhile.
+    home = f"HOME={lab.data_dir('trainer')}/home".encode()
 
     def look(state: RelayState) -> None:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
                     argv = (entry / "cmdline").read_bytes()
+                    environment = (entry / "environ").read_bytes().split(b"\0")
                 except OSError:
                     continue
                 # PY_SOURCE, the trainer side's hasher, is the one script that marks its digest
-                if argv.startswith(b"python3\0") and b"dflash-sha256 %s" in argv:
+                hasher = argv.startswith(b"python3\0") and b"dflash-sha256 %s" in argv
+                if hasher and home in environment:
                     seen.append(priority_of(int(entry.name)))
         raise Inspected
 
