@@ -16,8 +16,9 @@ demo: setup
 # remote harness runs, so more workers than cores pays. --dist loadfile keeps a module on one
 # worker (its module-scoped lab is built once); each worker that runs e2e_lab tests builds
 # its own shared e2e lab (a session fixture is per worker), which also spreads them out.
+# --no-loadscope-reorder keeps the collection's order: modules marked long, longest first.
 WORKERS ?= 4
-PARALLEL := -n $(WORKERS) --dist loadfile
+PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup
 	$(BIN)/ruff check .

@@ -55,18 +55,28 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    seed = config.getoption("--shuffle")
-    if seed is None:
-        return
-    shuffler = random.Random(seed)
+    """Modules marked `long(seconds)` first, longest first (parallel workers take modules in
+    this order, so the longest start at once instead of ending the run alone), or every
+    module shuffled."""
     modules: dict[str, list[pytest.Item]] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
     order = list(modules.values())
+    seed = config.getoption("--shuffle")
+    if seed is None:
+        order.sort(key=lambda module: -_expected_seconds(module[0]))
+        items[:] = [item for module_items in order for item in module_items]
+        return
+    shuffler = random.Random(seed)
     shuffler.shuffle(order)
     for module_items in order:
         shuffler.shuffle(module_items)
     items[:] = [item for module_items in order for item in module_items]
+
+
+def _expected_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("long")
+    return marker.args[0] if marker else 0.0
 
 
 @pytest.fixture(autouse=True)

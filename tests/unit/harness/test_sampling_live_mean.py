@@ -1,0 +1,40 @@
+"""T > 0, the live loop against the harness: live_loops.py's rejection-sampling loop (written
+from z-lab's reference, sharing nothing with the harness but the drafter's forward) run over
+many seeds must have its mean τ inside the harness's interval."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from dflash_eval.completions import encode_prompt, read_prompts_jsonl
+
+from .helpers import quick_eval
+from .live_loops import live_sampled_lengths
+from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
+
+pytestmark = pytest.mark.long(230)  # seconds with 4 workers: started first
+
+
+def test_live_loop_mean_falls_in_the_harness_interval(lab, tmp_path):
+    results = quick_eval(
+        lab,
+        tmp_path,
+        temperature=SETTINGS.temperature,
+        top_p=SETTINGS.top_p,
+        top_k=SETTINGS.top_k,
+        num_prompts=8,
+        max_new_tokens=MAX_NEW_TOKENS,
+        samples=200,
+    )
+    interval = results["by_dataset"]["overall"]["tau_macro"]
+    _, tokenizer, _, live, stops = lab_parts(lab)
+    prompts = [encode_prompt(tokenizer, p)[0] for p in read_prompts_jsonl(lab.prompts)[:8]]
+    runs = [
+        statistics.mean(
+            statistics.mean(live_sampled_lengths(live, ids, MAX_NEW_TOKENS, stops, SETTINGS, s)[1])
+            for ids in prompts
+        )
+        for s in range(40)
+    ]
+    assert interval["low"] <= statistics.mean(runs) <= interval["high"]

@@ -1,0 +1,62 @@
+"""T > 0, more sharply: the harness's offline expectation averaged over many sampled paths
+must agree with the live loop's mean (live_loops.py) within their combined standard error."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+from dflash_eval.completions import encode_prompt, read_prompts_jsonl, sampled_reference
+from dflash_eval.pipeline import Sequence
+from dflash_eval.predict import BorrowedHead, SampledPredictor
+from dflash_eval.sampled_walk import walk_sequence
+from dflash_eval.sampling import Sampling
+
+from .live_loops import live_sampled_lengths
+from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
+
+pytestmark = pytest.mark.long(150)  # seconds with 4 workers: started first
+
+
+def test_offline_expectation_is_unbiased_for_the_live_loop(lab):
+    """The live τ of one prompt over 300 seeds against the harness's exact expectation
+    averaged over 150 sampled paths: the same mean, within 4 combined standard errors."""
+    model, tokenizer, loaded, live, stops = lab_parts(lab)
+    config = loaded.config
+    prompt = read_prompts_jsonl(lab.prompts)[1]
+    prompt_ids = encode_prompt(tokenizer, prompt)[0]
+    live_taus = [
+        statistics.mean(
+            live_sampled_lengths(live, prompt_ids, MAX_NEW_TOKENS, stops, SETTINGS, s)[1]
+        )
+        for s in range(300)
+    ]
+    offline_taus = []
+    for seed in range(150):
+        sampling = Sampling(SETTINGS.temperature, SETTINGS.top_p, SETTINGS.top_k, seed, 2)
+        reference, probs = sampled_reference(
+            model.model, prompt_ids, MAX_NEW_TOKENS, config.block_size, stops, sampling
+        )
+        seq = Sequence(prompt, prompt_ids)
+        seq.take_reference(reference, MAX_NEW_TOKENS, stops)
+        seq.target_probs = probs
+        hidden = model.hidden_features(seq.tokens, list(config.target_layer_ids))
+        predictor = SampledPredictor(
+            loaded.model,
+            BorrowedHead(live.embed, live.head, config.mask_token_id),
+            seq.tokens,
+            torch.cat([hidden[i] for i in config.target_layer_ids], dim=-1),
+            len(prompt_ids),
+            config.block_size,
+            top_k=1,
+            last_anchor=seq.span.limit - 1,
+        )
+        offline_taus.append(walk_sequence(predictor, seq, sampling).main.tau)
+    error = math.hypot(
+        statistics.stdev(live_taus) / math.sqrt(len(live_taus)),
+        statistics.stdev(offline_taus) / math.sqrt(len(offline_taus)),
+    )
+    assert abs(statistics.mean(live_taus) - statistics.mean(offline_taus)) < 4 * error
+    assert statistics.mean(live_taus) > 1.1  # the drafter gets drafts accepted at T > 0
