@@ -21,6 +21,7 @@ module level.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -116,25 +117,28 @@ def cached_build(
     root: Path, build: Callable[[Path], None], steps: tuple[int, ...], seed: int
 ) -> None:
     """Run `build` into a fresh directory that becomes `root` once complete (nothing to do
-    when `root` is already complete)."""
+    when `root` is already complete). One process builds at a time: parallel test workers
+    needing the same models wait for the first build instead of each training them again."""
     if (root / "complete.json").is_file():
         return
     if not steps or min(steps) < 1:
         raise ValueError(f"steps must be positive integers, got {steps}")
     root.parent.mkdir(parents=True, exist_ok=True)
-    # A private build directory, renamed into place when complete: a concurrent build
-    # (another process) cannot interfere, and an interrupted one leaves no complete-looking
-    # directory.
-    partial = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=root.parent))
-    try:
-        build(partial)
-        (partial / "complete.json").write_text(json.dumps({"steps": steps, "seed": seed}) + "\n")
-        partial.rename(root)
-    except OSError:
-        if not (root / "complete.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    with (root.parent / f"{root.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (root / "complete.json").is_file():  # built while this process waited
+            return
+        # A private build directory, renamed into place when complete: an interrupted build
+        # leaves no complete-looking directory.
+        partial = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=root.parent))
+        try:
+            build(partial)
+            (partial / "complete.json").write_text(
+                json.dumps({"steps": steps, "seed": seed}) + "\n"
+            )
+            partial.rename(root)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def cache_key(steps: tuple[int, ...], seed: int, version: object = LAB_MODELS_VERSION) -> str:
