@@ -19,7 +19,8 @@ from dflash_eval.version import harness_files
 
 from dflash_ops.core.errors import HostError
 from dflash_ops.provision.harness import HARNESS_PACKAGE, HARNESS_SOURCE
-from dflash_ops.remote.connection import Host, Result, stderr_reason
+from dflash_ops.remote.connection import Host, Result
+from dflash_ops.remote.messages import stderr_reason
 
 # Imports `dflash_eval.*` from the {relative path: source} map on stdin's first line.
 LOADER = """

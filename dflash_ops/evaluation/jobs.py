@@ -31,8 +31,9 @@ from dflash_ops.evaluation import run_ids
 from dflash_ops.evaluation.pulled import store_run
 from dflash_ops.evaluation.run_listing import DENIED_EXIT, Run, parse_events, runs_probe
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, each_eval_host, stderr_reason, with_umask
+from dflash_ops.remote.connection import Host, each_eval_host, with_umask
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.messages import stderr_reason
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock

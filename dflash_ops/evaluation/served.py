@@ -17,8 +17,9 @@ from dflash_ops.core.inventory import HarnessHost, HostEntry
 from dflash_ops.evaluation.in_memory import harness_event, run_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote.checks import Row, Status
-from dflash_ops.remote.connection import Host, host_error_row
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.messages import host_error_row
 
 CHECK = "sglang server"
 

@@ -27,8 +27,9 @@ from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation.results import RunResult, load_run, load_runs
 from dflash_ops.evaluation.training_log import Logged, values_at
 from dflash_ops.evaluation.training_metrics import TRAINING_FILE, values_of
-from dflash_ops.remote.connection import Host, stderr_reason
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
+from dflash_ops.remote.messages import stderr_reason
 
 MAX_LOG_BYTES = 64 << 20  # scalars of a long run fit many times over; histograms may not
 FILE_MARK = "@@dflash-ops-file"

@@ -34,8 +34,9 @@ from pathlib import Path
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.provision.state import HostState
-from dflash_ops.remote.connection import SHARED_UMASK, Host, stderr_reason, with_umask
+from dflash_ops.remote.connection import SHARED_UMASK, Host, with_umask
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.messages import stderr_reason
 
 UV_VERSION = "0.13.9"
 PYPI_FILES = "https://files.pythonhosted.org/packages"

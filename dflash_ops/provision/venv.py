@@ -15,8 +15,9 @@ from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.core.units import parse_size
 from dflash_ops.provision.packages import Sources, requirements, split_built_against_torch
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import SHARED_UMASK, Host, Result, output_tail, with_umask
+from dflash_ops.remote.connection import SHARED_UMASK, Host, Result, with_umask
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.messages import output_tail
 
 INSTALL_TIMEOUT = 1800  # seconds: a first CPU torch download on a slow link
 MIN_FREE_FLOOR = 256 << 20  # even a rebuild from a full cache writes metadata and scripts

@@ -19,14 +19,9 @@ from dflash_ops.core.errors import HostError
 from dflash_ops.core.files import make_dirs
 from dflash_ops.core.inventory import HarnessHost, VenvSpec
 from dflash_ops.provision.packages import Sources, requirements
-from dflash_ops.remote.connection import (
-    SHARED_UMASK,
-    Host,
-    output_tail,
-    stderr_reason,
-    with_umask,
-)
+from dflash_ops.remote.connection import SHARED_UMASK, Host, with_umask
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.messages import output_tail, stderr_reason
 
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 

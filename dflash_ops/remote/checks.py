@@ -25,9 +25,10 @@ from dflash_ops.core.inventory import (
 )
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
-from dflash_ops.remote.connection import Host, host_error_row, sudo_advice
+from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.remote.messages import host_error_row, sudo_advice
 
 
 class Status(Enum):

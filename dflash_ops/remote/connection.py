@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import shlex
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +35,7 @@ from dflash_ops.core.inventory import EvalHost, FeaturesHost, HostEntry, Invento
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
 from dflash_ops.remote.containers import HOST_ITSELF, HostItself, environment_of
+from dflash_ops.remote.messages import stderr_reason, sudo_advice
 from dflash_ops.remote.probes import Probe
 from dflash_ops.remote.routes import require_lab_endpoint, verify_routes
 from dflash_ops.remote.ssh_config import Endpoint, resolve
@@ -44,6 +46,7 @@ T = TypeVar("T")
 # while keeping the server's other choices acceptable.
 FAST_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 KEEPALIVE_COUNT = 4  # keepalives without an answer before a connection counts as dead
+HANDSHAKE_ATTEMPTS = 3  # for a session the server drops during the handshake (Host.open)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+class _DroppedHandshake(Exception):
+    """The server closed the session before it was authenticated."""
 
 
 class Host:
@@ -202,7 +209,24 @@ class Host:
             return False
 
     def open(self) -> None:
-        """Connect and authenticate, translating failures into clear HostErrors."""
+        """Connect and authenticate, translating failures into clear HostErrors. A session
+        the server drops during the handshake (sshd's MaxStartups refusing a burst of new
+        connections, a restarting sshd) is tried again, twice, after 1 s and 2 s; a refused
+        or timed-out connection, a host key or an authentication failure is not."""
+        for attempt in range(1, HANDSHAKE_ATTEMPTS + 1):
+            try:
+                return self._open_once()
+            except _DroppedHandshake as dropped:
+                if attempt == HANDSHAKE_ATTEMPTS:
+                    raise UnreachableError(
+                        self.name,
+                        f"SSH to {self.target} failed: {dropped} ({attempt} attempts: the "
+                        f"server closed the session during the handshake). Check the host's "
+                        f"sshd (its log, MaxStartups) and try again.",
+                    ) from None
+                time.sleep(attempt)
+
+    def _open_once(self) -> None:
         self._require_identity_file()
         try:
             self.connection.open()
@@ -235,8 +259,13 @@ class Host:
                     f"{self.target} refused authentication ({exc}). Check `user` and "
                     f"`identity_file` in the inventory, or your ssh agent.",
                 ) from None
-            raise UnreachableError(self.name, f"SSH to {self.target} failed: {exc}") from None
-        except (OSError, EOFError) as exc:
+            raise _DroppedHandshake(str(exc)) from None
+        except (EOFError, ConnectionResetError) as exc:
+            self._forget_connection()
+            raise _DroppedHandshake(
+                _os_reason(exc) if isinstance(exc, OSError) else "EOF"
+            ) from None
+        except OSError as exc:
             self._forget_connection()
             reason = "timed out" if isinstance(exc, socket.timeout) else _os_reason(exc)
             raise UnreachableError(
@@ -430,26 +459,6 @@ def _os_reason(exc: BaseException) -> str:
     return text.lower()
 
 
-# --- reading what a command did -------------------------------------------------------------
-
-
-def stderr_reason(text: str, skip_prefix: str | None = None) -> str:
-    """The last non-blank line of a command's stderr: where ssh, curl, pip and the shell put
-    why they failed. Lines starting with `skip_prefix` are data, not errors (the relay's
-    digest line)."""
-    lines = [
-        line.strip()
-        for line in text.splitlines()
-        if line.strip() and not (skip_prefix and line.startswith(skip_prefix))
-    ]
-    return lines[-1] if lines else "no error output"
-
-
-def output_tail(text: str, lines: int = 12) -> str:
-    """The last `lines` lines of a command's output, indented under an error message."""
-    return "\n".join("  " + line for line in text.strip().splitlines()[-lines:])
-
-
 # What the tool installs for every user of a host (venv, uv, harness): readable by all,
 # writable by the owner only.
 SHARED_UMASK = "022"
@@ -459,21 +468,3 @@ def with_umask(mask: str, command: str) -> str:
     """`command` under an explicit umask, so the modes of what it creates on the host are the
     ones we chose and not whatever the login's umask happens to be."""
     return f"umask {mask}; {command}"
-
-
-def sudo_advice(user: str | None, reason: str) -> str:
-    """What `become: sudo` needs, when `sudo -n` said `reason`."""
-    who = user or "the login user"
-    if "command not found" in reason:
-        return f"`become: sudo` needs sudo, which is not installed ({reason}): install it."
-    return (
-        f"`become: sudo` needs passwordless sudo for {who}, but `sudo -n` said: {reason}. "
-        f"Add a NOPASSWD rule on the host (as root: `echo '{who} ALL=(root) NOPASSWD: ALL' > "
-        f"/etc/sudoers.d/dflash-ops && chmod 0440 /etc/sudoers.d/dflash-ops`, check with "
-        f"`visudo -c`), or log in as root and drop `become`."
-    )
-
-
-def host_error_row(exc: HostError) -> str:
-    """The part of a HostError message after the host name (for tables keyed by host)."""
-    return str(exc).removeprefix(f"{exc.host}: ")

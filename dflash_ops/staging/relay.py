@@ -44,7 +44,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dflash_ops.remote import connection, priority, probes
+from dflash_ops.remote import messages, priority, probes
 from dflash_ops.staging.pace import Pace, Paced
 
 CHUNK = 1 << 20
@@ -476,4 +476,4 @@ def stderr_reason(text: str) -> str:
     """Why a side failed: its last stderr line that is not one of the stream's own marks."""
     marks = (STAT_MARK, priority.MARK)
     text = "\n".join(line for line in text.splitlines() if not line.startswith(marks))
-    return connection.stderr_reason(text, skip_prefix=SOURCE_MARK)
+    return messages.stderr_reason(text, skip_prefix=SOURCE_MARK)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
+import socket
 import subprocess
+import threading
 
 import pytest
 
@@ -164,3 +167,75 @@ def test_connections_refused_once_the_lab_network_is_gone(make_lab):
         Host(inv, "eval").run("true")
     with pytest.raises(LabError, match="is gone"):
         Host(inv, "eval").ssh_argv("true")
+
+
+class DroppingProxy:
+    """A TCP proxy on the workstation's loopback to a lab host's sshd that closes the first
+    `drops` connections as soon as they arrive (as sshd does past MaxStartups), then relays."""
+
+    def __init__(self, upstream: tuple[str, int], drops: int):
+        self.upstream, self.drops, self.accepted = upstream, drops, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            self.accepted += 1
+            if self.accepted <= self.drops:
+                client.close()
+                continue
+            server = socket.create_connection(self.upstream)
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+
+def through_proxy(lab, inventory: Inventory, tmp_path, drops: int) -> tuple[Host, DroppingProxy]:
+    """The eval host reached through a DroppingProxy, its key filed under the proxy's name."""
+    entry = inventory.hosts["eval"]
+    proxy = DroppingProxy((entry.address, entry.port or 22), drops)
+    key = (lab.root / "hosts/eval/ssh_host_ed25519_key.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{proxy.port} {key[0]} {key[1]}\n")
+    changed = with_host(inventory, "eval", address="127.0.0.1", port=proxy.port)
+    changed = with_host(changed, "eval", known_hosts=str(known))
+    # Not a lab inventory any more: it names loopback, which the lab's own checks refuse.
+    return Host(changed.model_copy(update={"lab": None}), "eval"), proxy
+
+
+def test_a_session_dropped_during_the_handshake_is_tried_again(lab, inventory, tmp_path):
+    host, proxy = through_proxy(lab, inventory, tmp_path, drops=2)
+    try:
+        assert host.run("echo $DFLASH_LAB_HOST").stdout.strip() == "eval"
+    finally:
+        host.close()
+        proxy.listener.close()
+    assert proxy.accepted == 3  # two dropped, the third connected
+
+
+def test_a_server_that_keeps_dropping_sessions_is_one_line_after_three_attempts(
+    lab, inventory, tmp_path
+):
+    host, proxy = through_proxy(lab, inventory, tmp_path, drops=99)
+    try:
+        with pytest.raises(UnreachableError) as failed:
+            host.run("true")
+    finally:
+        proxy.listener.close()
+    assert proxy.accepted == 3
+    message = str(failed.value)
+    assert message.startswith(f"eval: SSH to root@127.0.0.1:{proxy.port} failed: ")
+    assert "(3 attempts: the server closed the session during the handshake)" in message
+    assert "MaxStartups" in message and "\n" not in message

@@ -182,7 +182,7 @@ def test_an_interrupted_build_leaves_no_set_and_is_resumed(lab, tmp_path):
             release.wait(SUBPROCESS_TIMEOUT_S)
         return made_up_tokens(input_ids, count)
 
-    server = serve(second_request_waits)
+    server = serve(second_request_waits, model_path=str(lab.target_dir))  # serves the target
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     setdir = tmp_path / "set"
@@ -214,7 +214,8 @@ def test_an_interrupted_build_leaves_no_set_and_is_resumed(lab, tmp_path):
     # The completion written before the interrupt was kept: one request less the second time.
     assert len(StandIn.requests) == 2 + prompts - 1
     assert not partial.exists() and _manifest(setdir)["entries"] == prompts
-    assert _manifest(setdir)["completions"] == {"source": f"sglang {url}"}
+    served = f"sglang {url} serving {lab.target_dir} (SGLang 0.0.0-stand-in)"
+    assert _manifest(setdir)["completions"] == {"source": served}  # what served them
 
 
 def test_a_partial_left_by_other_inputs_is_replaced(lab, tmp_path):
