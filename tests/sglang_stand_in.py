@@ -17,6 +17,7 @@ It prints the port it listens on (127.0.0.1, an ephemeral port) as its first lin
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -110,20 +111,18 @@ def greedy_with(model_dir: Path) -> Generate:
     """The target's greedy continuation, as SGLang at temperature 0 would serve it. The
     target loads at the first /generate: a server only asked what it serves (check-hosts)
     starts without torch."""
-    loaded: list[Generate] = []
 
-    def generate(input_ids: list[int], count: int) -> list[int]:
-        if not loaded:
-            import torch
-            from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+    @functools.cache
+    def loaded() -> Generate:
+        import torch
+        from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
 
-            torch.set_num_threads(1)
-            target = load_target(model_dir, "float32")
-            stops = stop_token_ids(model_dir, load_tokenizer(model_dir))
-            loaded.append(lambda ids, n: target.greedy(ids, n, stops))
-        return loaded[0](input_ids, count)
+        torch.set_num_threads(1)
+        target = load_target(model_dir, "float32")
+        stops = stop_token_ids(model_dir, load_tokenizer(model_dir))
+        return lambda input_ids, count: target.greedy(input_ids, count, stops)
 
-    return generate
+    return lambda input_ids, count: loaded()(input_ids, count)
 
 
 @contextmanager
