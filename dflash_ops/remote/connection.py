@@ -34,6 +34,7 @@ from dflash_ops.core.errors import (
 from dflash_ops.core.inventory import EvalHost, FeaturesHost, HostEntry, Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.remote import probes
+from dflash_ops.remote.capture import CapturingRemote
 from dflash_ops.remote.containers import HOST_ITSELF, HostItself, environment_of
 from dflash_ops.remote.messages import stderr_reason, sudo_advice
 from dflash_ops.remote.probes import Probe
@@ -176,7 +177,10 @@ class Host:
     def connection(self) -> Connection:
         """A Fabric Connection that refuses unknown or changed host keys."""
         self._check_lab()
-        overrides: dict = {"load_ssh_configs": self.inventory.ssh_config != "none"}
+        overrides: dict = {
+            "load_ssh_configs": self.inventory.ssh_config != "none",
+            "runners": {"remote": CapturingRemote},
+        }
         if self.inventory.ssh_config not in (None, "none"):
             overrides["ssh_config_path"] = str(Path(self.inventory.ssh_config).expanduser())
         connect_kwargs: dict = {"look_for_keys": self.entry.identity_file is None}
