@@ -8,12 +8,13 @@ read-only, it leaves the lab as it was.
 from __future__ import annotations
 
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import yaml
 
 from dflash_ops.core.inventory import load
-from dflash_ops.evaluation.served import CHECK, sglang_rows
+from dflash_ops.evaluation.served import CHECK
 from dflash_ops.remote import checks
 from dflash_ops.remote.checks import Row, Status
 from tests.conftest import run_fab
@@ -29,14 +30,24 @@ def with_sglang_url(lab, url: str, directory: Path) -> Path:
     return path
 
 
-def sglang_row(inventory_path: Path) -> Row:
-    """The eval host's SGLang row, its detail unwrapped (the table folds long ones), after
-    checking that a failing row fails check-hosts (as the task decides: checks.failed)."""
-    rows = checks.check_inventory(load(inventory_path), more=[sglang_rows])
+def check_hosts(inventory_path: Path, monkeypatch) -> tuple[CompletedProcess, Row]:
+    """`fab check-hosts`, and the eval host's SGLang row as the task computed it (its detail
+    unwrapped: the table folds long ones): one check of every host per call."""
+    computed: list[list[Row]] = []
+    check_inventory = checks.check_inventory
+
+    def recorded(*args, **kwargs) -> list[Row]:
+        computed.append(check_inventory(*args, **kwargs))
+        return computed[-1]
+
+    monkeypatch.setattr(checks, "check_inventory", recorded)
+    done = run_fab(inventory_path, "check-hosts")
+    [rows] = computed
     assert [row.host for row in rows if row.check == CHECK] == ["eval"]  # only it has a URL
     row = next(row for row in rows if row.check == CHECK)
+    assert done.returncode == (1 if checks.failed(rows) else 0), done.stdout + done.stderr
     assert (row in checks.failed(rows)) == (row.status is Status.FAIL)
-    return row
+    return done, row
 
 
 @pytest.fixture
@@ -44,13 +55,12 @@ def target(e2e_lab) -> str:
     return load(e2e_lab.inventory_path).eval_hosts["eval"].target_model
 
 
-def test_a_server_serving_the_target_passes(e2e_lab, target, tmp_path):
+def test_a_server_serving_the_target_passes(e2e_lab, target, tmp_path, monkeypatch):
     log = tmp_path / "requests.jsonl"
     with started_in(e2e_lab, "eval", target, log) as (_, url):
         secret = url.replace("http://", "http://u:s3cret@")  # credentials reach no output
         inventory_path = with_sglang_url(e2e_lab, secret, tmp_path)
-        row = sglang_row(inventory_path)
-        done = run_fab(inventory_path, "check-hosts")
+        done, row = check_hosts(inventory_path, monkeypatch)
     assert row.status is Status.OK, row
     assert row.detail == (
         f"{url}/*** serves {target} (version 0.0.0-stand-in): the inventory's target {target}"
@@ -60,12 +70,11 @@ def test_a_server_serving_the_target_passes(e2e_lab, target, tmp_path):
     assert not log.exists()  # asked what it serves, never asked to generate
 
 
-def test_a_server_serving_another_model_fails_naming_both(e2e_lab, target, tmp_path):
+def test_a_server_serving_another_model_fails_naming_both(e2e_lab, target, tmp_path, monkeypatch):
     other = "/srv/models/another-model"
     with started_in(e2e_lab, "eval", target, tmp_path / "log", "--model-path", other) as (_, url):
         inventory_path = with_sglang_url(e2e_lab, url, tmp_path)
-        row = sglang_row(inventory_path)
-        done = run_fab(inventory_path, "check-hosts")
+        done, row = check_hosts(inventory_path, monkeypatch)
     assert row.status is Status.FAIL, row
     assert f"SGLang at {url} serves {other}, but the target is {target}" in row.detail
     assert "Start SGLang with --model-path for this target" in row.detail
@@ -73,18 +82,20 @@ def test_a_server_serving_another_model_fails_naming_both(e2e_lab, target, tmp_p
     assert "required check(s) failed: eval sglang server" in done.stderr
 
 
-def test_an_unreachable_server_fails_with_what_to_do(e2e_lab, tmp_path):
+def test_an_unreachable_server_fails_with_what_to_do(e2e_lab, tmp_path, monkeypatch):
     nowhere = "http://127.0.0.1:9"  # the eval host's own loopback: nothing listens there
     inventory_path = with_sglang_url(e2e_lab, nowhere, tmp_path)
-    row = sglang_row(inventory_path)
+    done, row = check_hosts(inventory_path, monkeypatch)
     assert row.status is Status.FAIL, row
+    assert "required check(s) failed: eval sglang server" in done.stderr
     assert f"Cannot reach the SGLang server at {nowhere}" in row.detail
     assert "Start it on the eval host" in row.detail
 
 
-def test_a_server_that_is_not_sglang_fails(e2e_lab, target, tmp_path):
+def test_a_server_that_is_not_sglang_fails(e2e_lab, target, tmp_path, monkeypatch):
     """A server without SGLang's native /get_model_info (a proxy, another server)."""
     with started_in(e2e_lab, "eval", target, tmp_path / "log", "--mode", "no-info") as (_, url):
-        row = sglang_row(with_sglang_url(e2e_lab, url, tmp_path))
+        done, row = check_hosts(with_sglang_url(e2e_lab, url, tmp_path), monkeypatch)
     assert row.status is Status.FAIL, row
+    assert "required check(s) failed: eval sglang server" in done.stderr
     assert f"SGLang's /get_model_info at {url} answered HTTP 404" in row.detail
