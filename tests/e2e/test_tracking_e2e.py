@@ -5,21 +5,26 @@ beside τ, and each step's W&B record holds τ and the training metrics at that 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
 
-from dflash_lab.training_logs import logged_values, write_training_logs
-from tests.conftest import provisioned_models_lab, run_fab
+from dflash_lab.training_logs import LOG_DIR, logged_values, write_training_logs
+from tests.conftest import run_fab
+from tests.e2e.conftest import one_eval_host
 from tests.training_samples import offline_runs
 
 STEPS = (2000, 4000)
 QUICK = ["--num-prompts", "1", "--max-new-tokens", "16"]
 
 
-@pytest.fixture(scope="module")
-def models_lab(tmp_path_factory):
-    yield from provisioned_models_lab(tmp_path_factory, steps=STEPS)
+@pytest.fixture
+def models_lab(e2e_lab, tmp_path):
+    """The shared lab as a trainer and one eval host, its training logs removed afterwards
+    (the shared lab is put back as built)."""
+    yield one_eval_host(e2e_lab, tmp_path)
+    shutil.rmtree(e2e_lab.container_path(LOG_DIR), ignore_errors=True)
 
 
 def test_a_sweep_logs_tau_and_training_metrics_by_step(models_lab, tmp_path, monkeypatch):
