@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from dflash_lab.lab import Lab
 
 
+THREADS_VARIABLE = "DFLASH_LAB_THREADS"
+
+
 def write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict]) -> None:
     """Write `<root>/inventory.yaml`; `eval_settings` come from the content generator."""
     hosts: dict = {TRAINER: _trainer(lab)}
@@ -38,9 +41,7 @@ def write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict])
             **_ssh(lab, name),
             "workdir": str(disk / "eval"),
             "venv": _venv_settings(disk),
-            # The lab's eval hosts share this machine's cores: oversubscribed torch threads
-            # make concurrent runs many times slower.
-            "threads": max(1, (os.cpu_count() or 1) // config.eval_hosts),
+            "threads": run_threads(config),
             **eval_settings[name],
         }
     for name in config.sudo_hosts:
@@ -62,6 +63,16 @@ def write_inventory(lab: Lab, config: LabConfig, eval_settings: dict[str, dict])
     lab.inventory_path.write_text(header + yaml.safe_dump(document, sort_keys=False))
 
 
+def run_threads(config: LabConfig) -> int:
+    """Torch threads per harness run. The lab's hosts share this machine's cores, and
+    oversubscribed threads make concurrent runs many times slower: the cores are divided
+    among the eval hosts, or set by DFLASH_LAB_THREADS (the test suite, whose parallel
+    workers run several labs at once, sets 1)."""
+    return int(
+        os.environ.get(THREADS_VARIABLE) or max(1, (os.cpu_count() or 1) // config.eval_hosts)
+    )
+
+
 def _features(lab: Lab, config: LabConfig, settings: dict) -> dict:
     """A CPU features host: provisioned like an eval host (no GPU, so no fla here)."""
     disk = lab.data_dir(FEATURES)
@@ -70,7 +81,7 @@ def _features(lab: Lab, config: LabConfig, settings: dict) -> dict:
         **_ssh(lab, FEATURES),
         "workdir": str(disk / "work"),
         "venv": _venv_settings(disk),
-        "threads": max(1, (os.cpu_count() or 1) // config.eval_hosts),
+        "threads": run_threads(config),
         "target_model": settings["target_model"],
     }
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from dflash_lab import inventory as lab_inventory
 from dflash_lab import lab as labs
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.inventory import load as load_inventory
@@ -37,6 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
     the children start with it (a handler, unlike an ignore, is reset by exec)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if getattr(config.option, "numprocesses", None):
+        # Parallel workers run several labs at once on the same cores: one torch thread per
+        # harness run (workers inherit the variable).
+        os.environ.setdefault(lab_inventory.THREADS_VARIABLE, "1")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
