@@ -61,6 +61,12 @@ def write_config(lab: Lab, name: str, bin_dir: Path) -> None:
     (host_dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
 
+# sshd starts in well under a second, but a full parallel test run (four workers, their labs'
+# harness runs, tmpfs disks under memory pressure) once kept one from writing its pid file
+# for over 10 s.
+START_TIMEOUT = 60
+
+
 def start(lab: Lab, name: str) -> None:
     """Start host `name`'s sshd (in its namespace) and wait until it accepts connections."""
     record = lab.state.hosts[name]
@@ -73,12 +79,14 @@ def start(lab: Lab, name: str) -> None:
         wait_for(
             lambda: pidfile.exists() and pidfile.read_text().strip(),
             f"sshd of {name} to write {pidfile}",
+            START_TIMEOUT,
         )
     )
     lab.state.save()
     wait_for(
         lambda: port_open(record.address, record.port),
         f"sshd of {name} to listen on {record.address}:{record.port}",
+        START_TIMEOUT,
     )
 
 
