@@ -36,7 +36,7 @@ from dflash_ops.staging.stage import StageOptions, deliver
 from tests.conftest import run_fab
 from tests.sglang_stand_in import started_in
 
-pytestmark = pytest.mark.long(120)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(410)  # seconds with 4 workers: started first
 
 MAX_NEW_TOKENS = "24"
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]

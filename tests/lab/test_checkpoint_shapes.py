@@ -30,7 +30,7 @@ from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.staging.stage import StageOptions, stage
 
-pytestmark = pytest.mark.long(125)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(70)  # seconds with 4 workers: started first
 
 STEP = 4000
 SHARDS = 3

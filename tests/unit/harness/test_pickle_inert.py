@@ -30,7 +30,7 @@ from dflash_eval.pickle_policy import (
     load_pickle,
 )
 
-pytestmark = pytest.mark.long(75)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(47)  # seconds with 4 workers: started first
 
 EVERY_GROUP = PicklePolicy(tuple(INERT_GROUPS))
 ADMITTED = admitted_objects(expand_names(tuple(INERT_GROUPS)))
