@@ -26,9 +26,9 @@ test: setup
 	$(BIN)/python -m pytest $(PARALLEL) --durations=15
 
 # For contributors: the unit tier alone (no sshd, no lab). It computes rather than waits:
-# one worker per core.
+# one worker per core, its long modules (the statistical T > 0 tests) started first.
 test-fast: setup
-	$(BIN)/python -m pytest -n auto --dist loadfile tests/unit
+	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder tests/unit
 
 # The whole suite in a shuffled order (SEED=n repeats one): order dependence shows.
 SEED ?= $(shell date +%s)
