@@ -61,9 +61,8 @@ def write_config(lab: Lab, name: str, bin_dir: Path) -> None:
     (host_dir / "sshd_config").write_text("\n".join(lines) + "\n")
 
 
-# sshd starts in well under a second, but a full parallel test run (four workers, their labs'
-# harness runs, tmpfs disks under memory pressure) once kept one from writing its pid file
-# for over 10 s.
+# sshd starts in well under a second, but a full parallel test run (four workers and their
+# labs' harness runs on two cores) once kept one from writing its pid file for over 10 s.
 START_TIMEOUT = 60
 
 

@@ -49,9 +49,11 @@ def down(lab: Lab) -> list[str]:
         for netns in (n for n in state.namespaces if n not in stubborn):
             attempt(problems, f"delete netns {netns}", lambda n=netns: network.delete_namespace(n))
         # A process can still enter a namespace after it was emptied (an sshd that was
-        # daemonizing): held open, its namespace is still found, and emptied again.
-        for inode in inodes.values():
-            processes.empty_namespace(inode)
+        # daemonizing): held open, its namespace is still found, and emptied again (a
+        # stubborn one has had its rounds).
+        for netns, inode in inodes.items():
+            if netns not in stubborn:
+                processes.empty_namespace(inode)
         problems += _processes_left(inodes, stubborn)
         _remove_run_sshd(state)
         users.remove(lab, problems)
