@@ -75,27 +75,9 @@ def _current_rss_mib() -> float:
         return int(statm.read().split()[1]) * resource.getpagesize() / (1 << 20)
 
 
-def _run_variant(
-    variant: str,
-    tokens_per_prompt: int,
-    prompts: int,
-    threads: int,
-    vocab: int,
-    commands,
-    results,
-) -> None:
-    """One variant in its own process: build, warm up, report ready, then one timed pass
-    per "pass" command until "stop", then the peak memory."""
+def _predictor_class(variant: str):
     import torch
-    from dflash_eval.config import DrafterConfig
-    from dflash_eval.metrics import Span, summarize, walk_prompt
-    from dflash_eval.model import DFlashDrafter
-    from dflash_eval.predict import (
-        BorrowedHead,
-        PerBlockPredictor,
-        Predictor,
-        block_predictions,
-    )
+    from dflash_eval.predict import PerBlockPredictor, Predictor, block_predictions
 
     class UncachedPerBlockPredictor(PerBlockPredictor):
         """What a naive harness does: the whole drafter forward per block, recomputing the
@@ -111,7 +93,20 @@ def _run_variant(
                 predictions += block_predictions(self._logits(hidden[None]), self.top_k)
             return predictions
 
-    torch.set_num_threads(threads)
+    return {
+        "batched": Predictor,
+        "per-block": PerBlockPredictor,
+        "uncached": UncachedPerBlockPredictor,
+    }[variant]
+
+
+def _drafter_and_prompts(vocab: int, tokens_per_prompt: int, prompts: int):
+    """A seeded random drafter, its borrowed head, and `prompts` (tokens, features) pairs."""
+    import torch
+    from dflash_eval.config import DrafterConfig
+    from dflash_eval.model import DFlashDrafter
+    from dflash_eval.predict import BorrowedHead
+
     generator = torch.Generator().manual_seed(0)
     config = DrafterConfig(
         hidden_size=HIDDEN,
@@ -139,12 +134,27 @@ def _run_variant(
         )
         for _ in range(prompts)
     ]
+    return drafter, head, sequences
+
+
+def _run_variant(
+    variant: str,
+    tokens_per_prompt: int,
+    prompts: int,
+    threads: int,
+    vocab: int,
+    commands,
+    results,
+) -> None:
+    """One variant in its own process: build, warm up, report ready, then one timed pass
+    per "pass" command until "stop", then the peak memory."""
+    import torch
+    from dflash_eval.metrics import Span, summarize, walk_prompt
+
+    torch.set_num_threads(threads)
+    drafter, head, sequences = _drafter_and_prompts(vocab, tokens_per_prompt, prompts)
     setup_rss = _current_rss_mib()
-    predictor_class = {
-        "batched": Predictor,
-        "per-block": PerBlockPredictor,
-        "uncached": UncachedPerBlockPredictor,
-    }[variant]
+    predictor_class = _predictor_class(variant)
 
     def walk_sequence(tokens: list[int], features: torch.Tensor):
         predictor = predictor_class(

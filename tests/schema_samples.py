@@ -26,9 +26,8 @@ def _tau(macro: float, pooled: float) -> TauBlock:
     return TauBlock(tau_macro=macro, tau_pooled=pooled, rounds=8, committed_tokens=10)
 
 
-def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8")) -> Results:
-    """A complete results dict with round numbers, as the harness writes it."""
-    metrics = Metrics(
+def _metrics(budgets: tuple[str, ...]) -> Metrics:
+    return Metrics(
         block_size=4,
         tau_convention="zlab-live-loop",
         **_tau(1.5, 1.25),
@@ -50,7 +49,10 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         },
         incomplete_references=0,
     )
-    checkpoint = {
+
+
+def _checkpoint() -> dict:
+    return {
         "path": "/eval/step_2000/checkpoint.pt",
         "format": "training-checkpoint",
         "size_bytes": 1234,
@@ -64,7 +66,10 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         "dropped_entries": [],
         "ignored_parameters": [],
     }
-    drafter = {
+
+
+def _drafter() -> dict:
+    return {
         "config": {"block_size": 4},
         "config_source": "checkpoint",
         "config_notes": [],
@@ -75,6 +80,11 @@ def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8
         "attention": [{"kind": "full_attention", "causal": False, "window": None}],
         "accepted_config_keys": {},
     }
+
+
+def results_dict(*, reference: bool = False, budgets: tuple[str, ...] = ("4", "8")) -> Results:
+    """A complete results dict with round numbers, as the harness writes it."""
+    metrics, checkpoint, drafter = _metrics(budgets), _checkpoint(), _drafter()
     return Results(
         schema_version=SCHEMA_VERSION,
         kind=KIND,

@@ -10,18 +10,14 @@ layers rule) is tested without a lab in test_feature_spec.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shlex
 import shutil
-import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dflash_lab import lab as labs
 from dflash_lab.models import BLOCK_SIZE
@@ -30,17 +26,28 @@ from dflash_ops.core.inventory import load
 from dflash_ops.core.units import format_bytes
 from dflash_ops.features.extract import FeatureSet
 from dflash_ops.features.relay import set_destination, set_payload
-from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.stage import StageOptions, deliver
 from tests.conftest import run_fab
+from tests.e2e.features_helpers import (
+    DTYPE,
+    MAX_NEW_TOKENS,
+    digests,
+    extract,
+    lab_layers,
+    new_results,
+    said,
+    set_dir,
+    small_extraction,
+    tiny_disk,
+    with_sglang_url,
+    without_margin,
+)
 from tests.sglang_stand_in import started_in
 
 pytestmark = pytest.mark.long(410)  # seconds with 4 workers: started first
 
-MAX_NEW_TOKENS = "24"
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
-DTYPE = ["--target-dtype", "float32"]  # both sides of the τ comparison in the same dtype
 
 
 # --- on the lab -------------------------------------------------------------------------------
@@ -66,59 +73,12 @@ def provisioned(features_lab):
     return done
 
 
-def lab_layers(lab: labs.Lab) -> str:
-    """The lab drafter's target layers (dflash_lab.models: the default rule for 2 layers)."""
-    from dflash_eval.config import default_target_layer_ids
-
-    config = json.loads((lab.data_dir("features") / "models/tiny-target/config.json").read_text())
-    return ",".join(map(str, default_target_layer_ids(config["num_hidden_layers"], 2)))
-
-
-def extract(lab: labs.Lab, *more: str, inventory_path: Path | None = None):
-    return run_fab(
-        inventory_path or lab.inventory_path,
-        "extract-features",
-        "--prompts",
-        str(lab.root / labs.LAB_PROMPTS),
-        "--max-new-tokens",
-        MAX_NEW_TOKENS,
-        "--layers",
-        lab_layers(lab),
-        "--block-size",
-        str(BLOCK_SIZE),
-        *DTYPE,
-        "--device",
-        "cpu",
-        *more,
-        timeout=900,
-    )
-
-
 @pytest.fixture(scope="module")
 def extracted(features_lab, provisioned) -> str:
     """The set computed on the features host and relayed to the eval host; its id."""
     done = extract(features_lab)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.split("fab run-eval --features ")[1].split()[0]
-
-
-def set_dir(lab: labs.Lab, host: str, identifier: str) -> Path:
-    """Where a host keeps the set (the lab's disks are directories on this machine)."""
-    entry = load(lab.inventory_path).hosts[host]
-    return Path(EvalLayout(entry).feature_set(identifier))
-
-
-def digests(directory: Path) -> dict[str, str]:
-    return {
-        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(directory.rglob("*"))
-        if path.is_file()
-    }
-
-
-def said(output: str) -> str:
-    """The output with rich's line wrapping undone (phrases are searched in it)."""
-    return " ".join(output.split())
 
 
 def test_lab_has_a_features_host_with_the_same_target(features_lab):
@@ -253,22 +213,6 @@ def test_layers_the_target_lacks_are_refused_before_any_run_starts(features_lab,
     assert "staged and verified" not in done.stdout
 
 
-def with_sglang_url(lab: labs.Lab, url: str, directory: Path) -> Path:
-    """The lab's inventory with `url` as the features host's sglang_url."""
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["hosts"]["features"]["sglang_url"] = url
-    path = directory / "inventory.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
-
-
-def small_extraction(inventory_path: Path) -> subprocess.CompletedProcess:
-    return run_fab(
-        inventory_path, "extract-features", "--layers", "1", "--block-size", "8",
-        "--max-new-tokens", "4", timeout=600,
-    )  # fmt: skip
-
-
 def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned, tmp_path):
     """A run that fails once started: the SGLang server (the default with an sglang_url)
     serves the target, then answers every /generate with HTTP 500."""
@@ -314,32 +258,6 @@ def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
     assert done.returncode == 1
     assert "no eval host named 'nope'" in said(done.stderr), done.stderr
     assert "computing" not in done.stdout
-
-
-@contextmanager
-def tiny_disk(lab: labs.Lab, host_name: str, directory: str, size: str) -> Iterator[Host]:
-    """A small tmpfs over `directory` on a lab host, hiding what is there until it is unmounted.
-    Mounted through the host's own SSH login (root in the lab's netns mode): the host's sshd
-    runs in a mount namespace of its own, which a mount made here would not reach."""
-    if lab.state.mode != "netns":
-        pytest.skip("a size-limited disk needs the lab's netns mode (root)")
-    host = Host(load(lab.inventory_path), host_name)
-    quoted = shlex.quote(directory)
-    host.run(f"mkdir -p {quoted} && mount -t tmpfs -o size={size} dflash-test-tiny {quoted}")
-    try:
-        yield host
-    finally:
-        host.run(f"umount {quoted}")
-        host.close()
-
-
-def without_margin(lab: labs.Lab, tmp_path: Path) -> Path:
-    """The lab's inventory with no free-space margin: a refusal is the set's size alone."""
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["transfer"] = {"margin": "0", "margin_fraction": 0}
-    path = tmp_path / "inventory.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
 
 
 def test_a_set_the_features_disk_cannot_hold_is_refused_before_the_run(
@@ -399,12 +317,6 @@ def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provi
     assert "fab extract-features --to eval" in said(done.stderr), done.stderr
 
 
-def _results(inventory_path: Path, before: set[Path]) -> dict:
-    results_root = load(inventory_path).local.results
-    (new,) = set(results_root.glob("*/results.json")) - before
-    return json.loads(new.read_text())
-
-
 def test_an_eval_on_the_relayed_set_matches_one_computing_its_own(features_lab, extracted):
     inventory_path = features_lab.inventory_path
     results_root = load(inventory_path).local.results
@@ -415,14 +327,14 @@ def test_an_eval_on_the_relayed_set_matches_one_computing_its_own(features_lab, 
         "--features", "latest", timeout=900,
     )  # fmt: skip
     assert relayed.returncode == 0, relayed.stdout + relayed.stderr
-    with_set = _results(inventory_path, before)
+    with_set = new_results(inventory_path, before)
     before = set(results_root.glob("*/results.json"))
     local = run_fab(
         inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
         "--no-cache", timeout=900,
     )  # fmt: skip
     assert local.returncode == 0, local.stdout + local.stderr
-    computed = _results(inventory_path, before)
+    computed = new_results(inventory_path, before)
 
     features = with_set["features"]
     assert features["host"] == "features"

@@ -89,7 +89,9 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 80
 
 
 def _sources() -> list[Path]:
-    roots = [ROOT / "dflash_ops", ROOT / "remote", ROOT / "dflash_lab"]
+    # Every Python file of the project: its tests, scripts and benchmarks are code too.
+    packages = ("dflash_ops", "remote", "dflash_lab", "tests", "scripts", "benchmarks")
+    roots = [ROOT / name for name in packages]
     return [ROOT / "fabfile.py", *(path for root in roots for path in sorted(root.rglob("*.py")))]
 
 
