@@ -4,6 +4,7 @@ earlier under the same schema version still reads), and the one human summary.""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,12 @@ def test_the_schema_page_is_written_from_the_types_and_shows_every_one():
         "`cd remote && python -m dflash_eval.schema_doc ../docs/results-schema.md`"
     )
     assert schema_doc.reachable() <= schema_doc.documented(page)
+
+
+def test_the_schema_page_lists_every_progress_event_the_harness_sends():
+    page = (REMOTE.parent / "docs" / "results-schema.md").read_text(encoding="utf-8")
+    table = page.split("## Progress events")[1].split("\n## ")[0]
+    listed = set(re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE))
+    sources = (REMOTE / "dflash_eval").glob("*.py")
+    sent = {e for path in sources for e in re.findall(r'event\(\s*"(\w+)"', path.read_text())}
+    assert "done" in sent and listed == sent
