@@ -30,8 +30,6 @@ from dflash_eval.pickle_policy import (
     load_pickle,
 )
 
-pytestmark = pytest.mark.long(47)  # seconds with 4 workers: started first
-
 EVERY_GROUP = PicklePolicy(tuple(INERT_GROUPS))
 ADMITTED = admitted_objects(expand_names(tuple(INERT_GROUPS)))
 
@@ -169,7 +167,8 @@ def partial_system(marker: pathlib.Path):
 
 
 MALICIOUS = {
-    "timeit.timeit": lambda m: Calls(timeit.timeit, (f"open({str(m)!r}, 'w')",)),
+    # The code as setup, which runs once (a statement would run a million times).
+    "timeit.timeit": lambda m: Calls(timeit.timeit, ("pass", f"open({str(m)!r}, 'w')")),
     "posix.system": lambda m: Calls(os.system, (f"touch {m}",)),
     "builtins.eval": lambda m: Calls(eval, (f"open({str(m)!r}, 'w')",)),
     "builtins.exec": lambda m: Calls(exec, (f"open({str(m)!r}, 'w')",)),
