@@ -11,12 +11,14 @@ T=0), in both versions of the loop:
   max_length, the last block is shortened to what is left, a round's count is capped at
   max_length − position − 1 and cut after the first stop token.
 
-Every round recomputes everything from scratch (no caches), and the drafter is
+At T = 0 every round recomputes everything from scratch (no caches). The drafter is
 `PlainDrafter` (live_drafter.py: the DFlash forward written out from the config dict and the
 weights, with its mask built position by position from the rule as the reference states it)
 or `PlainDFlash2` (live_dflash2.py, the same for DFlash-2). Nothing is shared with the
 harness. At T > 0 (`live_sampled_lengths`) the old loop decodes by rejection sampling, as
-z-lab's `dflash_generate` at commit 10129599 does (`_sampling_probs`, `_rejection_sample`).
+z-lab's `dflash_generate` at commit 10129599 does (`_sampling_probs`, `_rejection_sample`),
+and, as there, a round's context features come from the previous round's verify pass (one
+target forward per round, without a KV cache).
 """
 
 from __future__ import annotations
@@ -223,24 +225,47 @@ def draw(probs: torch.Tensor, rng: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=rng))
 
 
+@torch.no_grad()
+def target_pass(models: LiveModels, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [n, V], the drafter's context features [n, K·H]) of one target forward."""
+    output = models.target(torch.tensor([tokens]), output_hidden_states=True)
+    states = output.hidden_states
+    features = torch.cat([states[i + 1][0] for i in models.drafter.target_layer_ids], dim=-1)
+    return output.logits[0], features
+
+
 def sampled_round(
-    models: LiveModels, tokens: list[int], anchor: int, settings: Settings, rng: torch.Generator
-) -> list[int]:
+    models: LiveModels,
+    tokens: list[int],
+    anchor: int,
+    features: torch.Tensor,
+    settings: Settings,
+    rng: torch.Generator,
+) -> tuple[list[int], torch.Tensor]:
     """One round: every slot drafted from q at once; the target accepts slot k with
     probability min(1, p/q) in order; at the first rejection a token from max(p − q, 0)
-    normalised (p itself when that is all zero); after a full block a bonus token from p."""
-    q = plain_probs(draft_logits(models, tokens, anchor), settings)  # [B-1, V]
+    normalised (p itself when that is all zero); after a full block a bonus token from p.
+
+    `features`: the context before the anchor. As in z-lab's loop, the next round's context
+    comes from this round's verify pass (a causal forward: its first positions are the
+    committed tokens); returned cut to the positions before the next anchor."""
+    drafter = models.drafter
+    block_ids = [tokens[anchor]] + [drafter.mask_token_id] * (drafter.block_size - 1)
+    logits = drafter.logits(features[:anchor], block_ids, models.embed, models.head)
+    q = plain_probs(logits, settings)  # [B-1, V]
     drafts = [draw(row, rng) for row in q]
-    with torch.no_grad():
-        logits = models.target(torch.tensor([tokens[: anchor + 1] + drafts])).logits[0]
+    logits, verified = target_pass(models, tokens[: anchor + 1] + drafts)
     p = plain_probs(logits[anchor:], settings)  # [B, V]: the target's token after each
     for slot, token in enumerate(drafts):
         if float(torch.rand(1, generator=rng)) * q[slot, token] < p[slot, token]:
             continue
         residual = (p[slot] - q[slot]).clamp(min=0)
         residual = residual / residual.sum() if residual.sum() > 0 else p[slot]
-        return [*drafts[:slot], draw(residual, rng)]
-    return [*drafts, draw(p[len(drafts)], rng)]
+        committed = [*drafts[:slot], draw(residual, rng)]
+        break
+    else:
+        committed = [*drafts, draw(p[len(drafts)], rng)]
+    return committed, verified[: anchor + len(committed)]
 
 
 def live_sampled_lengths(
@@ -255,12 +280,12 @@ def live_sampled_lengths(
     rounds while the position is below prompt + max_new_tokens, uncapped, ending after the
     round that commits a stop token."""
     rng = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        first = models.target(torch.tensor([prompt_ids])).logits[0, -1]
-    return decode(
-        prompt_ids,
-        draw(plain_probs(first, settings), rng),
-        max_new_tokens,
-        stops,
-        lambda tokens, position: sampled_round(models, tokens, position, settings, rng),
-    )
+    logits, features = target_pass(models, prompt_ids)
+    context = [features]  # the context before the next round's anchor
+
+    def round_at(tokens: list[int], anchor: int) -> list[int]:
+        committed, context[0] = sampled_round(models, tokens, anchor, context[0], settings, rng)
+        return committed
+
+    first = draw(plain_probs(logits[-1], settings), rng)
+    return decode(prompt_ids, first, max_new_tokens, stops, round_at)
