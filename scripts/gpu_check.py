@@ -163,14 +163,15 @@ def check_drafter(device: str) -> list[str]:
     ]
 
 
-def check_eval(device: str, workdir: Path) -> list[str]:
-    """The lab's tiny target and step-6000 drafter evaluated on `device` and on the CPU."""
+def check_eval(device: str, workdir: Path, models: Path | None = None) -> list[str]:
+    """The lab's tiny target and step-6000 drafter evaluated on `device` and on the CPU.
+    `models`: where the lab models are (built there if missing); default under workdir."""
     from dflash_eval.evaluate import EvalOptions, run_eval
     from dflash_eval.progress import Progress
 
     from dflash_lab.models import build_lab_models
 
-    lab = build_lab_models(workdir / "lab-models")
+    lab = build_lab_models(models or workdir / "lab-models")
 
     def results(on: str) -> dict:
         options = EvalOptions(

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash_lab.content import MODEL_CACHE
+
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu_check.py"
 
 
@@ -52,6 +54,6 @@ def test_its_checks_run_and_pass_on_cpu_devices(gpu_check, tmp_path):
 
 
 def test_its_eval_check_runs_the_whole_eval_on_a_device(gpu_check, tmp_path):
-    lines = gpu_check.check_eval("cpu", tmp_path)
+    lines = gpu_check.check_eval("cpu", tmp_path, MODEL_CACHE)  # the tier's lab models
     assert lines[0].startswith("eval on cpu (features on cpu): tau macro ")
     assert lines[0].endswith("0.00% apart (tolerance 2%): ok")
