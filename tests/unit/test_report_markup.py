@@ -70,9 +70,9 @@ def _leaves(value: Any):
             yield value, key
 
 
-@pytest.fixture
-def poisoned_report(tmp_path) -> tuple[Path, int]:
-    root = tmp_path / "results"
+@pytest.fixture(scope="module")  # read-only for its tests; poisoning leaf by leaf takes seconds
+def poisoned_report(tmp_path_factory) -> tuple[Path, int]:
+    root = tmp_path_factory.mktemp("poisoned") / "results"
     pull(root, 2000, 2.0)
     pull(root, 6000, 3.05)  # carries decoded samples
     hostile = root / f"run-{PAYLOAD.replace('/', '')}"
