@@ -20,7 +20,7 @@ from dflash_ops.remote.checks import Row, Status
 from tests.conftest import run_fab
 from tests.sglang_stand_in import started_in
 
-pytestmark = pytest.mark.long(120)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(110)  # seconds with 4 workers: started first
 
 
 def with_sglang_url(lab, url: str, directory: Path) -> Path:

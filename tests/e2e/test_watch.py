@@ -37,7 +37,7 @@ from dflash_ops.ui.console import console
 from dflash_ops.ui.watch_view import WatchView, _show_stopped
 from tests.conftest import run_fab, start_fab
 
-pytestmark = pytest.mark.long(125)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(190)  # seconds with 4 workers: started first
 
 STEPS = (2000, 4000, 6000)
 QUICK_OPTIONS = {"num_prompts": "2", "max_new_tokens": "24", "ddtree": "4,8"}

@@ -25,7 +25,7 @@ from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 
 from .helpers import quick_eval
 
-pytestmark = pytest.mark.long(100)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(70)  # seconds with 4 workers: started first
 
 REMOTE = Path(__file__).resolve().parents[3] / "remote"
 LAB_LAYERS = [1, 3]  # what the lab drafters read

@@ -13,7 +13,7 @@ from .helpers import quick_eval
 from .live_loops import live_sampled_lengths
 from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
 
-pytestmark = pytest.mark.long(195)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(130)  # seconds with 4 workers: started first
 
 
 def test_live_loop_mean_falls_in_the_harness_interval(lab, tmp_path):

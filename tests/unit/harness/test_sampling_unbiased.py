@@ -17,7 +17,7 @@ from dflash_eval.sampling import Sampling
 from .live_loops import live_sampled_lengths
 from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
 
-pytestmark = pytest.mark.long(235)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(165)  # seconds with 4 workers: started first
 
 
 def test_offline_expectation_is_unbiased_for_the_live_loop(lab):
