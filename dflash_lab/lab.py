@@ -233,10 +233,12 @@ def _add_hosts(lab: Lab, names: list[str]) -> None:
             state.hosts[name] = network.loopback_host(name, lab.host_dir(name) / "disk")
         state.save()
         return
-    if not Path("/run/sshd").exists():  # sshd's privilege-separation directory
-        Path("/run/sshd").mkdir(mode=0o755)
-        state.created_run_sshd = True
     with network.slot_lock():
+        # sshd's privilege-separation directory, under the lock: a lab tearing down removes
+        # the one it made when no lab's namespace is left, and ours are made here.
+        if not Path("/run/sshd").exists():
+            Path("/run/sshd").mkdir(mode=0o755)
+            state.created_run_sshd = True
         state.slot = network.free_slot()
         for index, name in enumerate(names):
             data_dir = lab.host_dir(name) / "disk"

@@ -8,6 +8,7 @@ keeps `-f CONFIG` in its process title), never by its pid alone.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING
 from dflash_lab import processes
 from dflash_lab.network import port_open
 from dflash_lab.state import HostRecord
-from dflash_lab.system import run, wait_for
+from dflash_lab.system import poll, run, wait_for
+from dflash_ops.core.errors import LabError
 
 if TYPE_CHECKING:
     from dflash_lab.lab import Lab
@@ -64,29 +66,48 @@ def write_config(lab: Lab, name: str, bin_dir: Path) -> None:
 # sshd starts in well under a second, but a full parallel test run (four workers and their
 # labs' harness runs on two cores) once kept one from writing its pid file for over 10 s.
 START_TIMEOUT = 60
+START_ATTEMPTS = 2  # sshd binds after daemonizing: a listener that dies there is started again
+EXITED = "exited"
 
 
 def start(lab: Lab, name: str) -> None:
-    """Start host `name`'s sshd (in its namespace) and wait until it accepts connections."""
+    """Start host `name`'s sshd (in its namespace) and wait until it accepts connections.
+
+    The command returns once sshd has daemonized; the listener then binds and writes its pid
+    file. One that exits before that (its log says why) is started once more, and a second
+    failure quotes the end of its log."""
     record = lab.state.hosts[name]
     config = lab.host_dir(name) / "sshd_config"
     pidfile = config.with_name("sshd.pid")
-    pidfile.unlink(missing_ok=True)
     log = config.with_name("sshd.log")
-    run(lab.in_namespace(name, [SSHD, "-f", str(config), "-E", str(log)]))
-    record.pid = int(
-        wait_for(
-            lambda: pidfile.exists() and pidfile.read_text().strip(),
-            f"sshd of {name} to write {pidfile}",
-            START_TIMEOUT,
-        )
-    )
+    is_listener = _is_listener(lab, name)
+    for _ in range(START_ATTEMPTS):
+        pidfile.unlink(missing_ok=True)
+        run(lab.in_namespace(name, [SSHD, "-f", str(config), "-E", str(log)]))
+        found = poll(lambda: _written_pid(pidfile) or _exited(is_listener), START_TIMEOUT)
+        if found not in (None, EXITED):
+            break
+    else:
+        how = "exited" if found == EXITED else f"gave none within {START_TIMEOUT:g}s"
+        tail = " | ".join(log.read_text().splitlines()[-5:]) if log.exists() else "no log"
+        raise LabError(f"sshd of {name} wrote no {pidfile} ({how}); the end of {log}: {tail}")
+    record.pid = int(found)
     lab.state.save()
     wait_for(
         lambda: port_open(record.address, record.port),
         f"sshd of {name} to listen on {record.address}:{record.port}",
         START_TIMEOUT,
     )
+
+
+def _written_pid(pidfile: Path) -> str:
+    return pidfile.read_text().strip() if pidfile.exists() else ""
+
+
+def _exited(is_listener: Callable[[int], bool]) -> str:
+    """EXITED when no process of the machine is this host's listener, else ""."""
+    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+    return "" if any(is_listener(pid) for pid in pids) else EXITED
 
 
 def running(lab: Lab, name: str) -> bool:

@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from importlib.resources import files
 from pathlib import Path
 
@@ -228,3 +229,41 @@ def test_labs_built_at_the_same_moment_get_different_slots(tmp_path):
         for root in roots:
             if (root / labs.STATE_FILE).exists():
                 assert labs.load(root).down() == []
+
+
+def test_an_sshd_that_cannot_bind_fails_fast_quoting_its_log_and_starts_once_free(make_lab):
+    """sshd binds after daemonizing, so its start command succeeds either way: a listener
+    that exits instead of writing its pid file is found at once, not after the timeout."""
+    from dflash_lab import sshd
+
+    lab = make_lab()
+    lab.stop_sshd("eval")
+    record = lab.state.hosts["eval"]
+    squatter = subprocess.Popen(
+        lab.in_namespace("eval", [sys.executable, "-c", SQUAT, record.address, str(record.port)]),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert squatter.stdout.readline().strip() == "listening"
+        started = time.monotonic()
+        with pytest.raises(LabError) as failed:
+            sshd.start(lab, "eval")
+        assert time.monotonic() - started < sshd.START_TIMEOUT / 2
+        message = str(failed.value)
+        assert "sshd of eval wrote no" in message and "(exited)" in message
+        assert "Address already in use" in message  # the end of sshd's own log
+    finally:
+        squatter.kill()
+        squatter.wait()
+    sshd.start(lab, "eval")
+    assert sshd.running(lab, "eval")
+
+
+# Holds address:port (argv) until killed.
+SQUAT = """
+import socket, sys, time
+listener = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("listening", flush=True)
+time.sleep(600)
+"""
