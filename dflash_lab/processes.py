@@ -81,14 +81,16 @@ def in_namespace(pid: int, inode: int) -> bool:
     return link == f"net:[{inode}]" and is_live(pid)
 
 
+def matching(is_it: Callable[[int], bool]) -> list[int]:
+    """The processes of the machine (not this one) for which `is_it(pid)` holds."""
+    own = os.getpid()
+    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+    return [pid for pid in pids if pid != own and is_it(pid)]
+
+
 def namespace_processes(inode: int) -> list[int]:
     """The live processes in the network namespace with this nsfs inode (not this one)."""
-    own = os.getpid()
-    return [
-        int(entry)
-        for entry in os.listdir("/proc")
-        if entry.isdigit() and int(entry) != own and in_namespace(int(entry), inode)
-    ]
+    return matching(lambda pid: in_namespace(pid, inode))
 
 
 def empty_namespace(inode: int) -> list[int]:

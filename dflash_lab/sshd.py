@@ -8,7 +8,6 @@ keeps `-f CONFIG` in its process title), never by its pid alone.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -88,7 +87,7 @@ def start(lab: Lab, name: str) -> None:
         if found not in (None, EXITED):
             break
     else:
-        how = "exited" if found == EXITED else f"gave none within {START_TIMEOUT:g}s"
+        how = found or f"gave none within {START_TIMEOUT:g}s"
         tail = " | ".join(log.read_text().splitlines()[-5:]) if log.exists() else "no log"
         raise LabError(f"sshd of {name} wrote no {pidfile} ({how}); the end of {log}: {tail}")
     record.pid = int(found)
@@ -106,8 +105,7 @@ def _written_pid(pidfile: Path) -> str:
 
 def _exited(is_listener: Callable[[int], bool]) -> str:
     """EXITED when no process of the machine is this host's listener, else ""."""
-    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
-    return "" if any(is_listener(pid) for pid in pids) else EXITED
+    return "" if processes.matching(is_listener) else EXITED
 
 
 def running(lab: Lab, name: str) -> bool:

@@ -121,6 +121,15 @@ def one_eval_host(lab: labs.Lab, directory: Path) -> labs.Lab:
     return InventoryView(lab, path)
 
 
+def with_sglang_url(lab: labs.Lab, url: str, directory: Path, host: str = "eval") -> Path:
+    """The lab's inventory with `url` as `host`'s sglang_url (no other host gets one)."""
+    document = yaml.safe_load(lab.inventory_path.read_text())
+    document["hosts"][host]["sglang_url"] = url
+    path = directory / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
 @contextmanager
 def hidden_steps(lab: labs.Lab, *steps: int) -> Iterator[None]:
     """The trainer without these steps' checkpoints while held (renamed out of the layout's

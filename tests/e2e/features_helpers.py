@@ -20,6 +20,7 @@ from dflash_ops.core.inventory import load
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
+from tests.e2e.conftest import with_sglang_url
 
 MAX_NEW_TOKENS = "24"
 DTYPE = ["--target-dtype", "float32"]  # both sides of the τ comparison in the same dtype
@@ -72,13 +73,9 @@ def said(output: str) -> str:
     return " ".join(output.split())
 
 
-def with_sglang_url(lab: labs.Lab, url: str, directory: Path) -> Path:
+def features_sglang_url(lab: labs.Lab, url: str, directory: Path) -> Path:
     """The lab's inventory with `url` as the features host's sglang_url."""
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["hosts"]["features"]["sglang_url"] = url
-    path = directory / "inventory.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
+    return with_sglang_url(lab, url, directory, host="features")
 
 
 def small_extraction(inventory_path: Path) -> subprocess.CompletedProcess:

@@ -11,25 +11,16 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
-import yaml
 
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation.served import CHECK
 from dflash_ops.remote import checks
 from dflash_ops.remote.checks import Row, Status
 from tests.conftest import run_fab
+from tests.e2e.conftest import with_sglang_url
 from tests.sglang_stand_in import started_in
 
 pytestmark = pytest.mark.long(110)  # seconds with 4 workers: started first
-
-
-def with_sglang_url(lab, url: str, directory: Path) -> Path:
-    """The lab's inventory with `url` as the eval host's sglang_url (the other has none)."""
-    document = yaml.safe_load(lab.inventory_path.read_text())
-    document["hosts"]["eval"]["sglang_url"] = url
-    path = directory / "inventory.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
 
 
 def check_hosts(inventory_path: Path, monkeypatch) -> tuple[CompletedProcess, Row]:

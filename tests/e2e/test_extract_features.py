@@ -34,13 +34,13 @@ from tests.e2e.features_helpers import (
     MAX_NEW_TOKENS,
     digests,
     extract,
+    features_sglang_url,
     lab_layers,
     new_results,
     said,
     set_dir,
     small_extraction,
     tiny_disk,
-    with_sglang_url,
     without_margin,
 )
 from tests.sglang_stand_in import started_in
@@ -220,7 +220,7 @@ def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provision
     sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
     log, failing = tmp_path / "requests.jsonl", ("--mode", "error")
     with started_in(features_lab, "features", features.target_model, log, *failing) as (_, url):
-        done = small_extraction(with_sglang_url(features_lab, url, tmp_path))
+        done = small_extraction(features_sglang_url(features_lab, url, tmp_path))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "failed (exit code" in said(done.stderr), done.stderr
     assert f"/generate at {url} answered HTTP 500" in said(
@@ -240,7 +240,7 @@ def test_a_server_serving_another_model_is_refused_before_anything_is_extracted(
     log, other = tmp_path / "requests.jsonl", "/srv/models/another-model"
     served_as = ("--model-path", other)
     with started_in(features_lab, "features", features.target_model, log, *served_as) as (_, url):
-        done = small_extraction(with_sglang_url(features_lab, url, tmp_path))
+        done = small_extraction(features_sglang_url(features_lab, url, tmp_path))
     assert done.returncode == 1, done.stdout + done.stderr
     output = said(done.stderr)
     assert f"SGLang at {url} serves {other}, but the target is {features.target_model}" in output
@@ -407,7 +407,7 @@ def test_completions_from_sglang_make_their_own_set(
     url, log = sglang_on_the_features_host
     # credentials in the URL (the stand-in ignores them) must reach no file, argv or output
     secret = url.replace("http://", "http://u:s3cret@")
-    with_sglang = with_sglang_url(features_lab, secret, tmp_path)
+    with_sglang = features_sglang_url(features_lab, secret, tmp_path)
 
     done = extract(features_lab, inventory_path=with_sglang)  # sglang_url: SGLang by default
     assert done.returncode == 0, done.stdout + done.stderr

@@ -47,24 +47,36 @@ def target_next(models: LiveModels, tokens: list[int]) -> int:
 
 
 @torch.no_grad()
+def target_pass(models: LiveModels, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [n, V], the drafter's context features [n, K·H]) of one target forward."""
+    output = models.target(torch.tensor([tokens]), output_hidden_states=True)
+    states = output.hidden_states
+    features = torch.cat([states[i + 1][0] for i in models.drafter.target_layer_ids], dim=-1)
+    return output.logits[0], features
+
+
 def context_features(models: LiveModels, tokens: list[int], anchor: int) -> torch.Tensor:
     """[anchor, K·H] the target's hidden states at the drafter's layers, positions < anchor."""
-    hidden = models.target(torch.tensor([tokens[:anchor]]), output_hidden_states=True)
-    states = hidden.hidden_states
-    return torch.cat([states[i + 1][0] for i in models.drafter.target_layer_ids], dim=-1)
+    return target_pass(models, tokens[:anchor])[1]
 
 
 @torch.no_grad()
+def block_logits(
+    models: LiveModels, features: torch.Tensor, first: int, size: int | None = None
+) -> torch.Tensor:
+    """[size-1, V] drafter logits for a block of `size` (default B) slots, [first, MASK…],
+    over the context `features`."""
+    drafter = models.drafter
+    block_ids = [first] + [drafter.mask_token_id] * ((size or drafter.block_size) - 1)
+    return drafter.logits(features, block_ids, models.embed, models.head)
+
+
 def draft_logits(
     models: LiveModels, tokens: list[int], anchor: int, size: int | None = None
 ) -> torch.Tensor:
     """[size-1, V] drafter logits for the block of `size` (default B) slots anchored at
     `anchor` (context < anchor)."""
-    drafter = models.drafter
-    features = context_features(models, tokens, anchor)
-    size = size or drafter.block_size
-    block_ids = [tokens[anchor]] + [drafter.mask_token_id] * (size - 1)
-    return drafter.logits(features, block_ids, models.embed, models.head)
+    return block_logits(models, context_features(models, tokens, anchor), tokens[anchor], size)
 
 
 def vanilla_round(
@@ -225,15 +237,6 @@ def draw(probs: torch.Tensor, rng: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=rng))
 
 
-@torch.no_grad()
-def target_pass(models: LiveModels, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [n, V], the drafter's context features [n, K·H]) of one target forward."""
-    output = models.target(torch.tensor([tokens]), output_hidden_states=True)
-    states = output.hidden_states
-    features = torch.cat([states[i + 1][0] for i in models.drafter.target_layer_ids], dim=-1)
-    return output.logits[0], features
-
-
 def sampled_round(
     models: LiveModels,
     tokens: list[int],
@@ -249,10 +252,7 @@ def sampled_round(
     `features`: the context before the anchor. As in z-lab's loop, the next round's context
     comes from this round's verify pass (a causal forward: its first positions are the
     committed tokens); returned cut to the positions before the next anchor."""
-    drafter = models.drafter
-    block_ids = [tokens[anchor]] + [drafter.mask_token_id] * (drafter.block_size - 1)
-    logits = drafter.logits(features[:anchor], block_ids, models.embed, models.head)
-    q = plain_probs(logits, settings)  # [B-1, V]
+    q = plain_probs(block_logits(models, features[:anchor], tokens[anchor]), settings)  # [B-1, V]
     drafts = [draw(row, rng) for row in q]
     logits, verified = target_pass(models, tokens[: anchor + 1] + drafts)
     p = plain_probs(logits[anchor:], settings)  # [B, V]: the target's token after each
