@@ -20,6 +20,7 @@ from dflash_ops.core.arguments import (
     parse_count,
     parse_step,
 )
+from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
 from dflash_ops.evaluation.harness_options import DIAGNOSE_OPTIONS, FEATURES_OPTIONS, harness_args
@@ -65,13 +66,19 @@ def check_hosts(c, inventory=None):
 @ops_task(
     help={
         "host": "eval or features host to set up (default: every eval and features host)",
-        "force": "delete and recreate the venv even if it is as recorded",
+        "force": "delete and recreate the venv even if it is as recorded (one the tool made)",
+        "adopt": "a venv at venv.path that dflash-ops did not make: install the missing "
+        "packages into it and record it (it is never deleted)",
+        "replace": "a venv at venv.path that dflash-ops did not make: delete it and build anew",
     }
 )
-def setup_eval_host(c, host=None, force=False, inventory=None):
+def setup_eval_host(c, host=None, force=False, adopt=False, replace=False, inventory=None):
     """Provision eval (and features) hosts: uv, the venv (torch, transformers…), the harness."""
+    if adopt and replace:
+        raise OpsError("--adopt keeps the venv at venv.path, --replace deletes it: pick one")
+    existing = "adopt" if adopt else "replace" if replace else None
     inv = load_inventory(inventory)
-    for outcome in setup_eval_hosts(inv, host, force, say=console.print):
+    for outcome in setup_eval_hosts(inv, host, force, console.print, existing=existing):
         console.print(setup_summary(outcome))
 
 

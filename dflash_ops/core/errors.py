@@ -51,6 +51,16 @@ class RemoteCommandError(HostError):
         self.stderr = stderr
 
 
+class NotOursError(HostError):
+    """A path holds something dflash-ops has no record of making: it is left as it is."""
+
+    def __init__(self, host: str, path: str, found: str, choices: str) -> None:
+        super().__init__(
+            host, f"{path} {found}; dflash-ops did not make it and changed nothing. {choices}"
+        )
+        self.path = path
+
+
 class DiskSpaceError(HostError):
     """Not enough free space where we are about to write."""
 

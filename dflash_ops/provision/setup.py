@@ -10,6 +10,7 @@ recreates it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from dflash_eval.version import harness_hash
 
+from dflash_ops.core.errors import NotOursError
 from dflash_ops.core.inventory import HarnessHost, Inventory, VenvSpec
 from dflash_ops.provision.harness import (
     HARNESS_SOURCE,
@@ -33,7 +35,14 @@ from dflash_ops.provision.packages import (
     requirements,
     resolve_sources,
 )
-from dflash_ops.provision.state import RECORD_FORMAT, HostState, host_state, venv_problem
+from dflash_ops.provision.state import (
+    ADOPTED,
+    RECORD_FORMAT,
+    HostState,
+    host_state,
+    origin,
+    venv_problem,
+)
 from dflash_ops.provision.uv import ensure_uv
 from dflash_ops.provision.venv import check_disk, create_venv, install, verify, write_record
 from dflash_ops.provision.wheelhouse import push_wheelhouse
@@ -70,21 +79,27 @@ def setup_eval_hosts(
     force: bool = False,
     say: Say = print,
     harness_source: Path = HARNESS_SOURCE,
+    existing: str | None = None,
 ) -> list[Outcome]:
-    """Every eval and features host (or only `name`), one after the other."""
+    """Every eval and features host (or only `name`), one after the other. `existing`: what
+    to do with a venv at venv.path that the tool did not make ("adopt" or "replace")."""
     names = [inventory.harness_host(name)[0]] if name else list(inventory.harness_hosts)
     outcomes = []
     for host_name in names:
         host = Host(inventory, host_name)
         try:
-            outcomes.append(setup_eval_host(host, force, say, harness_source))
+            outcomes.append(setup_eval_host(host, force, say, harness_source, existing))
         finally:
             host.close()
     return outcomes
 
 
 def setup_eval_host(
-    host: Host, force: bool = False, say: Say = print, harness_source: Path = HARNESS_SOURCE
+    host: Host,
+    force: bool = False,
+    say: Say = print,
+    harness_source: Path = HARNESS_SOURCE,
+    existing: str | None = None,
 ) -> Outcome:
     started = time.monotonic()
     entry = host.entry
@@ -92,14 +107,28 @@ def setup_eval_host(
     outcome = Outcome(host.name)
     short = short_hash(harness_hash(harness_source))
     state = host.probe(host_state(EvalLayout(entry), short))
-    problem = "--force" if force else venv_problem(state, entry)
+    made_by = origin(state)
+    problem = _foreign_venv(host.name, entry, state, existing) if made_by == "foreign" else None
+    problem = problem or ("--force" if force else venv_problem(state, entry))
     if problem is None:
         assert state.record is not None
         torch = state.record.get("torch", {})
         outcome.torch_facts(state.record["resolved"], torch.get("threads"), torch.get("cuda"))
     else:
         say(f"{host.name}: provisioning {entry.venv.path}: {problem}")
-        _provision(host, entry, state, force, outcome, say)
+        adopt = made_by == "foreign" and existing == "adopt"
+        rebuild = not adopt and _needs_rebuild(state, entry.venv, force)
+        if rebuild and made_by == ADOPTED and existing != "replace":
+            raise NotOursError(
+                host.name,
+                entry.venv.path,
+                f"needs rebuilding ({problem}) but was adopted, not made, by dflash-ops",
+                "Run `fab setup-eval-host --replace` to delete and rebuild it, or point "
+                "venv.path at a new directory.",
+            )
+        if rebuild and made_by in ("foreign", ADOPTED):
+            say(f"{host.name}: deleting {entry.venv.path}, a venv dflash-ops did not make")
+        _provision(host, entry, state, rebuild, adopt, existing == "replace", outcome, say)
     if state.harness_complete and state.harness_current == short:
         outcome.harness = deployed_unchanged(entry, harness_source)
     else:
@@ -109,17 +138,73 @@ def setup_eval_host(
     return outcome
 
 
-def _provision(
-    host: Host, entry: HarnessHost, state: HostState, force: bool, outcome: Outcome, say: Say
-) -> None:
-    spec = entry.venv
+def _foreign_venv(host: str, entry: HarnessHost, state: HostState, existing: str | None) -> str:
+    """Why a venv the tool did not make is worked on, once the user said how; else refuse."""
+    path = entry.venv.path
+    if state.found != "venv":
+        raise NotOursError(
+            host,
+            path,
+            "exists and is not a venv (no pyvenv.cfg)",
+            "Point venv.path at a new directory, or move it away yourself.",
+        )
+    if existing is None:
+        raise NotOursError(
+            host,
+            path,
+            f"holds a venv without a provision record ({EvalLayout(entry).provision_record})",
+            "Choose one: `fab setup-eval-host --adopt` installs the missing packages into it "
+            "and records it (it is never deleted); point venv.path at a new directory; or "
+            f"`fab setup-eval-host --replace` deletes {path} and builds a new venv there.",
+        )
+    if existing == "adopt":
+        _check_adoptable(host, entry, state)
+        return "adopting a venv dflash-ops did not make (--adopt)"
+    return "replacing a venv dflash-ops did not make (--replace)"
+
+
+def _check_adoptable(host: str, entry: HarnessHost, state: HostState) -> None:
+    path, wanted, found = entry.venv.path, entry.venv.python, state.python_version
+    if found is None:
+        raise NotOursError(
+            host,
+            path,
+            "holds a venv whose python does not run",
+            "It cannot be adopted: "
+            "point venv.path at a new directory, or --replace to delete and rebuild it.",
+        )
+    if re.fullmatch(r"\d+(\.\d+)*", wanted) and not (found + ".").startswith(wanted + "."):
+        raise NotOursError(
+            host,
+            path,
+            f"holds a venv of python {found}, not the {wanted} venv.python asks for",
+            f'To adopt it set venv.python: "{".".join(found.split(".")[:2])}"; or point '
+            "venv.path at a new directory, or --replace to delete and rebuild it.",
+        )
+
+
+def _needs_rebuild(state: HostState, spec: VenvSpec, force: bool) -> bool:
     previous = state.record or {}
-    rebuild = (
+    return (
         force
         or state.python_version is None
         or state.record is None
         or previous.get("requested", {}).get("python") != spec.python
     )
+
+
+def _provision(
+    host: Host,
+    entry: HarnessHost,
+    state: HostState,
+    rebuild: bool,
+    adopt: bool,
+    replace: bool,
+    outcome: Outcome,
+    say: Say,
+) -> None:
+    spec = entry.venv
+    previous = state.record or {}
     if rebuild:
         check_disk(host, entry)
     uv, method = ensure_uv(host, entry, state, say)
@@ -127,13 +212,15 @@ def _provision(
     if method != "present":
         outcome.actions.append(f"uv installed ({method})")
     if rebuild:
-        create_venv(host, entry, uv)
+        create_venv(host, entry, uv, replace)
         outcome.actions.append(f"venv created at {spec.path} (python {spec.python})")
         say(f"{host.name}: venv created at {spec.path}")
     sources = push_wheelhouse(host, entry) if spec.wheelhouse else resolve_sources(host, spec)
     say(f"{host.name}: installing {' '.join(requirements(spec))} from {sources.describe()}")
-    changed = [] if rebuild else _changed_packages(spec, previous)
-    reinstall_torch = not rebuild and previous.get("requested", {}).get("torch") != spec.torch
+    # Adopting installs only what the venv lacks: what it has that meets the spec stays.
+    keep = rebuild or adopt
+    changed = [] if keep else _changed_packages(spec, previous)
+    reinstall_torch = not keep and previous.get("requested", {}).get("torch") != spec.torch
     summary = install(host, entry, uv, sources, upgrade=changed, reinstall_torch=reinstall_torch)
     outcome.actions.append(f"packages installed ({summary})")
     report = verify(host, entry)
@@ -144,7 +231,9 @@ def _provision(
             f"{report['versions']['torch']} is a CUDA {report['cuda']} build; pin a +cpu "
             "version in venv.versions or check the indexes"
         )
-    write_record(host, entry, _record(spec, sources, uv, method, report))
+    kept = previous.get("origin") == ADOPTED and not rebuild
+    made = ADOPTED if adopt or kept else "created"
+    write_record(host, entry, _record(spec, sources, uv, method, report, made))
 
 
 def _changed_packages(spec: VenvSpec, previous: dict) -> list[str]:
@@ -155,10 +244,14 @@ def _changed_packages(spec: VenvSpec, previous: dict) -> list[str]:
     return sorted(names | {requirement_name(r) for r in set(now) ^ set(before)})
 
 
-def _record(spec: VenvSpec, sources: Sources, uv: str, method: str, report: dict) -> dict:
-    """The provision record: what was asked for, from where, and what got installed."""
+def _record(
+    spec: VenvSpec, sources: Sources, uv: str, method: str, report: dict, made: str
+) -> dict:
+    """The provision record: what was asked for, from where, what got installed, and whether
+    the tool created the venv or adopted the user's (`origin`)."""
     return {
         "format": RECORD_FORMAT,
+        "origin": made,
         "requested": requested(spec),
         "requirements": requirements(spec),
         "sources": sources.record(),

@@ -21,11 +21,13 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 
 RECORD_FORMAT = 1
+ADOPTED = "adopted"  # the record's `origin` for a venv the tool installed into but did not make
 
 
 @dataclass
 class HostState:
     record: dict | None
+    found: str  # at venv.path: "nothing" (absent or empty), "venv" (pyvenv.cfg) or "other"
     python_version: str | None  # None: the venv's python does not run
     dists: dict[str, str]  # normalized name -> version, from *.dist-info directories
     uv: str | None  # absolute path of a working uv
@@ -38,6 +40,7 @@ def host_state(layout: EvalLayout, short: str) -> probes.Probe[HostState]:
     """The whole state; `short` is the harness hash whose directory is asked about."""
     combined = probes.together(
         record=probes.Probe(f"cat -- {shlex.quote(layout.provision_record)} 2>/dev/null", _record),
+        found=probes.Probe(_found_command(layout.venv), _found),
         python=probes.Probe(
             f"{shlex.quote(layout.python)} -c 'import sys; print(sys.version.split()[0])' "
             "2>/dev/null",
@@ -58,6 +61,7 @@ def host_state(layout: EvalLayout, short: str) -> probes.Probe[HostState]:
         uv_path, uv_version = answers["uv"]
         return HostState(
             record=answers["record"],
+            found=answers["found"],
             python_version=answers["python"],
             dists=answers["dists"],
             uv=uv_path,
@@ -72,6 +76,24 @@ def host_state(layout: EvalLayout, short: str) -> probes.Probe[HostState]:
 def read_state(host: Host, entry: HarnessHost) -> HostState:
     """The host's state, with the harness asked about the repository's own."""
     return host.probe(host_state(EvalLayout(entry), short_hash(harness_hash(HARNESS_SOURCE))))
+
+
+def occupied(path: str) -> str:
+    """A shell test: something stands at `path` (a file, or a directory that is not empty)."""
+    q = shlex.quote(path)
+    return f'[ -e {q} ] && {{ [ ! -d {q} ] || [ -n "$(ls -A {q} 2>/dev/null)" ]; }}'
+
+
+def _found_command(venv: str) -> str:
+    return (
+        f"if [ -f {shlex.quote(venv)}/pyvenv.cfg ]; then echo venv; "
+        f"elif {occupied(venv)}; then echo other; else echo nothing; fi"
+    )
+
+
+def _found(output: str) -> str:
+    answer = output.strip()
+    return answer if answer in ("venv", "other") else "nothing"
 
 
 def _uv_command(layout: EvalLayout) -> str:
@@ -146,3 +168,11 @@ def venv_problem(state: HostState, entry: HarnessHost) -> str | None:
     if missing:
         return f"installed packages differ from the record ({', '.join(missing[:3])}…)"
     return None
+
+
+def origin(state: HostState) -> str:
+    """Who made what stands at venv.path: "nothing" there, "tool" (its record says it created
+    it), "adopted" (recorded, but made by the user) or "foreign" (no readable record)."""
+    if state.record is not None:
+        return ADOPTED if state.record.get("origin") == ADOPTED else "tool"
+    return "foreign" if state.found != "nothing" else "nothing"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import shlex
 
-from dflash_ops.core.errors import DiskSpaceError, HostError, RemoteCommandError
+from dflash_ops.core.errors import DiskSpaceError, HostError, NotOursError, RemoteCommandError
 from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.core.units import parse_size
 from dflash_ops.provision.packages import Sources, requirements, split_built_against_torch
+from dflash_ops.provision.state import occupied
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import SHARED_UMASK, Host, Result, with_umask
 from dflash_ops.remote.layout import EvalLayout
@@ -59,29 +60,29 @@ def check_disk(host: Host, entry: HarnessHost) -> None:
             )
 
 
-def create_venv(host: Host, entry: HarnessHost, uv: str) -> None:
-    """A new venv at `venv.path` (what was there goes, unless it is not a venv at all)."""
+def create_venv(host: Host, entry: HarnessHost, uv: str, replace: bool = False) -> None:
+    """A new venv at `venv.path`. What was there goes only when it is a venv and the tool's
+    record is in it, or the user said `replace`; checked again on the host, at deletion."""
     layout = EvalLayout(entry)
     python = entry.venv.python
     q = shlex.quote
     venv = layout.venv
+    unrecorded = "false" if replace else f"[ ! -f {q(layout.provision_record)} ]"
     result = host.run(
         with_umask(
             SHARED_UMASK,
-            f"if [ -e {q(venv)} ] && [ ! -f {q(venv + '/pyvenv.cfg')} ] && "
-            f'[ -n "$(ls -A {q(venv)} 2>/dev/null)" ]; then exit 3; fi; '
+            f"if {occupied(venv)}; then [ -f {q(venv + '/pyvenv.cfg')} ] || exit 3; "
+            f"{unrecorded} && exit 4; fi; "
             f"mkdir -p {q(layout.uv_cache)} && rm -rf {q(venv)} && "
             f"{_uv_env(layout)} {q(uv)} venv --quiet --python {q(python)} {q(venv)}",
         ),
         check=False,
         timeout=INSTALL_TIMEOUT,
     )
-    if result.exit_code == 3:
-        raise HostError(
-            host.name,
-            f"{venv} exists and is not a venv (no pyvenv.cfg); refusing to delete it. Point "
-            "venv.path at a new directory or remove it yourself.",
-        )
+    if result.exit_code in (3, 4):
+        found = "is not a venv (no pyvenv.cfg)" if result.exit_code == 3 else "has no record"
+        advice = "Point venv.path at a new directory, or move it away yourself."
+        raise NotOursError(host.name, venv, found, advice)
     if not result.ok:
         detail = (result.stderr or result.stdout).strip()
         if "interpreter" in detail.lower() or "python" in detail.lower():

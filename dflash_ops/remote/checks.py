@@ -224,8 +224,9 @@ def _check_eval(host: Host, entry: HarnessHost) -> Iterator[Row]:
     created = {"workdir": entry.workdir, "venv": entry.venv.path}
     if is_eval:
         created["staging dir"] = EvalLayout(entry).staging
+    record = EvalLayout(entry).provision_record
     info = host.probe(
-        probes.paths_info([*required.values(), *optional.values(), *created.values()])
+        probes.paths_info([*required.values(), *optional.values(), *created.values(), record])
     )
     for label, path in required.items():
         yield _directory_row(
@@ -238,6 +239,15 @@ def _check_eval(host: Host, entry: HarnessHost) -> Iterator[Row]:
     for label, path in created.items():
         yield _directory_row(
             host.name, label, path, info[path], Status.WARN, "created by `fab setup-eval-host`"
+        )
+    if info[entry.venv.path].stat is not None and info[record].stat is None:
+        yield Row(
+            host.name,
+            "venv origin",
+            Status.WARN,
+            f"{entry.venv.path} was not made by dflash-ops (no {record}): `fab "
+            "setup-eval-host` leaves it alone unless told --adopt (install into it) or "
+            "--replace (delete it)",
         )
     yield from _tool_rows(
         host,

@@ -302,6 +302,75 @@ def test_wheelhouse_mode_pushes_wheels_and_installs_without_index(provisioned, m
     assert record["sources"]["no_index"] is True
 
 
+# --- a venv the tool did not make ----------------------------------------------------------
+
+
+@pytest.fixture
+def handmade(provisioned: Provisioned) -> Iterator[tuple[Path, str]]:
+    """A venv the user made at another venv.path (no provision record), holding a file of
+    theirs: the inventory pointing at it, and its path. Removed afterwards."""
+    entry = provisioned.entry
+    path = f"{Path(entry.venv.path).parent}/users-venv"
+    uv = f"{EvalLayout(entry).uv_dir}/uv"
+    provisioned.remote(
+        f"{uv} venv --quiet --python {entry.venv.python} {path} && echo kept > {path}/notes.txt"
+    )
+    try:
+        yield provisioned.variant("handmade", path=path), path
+    finally:
+        provisioned.remote(f"rm -rf {path}")
+
+
+def _fab_error(result) -> str:
+    return " ".join(result.stderr.split())
+
+
+def test_a_venv_the_tool_did_not_make_is_left_alone_until_replace_is_said(provisioned, handmade):
+    inventory, path = handmade
+    inode = provisioned.remote(f"stat -c %i {path}/pyvenv.cfg")
+    for flags in ((), ("--force",)):
+        refused = run_fab(inventory, "setup-eval-host", *flags)
+        assert refused.returncode == 1, refused.stdout
+        message = _fab_error(refused)
+        assert f"eval: {path} holds a venv without a provision record" in message
+        assert "did not make it and changed nothing" in message
+        assert "--adopt" in message and "--replace" in message and "venv.path" in message
+        assert "Traceback" not in refused.stderr
+        assert provisioned.remote(f"cat {path}/notes.txt").strip() == "kept"
+        assert provisioned.remote(f"stat -c %i {path}/pyvenv.cfg") == inode
+
+    provisioned.remote(f"rm {path}/pyvenv.cfg")  # now a directory of the user's, no venv
+    refused = run_fab(inventory, "setup-eval-host", "--replace")
+    assert refused.returncode == 1
+    assert f"{path} exists and is not a venv (no pyvenv.cfg)" in _fab_error(refused)
+    assert provisioned.remote(f"cat {path}/notes.txt").strip() == "kept"
+
+    provisioned.remote(f"touch {path}/pyvenv.cfg")
+    replaced = run_fab(inventory, "setup-eval-host", "--replace", timeout=300)
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert f"deleting {path}, a venv dflash-ops did not make" in replaced.stdout
+    assert provisioned.remote(f"ls -A {path}").split().count("notes.txt") == 0
+    record = json.loads(provisioned.remote(f"cat {path}/dflash-provision.json"))
+    assert record["origin"] == "created"
+
+
+def test_adopt_installs_into_the_users_venv_records_it_and_never_deletes_it(provisioned, handmade):
+    inventory, path = handmade
+    adopted = run_fab(inventory, "setup-eval-host", "--adopt", timeout=300)
+    assert adopted.returncode == 0, adopted.stdout + adopted.stderr
+    assert "adopting a venv dflash-ops did not make" in adopted.stdout
+    assert "venv created" not in adopted.stdout
+    assert provisioned.remote(f"cat {path}/notes.txt").strip() == "kept"
+    record = json.loads(provisioned.remote(f"cat {path}/dflash-provision.json"))
+    assert record["origin"] == "adopted" and record["resolved"]["torch"] == "2.13.0+cpu"
+    assert "eval: nothing to do" in run_fab(inventory, "setup-eval-host").stdout
+
+    forced = run_fab(inventory, "setup-eval-host", "--force")
+    assert forced.returncode == 1
+    assert "was adopted, not made, by dflash-ops" in _fab_error(forced)
+    assert provisioned.remote(f"cat {path}/notes.txt").strip() == "kept"
+
+
 # --- a disk that is too small --------------------------------------------------------------
 
 
