@@ -78,16 +78,10 @@ def read_state(host: Host, entry: HarnessHost) -> HostState:
     return host.probe(host_state(EvalLayout(entry), short_hash(harness_hash(HARNESS_SOURCE))))
 
 
-def occupied(path: str) -> str:
-    """A shell test: something stands at `path` (a file, or a directory that is not empty)."""
-    q = shlex.quote(path)
-    return f'[ -e {q} ] && {{ [ ! -d {q} ] || [ -n "$(ls -A {q} 2>/dev/null)" ]; }}'
-
-
 def _found_command(venv: str) -> str:
     return (
         f"if [ -f {shlex.quote(venv)}/pyvenv.cfg ]; then echo venv; "
-        f"elif {occupied(venv)}; then echo other; else echo nothing; fi"
+        f"elif {probes.occupied(venv)}; then echo other; else echo nothing; fi"
     )
 
 

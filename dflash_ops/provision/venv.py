@@ -14,7 +14,6 @@ from dflash_ops.core.errors import DiskSpaceError, HostError, NotOursError, Remo
 from dflash_ops.core.inventory import HarnessHost
 from dflash_ops.core.units import parse_size
 from dflash_ops.provision.packages import Sources, requirements, split_built_against_torch
-from dflash_ops.provision.state import occupied
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import SHARED_UMASK, Host, Result, with_umask
 from dflash_ops.remote.layout import EvalLayout
@@ -71,7 +70,7 @@ def create_venv(host: Host, entry: HarnessHost, uv: str, replace: bool = False) 
     result = host.run(
         with_umask(
             SHARED_UMASK,
-            f"if {occupied(venv)}; then [ -f {q(venv + '/pyvenv.cfg')} ] || exit 3; "
+            f"if {probes.occupied(venv)}; then [ -f {q(venv + '/pyvenv.cfg')} ] || exit 3; "
             f"{unrecorded} && exit 4; fi; "
             f"mkdir -p {q(layout.uv_cache)} && rm -rf {q(venv)} && "
             f"{_uv_env(layout)} {q(uv)} venv --quiet --python {q(python)} {q(venv)}",

@@ -59,6 +59,12 @@ def split_sections(output: str, names: Sequence[str]) -> dict[str, str]:
     return sections
 
 
+def occupied(path: str) -> str:
+    """A shell test: something stands at `path` (a file, or a directory that is not empty)."""
+    q = shlex.quote(path)
+    return f'[ -e {q} ] && {{ [ ! -d {q} ] || [ -n "$(ls -A {q} 2>/dev/null)" ]; }}'
+
+
 # --- free space ---------------------------------------------------------------------------
 
 

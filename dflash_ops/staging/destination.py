@@ -44,6 +44,8 @@ STAGED_NAMES: dict[Kind, str] = {
     "extracted": "extracted",
 }
 
+MANIFEST_SUFFIX = ".manifest.json"  # beside each staged copy: what makes it complete
+
 
 def staged_path(inventory: Inventory, host: str, step: int, kind: Kind = "file") -> str:
     """Where `kind` of step `step` (of the inventory's training run) is staged on `host` (an
@@ -99,7 +101,7 @@ class Destination:
     def __init__(self, side: Side, path: str, kind: Kind = "file") -> None:
         self.side, self.path, self.kind = side, path, kind
         self.partial = f"{path}.partial"
-        self.manifest = f"{path}.manifest.json"
+        self.manifest = f"{path}{MANIFEST_SUFFIX}"
         directory, _, name = path.rpartition("/")
         self.directory = directory or "/"
         self.lock_path = f"{self.directory}/.{name}.lock"

@@ -2,7 +2,8 @@
 
 Staged steps live in `{staging}/step_N/` on each eval host (`{staging}/RUN/step_N/` for a named
 training run) and in the workstation's `local.staging`; each holds the checkpoint, its
-manifest and any extracted copy. `plan` lists them with their sizes and decides, per place:
+manifest and any extracted copy; a step directory without a manifest was not staged by the
+tool and is never listed or removed. `plan` lists them with their sizes and decides, per place:
 keep the newest `keep_last` steps of each training run and the steps named in `keep_steps`,
 and never a directory that a running eval on that host reads; with a run named, only that
 run's steps are looked at. `apply` removes what the plan drops.
@@ -20,6 +21,7 @@ from pathlib import Path
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.remote.connection import Host, each_eval_host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.staging.destination import MANIFEST_SUFFIX
 
 WORKSTATION = "workstation"
 _STEP_DIR = re.compile(r"(?:(?P<run>[^/]+)/)?step_(?P<step>\d+)$")
@@ -75,8 +77,8 @@ def _listing_command(base: str) -> str:
     quoted = shlex.quote(base.rstrip("/"))
     return (
         f"cd {quoted} 2>/dev/null || exit 0; "
-        f'for d in {quoted}/step_* {quoted}/*/step_*; do [ -d "$d" ] && du -sb -- "$d"; '
-        "done; true"
+        f'for d in {quoted}/step_* {quoted}/*/step_*; do [ -d "$d" ] && '
+        f'ls -- "$d"/*{MANIFEST_SUFFIX} >/dev/null 2>&1 && du -sb -- "$d"; done; true'
     )
 
 
@@ -110,6 +112,7 @@ def plan(
         output = "\n".join(
             f"{_local_size(d)}\t{d}"
             for d in sorted([*Path(local).glob("step_*"), *Path(local).glob("*/step_*")])
+            if any(d.glob(f"*{MANIFEST_SUFFIX}"))
         )
         judged += policy.verdicts(of_run(parse_staged(WORKSTATION, str(local), output)), set())
     return judged

@@ -45,18 +45,23 @@ def test_prune_on_the_lab(make_lab, fab):
     jobs.launch(
         host, entry, run_id, "exec sleep 600", {"checkpoint": layout.staged_checkpoint(2000)}
     )
+    # A step directory the user copied in by hand (no manifest): never the tool's to remove.
+    users = f"{layout.staging}/step_1000"
+    host.run(f"mkdir {shlex.quote(users)} && echo mine > {shlex.quote(users)}/checkpoint.pt")
     try:
         dry = fab(lab.inventory_path, "prune", "--keep-last", "1")
         assert dry.returncode == 0, dry.stderr
         assert "dry run: would free 2.0 MiB (1 step(s))" in dry.stdout
         assert "a running eval uses it" in dry.stdout
         listing = host.run(f"ls {shlex.quote(layout.staging)}").stdout.split()
-        assert listing == ["step_2000", "step_4000", "step_6000"]
+        assert listing == ["step_1000", "step_2000", "step_4000", "step_6000"]
+        assert "step_1000" not in dry.stdout
         done = fab(lab.inventory_path, "prune", "--keep-last", "1", "--yes")
         assert done.returncode == 0, done.stderr
         assert "removed 1 step(s), freed 2.0 MiB" in done.stdout
         remaining = host.run(f"ls {shlex.quote(layout.staging)}").stdout.split()
-        assert remaining == ["step_2000", "step_6000"]
+        assert remaining == ["step_1000", "step_2000", "step_6000"]
+        assert host.run(f"cat {shlex.quote(users)}/checkpoint.pt").stdout == "mine\n"
         assert host.run(f"test -d {shlex.quote(step_dir[2000])}", check=False).ok
     finally:
         run = next(r for r in jobs.list_runs(host, entry) if r.run_id == run_id)
