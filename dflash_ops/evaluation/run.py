@@ -25,6 +25,7 @@ from dflash_ops.core.errors import (
     EvalFailed,
     HostError,
     InventoryError,
+    NotOursError,
     ResultsError,
 )
 from dflash_ops.core.inventory import EvalHost, Inventory
@@ -49,6 +50,7 @@ from dflash_ops.staging.strip import nothing_to_strip
 TransferProgress = Callable[[str, int], ProgressCallback]
 
 EXTRACT_RECORD = "dflash_extract.json"  # what the harness's extract records beside the copy
+NOT_OURS = "@@not-ours"
 SGLANG_URL_FILE = "sglang-url"  # the private upload; its run's wrapper removes it
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
@@ -317,12 +319,21 @@ def extract(
 
 
 def _extracted_from(host: Host, extracted: str) -> str | None:
-    """The source sha256 an extracted copy records (None: no complete copy there)."""
+    """The source sha256 an extracted copy records (None: no complete copy there). What stands
+    there without extract's record was not made by the tool: refused, never replaced."""
+    q = shlex.quote(extracted)
     answer = host.run(
-        f"cd {shlex.quote(extracted)} 2>/dev/null && test -f model.safetensors && "
-        f"cat -- {EXTRACT_RECORD}",
+        f"if [ -f {q}/{EXTRACT_RECORD} ]; then cd {q} && test -f model.safetensors && "
+        f"cat -- {EXTRACT_RECORD}; elif {probes.occupied(extracted)}; then echo {NOT_OURS}; fi",
         check=False,
     )
+    if answer.stdout.strip() == NOT_OURS:
+        raise NotOursError(
+            host.name,
+            extracted,
+            f"is where the extracted checkpoint goes, but holds no {EXTRACT_RECORD}",
+            "Move it away (or remove it) yourself, then run again.",
+        )
     try:
         record = parse_json(answer.stdout, EXTRACT_RECORD) if answer.ok else None
     except RecordError:

@@ -4,6 +4,7 @@ Optimizer and scheduler state (typically ~2/3 of a training checkpoint) are drop
 output directory is this project's "extracted" format, which the loaders read back:
 model.safetensors, config.json (when the checkpoint carries a config) and
 dflash_extract.json (provenance: source path, size, sha256, step, what was dropped).
+An existing output directory is replaced only when that record says extract wrote it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,24 @@ from dflash_eval.errors import HarnessError
 from dflash_eval.loaders import EXTRACT_MARKER, read_drafter
 from dflash_eval.pickle_policy import PicklePolicy
 from dflash_eval.results import file_identity, utc_now
+
+PARTIAL_MARKER = ".dflash-extract-partial"  # in a partial copy from its first moment on
+
+
+def _remove_own(path: Path, marker: str, check_only: bool = False) -> None:
+    """Remove an earlier copy of ours at `path` (it holds `marker`); refuse anything else."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        path.rmdir()  # an empty directory made ready for the output
+        return
+    if not path.is_dir() or path.is_symlink() or not (path / marker).is_file():
+        raise HarnessError(
+            f"{path} exists and was not written by extract (no {marker} in it); it is left "
+            "as it is. Choose another --out, or move it away yourself."
+        )
+    if not check_only:
+        shutil.rmtree(path)
 
 
 def extract(
@@ -45,8 +64,10 @@ def extract(
         from_hf_dict(config, f"checkpoint {checkpoint}", accept_keys=None)
     out_dir = Path(out_dir)
     partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    _remove_own(partial, PARTIAL_MARKER)
+    _remove_own(out_dir, EXTRACT_MARKER, check_only=True)
     partial.mkdir(parents=True)
+    (partial / PARTIAL_MARKER).touch()
     tensors = {name: t.contiguous() for name, t in source.state_dict.items()}
     # safetensors refuses tensors that share storage; clone those.
     seen: set[int] = set()
@@ -72,8 +93,8 @@ def extract(
         "created_at": utc_now(),
     }
     (partial / EXTRACT_MARKER).write_text(json.dumps(provenance, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    (partial / PARTIAL_MARKER).unlink()
+    _remove_own(out_dir, EXTRACT_MARKER)
     os.replace(partial, out_dir)
     size_after = sum(f.stat().st_size for f in out_dir.iterdir())
     return {

@@ -105,6 +105,27 @@ def test_a_staged_file_corrupted_on_the_eval_host_fails_the_run(models_lab):
         assert "does not hash to the sha256 staging verified" in corrupt_stripped.stderr
 
 
+def test_a_directory_of_the_users_where_the_extracted_copy_goes_is_left_alone(models_lab):
+    entry = load(models_lab.inventory_path).eval_hosts["eval"]
+    out = Path(EvalLayout.extracted(EvalLayout(entry).staged_checkpoint(4000)))
+    aside = out.with_name(out.name + ".aside")
+    if out.exists():  # the tool's own copy from another test: put back afterwards
+        out.rename(aside)
+    out.mkdir(parents=True)
+    (out / "notes.txt").write_text("kept")
+    try:
+        result = strip_and_run(models_lab, 4000)
+        assert result.returncode == 1, result.stdout
+        message = " ".join(result.stderr.split())
+        assert f"eval: {out} is where the extracted checkpoint goes" in message
+        assert "dflash-ops did not make it and changed nothing" in message
+        assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    finally:
+        shutil.rmtree(out)
+        if aside.exists():
+            aside.rename(out)
+
+
 def _configless_checkpoint(models_lab, step: int, like: int) -> dict:
     """A training checkpoint as many training scripts save one: no config, and its `args` an
     argparse.Namespace (refused by weights_only=True unless allowed by name)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -175,6 +176,26 @@ def test_extract_strips_optimizer_and_round_trips(tmp_path, drafter, capsys):
     assert loaded.source.kind == "extracted" and loaded.source.step == 700
     assert loaded.source.step_source == "extract provenance"
     assert same_weights(loaded.model, drafter)
+
+
+def test_extract_replaces_only_its_own_output(tmp_path, drafter, capsys):
+    checkpoint = save_training_checkpoint(tmp_path / "c.pt", drafter, step=5)
+    out = tmp_path / "extracted"
+    argv = ["extract", "--checkpoint", str(checkpoint), "--out", str(out)]
+    assert main(argv) == 0
+    (out / "model.safetensors").write_bytes(b"stale")
+    assert main(argv) == 0  # its own earlier copy: replaced
+    assert load_drafter(out, LOADER_TARGET).source.step == 5
+    for mine in (out, out.with_name(out.name + ".partial")):
+        shutil.rmtree(out)
+        mine.mkdir()
+        (mine / "notes.txt").write_text("kept")
+        capsys.readouterr()
+        assert main(argv) != 0
+        assert f"{mine} exists and was not written by extract" in capsys.readouterr().err
+        assert (mine / "notes.txt").read_text() == "kept"
+        (mine / "notes.txt").unlink()  # an empty directory is no one's work: it is used
+        assert main(argv) == 0
 
 
 def test_flags_that_contradict_the_checkpoint_config_warn(tmp_path, drafter):
