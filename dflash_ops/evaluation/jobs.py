@@ -2,8 +2,11 @@
 
 A run lives in `{workdir}/runs/<run-id>/` on the eval host: `params.json` (what was asked),
 `run.sh` (the wrapper), `events.jsonl` (the harness's stdout: JSON-line events), `log` (its
-stderr), `pid`, `exit_code` and `results.json`. The wrapper is started with `systemd-run` where
-systemd manages the host, else `setsid nohup`, so the run survives the workstation going away.
+stderr), `pid` and `wrapper.pid` with their processes' start times (`pid.start`,
+`wrapper.pid.start`: a pid is trusted, followed or signalled only while its process started
+then, see remote/process_claims.py), `exit_code` and `results.json`. The wrapper is started
+with `systemd-run` where systemd manages the host, else `setsid nohup`, so the run survives
+the workstation going away.
 It holds `{workdir}/runs/.lock` with flock for its whole life: one run per host at a time, and a
 crashed run releases the lock by itself.
 """

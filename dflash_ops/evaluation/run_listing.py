@@ -1,7 +1,10 @@
 """What a host's runs directory says: each run's state, read in one round trip.
 
-`runs_probe` lists `{workdir}/runs/*/` with each run's exit code, pid liveness, results,
-latest event and params, one NUL-ended record per run; `parse_runs` turns that into `Run`s.
+`runs_probe` lists `{workdir}/runs/*/` with each run's exit code, the host's verdict on its
+harness's and wrapper's pid files (remote/process_claims.py: a pid counts only if its process
+started when the run recorded), results, latest event, a finished run's last log line (a
+failed run's reason) and params, one NUL-ended record per run; `parse_runs` turns that into
+`Run`s.
 params.json is read through the one reader (core/records.py): one damaged run directory (a
 truncated params.json, a text where a number goes, a name with control characters) is
 listed as broken, never fatal to the listing.
