@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -24,7 +25,6 @@ from dflash_ops.core.errors import DiskSpaceError
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs, run_listing
 from dflash_ops.remote.connection import Host
-from tests.conftest import start_fab
 
 FAKE_HARNESS = """
 import json, os, sys
@@ -335,12 +335,14 @@ def test_a_pid_file_naming_another_live_process_is_stale_and_never_signalled(eva
             assert line.startswith(f"error: eval: nothing signalled for the run in {directory}: ")
             assert "not running (stale pid file)" in line
             assert alive(host, pid)
-            follower = start_fab(lab.inventory_path, "eval-logs", "--id", PLANTED, "--follow")
-            try:
-                follower.communicate(timeout=60)  # printed as it is, not followed
-            finally:
-                follower.kill()
-            assert follower.returncode == 0
+            # Printed as it is, not followed until that process ends (the bound only stops
+            # a failing test).
+            follower = threading.Thread(
+                target=jobs.follow, args=(host, entry, PLANTED, "log", print), daemon=True
+            )
+            follower.start()
+            follower.join(timeout=60)
+            assert not follower.is_alive()
             table = fab(lab.inventory_path, "eval-status").stdout
             assert "not running (stale pid file)" in table
         assert alive(host, pid)
