@@ -2,8 +2,11 @@
 
 A run lives in `{workdir}/runs/<run-id>/` on the eval host: `params.json` (what was asked),
 `run.sh` (the wrapper), `events.jsonl` (the harness's stdout: JSON-line events), `log` (its
-stderr), `pid`, `exit_code` and `results.json`. The wrapper is started with `systemd-run` where
-systemd manages the host, else `setsid nohup`, so the run survives the workstation going away.
+stderr), `pid` and `wrapper.pid` with their processes' start times (`pid.start`,
+`wrapper.pid.start`: a pid is trusted, followed or signalled only while its process started
+then, see remote/process_claims.py), `exit_code` and `results.json`. The wrapper is started
+with `systemd-run` where systemd manages the host, else `setsid nohup`, so the run survives
+the workstation going away.
 It holds `{workdir}/runs/.lock` with flock for its whole life: one run per host at a time, and a
 crashed run releases the lock by itself.
 """
@@ -30,10 +33,11 @@ from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.evaluation import run_ids
 from dflash_ops.evaluation.pulled import store_run
 from dflash_ops.evaluation.run_listing import DENIED_EXIT, Run, parse_events, runs_probe
-from dflash_ops.remote import probes
+from dflash_ops.remote import probes, process_claims
 from dflash_ops.remote.connection import Host, each_eval_host, with_umask
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.messages import stderr_reason
+from dflash_ops.remote.process_claims import Claim, doubt, parse_claim
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
@@ -84,15 +88,16 @@ def wrapper_script(
         [
             "#!/bin/sh",
             "# Written by dflash-ops: run the harness detached, one run per host (flock), and",
-            "# record its pid and exit code next to its output.",
+            "# record its pid, its start time and its exit code next to its output.",
             *([f"trap {shlex.quote(removal)} EXIT"] if private_files else []),
             f"cd {shlex.quote(run_dir(entry, run_id))} || exit 1",
             "umask 077",
-            "echo $$ > wrapper.pid",
+            process_claims.SHELL.strip(),
+            "dflash_record $$ wrapper.pid",
             f"exec 9>>{lock}",
             f"flock -n 9 || {{ echo busy > refused; exit {BUSY_EXIT}; }}",
             f"{command} > events.jsonl 2> log &",
-            "echo $! > pid.tmp && mv pid.tmp pid",
+            "dflash_record $! pid",
             "wait $!",
             "code=$?",
             # Gone before the exit code says the run is over (the trap covers early exits).
@@ -299,11 +304,16 @@ def follow(
     Reading stops when the harness process exits; the caller's Ctrl-C stops only this
     reader, never the remote run."""
     directory = shlex.quote(run_dir(entry, run_id))
+    quoted = shlex.quote(file)
+    # Followed only while the pid file names the run's own harness (see process_claims);
+    # otherwise the file is printed as it is.
     command = (
-        f"cd {directory} && while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
-        f"done; touch {shlex.quote(file)}; "
-        f'exec tail -n +1 -F --pid="$(cat pid 2>/dev/null || echo 1)" '
-        f"{shlex.quote(file)} 2>/dev/null"
+        f"{process_claims.SHELL}cd {directory} || exit 1; "
+        "while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
+        f"done; touch {quoted}; dflash_claim pid; "
+        f'if [ "$dflash_verdict" = live ]; then '
+        f'exec tail -n +1 -F --pid="$dflash_pid" {quoted} 2>/dev/null; fi; '
+        f"exec tail -n +1 {quoted} 2>/dev/null"
     )
     reader = subprocess.Popen(
         host.ssh_argv(command),
@@ -350,10 +360,32 @@ def log_tail(host: Host, entry: EvalHost, run_id: str, lines: int = 30) -> str:
 
 
 def cancel(host: Host, entry: EvalHost, run: Run) -> None:
-    if run.done:
+    """SIGTERM to the run's harness, and only when the host finds that its pid file names the
+    run's own harness (see process_claims), checked in the same command as the signal."""
+    if run.exit_code is not None or run.state == "cancelled":
         raise JobError(f"run {run.run_id} on {host.name} already {run.state}; nothing to cancel")
-    directory = shlex.quote(run_dir(entry, run.run_id))
-    host.run(f'cd {directory} && touch cancelled && kill -TERM "$(cat pid)"')
+    directory = run_dir(entry, run.run_id)
+    answer = host.run(
+        f"{process_claims.SHELL}cd {shlex.quote(directory)} || exit 1; dflash_claim pid; "
+        'if [ "$dflash_verdict" = live ]; then '
+        'touch cancelled && kill -TERM "$dflash_pid" && echo signalled; '
+        f"else echo {process_claims.SAID}; fi",
+        check=False,
+    )
+    if not answer.ok:
+        raise JobError(
+            f"{host.name}: cannot cancel the run in {directory}: {stderr_reason(answer.stderr)}"
+        )
+    if answer.stdout.strip() != "signalled":
+        raise JobError(_not_signalled(host.name, directory, parse_claim(answer.stdout)))
+
+
+def _not_signalled(host: str, directory: str, claim: Claim) -> str:
+    why = doubt(claim, "pid", host) or {
+        "none": "it has not started its harness yet; retry in a moment",
+        "gone": f"not running: its harness (process {claim.pid}) has ended",
+    }.get(claim.verdict, claim.verdict)
+    return f"{host}: nothing signalled for the run in {directory}: {why}"
 
 
 def fetch(host: Host, entry: EvalHost, run: Run, results_root: Path) -> Path | None:

@@ -224,6 +224,7 @@ STATE_STYLES = {
     "lost": "red",
     "broken": "red",
     "cancelled": "yellow",
+    "unverified": "yellow",
 }
 
 
@@ -256,7 +257,7 @@ def status_records(runs: list[jobs.Run], now: float | None = None) -> list[dict]
 
 def _started(record: dict) -> str:
     if not record["started"]:
-        return record["problem"] or "?"
+        return "?"
     return time.strftime("%m-%d %H:%M", time.localtime(record["started"]))
 
 
@@ -270,6 +271,8 @@ STATUS_COLUMNS = [
     Column("took", lambda r: format_duration(r["duration_s"]), keep=6, right=True),
     Column("exit", lambda r: "" if r["exit_code"] is None else str(r["exit_code"]), keep=2),
     Column("run id", field("run_id"), keep=3),
+    # why a run failed, or is not what its files say (a stale or unverifiable pid file)
+    Column("problem", lambda r: r["problem"] or "", keep=4),
 ]
 
 

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -151,14 +152,15 @@ def test_run_survives_the_workstation_reader(eval_host, tmp_path):
 
 
 def test_parse_runs_states():
-    line = "r1\t{code}\t{pid}\t{alive}\t{results}\t{finished}\t-\t{params}"
+    # pid: the host's verdict on the harness's pid file, alive: on the wrapper's
+    line = "r1\t{code}\t{pid}\t{alive}\t{results}\t{finished}\t-\t-\t{params}"
     params = json.dumps({"step": 2000, "started": 1000.0})
 
     def state(**fields) -> str:
         values = {
             "code": "-",
-            "pid": "42",
-            "alive": "no",
+            "pid": "gone 42",
+            "alive": "gone 41",
             "results": "no",
             "finished": "-",
             "params": params,
@@ -166,11 +168,11 @@ def test_parse_runs_states():
         }
         return run_listing.parse_runs("eval", line.format(**values), now=1010.0)[0].state
 
-    assert state(alive="yes") == "running"
+    assert state(alive="live 41") == "running"
     assert state(code="0", results="yes", finished="1005") == "succeeded"
     assert state(code="0") == "failed"  # exit 0 without results is not a success
     assert state(code="137") == "failed"
-    assert state(pid="-") == "starting"
+    assert state(pid="none") == "starting"
     assert state() == "lost"
     assert state(code="143", results="cancelled") == "cancelled"
     # A features run's product is its feature set, not results.json.
@@ -246,7 +248,10 @@ def test_odd_run_directories_are_listed_broken_and_the_listing_goes_on(eval_host
 
 
 def test_parse_runs_never_fails_on_one_bad_line():
-    output = 'a\t0\t1\tno\tyes\t5\t-\t{"step": 1, "started": 1}\0b\t-\t-\tno\tno\t-\t-\t[1]\0'
+    output = (
+        'a\t0\tgone 1\tgone 2\tyes\t5\t-\t-\t{"step": 1, "started": 1}\0'
+        "b\t-\tnone\tnone\tno\t-\t-\t-\t[1]\0"
+    )
     bad, good = run_listing.parse_runs("eval", output, now=100)  # oldest first; b has no start
     assert (good.run_id, good.state) == ("a", "succeeded")
     assert (bad.run_id, bad.state, bad.problem) == (
@@ -264,6 +269,135 @@ def test_run_files_are_private_whatever_the_login_umask(eval_host):
     directory = shlex.quote(jobs.run_dir(entry, run_id))
     modes = host.run(f"cd {directory} && stat -c '%n %a' . params.json log").stdout.split("\n")
     assert modes[:3] == [". 700", "params.json 600", "log 600"]
+
+
+# --- pid files are claims the host verifies ----------------------------------------------
+
+PLANTED = "20250101-000000-step4000-eval-planted"
+
+
+@contextmanager
+def unrelated_process(host) -> Iterator[int]:
+    """A process on the eval host that no run made (a `sleep`), ended after."""
+    pid = int(host.run("sleep 600 </dev/null >/dev/null 2>&1 & echo $!").stdout)
+    try:
+        yield pid
+    finally:
+        host.run(f"kill {pid} 2>/dev/null; true")
+
+
+def alive(host, pid: int) -> bool:
+    """Not ended (a zombie counts as ended, whoever reaps it)."""
+    stat = host.run(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
+    return bool(stat) and stat.rpartition(") ")[2][:1] not in "ZX"
+
+
+@contextmanager
+def planted_run(host, entry, files: dict[str, str]) -> Iterator[str]:
+    """A run directory with `files` (name: content) and a start long ago, removed after."""
+    directory = f"{jobs.runs_dir(entry)}/{PLANTED}"
+    files = {"params.json": json.dumps({"step": 4000, "started": 1.0}), **files}
+    writes = " && ".join(
+        f"printf %s {shlex.quote(text)} > {shlex.quote(f'{directory}/{name}')}"
+        for name, text in files.items()
+    )
+    host.run(f"mkdir -p {shlex.quote(directory)} && {writes}")
+    try:
+        yield directory
+    finally:
+        host.run(f"rm -rf -- {shlex.quote(directory)}")
+
+
+def status_of(fab, lab, run_id: str) -> dict:
+    status = fab(lab.inventory_path, "eval-status", "--format", "json")
+    assert status.returncode == 0, status.stderr
+    return next(record for record in json.loads(status.stdout) if record["run_id"] == run_id)
+
+
+def refused_cancel(fab, lab, run_id: str) -> str:
+    cancelled = fab(lab.inventory_path, "eval-cancel", "--id", run_id)
+    assert cancelled.returncode == 1, cancelled.stdout + cancelled.stderr
+    line = cancelled.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    return line
+
+
+def test_a_pid_file_naming_another_live_process_is_stale_and_never_signalled(eval_host, lab, fab):
+    """The pid of a run's harness, now another program's (or planted): its start time is
+    not the one recorded. Neither cancel, status nor a follower takes it for the run."""
+    host, entry = eval_host
+    with unrelated_process(host) as pid:
+        with planted_run(host, entry, {"pid": f"{pid}\n", "pid.start": "1\n"}) as directory:
+            record = status_of(fab, lab, PLANTED)
+            assert record["state"] == "lost"
+            assert record["problem"].startswith(f"not running (stale pid file): process {pid} ")
+            line = refused_cancel(fab, lab, PLANTED)
+            assert line.startswith(f"error: eval: nothing signalled for the run in {directory}: ")
+            assert "not running (stale pid file)" in line
+            assert alive(host, pid)
+            # Printed as it is, not followed until that process ends (the bound only stops
+            # a failing test).
+            follower = threading.Thread(
+                target=jobs.follow, args=(host, entry, PLANTED, "log", print), daemon=True
+            )
+            follower.start()
+            follower.join(timeout=60)
+            assert not follower.is_alive()
+            table = fab(lab.inventory_path, "eval-status").stdout
+            assert "not running (stale pid file)" in table
+        assert alive(host, pid)
+
+
+def test_a_pid_file_without_a_start_time_is_unverified_and_never_signalled(eval_host, lab, fab):
+    """A run directory written before start times were recorded (or a planted pid file):
+    whether its live pid is the run's cannot be told, so it is left to the user."""
+    host, entry = eval_host
+    with (
+        unrelated_process(host) as pid,
+        planted_run(host, entry, {"pid": f"{pid}\n", "wrapper.pid": f"{pid}\n"}) as where,
+    ):
+        record = status_of(fab, lab, PLANTED)
+        assert record["state"] == "unverified"
+        assert "records no start time" in record["problem"]
+        assert f"`ps -o pid,lstart,args -p {pid}` on eval" in record["problem"]
+        assert "kill it yourself" in record["problem"]
+        line = refused_cancel(fab, lab, PLANTED)
+        assert line.startswith(f"error: eval: nothing signalled for the run in {where}: ")
+        assert "kill it yourself" in line
+        assert alive(host, pid)
+
+
+@pytest.mark.parametrize("content", ["-1\n", "0\n", "abc\n", ""])
+def test_a_pid_file_without_a_process_id_is_a_broken_run_never_signalled(
+    eval_host, lab, fab, content
+):
+    host, entry = eval_host
+    with (
+        unrelated_process(host) as pid,
+        planted_run(host, entry, {"pid": content, "pid.start": "1\n"}) as directory,
+    ):
+        # Checked before cancel is tried: a `kill -TERM -1` reaches every process the login
+        # may signal.
+        run = next(r for r in jobs.list_runs(host, entry) if r.run_id == PLANTED)
+        assert run.state == "broken", run
+        shown = content.strip()
+        assert run.problem == (
+            f"its pid file holds {shown!r}, not a process id: a broken run, never signalled"
+        )
+        line = refused_cancel(fab, lab, PLANTED)
+        assert line == f"error: eval: nothing signalled for the run in {directory}: {run.problem}"
+        assert status_of(fab, lab, PLANTED)["state"] == "broken"
+        assert alive(host, pid)
+
+
+def test_a_failed_run_s_status_says_why(eval_host, lab, fab):
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval")
+    jobs.launch(host, entry, run_id, fake(1, "fail"), {"step": 2000})
+    assert jobs.wait_finished(host, entry, run_id, timeout=60).state == "failed"
+    record = status_of(fab, lab, run_id)
+    assert (record["state"], record["problem"]) == ("failed", "boom: the drafter exploded")
+    assert "boom: the drafter exploded" in fab(lab.inventory_path, "eval-status").stdout
 
 
 # --- a full disk ------------------------------------------------------------------------------

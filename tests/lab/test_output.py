@@ -187,11 +187,12 @@ def test_short_ids_and_any_unique_part_name_a_run():
 
 
 def listing(run_id: str, started: float, state: str, last: dict | None) -> str:
-    code, alive = ("0", "no") if state == "succeeded" else ("-", "yes")
+    code, harness = ("0", "gone 42") if state == "succeeded" else ("-", "live 42")
     results_file = "yes" if state == "succeeded" else "no"
     params = json.dumps({"step": int(run_id.split("step")[1].split("-")[0]), "started": started})
     event = json.dumps(last) if last else "-"
-    return "\t".join([run_id, code, "42", alive, results_file, "-", event, params]) + "\0"
+    fields = [run_id, code, harness, "gone 41", results_file, "-", event, "-", params]
+    return "\t".join(fields) + "\0"
 
 
 def test_eval_status_is_newest_first_with_progress_and_tau_and_fits_80_columns():
