@@ -132,14 +132,22 @@ def launch(
         written = host.run(
             with_umask(
                 "077",
-                f"mkdir -p {quoted} && cd {quoted} && "
+                # The run directory is new, made here: only then is it ours to remove when
+                # a write fails (a full disk, most likely: no half-made run is left behind).
+                f"mkdir -p {shlex.quote(runs_dir(entry))} || exit 1; [ ! -e {quoted} ] || exit 3; "
+                f"mkdir {quoted} || exit 1; {{ cd {quoted} && "
                 f"printf '%s' {shlex.quote(json.dumps(params))} > params.json && "
-                f"printf '%s' {shlex.quote(script)} > run.sh",
+                f"printf '%s' {shlex.quote(script)} > run.sh; }} || "
+                f"{{ cd / && rm -rf -- {quoted}; exit 1; }}",
             ),
             check=False,
         )
-        if not written.ok:  # a full disk, most likely: leave no half-made run behind
-            host.run(f"rm -rf -- {quoted}", check=False)
+        if written.exit_code == 3:
+            raise JobError(
+                f"{host.name}: {directory} already exists; it is not this run's and is left "
+                "as it is. Run again (a new run id is drawn)."
+            )
+        if not written.ok:
             size = len(script) + len(json.dumps(params))
             raise _unwritable(host, entry, run_id, written.stderr, size)
     except BaseException:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.core.errors import DiskSpaceError
+from dflash_ops.core.errors import DiskSpaceError, JobError
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs, run_listing
 from dflash_ops.remote.connection import Host
@@ -442,6 +442,19 @@ def test_a_full_eval_disk_at_launch_is_one_line_and_leaves_no_run(lab, eval_host
     assert jobs.list_runs(host, entry) == []  # no half-made ("lost") run
     jobs.launch(host, entry, run_id, fake(1), {"step": 2000})  # room again: it starts
     assert jobs.wait_finished(host, entry, run_id, timeout=60).state == "succeeded"
+
+
+def test_a_run_directory_that_already_exists_is_never_taken_or_removed(eval_host):
+    host, entry = eval_host
+    run_id = jobs.new_run_id(2000, "eval")
+    directory = shlex.quote(jobs.run_dir(entry, run_id))
+    host.run(f"mkdir -p {directory} && echo mine > {directory}/notes.txt")
+    try:
+        with pytest.raises(JobError, match="already exists; it is not this run's"):
+            jobs.launch(host, entry, run_id, fake(1), {"step": 2000})
+        assert host.run(f"ls -A {directory}").stdout.split() == ["notes.txt"]
+    finally:
+        host.run(f"rm -rf -- {directory}")
 
 
 def test_a_full_workstation_disk_while_fetching_is_one_line_and_fetching_resumes(
