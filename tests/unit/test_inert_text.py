@@ -1,0 +1,211 @@
+"""Text from results files and hosts stays data on the terminal and in spreadsheets: control
+characters (escape sequences, bidi overrides) are shown escaped, rich markup in a name prints
+as itself, a CSV cell that a spreadsheet would run as a formula is written as text, and a tag
+is checked where it is given and where it is read back."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dflash_ops.core.errors import OpsError
+from dflash_ops.core.text import MAX_TAG, check_tag, csv_cell, inert
+from dflash_ops.evaluation import run_listing
+from dflash_ops.ui import eval_view
+from dflash_ops.ui.output import as_csv
+from tests.conftest import run_fab
+from tests.unit.test_report import pull
+
+REPO = Path(__file__).resolve().parents[2]
+# Clear the screen, set the window's title, reverse what follows, a C1 CSI, a carriage
+# return (it overwrites the line), markup that rich would read (a bare closing tag makes it
+# raise) and an emoji code.
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\u202eevil\u2066\x9b31m\rfake [red]x[/red] [/] :fire:"
+SHOWN = r"\x1b[2J\x1b]0;pwned\x07\u202eevil\u2066\x9b31m\rfake [red]x[/red] [/] :fire:"
+# Every character a terminal could act on, but newline and tab (layout, harmless).
+RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+FORMULA = '=HYPERLINK("http://attacker.example/","click")'
+
+
+def test_inert_escapes_every_control_character_visibly():
+    dangerous = [*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0))]
+    dangerous += [*map(chr, range(0x202A, 0x202F)), *map(chr, range(0x2066, 0x206A))]
+    for character in dangerous:
+        escaped = inert(f"a{character}b")
+        assert escaped.startswith("a\\") and escaped.endswith("b") and escaped.isprintable()
+    assert inert("\x1b[2J") == r"\x1b[2J" and inert("\u202e") == r"\u202e"
+    assert inert("a\nb\tc") == r"a\nb\tc"  # a name is one line
+    assert inert("a\nb\tc\x1b", lines=True) == "a\nb\tc\\x1b"  # a log keeps its lines
+    assert inert("τ ünïcode [ok] 3.2") == "τ ünïcode [ok] 3.2"
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_written_as_text():
+    for formula in ("=1+2", "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1)", "\t=1"):
+        assert csv_cell(formula) == "'" + formula
+    assert csv_cell("\r=1") == r"'\r=1"
+    for kept in (-1.5, 0, 3, "-1.5", "+2", "-1e-05", "gsm8k", "a\nb\tc", "", None):
+        assert csv_cell(kept) == kept
+    # a carriage return would end the row for most readers (the writer ends rows with \n)
+    assert csv_cell("a\rb\x1b[2J") == r"a\rb\x1b[2J"
+    written = as_csv([{"delta": -0.25, "name": "-x", "number": "-2", "tag": FORMULA}])
+    row = next(csv.DictReader(io.StringIO(written)))
+    assert row == {"delta": "-0.25", "name": "'-x", "number": "-2", "tag": "'" + FORMULA}
+
+
+def test_a_tag_is_printable_and_bounded():
+    assert check_tag("v5-lr3e-4") == "v5-lr3e-4" and check_tag(None) is None
+    assert check_tag(FORMULA) == FORMULA  # printable: CSV writing keeps it inert
+    for bad, why in (
+        ("", "an empty text"),
+        ("x" * (MAX_TAG + 1), f"{MAX_TAG + 1} characters"),
+        ("a\x1b[2Jb", r"'a\x1b[2Jb', which holds characters that are not printable"),
+        ("a\u202eb", r"'a\u202eb'"),
+    ):
+        with pytest.raises(OpsError) as caught:
+            check_tag(bad)
+        message = str(caught.value)
+        assert message.startswith("--tag: expected printable text") and why in message
+        assert not RAW.search(message) and "\n" not in message
+
+
+def _hostile(value: Any, old: str, new: str) -> Any:
+    """`value` with `old` replaced by `new` in every key and string."""
+    if isinstance(value, dict):
+        return {_hostile(k, old, new): _hostile(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hostile(item, old, new) for item in value]
+    return value.replace(old, new) if isinstance(value, str) else value
+
+
+def _inventory(tmp_path: Path, root: Path) -> Path:
+    """The example inventory with its results here (compare and export connect to no host)."""
+    document = yaml.safe_load((REPO / "inventory.yaml").read_text())
+    document["local"] = {"results": str(root)}
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.fixture
+def hostile_results(tmp_path) -> Path:
+    """Two runs whose training run, host, prompt set and prompt ids (and one's tag) come
+    with escape sequences and markup; a third run's tag is a formula."""
+    root = tmp_path / "results"
+    pull(root, 2000, 2.0, checkpoint={"training_run": f"v4{HOSTILE}"})
+    pull(root, 6000, 3.05, checkpoint={"training_run": f"v4{HOSTILE}"})  # with samples
+    for directory in root.iterdir():
+        path = directory / "results.json"
+        path.write_text(json.dumps(_hostile(json.loads(path.read_text()), "gsm8k", HOSTILE)))
+        run = json.loads((directory / "run.json").read_text())
+        (directory / "run.json").write_text(json.dumps({**run, "host": f"eval{HOSTILE}"}))
+    return root
+
+
+def _clean(output: str) -> None:
+    raw = RAW.findall(output)
+    assert not raw, f"raw control characters reached the terminal: {raw}"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [(), ("--wide",), ("--samples", "2"), ("--format", "csv"), ("--format", "markdown")],
+    ids=["table", "wide", "samples", "csv", "markdown"],
+)
+def test_compare_shows_names_from_results_files_escaped_and_literal(
+    hostile_results, tmp_path, flags
+):
+    inventory = _inventory(tmp_path, hostile_results)
+    shown = run_fab(inventory, "compare", *flags)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    _clean(shown.stdout + shown.stderr)
+    # each name whole, escaped (a newline in a name would fake a row: shown as \n)
+    assert SHOWN in shown.stdout
+    if flags[:1] == ("--samples",):
+        assert f"{SHOWN}-3" in shown.stdout  # the prompt id of the decoded sample
+
+
+def test_a_tag_read_back_that_is_no_tag_is_flagged_and_shown_escaped(hostile_results, tmp_path):
+    run_file = hostile_results / "run-6000" / "run.json"
+    run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "tag": HOSTILE}))
+    shown = run_fab(_inventory(tmp_path, hostile_results), "compare")
+    assert shown.returncode == 0, shown.stderr
+    _clean(shown.stdout + shown.stderr)
+    assert "skipped" in shown.stdout and "tag: value error, not a tag" in shown.stdout
+
+
+def test_eval_status_shows_a_host_run_with_a_hostile_tag_broken_and_escaped(capsys):
+    params = json.dumps({"step": 2000, "started": 1.0, "tag": HOSTILE, "kind": "eval"})
+    good = json.dumps({"step": 4000, "started": 2.0, "tag": "v5", "kind": "eval"})
+    listing = "\0".join(
+        [
+            "\t".join(["r-bad", "0", "12", "no", "yes", "3.0", HOSTILE, params]),
+            "\t".join([f"r-[red]{HOSTILE}", "0", "13", "no", "yes", "3.0", "", good]),
+        ]
+    )
+    runs = run_listing.parse_runs("eval", listing, now=10.0)
+    bad = next(run for run in runs if run.run_id == "r-bad")
+    assert "tag" in bad.problem and bad.params.get("tag") is None
+    for fmt in ("table", "csv", "markdown", "json"):
+        eval_view.show_runs(runs, fmt, wide=True)
+        out = capsys.readouterr().out
+        _clean(out)
+    eval_view.show_runs(runs, "table", wide=True)
+    assert "r-[red]" in capsys.readouterr().out  # markup in a run id prints as itself
+
+
+def test_harness_events_and_step_lines_are_shown_escaped(capsys):
+    view = eval_view.PrefixedView("eval")
+    on_event = view.follow("run")
+    on_event({"event": "warning", "message": f"first line\n{HOSTILE}"})
+    on_event({"event": "progress", "phase": HOSTILE, "done": 1, "total": 4})
+    on_event({"event": "status", "message": HOSTILE})
+    line = eval_view.step_line(2000, OpsError(f"host said {HOSTILE}"))
+    eval_view.console.print(line)
+    out = capsys.readouterr().out
+    _clean(out)
+    assert out.count(SHOWN) == 3 and "first line\n" in out  # a message keeps its lines
+    assert r"host said \x1b[2J\x1b]0;pwned" in out
+
+
+@pytest.mark.parametrize("where", ["--tag", "compare --tag"])
+def test_a_bad_tag_is_one_line_naming_the_flag(hostile_results, tmp_path, where):
+    inventory = _inventory(tmp_path, hostile_results)
+    if where == "--tag":  # the request of run-eval and watch, checked before anything runs
+        from dflash_ops.evaluation.request import build_request
+
+        with pytest.raises(OpsError, match=r"^--tag: expected printable text"):
+            build_request(step=2000, host=None, harness_options={}, prompts=None, tag="a\x1b[2J")
+        return
+    refused = run_fab(inventory, "compare", "--tag", "x" * 100)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().count("\n") == 0 and "--tag: expected" in refused.stderr
+
+
+def test_export_and_csv_write_formulas_as_text_and_numbers_as_numbers(hostile_results, tmp_path):
+    for directory in hostile_results.iterdir():
+        run_file = directory / "run.json"
+        run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "tag": FORMULA}))
+        path = directory / "results.json"
+        document = json.loads(path.read_text())
+        path.write_text(json.dumps(_hostile(document, "humaneval", "@SUM(1+1)*cmd")))
+    inventory = _inventory(tmp_path, hostile_results)
+    out = tmp_path / "tidy.csv"
+    exported = run_fab(inventory, "export", "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    shown = run_fab(inventory, "compare", "--format", "csv")
+    for text in (out.read_text(), shown.stdout):
+        rows = list(csv.DictReader(io.StringIO(text)))
+        assert rows and all(row["tag"] == "'" + FORMULA for row in rows)
+        cells = [cell for row in rows for cell in row.values()]
+        assert not [c for c in cells if c[:1] in ("=", "+", "@") or re.match(r"-[^\d.]", c)]
+    rows = list(csv.DictReader(out.open()))
+    assert {row["prompt_set"] for row in rows} >= {"'@SUM(1+1)*cmd"}
+    values = [row["value"] for row in rows if row["value"]]
+    assert values and all(isinstance(float(value), float) for value in values)
