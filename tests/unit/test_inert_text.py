@@ -17,7 +17,7 @@ import yaml
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.text import MAX_TAG, check_tag, csv_cell, inert
-from dflash_ops.evaluation import run_listing
+from dflash_ops.evaluation import figures, results, run_listing
 from dflash_ops.ui import eval_view
 from dflash_ops.ui.output import as_csv
 from tests.conftest import run_fab
@@ -209,3 +209,14 @@ def test_export_and_csv_write_formulas_as_text_and_numbers_as_numbers(hostile_re
     assert {row["prompt_set"] for row in rows} >= {"'@SUM(1+1)*cmd"}
     values = [row["value"] for row in rows if row["value"]]
     assert values and all(isinstance(float(value), float) for value in values)
+
+
+def test_plot_labels_are_text_not_maths_nor_control_characters(tmp_path):
+    root = tmp_path / "results"
+    for step in (2000, 4000):  # `$…$` is maths to matplotlib: this one would not parse
+        pull(root, step, 2.0, checkpoint={"training_run": f"v$x^{{$ {HOSTILE}"})
+    comparison = results.compare(results.load_runs(root))
+    for figure in figures.build(comparison).values():
+        svg = figures.svg_text(figure)
+        _clean(svg)
+        assert "v$x^{$ " in svg and r"\x1b[2J" in svg
