@@ -24,7 +24,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from dflash_ops.core.arguments import parse_choice
-from dflash_ops.core.text import csv_cell
+from dflash_ops.core.text import csv_cell, inert
 from dflash_ops.ui.console import shown
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -88,7 +88,7 @@ def as_csv(records: Sequence[dict[str, Any]], columns: Sequence[Column] = ()) ->
 
 def as_markdown(records: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     def line(cells: list[str]) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+        return "| " + " | ".join(inert(cell).replace("|", "\\|") for cell in cells) + " |"
 
     rule = ["---:" if column.right else "---" for column in columns]
     rows = [line([c.title for c in columns]), "|" + "|".join(rule) + "|"]

@@ -19,7 +19,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.text import MAX_TAG, check_tag, csv_cell, inert
 from dflash_ops.evaluation import figures, results, run_listing
 from dflash_ops.ui import eval_view
-from dflash_ops.ui.output import as_csv
+from dflash_ops.ui.output import Column, as_csv, as_markdown, field
 from dflash_ops.ui.staging_view import transfer_bars
 from tests.conftest import run_fab
 from tests.unit.test_report import pull
@@ -58,6 +58,11 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_written_as_text():
     written = as_csv([{"delta": -0.25, "name": "-x", "number": "-2", "tag": FORMULA}])
     row = next(csv.DictReader(io.StringIO(written)))
     assert row == {"delta": "-0.25", "name": "'-x", "number": "-2", "tag": "'" + FORMULA}
+
+
+def test_a_markdown_cell_stays_one_cell_on_one_line():
+    table = as_markdown([{"name": "a\nb|c\x1b"}], [Column("name", field("name"))])
+    assert table.splitlines()[2] == r"| a\nb\|c\x1b |"
 
 
 def test_a_tag_is_printable_and_bounded():
