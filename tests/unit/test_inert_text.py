@@ -18,7 +18,10 @@ import yaml
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.text import MAX_TAG, check_tag, csv_cell, inert
 from dflash_ops.evaluation import figures, results, run_listing
+from dflash_ops.remote.checks import Row, Status
 from dflash_ops.ui import eval_view
+from dflash_ops.ui.console import check_table, console
+from dflash_ops.ui.diagnose_view import StderrView
 from dflash_ops.ui.output import Column, as_csv, as_markdown, field
 from dflash_ops.ui.staging_view import transfer_bars
 from tests.conftest import run_fab
@@ -234,3 +237,18 @@ def test_a_transfer_label_from_a_host_is_text(capsys):
     out = capsys.readouterr().out
     _clean(out)
     assert r"e:[/]\x1b[2J.pt" in out
+
+
+def test_check_hosts_and_diagnose_lines_show_what_a_host_said_as_text(capsys):
+    detail = f"python says: {HOSTILE}\nsecond line"
+    console.print(check_table([Row("eval", "venv", Status.FAIL, detail)], "checks"))
+    view = StderrView()
+    view.follow("run")({"event": "error", "message": HOSTILE})
+    run = run_listing.parse_runs(
+        "eval", "\t".join(["r-[/]x", "1", "-", "no", "no", "5.0", "", "{}"])
+    )
+    view.finished(run[0], [], Path(f"results/{HOSTILE}"))
+    captured = capsys.readouterr()
+    _clean(captured.out + captured.err)
+    assert SHOWN in captured.out and "second line" in captured.out
+    assert captured.err.count(SHOWN) == 2 and "r-[/]x" in captured.err
