@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.text import MAX_TAG, check_tag, csv_cell, inert
 from dflash_ops.evaluation import figures, results, run_listing
 from dflash_ops.remote.checks import Row, Status
-from dflash_ops.ui import eval_view
+from dflash_ops.ui import cli, eval_view
 from dflash_ops.ui.console import check_table, console
 from dflash_ops.ui.diagnose_view import StderrView
 from dflash_ops.ui.output import Column, as_csv, as_markdown, field
@@ -252,3 +253,12 @@ def test_check_hosts_and_diagnose_lines_show_what_a_host_said_as_text(capsys):
     _clean(captured.out + captured.err)
     assert SHOWN in captured.out and "second line" in captured.out
     assert captured.err.count(SHOWN) == 2 and "r-[/]x" in captured.err
+
+
+def test_dflash_ops_results_list_shows_what_run_files_say_escaped(hostile_results):
+    run_file = hostile_results / "run-2000" / "run.json"
+    run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "state": HOSTILE}))
+    listed = CliRunner().invoke(cli.main, ["results", "list", "--results", str(hostile_results)])
+    assert listed.exit_code == 0, listed.output
+    _clean(listed.output)
+    assert f"step 2000  {SHOWN}" in listed.output
