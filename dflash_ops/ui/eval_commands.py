@@ -17,6 +17,7 @@ from rich.markup import escape
 from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation import figures, jobs, like, results, sweep, training_fetch
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
@@ -71,6 +72,7 @@ def run_eval_command(
     harness = options.get("harness_options")
     if isinstance(harness, Mapping):  # a bad value is one line before a step or host is asked
         checked(harness)
+    check_tag(options.get("tag"))
     if latest:
         step = resolve_step(inventory, None, latest=True).step
     if dry_run and options.get("dataset"):

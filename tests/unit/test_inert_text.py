@@ -184,18 +184,24 @@ def test_harness_events_and_step_lines_are_shown_escaped(capsys):
     assert r"host said \x1b[2J\x1b]0;pwned" in out
 
 
-@pytest.mark.parametrize("where", ["--tag", "compare --tag"])
-def test_a_bad_tag_is_one_line_naming_the_flag(hostile_results, tmp_path, where):
-    inventory = _inventory(tmp_path, hostile_results)
-    if where == "--tag":  # the request of run-eval and watch, checked before anything runs
-        from dflash_ops.evaluation.request import build_request
-
-        with pytest.raises(OpsError, match=r"^--tag: expected printable text"):
-            build_request(step=2000, host=None, harness_options={}, prompts=None, tag="a\x1b[2J")
-        return
-    refused = run_fab(inventory, "compare", "--tag", "x" * 100)
+@pytest.mark.parametrize(
+    "task",
+    [("run-eval", "--step", "2000"), ("watch", "--once"), ("compare",), ("export",)],
+    ids=lambda task: task[0],
+)
+@pytest.mark.parametrize("tag", ["a\x1b]0;pwned\x07", "x" * (MAX_TAG + 1)], ids=["control", "long"])
+def test_a_bad_tag_is_one_line_naming_the_flag_before_any_host_is_asked(tmp_path, task, tag):
+    document = yaml.safe_load((REPO / "inventory.yaml").read_text())
+    for host in document["hosts"].values():  # were any asked, it would be on loopback
+        host["address"] = "127.0.0.1"
+    document["local"] = {"results": str(tmp_path / "results")}
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(document))
+    refused = run_fab(inventory, *task, "--tag", tag)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert refused.stderr.strip().count("\n") == 0 and "--tag: expected" in refused.stderr
+    message = refused.stderr.strip()
+    assert "\n" not in message and message.startswith("error: --tag: expected printable text")
+    _clean(message)
 
 
 def test_export_and_csv_write_formulas_as_text_and_numbers_as_numbers(hostile_results, tmp_path):
