@@ -17,8 +17,11 @@ import yaml
 from click.testing import CliRunner
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.core.records import RecordError, parse_record
 from dflash_ops.core.text import MAX_TAG, check_tag, csv_cell, inert
-from dflash_ops.evaluation import figures, results, run_listing
+from dflash_ops.evaluation import figures, results
+from dflash_ops.evaluation.records import RunParams
+from dflash_ops.evaluation.run_listing import Run
 from dflash_ops.remote.checks import Row, Status
 from dflash_ops.ui import cli, eval_view
 from dflash_ops.ui.console import check_table, console
@@ -152,16 +155,15 @@ def test_a_tag_read_back_that_is_no_tag_is_flagged_and_shown_escaped(hostile_res
 
 def test_eval_status_shows_a_host_run_with_a_hostile_tag_broken_and_escaped(capsys):
     params = json.dumps({"step": 2000, "started": 1.0, "tag": HOSTILE, "kind": "eval"})
-    good = json.dumps({"step": 4000, "started": 2.0, "tag": "v5", "kind": "eval"})
-    listing = "\0".join(
-        [
-            "\t".join(["r-bad", "0", "12", "no", "yes", "3.0", HOSTILE, params]),
-            "\t".join([f"r-[red]{HOSTILE}", "0", "13", "no", "yes", "3.0", "", good]),
-        ]
-    )
-    runs = run_listing.parse_runs("eval", listing, now=10.0)
-    bad = next(run for run in runs if run.run_id == "r-bad")
-    assert "tag" in bad.problem and bad.params.get("tag") is None
+    with pytest.raises(RecordError) as caught:  # how a listing reads each run's params.json
+        parse_record(params, "params.json", RunParams)
+    problem = str(caught.value)
+    assert problem.startswith(r"params.json: tag: value error, not a tag: '\x1b[2j")
+    assert parse_record(json.dumps({"tag": "v5"}), "params.json", RunParams).tag == "v5"
+    runs = [
+        Run("r-bad", "eval", "broken", None, {}, None, problem=problem),
+        Run(f"r-[red]{HOSTILE}", "eval", "failed", 1, {"step": 4000, "tag": "v5"}, 3.0, HOSTILE),
+    ]
     for fmt in ("table", "csv", "markdown", "json"):
         eval_view.show_runs(runs, fmt, wide=True)
         out = capsys.readouterr().out
@@ -251,10 +253,7 @@ def test_check_hosts_and_diagnose_lines_show_what_a_host_said_as_text(capsys):
     console.print(check_table([Row("eval", "venv", Status.FAIL, detail)], "checks"))
     view = StderrView()
     view.follow("run")({"event": "error", "message": HOSTILE})
-    run = run_listing.parse_runs(
-        "eval", "\t".join(["r-[/]x", "1", "-", "no", "no", "5.0", "", "{}"])
-    )
-    view.finished(run[0], [], Path(f"results/{HOSTILE}"))
+    view.finished(Run("r-[/]x", "eval", "failed", 1, {}, 5.0), [], Path(f"results/{HOSTILE}"))
     captured = capsys.readouterr()
     _clean(captured.out + captured.err)
     assert SHOWN in captured.out and "second line" in captured.out
