@@ -20,6 +20,7 @@ from dflash_eval.schema_metrics import Group, Interval
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.files import make_dirs, write_atomic
+from dflash_ops.core.text import inert
 from dflash_ops.evaluation.results import Comparison, RunResult
 from dflash_ops.evaluation.training_metrics import fields_of
 
@@ -279,7 +280,11 @@ def _by_run(rows: list[RunResult]) -> dict[str | None, list[RunResult]]:
 
 
 def _run_label(run: str | None, label: str) -> str:
-    return f"{run}: {label}" if run else label
+    """A line's legend entry (training run and prompt set names come from results files):
+    control characters escaped, and `$` literal (matplotlib would read `$…$` as maths, and
+    fail the drawing on a malformed formula)."""
+    text = f"{run}: {label}" if run else label
+    return inert(text).replace("$", r"\$")
 
 
 def _latest_of_each_step(rows: list[RunResult]) -> list[tuple[str, RunResult]]:

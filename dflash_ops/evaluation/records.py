@@ -8,7 +8,24 @@ fit is a broken run, listed with the reason, never a crash of the listing around
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import AfterValidator
+
 from dflash_ops.core.records import Record
+from dflash_ops.core.text import tag_problem
+
+
+def _tag(tag: str) -> str:
+    """A tag read back is held to the rule of `--tag` (core/text.py): one that breaks it was
+    not given through this tool, and the run is listed broken, the tag shown escaped."""
+    problem = tag_problem(tag)
+    if problem is not None:
+        raise ValueError(f"not a tag: {problem}")
+    return tag
+
+
+Tag = Annotated[str, AfterValidator(_tag)]
 
 
 class RunParams(Record):
@@ -16,7 +33,7 @@ class RunParams(Record):
 
     step: int | None = None
     started: float | None = None  # epoch seconds
-    tag: str | None = None
+    tag: Tag | None = None
     training_run: str | None = None
     kind: str | None = None  # "features" for an extract-features run
 

@@ -14,6 +14,7 @@ from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.inventory import EvalHost, HarnessHost
 from dflash_ops.core.records import check_json_lines
+from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
 from dflash_ops.evaluation.harness_options import checked, harness_args, pick
@@ -106,7 +107,7 @@ def build_request(
         completions=options.get("completions"),
         sampled=bool(options.get("temperature")),
         strip_optimizer=strip_optimizer,
-        tag=tag,
+        tag=check_tag(tag),
         detach=detach,
         via=parse_choice("--via", via, get_args(Via)),
         features=features or None,

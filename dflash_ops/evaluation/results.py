@@ -32,6 +32,7 @@ from dflash_eval.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate
+from dflash_ops.core.text import check_tag, inert
 from dflash_ops.evaluation import run_ids, training_metrics
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
 from dflash_ops.evaluation.records import RunSummary
@@ -97,7 +98,7 @@ def load_runs(results_root: Path) -> list[RunResult]:
 
 def load_run(directory: Path) -> RunResult:
     """The fetched run in `directory` (see load_runs)."""
-    name = _printable(directory.name)
+    name = inert(directory.name)
     try:
         run = validate(read_json_file(directory / "run.json", "run.json"), "run.json", RunSummary)
     except RecordError as exc:
@@ -130,11 +131,6 @@ def read_results(path: Path) -> Results:
         raise ResultsError(str(exc)) from None
     except SchemaError as exc:
         raise ResultsError(f"{path}: {exc}") from None
-
-
-def _printable(name: str) -> str:
-    """A directory name as it can be shown on one line (control characters escaped)."""
-    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
 
 @dataclass
@@ -180,6 +176,7 @@ def compare(
     by training run, split into comparability groups (dflash_ops.evaluation.groups); the
     runs outside the compared group (`group`, else the one holding run `baseline`, else the
     largest) are listed with what differs."""
+    check_tag(tag)
     selected = [
         r
         for r in runs

@@ -28,6 +28,7 @@ from dflash_ops.core.errors import (
     NotOursError,
     ResultsError,
 )
+from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.core.units import format_bytes
@@ -223,7 +224,7 @@ def _require_staged_bytes(
         f"{expected[changed[0]][:16]}…): the staged checkpoint changed or is corrupt"
     )
     run_file = directory / "run.json"
-    run_file.write_text(json.dumps({**json.loads(run_file.read_text()), "problem": problem}))
+    write_atomic(run_file, json.dumps({**json.loads(run_file.read_text()), "problem": problem}))
     raise CheckpointError(
         f"{problem}. These results are not used by compare. Re-stage it: fab stage-checkpoint "
         f"--step {staged.step}{run} --to {staged.host} --verify (or delete {staged.path} and "

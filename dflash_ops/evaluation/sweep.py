@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
+from rich.markup import escape
+
 from dflash_ops.core.errors import HostBusy, OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
@@ -95,13 +97,14 @@ def run_sweep(
                 waiting.pop(step, None)
             except HostBusy as busy:
                 # The step is not at fault: another host may take it; this one takes no more.
-                reporter.say(f"[yellow]step {step} waits:[/] {busy}")
+                reporter.say(f"[yellow]step {step} waits:[/] {escape(str(busy))}")
                 with taking:
                     pending.insert(0, step)
                     waiting[step] = busy
                 return
             except OpsError as exc:
-                reporter.say(f"[red]step {step} failed:[/] {exc}")
+                # the error quotes what a host said: text, not markup
+                reporter.say(f"[red]step {step} failed:[/] {escape(str(exc))}")
                 outcomes[step] = exc
             if on_outcome is not None:
                 on_outcome(step, outcomes[step])

@@ -9,6 +9,7 @@ import click
 
 from dflash_ops.core.arguments import MAX_COUNT
 from dflash_ops.core.errors import OpsError
+from dflash_ops.core.text import inert
 from dflash_ops.ui.output import FORMATS
 
 RESULTS = click.option(
@@ -146,11 +147,12 @@ def list_command(results_root: Path) -> None:
     def show() -> None:
         for run in load_runs(results_root):
             tau = run.metrics["tau_macro"] if run.results else None
-            click.echo(
+            line = (
                 f"{run.run_id}  step {run.step}  {run.run.get('state')}"
                 + (f"  τ {tau:.3f}" if tau is not None else "")
                 + (f"  ({run.problem})" if run.problem else "")
             )
+            click.echo(inert(line))
 
     _guarded(show)
 
@@ -159,5 +161,5 @@ def _guarded(action) -> None:
     try:
         action()
     except OpsError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {inert(str(exc))}", err=True)
         sys.exit(1)

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.core.files import write_atomic
 from dflash_ops.evaluation import results, training_metrics
 from dflash_ops.evaluation.results import Comparison
 from dflash_ops.ui.output import Column, as_csv, as_json, field, render
@@ -142,6 +143,5 @@ def export(comparison: Comparison, out: Path) -> int:
             f"--out {out}: expected a .csv or .json file name, found suffix {out.suffix!r}"
         )
     records = results.set_records(comparison)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(write(records, []), encoding="utf-8")
+    write_atomic(out, write(records, []), make_parents=False)
     return len(records)

@@ -1,18 +1,40 @@
-"""Terminal output shared by the tasks: one rich Console, tables, and error printing."""
+"""Terminal output shared by the tasks: one rich Console, tables, and error printing.
+
+Whatever the tasks print passes through `_Console.render_str`, which escapes control
+characters (core/text.py: `inert`) before rich reads the text: a name, a log line or an error
+that quotes one reaches the terminal as data, never as an escape sequence. Text put into
+markup is escaped by the view that puts it there (`shown`), so that a name like `[red]`
+prints as itself.
+"""
 
 from __future__ import annotations
 
-from rich.console import Console, ConsoleDimensions
-from rich.table import Table
+from typing import Any
 
+from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from dflash_ops.core.text import inert
 from dflash_ops.remote.checks import Row, Status
 
 # A line written to a pipe or a file is read by grep, a log or a test: it is never wrapped.
 UNWRAPPED_WIDTH = 10_000
 
 
+def shown(text: object, *, lines: bool = False) -> str:
+    """`text` (a name, a message from a host) as it goes into rich markup: control
+    characters escaped (`lines`: but for newline and tab), brackets literal."""
+    return escape(inert(str(text), lines=lines))
+
+
 class _Console(Console):
-    """Wraps to the terminal's width (or COLUMNS) only when writing to a terminal."""
+    """Wraps to the terminal's width (or COLUMNS) only when writing to a terminal; escapes
+    control characters in all it prints (newline and tab kept: they are layout)."""
+
+    def render_str(self, text: str, **options: Any) -> Text:
+        return super().render_str(inert(text, lines=True), **options)
 
     @property
     def size(self) -> ConsoleDimensions:
@@ -22,8 +44,9 @@ class _Console(Console):
         return ConsoleDimensions(UNWRAPPED_WIDTH, measured.height)
 
 
-console = _Console(highlight=False)
-errors = _Console(stderr=True, highlight=False)
+# No emoji codes either: `:fire:` in a name stays those six characters.
+console = _Console(highlight=False, emoji=False)
+errors = _Console(stderr=True, highlight=False, emoji=False)
 
 _STATUS_STYLE = {
     Status.OK: "[green]✓ ok[/]",
@@ -43,10 +66,10 @@ def check_table(rows: list[Row], title: str) -> Table:
     previous = None
     for row in rows:
         table.add_row(
-            row.host if row.host != previous else "",
-            row.check,
+            shown(row.host) if row.host != previous else "",
+            escape(row.check),
             _STATUS_STYLE[row.status],
-            row.detail,
+            escape(row.detail),
             end_section=False,
         )
         previous = row.host

@@ -15,7 +15,7 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.diagnose import parse_against, run_diagnose
 from dflash_ops.evaluation.run import TransferProgress
-from dflash_ops.ui.console import console, errors
+from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView
 
 FORMATS = ("text", "json")
@@ -37,12 +37,12 @@ class StderrView:
     def follow(self, run_id: str) -> Callable[[dict], None]:
         def on_event(event: dict) -> None:
             if event["event"] in ("warning", "error"):
-                errors.print(f"harness {event['event']}: {event['message']}")
+                errors.print(f"harness {event['event']}: {shown(event['message'], lines=True)}")
 
         return on_event
 
     def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
-        errors.print(f"run {run.run_id}: {run.state}; files in {local_dir}")
+        errors.print(f"run {shown(run.run_id)}: {run.state}; files in {shown(local_dir)}")
 
 
 def diagnose_command(

@@ -17,6 +17,7 @@ from rich.markup import escape
 from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation import figures, jobs, like, results, sweep, training_fetch
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
@@ -29,7 +30,7 @@ from dflash_ops.evaluation.run import run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
 from dflash_ops.ui.compare_view import export, print_comparison
-from dflash_ops.ui.console import console, errors
+from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
 from dflash_ops.ui.output import parse_format
 from dflash_ops.ui.plan_view import plan_lines
@@ -71,6 +72,7 @@ def run_eval_command(
     harness = options.get("harness_options")
     if isinstance(harness, Mapping):  # a bad value is one line before a step or host is asked
         checked(harness)
+    check_tag(options.get("tag"))
     if latest:
         step = resolve_step(inventory, None, latest=True).step
     if dry_run and options.get("dataset"):
@@ -134,9 +136,9 @@ def like_command(
         host = found.host
     repeated = harness_args(chosen["harness_options"])
     console.print(
-        f"like {found.run_id}: step {step or found.step}"
+        f"like {shown(found.run_id)}: step {step or found.step}"
         + (f", options {escape(shlex.join(repeated))}" if repeated else "")
-        + (f", its prompts from {found.host}" if "prompts" in wanted else "")
+        + (f", its prompts from {shown(found.host)}" if "prompts" in wanted else "")
     )
     run_eval_command(
         inventory.for_run(run or found.training_run),
@@ -164,8 +166,8 @@ def _evaluate_one(inventory: Inventory, request: EvalRequest, verbose: bool) -> 
         run_eval(inventory, request, LiveView(verbose))
     except Detached as detached:
         console.print(
-            f"\n[yellow]detached[/]: run {detached.run_id} goes on on "
-            f"{detached.host}. Reattach: fab eval-logs --id {detached.run_id} "
+            f"\n[yellow]detached[/]: run {shown(detached.run_id)} goes on on "
+            f"{shown(detached.host)}. Reattach: fab eval-logs --id {shown(detached.run_id)} "
             "--follow; pull results later: fab fetch-results"
         )
         raise SystemExit(130) from None
@@ -221,7 +223,7 @@ def show_logs(inventory: Inventory, run_id: str | None, follow: bool) -> None:
     """`fab eval-logs`: the run's log, or (--follow) its lines as they come until it ends."""
     host, entry, run = jobs.locate(inventory, run_id)
     if run_id is None:  # say which run was chosen, beside the log (stdout stays the log)
-        errors.print(f"log of run {run.run_id} on {host.name} ({run.state})")
+        errors.print(f"log of run {shown(run.run_id)} on {host.name} ({run.state})")
     if not follow:
         log = jobs.log_tail(host, entry, run.run_id, lines=100_000)
         console.print(log, end="", markup=False, soft_wrap=True)
@@ -235,7 +237,7 @@ def show_logs(inventory: Inventory, run_id: str | None, follow: bool) -> None:
             lambda line: console.print(line, markup=False, soft_wrap=True),
         )
     except KeyboardInterrupt:
-        console.print(f"\n[yellow]stopped following[/]; run {run.run_id} goes on")
+        console.print(f"\n[yellow]stopped following[/]; run {shown(run.run_id)} goes on")
         raise SystemExit(130) from None
     show_finished(console.print, final, [], None)
 
@@ -245,16 +247,17 @@ def cancel_run(inventory: Inventory, run_id: str | None) -> None:
     host, entry, run = jobs.locate(inventory, run_id)
     jobs.cancel(host, entry, run)
     final = jobs.wait_finished(host, entry, run.run_id)
-    console.print(f"run {run.run_id} on {host.name}: {final.state}")
+    console.print(f"run {shown(run.run_id)} on {host.name}: {final.state}")
 
 
 def fetch_all(inventory: Inventory) -> None:
     """`fab fetch-results`."""
     pulled = jobs.fetch_finished(
-        inventory, lambda host, run: console.print(f"{host}: pulled {run.run_id} ({run.state})")
+        inventory,
+        lambda host, run: console.print(f"{host}: pulled {shown(run.run_id)} ({run.state})"),
     )
     console.print(
-        f"{pulled} run(s) pulled into {inventory.local.results}"
+        f"{pulled} run(s) pulled into {shown(inventory.local.results)}"
         if pulled
         else "nothing new to pull"
     )
@@ -297,10 +300,10 @@ def show_comparison(
     notes = console if fmt == "table" else errors
     print_comparison(comparison, fmt, wide, console)
     for line in results.group_lines(every):
-        notes.print(f"[yellow]{escape(line)}[/]")
+        notes.print(f"[yellow]{shown(line)}[/]")
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
-        notes.print(f"[yellow]skipped[/] {run.run_id} ({_step_of(run)}): {escape(why)}")
+        notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")
     path = report.write(
         every,
         results_root / report.REPORT_NAME,
@@ -309,21 +312,22 @@ def show_comparison(
         report_diagnosis.pulled(results_root),
     )
     for note in results.overlap_notes(comparison):
-        notes.print(note)
+        notes.print(shown(note))
     if samples:
         for run in comparison.rows:
             lines = sample_lines(run.done) or ["(no decoded samples in this run)"]
-            notes.print(f"[bold]{run.run_id}[/] ({_step_of(run)}):")
-            for line in lines:
-                notes.print(f"  {line}", markup=False)
+            notes.print(f"[bold]{shown(run.run_id)}[/] ({_step_of(run)}):")
+            for line in lines:  # each a line: a newline in a prompt id would fake one
+                notes.print(f"  {shown(line)}")
     for plot in figures.plot(comparison, plots or results_root / "plots", train_metric):
-        notes.print(f"plot: {plot}")
-    notes.print(f"report: {path}")
+        notes.print(f"plot: {shown(plot)}")
+    notes.print(f"report: {shown(path)}")
     return comparison
 
 
 def _step_of(run: results.RunResult) -> str:
-    return f"{run.training_run} step {run.step}" if run.training_run else f"step {run.step}"
+    """The run's step, with its training run's name (as markup)."""
+    return f"{shown(run.training_run)} step {run.step}" if run.training_run else f"step {run.step}"
 
 
 def export_results(
@@ -340,7 +344,7 @@ def export_results(
     )
     path = out or results_root / EXPORT_NAME
     rows = export(comparison, path)
-    console.print(f"{rows} rows ({len(comparison.rows)} runs) → {path}")
+    console.print(f"{rows} rows ({len(comparison.rows)} runs) → {shown(path)}")
     return path
 
 
@@ -363,5 +367,5 @@ def write_report(
         train_metric,
         report_diagnosis.pulled(results_root),
     )
-    console.print(f"report: {path}")
+    console.print(f"report: {shown(path)}")
     return path

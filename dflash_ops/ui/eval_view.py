@@ -31,7 +31,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.evaluation.run_ids import short_ids
 from dflash_ops.staging.relay import RelayState
-from dflash_ops.ui.console import console
+from dflash_ops.ui.console import console, shown
 from dflash_ops.ui.output import Column, field, render
 from dflash_ops.ui.staging_view import transfer_bars
 
@@ -76,18 +76,20 @@ class LiveView:
                 progress.console.print(f"[dim]{escape(event['message'])}[/]")
                 if STATUS not in tasks:
                     tasks[STATUS] = progress.add_task("", total=None)
-                progress.update(tasks[STATUS], description=_short(event["message"], LABEL_WIDTH))
+                label = shown(_short(event["message"], LABEL_WIDTH))
+                progress.update(tasks[STATUS], description=label)
             elif kind == "progress":
                 phase = event["phase"]
                 if STATUS in tasks:  # loading is over once a phase counts
                     progress.remove_task(tasks.pop(STATUS))
                 if phase not in tasks:
-                    tasks[phase] = progress.add_task(PHASES.get(phase, phase), total=event["total"])
+                    label = shown(PHASES.get(phase, phase))
+                    tasks[phase] = progress.add_task(label, total=event["total"])
                 progress.update(tasks[phase], completed=event["done"], total=event["total"])
-            elif kind == "warning":
-                progress.console.print(f"[yellow]harness warning:[/] {event['message']}")
-            elif kind == "error":
-                progress.console.print(f"[red]harness error:[/] {event['message']}")
+            elif kind in ("warning", "error"):
+                style = "yellow" if kind == "warning" else "red"
+                message = shown(event["message"], lines=True)
+                progress.console.print(f"[{style}]harness {kind}:[/] {message}")
 
         return on_event
 
@@ -161,13 +163,13 @@ class PrefixedView:
                 if reported.get(event["phase"]) != quarter:
                     reported[event["phase"]] = quarter
                     self.say(
-                        f"{PHASES.get(event['phase'], event['phase'])}: "
+                        f"{shown(PHASES.get(event['phase'], event['phase']))}: "
                         f"{event['done']}/{event['total']}"
                     )
             elif event["event"] in ("warning", "error"):
-                self.say(f"harness {event['event']}: {event['message']}")
+                self.say(f"harness {event['event']}: {shown(event['message'], lines=True)}")
             elif event["event"] == "status":
-                self.say(event["message"])
+                self.say(shown(event["message"], lines=True))
 
         return on_event
 
@@ -185,12 +187,12 @@ def show_finished(
     """The run's state, its headline numbers and where its results are (3 lines); `verbose`:
     every line of the harness's summary."""
     style = "green" if run.state == "succeeded" else "red"
-    say(f"[{style}]run {run.run_id} {run.state}[/] (exit code {run.exit_code})")
+    say(f"[{style}]run {shown(run.run_id)} {run.state}[/] (exit code {run.exit_code})")
     for line in summary if verbose else summary[:1]:
         say(f"  {escape(line)}")
     more = "; -v for the whole summary" if len(summary) > 1 and not verbose else ""
     if local_dir is not None:
-        say(f"results pulled to {local_dir}{more}")
+        say(f"results pulled to {shown(local_dir)}{more}")
 
 
 def run_progress(run: jobs.Run) -> str:
@@ -211,9 +213,10 @@ def step_line(step: int, outcome: jobs.Run | Exception | str) -> str:
         return f"step {step}: {outcome}"
     if isinstance(outcome, Exception):
         reason = str(outcome).splitlines()[0] if str(outcome) else type(outcome).__name__
-        return f"step {step}: [red]failed[/]: {escape(reason)}"
+        return f"step {step}: [red]failed[/]: {shown(reason)}"
     result = run_progress(outcome) if outcome.state == "succeeded" else outcome.state
-    return f"step {step}: {result or outcome.state} on {outcome.host} (run {outcome.run_id})"
+    where = f"on {shown(outcome.host)} (run {shown(outcome.run_id)})"
+    return f"step {step}: {shown(result or outcome.state)} {where}"
 
 
 STATE_STYLES = {

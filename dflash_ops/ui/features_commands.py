@@ -19,7 +19,7 @@ from dflash_ops.evaluation.request import completions_server, prompts_file
 from dflash_ops.features.extract import FeatureSet, extract_features
 from dflash_ops.features.relay import RelayOptions, relay_set
 from dflash_ops.features.spec import FeatureRequest, choose_layers
-from dflash_ops.ui.console import console
+from dflash_ops.ui.console import console, shown
 from dflash_ops.ui.eval_commands import PROMPT_SETS_DIR
 from dflash_ops.ui.eval_view import LiveView
 
@@ -102,8 +102,9 @@ def describe_set(found: FeatureSet) -> str:
         str(part) for part in (provenance.get("device"), provenance.get("dtype"), kernels) if part
     )
     state = "computed" if found.computed else "found"
-    return (
-        f"[green]feature set {found.set_id}[/] {state} on {found.host}: "
+    # the record is the features host's file: every value of it shown as data
+    facts = shown(
         f"{record.get('entries', '?')} entries, layers {record.get('layer_ids')}, block size "
         f"{record.get('block_size')}, {record.get('max_new_tokens')} new tokens ({how})"
     )
+    return f"[green]feature set {shown(found.set_id)}[/] {state} on {shown(found.host)}: {facts}"

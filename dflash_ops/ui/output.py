@@ -24,6 +24,8 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from dflash_ops.core.arguments import parse_choice
+from dflash_ops.core.text import csv_cell, inert
+from dflash_ops.ui.console import shown
 
 FORMATS = ("table", "json", "csv", "markdown")
 FORMAT_HELP = "output as table (default), json, csv or markdown"
@@ -73,19 +75,20 @@ def as_json(records: Sequence[dict[str, Any]], columns: Sequence[Column] = ()) -
 
 
 def as_csv(records: Sequence[dict[str, Any]], columns: Sequence[Column] = ()) -> str:
-    """Every key of the records (in their order), one line per record; '' for None."""
+    """Every key of the records (in their order), one line per record; '' for None; a text
+    that a spreadsheet would take for a formula is written as text (core/text.py)."""
     keys = list(dict.fromkeys(key for record in records for key in record))
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(keys)
     for record in records:
-        writer.writerow(["" if record.get(key) is None else record[key] for key in keys])
+        writer.writerow(["" if record.get(key) is None else csv_cell(record[key]) for key in keys])
     return out.getvalue()
 
 
 def as_markdown(records: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     def line(cells: list[str]) -> str:
-        return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+        return "| " + " | ".join(inert(cell).replace("|", "\\|") for cell in cells) + " |"
 
     rule = ["---:" if column.right else "---" for column in columns]
     rows = [line([c.title for c in columns]), "|" + "|".join(rule) + "|"]
@@ -151,5 +154,6 @@ def _table(
             overflow="fold",
         )
     for record in records:
-        table.add_row(*(escape(c.show(record)) for c in columns), style=style(record))
+        # a cell is one line: a newline from a file would fake a row
+        table.add_row(*(shown(c.show(record)) for c in columns), style=style(record))
     return table

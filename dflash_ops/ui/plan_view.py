@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation.plan import HostPlan
+from dflash_ops.ui.console import shown
 
 
 def plan_lines(plan: HostPlan) -> list[str]:
@@ -18,8 +19,8 @@ def plan_lines(plan: HostPlan) -> list[str]:
     lines.append(f"  compute: {_compute(harness)}")
     lines.append(f"  memory: {_memory(harness['target'], harness['host'])}")
     lines.append(f"  time: {_time(harness['estimate'])}")
-    lines += [f"  note: {note}" for note in plan.notes]
-    lines += [f"  [red]problem:[/] {problem}" for problem in harness["problems"]]
+    lines += [f"  note: {shown(note)}" for note in plan.notes]
+    lines += [f"  [red]problem:[/] {shown(problem)}" for problem in harness["problems"]]
     return lines
 
 
@@ -40,10 +41,9 @@ def _completions(completions: dict) -> str:
         return "the target's own, computed on the host (no SGLang server for this run)"
     if "sglang_model" not in completions:  # the server did not answer: a problem says why
         return f"SGLang at {completions['sglang_url']}"
-    version = completions["sglang_version"] or "version not given"
-    return (
-        f"SGLang at {completions['sglang_url']}, serving {completions['sglang_model']} ({version})"
-    )
+    version = shown(completions["sglang_version"] or "version not given")
+    model = shown(completions["sglang_model"])  # as the server names it
+    return f"SGLang at {completions['sglang_url']}, serving {model} ({version})"
 
 
 def _drafter(drafter: dict) -> str:

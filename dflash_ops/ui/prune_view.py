@@ -16,7 +16,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.features import prune as prune_sets
 from dflash_ops.remote.connection import Host
 from dflash_ops.staging import prune
-from dflash_ops.ui.console import console
+from dflash_ops.ui.console import console, shown
 
 
 def run_prune(
@@ -50,7 +50,8 @@ def run_prune(
         table.add_column(column, justify="right" if column in ("step", "size") else "left")
     for item in judged:
         verdict = f"keep ({item.keep})" if item.keep else "[red]remove[/]"
-        table.add_row(item.host, item.run or "-", str(item.step), format_bytes(item.size), verdict)
+        names = (shown(item.host), shown(item.run or "-"))
+        table.add_row(*names, str(item.step), format_bytes(item.size), verdict)
     console.print(table)
     _outcome(judged, "step(s)", yes, lambda dropped: prune.apply(inventory, dropped))
 
@@ -88,7 +89,8 @@ def run_prune_sets(
         table.add_column(column, justify="right" if column == "size" else "left")
     for item in judged:
         verdict = f"keep ({item.keep})" if item.keep else "[red]remove[/]"
-        table.add_row(item.host, item.target, item.set_id, format_bytes(item.size), verdict)
+        names = (shown(item.host), shown(item.target), shown(item.set_id))
+        table.add_row(*names, format_bytes(item.size), verdict)
     console.print(table)
     _outcome(judged, "set(s)", yes, lambda dropped: prune_sets.apply(inventory, dropped))
 

@@ -84,8 +84,10 @@ def write(
     training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
 ) -> Path:
-    """Render the comparison into `path` (atomically) and return it."""
-    return write_atomic(path, render(comparison, mixed, training_metric, diagnoses))
+    """Render the comparison into `path` (atomically; its directory must exist) and return
+    it."""
+    html = render(comparison, mixed, training_metric, diagnoses)
+    return write_atomic(path, html, make_parents=False)
 
 
 _TEMPLATES = jinja2.Environment(

@@ -27,7 +27,7 @@ from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import ProgressCallback, RelayState
 from dflash_ops.staging.sources import Via
 from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
-from dflash_ops.ui.console import console
+from dflash_ops.ui.console import console, shown
 from dflash_ops.ui.output import Column, field, parse_format, render
 
 
@@ -162,7 +162,7 @@ def transfer_bars(
     ) as progress:
 
         def factory(label: str, total: int) -> ProgressCallback:
-            task = progress.add_task(short_label(label), total=total)
+            task = progress.add_task(shown(short_label(label)), total=total)
 
             def advance(state: RelayState) -> None:
                 progress.update(task, completed=state.done)

@@ -20,7 +20,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.watch import PassOutcome, Watch, WatchOptions, parse_interval
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import Host
-from dflash_ops.ui.console import console
+from dflash_ops.ui.console import console, shown
 from dflash_ops.ui.eval_commands import request_from, warn_if_incomparable
 from dflash_ops.ui.eval_view import PrefixedView, step_line
 
@@ -167,6 +167,7 @@ def _show_stopped(view: WatchView, inventory: Inventory) -> None:
         if _launched(inventory, host, run_id):
             going_on[run_id] = host
     for run_id, host in sorted(going_on.items()):
+        run_id = shown(run_id)
         console.print(f"  run {run_id} goes on on {host}: fab eval-logs --id {run_id} --follow")
     if going_on:
         console.print(
@@ -183,7 +184,8 @@ def _launched(inventory: Inventory, host_name: str, run_id: str) -> bool:
         return jobs.start_state(host, entry, run_id) in ("started", "waiting")
     except OpsError as exc:
         console.print(
-            f"  run {run_id} was being launched on {host_name}, which did not answer ({exc}): "
+            f"  run {shown(run_id)} was being launched on {host_name}, which did not answer "
+            f"({shown(exc)}): "
             "`fab eval-status` shows whether it started"
         )
         return False
