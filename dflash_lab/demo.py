@@ -69,6 +69,7 @@ def main() -> int:
 
 
 def demo(root: Path) -> int:
+    """Both parts, each on a lab at `root`/lab; the exit status."""
     started = time.monotonic()
     lab_dir = root / "lab"
     env = {**os.environ, "DFLASH_INVENTORY": str(lab_dir / "inventory.yaml")}
@@ -152,8 +153,8 @@ def results_lock(keep: Path) -> Iterator[None]:
 
 
 def take_down(lab_dir: Path) -> None:
-    """Remove the lab at `lab_dir` (always inside this run's own directory) if it is there:
-    a `lab-up` that failed or was interrupted has removed what it made itself."""
+    """Remove the lab at `lab_dir` (always inside this run's own directory) by its record,
+    if there is one (a `lab-up` that failed has removed what it made, record included)."""
     if not (lab_dir / lab.STATE_FILE).exists():
         return
     print(f"\n$ fab lab-down --dir {lab_dir}", flush=True)

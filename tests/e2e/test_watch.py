@@ -493,3 +493,4 @@ def test_ctrl_c_in_every_stage_stops_the_watch(e2e_lab, trainer, tmp_path, stage
     assert "watch stopped: no further step is started." in flat, output
     late = run_dirs(lab) - before
     assert all(f"run {run_id} goes on on eval" in flat for run_id in late), output
+    assert WatchState.load(load(lab.inventory_path).local.results, None).attempts == {}, output
