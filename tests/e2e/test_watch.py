@@ -39,7 +39,7 @@ from dflash_ops.ui.watch_view import WatchView, _show_stopped
 from tests.conftest import run_fab, start_fab
 from tests.e2e.conftest import one_eval_host
 
-pytestmark = pytest.mark.long(190)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(255)  # seconds with 4 workers: started first
 
 STEPS = (2000, 4000, 6000)
 QUICK_OPTIONS = {"num_prompts": "2", "max_new_tokens": "24", "ddtree": "4,8"}
