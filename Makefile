@@ -2,12 +2,15 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast test-shuffled lint mutation clean
-setup: $(BIN)/fab
+# The venv is ready once scripts/setup.sh, as its last step, has checked that `fab` runs and
+# written this stamp: an interrupted setup leaves none, and the next make resumes it.
+READY := $(VENV)/.setup-complete
 
-$(BIN)/fab: pyproject.toml scripts/setup.sh
+.PHONY: setup demo test test-fast test-shuffled lint mutation clean
+setup: $(READY)
+
+$(READY): pyproject.toml scripts/setup.sh
 	scripts/setup.sh
-	touch $@
 
 demo: setup
 	$(BIN)/python -m dflash_lab.demo

@@ -10,21 +10,32 @@ with hybrid attention, MTP weights and sharded bf16 files, loaded text-only; its
 drafter has causal sliding-window layers). Each step prints the command it runs, so the demo
 doubles as a walkthrough. Each lab is removed at the end of its part, also when a step fails
 or the demo is interrupted; the results and plots are kept.
+
+Each run builds its labs in a directory of its own, made for it (`tempfile.mkdtemp` under the
+system temp dir, or `$DFLASH_DEMO_DIR` if no such directory exists yet), says where, and removes
+only the labs in that directory: another person's demo, or a lab built by hand, is never
+found, let alone taken down. A second demo in the same checkout (which would replace the
+first one's `demo-results/`) is refused while the first runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dflash_lab import lab
+from dflash_ops.core.errors import LabError
 
-ROOT = Path(os.environ.get("DFLASH_DEMO_DIR", "/tmp/dflash-demo"))
 KEEP = Path(os.environ.get("DFLASH_DEMO_RESULTS", "demo-results")).resolve()
 FAB = str(Path(sys.executable).parent / "fab")
 # Enough prompts and tokens to see τ move, small enough for 2 CPU cores.
@@ -36,21 +47,42 @@ QWEN36_RUN = ["--max-new-tokens", "48", "--ddtree", "4,8,16"]
 
 
 def main() -> int:
-    if (ROOT / lab.STATE_FILE).exists():  # left over from an interrupted demo
-        lab.load(ROOT).down()
+    try:
+        with results_lock(KEEP):
+            root = run_directory(os.environ.get("DFLASH_DEMO_DIR"))
+            print(
+                f"demo: this run's labs are built in {root} (its own; removed at the end, "
+                f"or by `fab lab-down --dir {root / 'lab'}` if the demo is killed)",
+                flush=True,
+            )
+            try:
+                return demo(root)
+            finally:
+                take_down(root / "lab")
+                shutil.rmtree(root / "sets", ignore_errors=True)
+                shutil.rmtree(root / "datasets", ignore_errors=True)
+                with contextlib.suppress(OSError):  # left only if a lab would not go
+                    root.rmdir()
+    except LabError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
+
+
+def demo(root: Path) -> int:
+    """Both parts, each on a lab at `root`/lab; the exit status."""
     started = time.monotonic()
-    env = {**os.environ, "DFLASH_INVENTORY": str(ROOT / "inventory.yaml")}
+    lab_dir = root / "lab"
+    env = {**os.environ, "DFLASH_INVENTORY": str(lab_dir / "inventory.yaml")}
     if not sys.stdout.isatty():  # a log file or a pipe: room for the wide tables
         env.setdefault("COLUMNS", "200")
     env |= {
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
-        "DFLASH_DATASETS_CACHE": str(ROOT / "datasets"),
+        "DFLASH_DATASETS_CACHE": str(root / "datasets"),
     }
-    sets = ROOT.parent / f"{ROOT.name}-sets"
-    dataset = demo_sets(sets)
+    dataset = demo_sets(root / "sets")
     today = [
-        ["lab-up", "--dir", str(ROOT), "--content", "models", "--eval-hosts", "2"],
+        ["lab-up", "--dir", str(lab_dir), "--content", "models", "--eval-hosts", "2"],
         ["check-hosts"],
         ["setup-eval-host"],
         ["list-checkpoints"],
@@ -69,18 +101,15 @@ def main() -> int:
         ["compare"],
     ]
     qwen36 = [
-        ["lab-up", "--dir", str(ROOT), "--content", "qwen3.6"],
+        ["lab-up", "--dir", str(lab_dir), "--content", "qwen3.6"],
         ["setup-eval-host"],
         ["run-eval", "--steps", "2000,4000,6000", "--dataset", dataset, "--reference", *QWEN36_RUN],
         ["compare"],
     ]
     shutil.rmtree(KEEP, ignore_errors=True)
-    try:
-        for steps, keep in ((today, KEEP), (qwen36, KEEP / QWEN36)):
-            if not run_part(steps, env, keep):
-                return 1
-    finally:
-        shutil.rmtree(sets, ignore_errors=True)
+    for steps, keep in ((today, KEEP), (qwen36, KEEP / QWEN36)):
+        if not run_part(steps, env, lab_dir, keep):
+            return 1
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s")
     for where in (KEEP, KEEP / QWEN36):
         print(f"results (one directory per run): {where}")
@@ -89,19 +118,61 @@ def main() -> int:
     return 0
 
 
-def run_part(steps: list[list[str]], env: dict[str, str], keep: Path) -> bool:
-    """Run the fab steps on a fresh lab, keep its results, and always take the lab down;
-    False when a step failed."""
+def run_directory(chosen: str | None) -> Path:
+    """A new directory for this run alone: `chosen`, which must not exist yet (one that does
+    may hold another demo's lab: refused, never cleared), else a private one made under the
+    system temp dir."""
+    if chosen is None:
+        return Path(tempfile.mkdtemp(prefix="dflash-demo-"))
+    root = Path(chosen).resolve()
+    try:
+        root.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        raise LabError(
+            f"DFLASH_DEMO_DIR {root} already exists (another demo's lab, or one of yours?); "
+            "the demo builds only in a directory it makes: unset DFLASH_DEMO_DIR, or name one "
+            "that does not exist"
+        ) from None
+    return root
+
+
+@contextmanager
+def results_lock(keep: Path) -> Iterator[None]:
+    """Held while a demo runs: a second demo of the same checkout would replace `keep` under
+    the first one's feet. The lock goes with the process, however it ends."""
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    with open(keep.with_name(f"{keep.name}.lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LabError(
+                f"another demo is running in this checkout (it writes {keep}); wait for it to "
+                "end, or set DFLASH_DEMO_RESULTS to another directory"
+            ) from None
+        yield
+
+
+def take_down(lab_dir: Path) -> None:
+    """Remove the lab at `lab_dir` (always inside this run's own directory) by its record,
+    if there is one (a `lab-up` that failed has removed what it made, record included)."""
+    if not (lab_dir / lab.STATE_FILE).exists():
+        return
+    print(f"\n$ fab lab-down --dir {lab_dir}", flush=True)
+    subprocess.run([FAB, "lab-down", "--dir", str(lab_dir)])
+
+
+def run_part(steps: list[list[str]], env: dict[str, str], lab_dir: Path, keep: Path) -> bool:
+    """Run the fab steps on a fresh lab at `lab_dir`, keep its results, and always take the
+    lab down; False when a step failed."""
     try:
         for step in steps:
             print(f"\n$ fab {shlex.join(step)}", flush=True)
             if subprocess.run([FAB, *step], env=env).returncode != 0:
                 print(f"\ndemo: `fab {step[0]}` failed (see above)", file=sys.stderr)
                 return False
-        shutil.copytree(ROOT / "workstation" / "results", keep)
+        shutil.copytree(lab_dir / "workstation" / "results", keep)
     finally:
-        print(f"\n$ fab lab-down --dir {ROOT}", flush=True)
-        subprocess.run([FAB, "lab-down", "--dir", str(ROOT)], env=env)
+        take_down(lab_dir)
     return True
 
 

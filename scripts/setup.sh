@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # make setup: system tools the lab needs (sudo for its non-root `become: sudo` login), then
-# .venv with the project, its extras and CPU torch.
+# .venv with the project, its extras and CPU torch. Every step is skipped when already done,
+# so a rerun resumes an interrupted setup; the last one writes the stamp make waits for, once
+# `fab` runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ready=.venv/.setup-complete
+rm -f "$ready"
 
 need_tools=(sshd:openssh-server ssh:openssh-client ssh-keygen:openssh-client ip:iproute2 sudo:sudo)
 missing=()
@@ -37,7 +41,8 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# A venv cut short (no working pip yet) is made again over itself; a whole one is kept.
+.venv/bin/python -m pip --version >/dev/null 2>&1 || "$PYTHON" -m venv .venv
 pip=(.venv/bin/python -m pip install -q)
 
 # CPU torch first, so that the project's plain `torch` requirement is already met and pip never
@@ -55,4 +60,10 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   fi
 fi
 "${pip[@]}" -e '.[eval,dev]'
+# pip's `fab` entry point must exist, be executable and load the project's tasks.
+if ! [ -x .venv/bin/fab ] || ! .venv/bin/fab --list >/dev/null; then
+  echo "setup: .venv/bin/fab does not run; rerun make setup, or make clean setup" >&2
+  exit 1
+fi
 echo "setup: ready ($(.venv/bin/python -c 'import torch, fabric; print("torch", torch.__version__, "fabric", fabric.__version__)'))"
+touch "$ready"

@@ -214,7 +214,8 @@ def _deadline(seconds: float, args: tuple[str, ...]) -> Iterator[None]:
 def start_fab(inventory_path: Path | None, *args: str) -> subprocess.Popen:
     """The real `fab` process, started and not waited for (signals, detached runs); output
     piped. The checkout's own packages come first on its path, whatever the venv was
-    installed from."""
+    installed from. It leads a process group of its own, as a shell's command does: a test
+    sends a terminal's Ctrl-C to it and its children with os.killpg, never to pytest."""
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'remote'}:{REPO}"}
     if inventory_path is not None:
         env["DFLASH_INVENTORY"] = str(inventory_path)
@@ -225,6 +226,7 @@ def start_fab(inventory_path: Path | None, *args: str) -> subprocess.Popen:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        process_group=0,
     )
 
 

@@ -122,14 +122,16 @@ def watch_command(
     watch = Watch(inventory, template, view, timing, hook)
     hosts = ", ".join(inventory.eval_hosts)
     run = f" (training run {inventory.training_run})" if inventory.training_run else ""
-    view.say(
-        f"watching {inventory.trainer_name}'s checkpoints{run} every "
-        f"{_duration(timing.interval_s)}; "
-        f"evaluating on {hosts}; state in {watch.state.path}"
-        + (f"; notifying {hook.shown}" if hook else "")
-    )
+    # From its first line on, a Ctrl-C stops the watch with the summary below: one that
+    # lands while the line is written (the moment a reader sees it) is no exception.
     try:
         with _sigterm_as_interrupt():
+            view.say(
+                f"watching {inventory.trainer_name}'s checkpoints{run} every "
+                f"{_duration(timing.interval_s)}; "
+                f"evaluating on {hosts}; state in {watch.state.path}"
+                + (f"; notifying {hook.shown}" if hook else "")
+            )
             outcomes = watch.run()
     except KeyboardInterrupt:
         _show_stopped(view, inventory)

@@ -6,6 +6,7 @@ and a webhook on a local HTTP server (127.0.0.1) receives the news."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shlex
 import shutil
@@ -36,8 +37,9 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.ui.console import console
 from dflash_ops.ui.watch_view import WatchView, _show_stopped
 from tests.conftest import run_fab, start_fab
+from tests.e2e.conftest import one_eval_host
 
-pytestmark = pytest.mark.long(190)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(255)  # seconds with 4 workers: started first
 
 STEPS = (2000, 4000, 6000)
 QUICK_OPTIONS = {"num_prompts": "2", "max_new_tokens": "24", "ddtree": "4,8"}
@@ -357,21 +359,32 @@ def wait_for_state(lab: labs.Lab, state: str, count: int = 1) -> list[jobs.Run]:
 
 
 def watch_until(lab: labs.Lab, marker: str) -> tuple[subprocess.Popen, list[str]]:
-    """`fab watch --interval 10m` started, its output read up to the first line with `marker`."""
+    """`fab watch --interval 10m` started, its output read up to the first line with `marker`
+    (the watch is killed if none comes within two minutes)."""
     watching = start_fab(lab.inventory_path, "watch", "--interval", "10m", *QUICK)
+    guard = threading.Timer(120, watching.kill)
+    guard.start()
     seen = []
     for line in watching.stdout:
         seen.append(line)
         if marker in line:
             break
+    guard.cancel()
+    assert marker in "".join(seen), "".join(seen) + watching.stderr.read()
     return watching, seen
 
 
 def interrupt(watching: subprocess.Popen, seen: list[str]) -> str:
-    """Ctrl-C to the watch; its whole output."""
-    watching.send_signal(signal.SIGINT)
-    rest, _ = watching.communicate(timeout=60)
-    return "".join(seen) + rest
+    """Ctrl-C as a terminal sends it (to the watch and its children); its whole output."""
+    os.killpg(watching.pid, signal.SIGINT)
+    rest, errors = watching.communicate(timeout=60)
+    return "".join(seen) + rest + errors
+
+
+def run_dirs(lab: labs.Lab) -> set[str]:
+    """The run directories on the eval hosts of the lab's inventory, read from their disks."""
+    entries = load(lab.inventory_path).eval_hosts.values()
+    return {run.name for entry in entries for run in Path(jobs.runs_dir(entry)).glob("[!.]*")}
 
 
 def test_ctrl_c_stops_and_the_started_run_goes_on(e2e_lab, trainer):
@@ -453,3 +466,31 @@ def test_webhook_posts_carry_a_chat_text_line(hook):
         "dflash-ops watch: step 6000 failed after 2 attempt(s): exit code 2: checkpoint refused",
     ]
     assert {k: v for k, v in posts[0].items() if k != "text"} == evaluated  # the JSON as before
+
+
+# A line the watch prints as it enters each stage: a Ctrl-C sent on reading it lands there.
+# (Sleeping between passes: test_ctrl_c_stops_and_the_started_run_goes_on.)
+STAGES = {
+    "polling the trainer": "watching ",
+    "staging": "% of ",
+    "launching": "staged and verified",
+    "streaming": "drafter: ",
+    "pulling and summarising": "results pulled to",
+}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_ctrl_c_in_every_stage_stops_the_watch(e2e_lab, trainer, tmp_path, stage):
+    """Steps 2000 and 4000 new, one eval host: wherever it lands, a Ctrl-C ends the watch
+    (130) with its summary, and no run starts after it but one it was launching, named."""
+    trainer.only(2000, 4000)
+    lab = one_eval_host(e2e_lab, tmp_path)
+    watching, seen = watch_until(lab, STAGES[stage])
+    before = run_dirs(lab)
+    output = interrupt(watching, seen)
+    flat = " ".join(output.split())
+    assert watching.returncode == 130, output
+    assert "watch stopped: no further step is started." in flat, output
+    late = run_dirs(lab) - before
+    assert all(f"run {run_id} goes on on eval" in flat for run_id in late), output
+    assert WatchState.load(load(lab.inventory_path).local.results, None).attempts == {}, output
