@@ -21,6 +21,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from dflash_ops.core.errors import TrackerError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import results, training_fetch, training_metrics
@@ -98,7 +100,9 @@ def log_run(project: str, results_root: Path, run_id: str, say: Callable[[str], 
     # wandb raises many kinds of errors (network, auth, its service process): whichever it
     # is, the evaluation is done and its results are safe, so it is said, never raised.
     except Exception as exc:
-        say(f"W&B: run {run_id} not logged to {project}: {exc} (the results are unaffected)")
+        say(
+            f"W&B: run {run_id} not logged to {project}: {escape(str(exc))} (the results are unaffected)"
+        )
         return False
     say(f"W&B: step {row.step} logged to {project} (run {wandb_run_id(row)})")
     return True

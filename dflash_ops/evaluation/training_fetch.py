@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from rich.markup import escape
+
 from dflash_ops.core.errors import InventoryError, MetricsLogError, OpsError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
@@ -130,7 +132,7 @@ def attach(
         try:
             logged = values_at(log, read_log(inventory, log), {run.step for run in runs})
         except OpsError as exc:
-            say(f"{_said(training_run)}: {exc} (the results are unaffected)")
+            say(f"{_said(training_run)}: {escape(str(exc))} (the results are unaffected)")
             continue
         stored += _store_each(runs, training_run, log, logged, say)
     return stored

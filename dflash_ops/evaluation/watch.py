@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dflash_eval.reading import overall_interval
+from rich.markup import escape
 
 from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import HostBusy, OpsError, ResultsError, WatchError
@@ -220,7 +221,7 @@ class Watch:
                 )
         except OpsError as exc:
             outcome.error = exc
-            self.reporter.say(f"[red]watch pass {number} failed:[/] {exc}")
+            self.reporter.say(f"[red]watch pass {number} failed:[/] {escape(str(exc))}")
         return outcome
 
     def _pull_finished_and_find_running(self) -> list[int]:
