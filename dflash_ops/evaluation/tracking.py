@@ -100,9 +100,8 @@ def log_run(project: str, results_root: Path, run_id: str, say: Callable[[str], 
     # wandb raises many kinds of errors (network, auth, its service process): whichever it
     # is, the evaluation is done and its results are safe, so it is said, never raised.
     except Exception as exc:
-        say(
-            f"W&B: run {run_id} not logged to {project}: {escape(str(exc))} (the results are unaffected)"
-        )
+        reason = escape(str(exc))
+        say(f"W&B: run {run_id} not logged to {project}: {reason} (the results are unaffected)")
         return False
     say(f"W&B: step {row.step} logged to {project} (run {wandb_run_id(row)})")
     return True
