@@ -1,7 +1,7 @@
 """Before a run starts: will its numbers be comparable with the results already pulled?
 
-The comparability key (dflash_eval.reading.comparability_key) is read from results, after the
-run. Most of it follows from the run's options, known before: the harness's own parser reads
+The comparability key (dflash_eval.contract.reading.comparability_key) is read from results, after
+the run. Most of it follows from the run's options, known before: the harness's own parser reads
 the run's harness argv (its defaults included), the prompts are hashed as the harness hashes
 them, and the numerics version is that of the harness this checkout deploys. What only the
 eval host can tell (the target's fingerprint, the checkpoint's block size, a dtype left to
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.cli import build_parser
-from dflash_eval.version import NUMERICS_VERSION
+from dflash_eval.contract.version import NUMERICS_VERSION
 
 from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
 from dflash_ops.evaluation.request import EvalRequest
@@ -50,7 +50,11 @@ def prompts_sha256(path: Path | None, count: int | None) -> str | None:
     """The prompts' sha256 as the harness records it; None where this workstation cannot
     read prompts as the harness does (its module needs torch: the `eval` extra)."""
     try:
-        from dflash_eval.completions import builtin_prompts, prompts_hash, read_prompts_jsonl
+        from dflash_eval.reference.completions import (
+            builtin_prompts,
+            prompts_hash,
+            read_prompts_jsonl,
+        )
     except ImportError:
         return None
     prompts = read_prompts_jsonl(path) if path else builtin_prompts()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import options as table
+from dflash_eval.contract import options as table
 
 from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.files import write_atomic

@@ -6,6 +6,6 @@ against a target model by simulating greedy speculative decoding offline (dflash
 `python -m dflash_eval extract ...` strips a training checkpoint down to its parameters.
 """
 
-from dflash_eval.errors import HarnessError
+from dflash_eval.contract.errors import HarnessError
 
 __all__ = ["HarnessError"]

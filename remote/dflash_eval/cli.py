@@ -13,16 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_eval import options as run_options
-from dflash_eval.errors import HarnessError
-from dflash_eval.numbers import option as bounded
-from dflash_eval.progress import Progress
-from dflash_eval.sglang_server import check_serves, completions_url
-from dflash_eval.summary import headline, summary_lines
-from dflash_eval.urls import read_url
+from dflash_eval.contract import options as run_options
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.numbers import option as bounded
+from dflash_eval.contract.progress import Progress
+from dflash_eval.contract.summary import headline, summary_lines
+from dflash_eval.contract.urls import read_url
+from dflash_eval.reference.sglang_server import check_serves, completions_url
 
 if TYPE_CHECKING:
-    from dflash_eval.evaluate import EvalOptions
+    from dflash_eval.run.evaluate import EvalOptions
 
 
 # diagnose's --probe-prompts, outside the option table: bounded as --num-prompts is, from 2
@@ -42,7 +42,8 @@ def _argument_type(option: run_options.Option) -> Callable[[str], object]:
 
 
 def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """The table's options that `command` takes (dflash_eval.options declares each once)."""
+    """The table's options that `command` takes (dflash_eval.contract.options declares each
+    once)."""
     for option in run_options.for_command(command):
         described = run_options.help_text(option)
         if option.kind == "switch":
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _eval(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.evaluate import run_eval
+    from dflash_eval.run.evaluate import run_eval
 
     results = run_eval(_eval_options(args, given={}), progress)
     progress.say("\n".join(summary_lines(results)))
@@ -229,7 +230,7 @@ def _eval_options(args: argparse.Namespace, given: dict[str, Any]) -> EvalOption
     """The run's options from eval's flags, which plan parses too (its parser supplies the
     few it lacks as defaults). `given`: plan's stdin inputs, which stand in for the flags
     they name."""
-    from dflash_eval.evaluate import EvalOptions
+    from dflash_eval.run.evaluate import EvalOptions
 
     values = {
         option.name: getattr(args, option.name)
@@ -248,7 +249,7 @@ def _eval_options(args: argparse.Namespace, given: dict[str, Any]) -> EvalOption
 
 
 def _features(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.features_run import FeaturesOptions, run_features
+    from dflash_eval.run.features import FeaturesOptions, run_features
 
     options = FeaturesOptions(
         target=args.target,
@@ -273,8 +274,8 @@ def _features(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _plan(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.plan import make_plan, summary_lines
-    from dflash_eval.plan_inputs import stdin_inputs
+    from dflash_eval.plan.dry_run import make_plan, summary_lines
+    from dflash_eval.plan.inputs import stdin_inputs
 
     given = stdin_inputs(sys.stdin.read()) if args.inputs_on_stdin else {}
     plan = make_plan(_eval_options(args, given))
@@ -284,8 +285,8 @@ def _plan(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _diagnose(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.diagnose import DiagnoseOptions, run_diagnose
-    from dflash_eval.diagnose_summary import summary_lines
+    from dflash_eval.contract.diagnose_summary import summary_lines
+    from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
 
     options = DiagnoseOptions(_eval_options(args, given={}), args.against, args.probe_prompts)
     diagnosis = run_diagnose(options, progress)
@@ -302,8 +303,8 @@ def _served(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _extract(args: argparse.Namespace, progress: Progress) -> int:
-    from dflash_eval.extract import extract
-    from dflash_eval.pickle_policy import PicklePolicy
+    from dflash_eval.drafter.pickle_policy import PicklePolicy
+    from dflash_eval.run.extract import extract
 
     progress.event("start", command="extract", checkpoint=str(args.checkpoint), out=str(args.out))
     policy = PicklePolicy(tuple(args.safe_globals), args.allow_unsafe_pickle)

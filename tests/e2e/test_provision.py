@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dflash_eval.version import harness_files, harness_hash
+from dflash_eval.contract.version import harness_files, harness_hash
 
 from dflash_lab import lab as labs
 from dflash_ops.core.inventory import EvalHost, VenvSpec

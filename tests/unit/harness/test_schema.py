@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflash_eval import schema_check, schema_doc
-from dflash_eval.summary import headline, summary_lines
+from dflash_eval.contract import schema_check, schema_doc
+from dflash_eval.contract.summary import headline, summary_lines
 
 from tests.schema_samples import LATER_KEYS, SCHEMA_3_KEYS, results_dict, sampled_results_dict
 
@@ -29,7 +29,7 @@ def test_importing_the_schema_loads_no_torch():
         [sys.executable, "-c", probe, str(REMOTE)], capture_output=True, text=True, check=True
     )
     path, modules = json.loads(result.stdout)
-    assert Path(path) == REMOTE / "dflash_eval" / "schema.py"
+    assert Path(path) == REMOTE / "dflash_eval" / "contract/schema.py"
     assert not [name for name in modules if name.split(".")[0] in ("torch", "transformers")]
 
 
@@ -151,7 +151,7 @@ def test_the_schema_page_is_written_from_the_types_and_shows_every_one():
     page = (REMOTE.parent / "docs" / "results-schema.md").read_text(encoding="utf-8")
     assert schema_doc.render(page) == page, (
         "docs/results-schema.md differs from the types: run "
-        "`cd remote && python -m dflash_eval.schema_doc ../docs/results-schema.md`"
+        "`cd remote && python -m dflash_eval.contract.schema_doc ../docs/results-schema.md`"
     )
     assert schema_doc.reachable() <= schema_doc.documented(page)
 
