@@ -167,7 +167,8 @@ def check_eval(device: str, workdir: Path, models: Path | None = None) -> list[s
     """The lab's tiny target and step-6000 drafter evaluated on `device` and on the CPU.
     `models`: where the lab models are (built there if missing); default under workdir."""
     from dflash_eval.contract.progress import Progress
-    from dflash_eval.run.evaluate import EvalOptions, run_eval
+    from dflash_eval.run.evaluate import run_eval
+    from dflash_eval.run.options import EvalOptions
 
     from dflash_lab.models import build_lab_models
 

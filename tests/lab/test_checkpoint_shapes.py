@@ -284,7 +284,7 @@ def test_weights_only_extracts_on_the_trainer_and_moves_only_the_weights(models_
     assert manifest["source_size"] == size and manifest["step"] == STEP
 
     # The same weights, config and hints as the harness's own (eval-side) extraction.
-    from dflash_eval.drafter.loaders import read_drafter
+    from dflash_eval.drafter.checkpoint import read_drafter
     from dflash_eval.run.extract import extract
 
     extract(checkpoint, tmp_path / "eval-side")

@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 import pytest
-from dflash_eval.cli import build_parser
 from dflash_eval.contract import options as table
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.numbers import parse_number, span
+from dflash_eval.contract.parser import build_parser
 from dflash_eval.walk.sampling import Sampling
 from fabric.main import program
 

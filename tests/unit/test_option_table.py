@@ -10,9 +10,10 @@ import dataclasses
 import inspect
 
 import pytest
-from dflash_eval.cli import _eval_options, build_parser
+from dflash_eval.cli import _eval_options
 from dflash_eval.contract import options as table
-from dflash_eval.run.evaluate import EvalOptions
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.run.options import EvalOptions
 from invoke.exceptions import ParseError
 
 import fabfile

@@ -23,7 +23,6 @@ options the workstation sets itself (paths it stages or uploads, the step) name 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,18 +40,6 @@ RUN = ("eval", "plan", "diagnose")
 RUN_EVAL, WATCH, EXTRACT_FEATURES = "run-eval", "watch", "extract-features"
 DIAGNOSE = "diagnose"  # fab diagnose: the few run options a diagnosis is sized by
 EVAL_TASKS = (RUN_EVAL, WATCH)  # fab watch passes run-eval's options to every run
-
-_FIELD_TYPES: dict[str, type] = {
-    "int": int,
-    "float": float,
-    "text": str,
-    "dtype": str,
-    "path": Path,
-    "switch": bool,
-    "on-off": bool,
-    "ints": list[int],
-    "names": list[str],
-}
 
 
 @dataclass(frozen=True)
@@ -476,26 +463,3 @@ def check(values: object, names: Iterable[str] | None = None) -> None:
         value = getattr(values, option.name)
         if value is not None and option.kind in ("int", "float", "ints"):
             parse(option, value)
-
-
-def fields(command: str) -> list[tuple[str, object, dataclasses.Field]]:
-    """`dataclasses.make_dataclass` fields for the stored options of a harness command."""
-    made = []
-    for option in for_command(command):
-        if not option.stored:
-            continue
-        kind = _FIELD_TYPES[option.kind]
-        if option.required:
-            made.append((option.name, kind, dataclasses.field()))
-        elif isinstance(option.default, list):
-            factory = option.default.copy
-            made.append((option.name, kind, dataclasses.field(default_factory=factory)))
-        else:
-            hint = kind if option.default is not None else kind | None
-            made.append((option.name, hint, dataclasses.field(default=option.default)))
-    return made
-
-
-def options_class(name: str, command: str) -> type:
-    """A keyword-only dataclass of the stored options of a harness command."""
-    return dataclasses.make_dataclass(name, fields(command), kw_only=True)

@@ -28,12 +28,14 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.diagnose import findings, stats
+from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.config import default_target_layer_ids
-from dflash_eval.drafter.loaders import LoadedDrafter, read_drafter
+from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.reference import pipeline
 from dflash_eval.run import evaluate, inputs, record
-from dflash_eval.run.evaluate import EvalOptions
+from dflash_eval.run.drafters import ddtree_budgets, load_for_run
+from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.results import write_results
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource
@@ -76,14 +78,14 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     tokenizer = load_tokenizer(run.target)
     stops = stop_token_ids(run.target, tokenizer)
     try:
-        candidate = evaluate._load(run.checkpoint, run, target.shape, progress, warnings)
+        candidate = load_for_run(run.checkpoint, run, target.shape, progress, warnings)
     except HarnessError as error:
         diagnosis = _unloadable(options, error, target.shape.hidden_size)
         write_results(run.out, diagnosis)
         return diagnosis
-    other = evaluate._load(run.reference_drafter, run, target.shape, progress, warnings, candidate)
+    other = load_for_run(run.reference_drafter, run, target.shape, progress, warnings, candidate)
     # The DDTree budgets as eval resolves them (its default; none for a DFlash-2 drafter).
-    run = dataclasses.replace(run, ddtree=evaluate.ddtree_budgets(run.ddtree, [candidate, other]))
+    run = dataclasses.replace(run, ddtree=ddtree_budgets(run.ddtree, [candidate, other]))
     options = dataclasses.replace(options, run=run)
     drafters = {"drafter": candidate.config, "reference drafter": other.config}
     parts = evaluate._target_side(

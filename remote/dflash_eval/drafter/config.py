@@ -25,6 +25,7 @@ from dflash_eval.contract.numbers import check_numbers, parse_number
 from dflash_eval.contract.schema import LayerAttentionRecord
 from dflash_eval.drafter.dflash2_config import ARCHITECTURE as DFLASH2_ARCHITECTURE
 from dflash_eval.drafter.dflash2_config import DFlash2Parts, read_dflash2
+from dflash_eval.target.config import TargetShape
 
 # The embedding and logit fields of z-lab's current code, with the value that changes nothing.
 OUTPUT_FIELDS = {
@@ -406,17 +407,6 @@ def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where
             "numbers, so the run stops. Use a plain DFlash (Qwen3-style) drafter, or extend "
             "remote/dflash_eval/drafter/model.py first."
         )
-
-
-@dataclass(frozen=True)
-class TargetShape:
-    """What the drafter config must agree with, read from the target's text config."""
-
-    num_layers: int
-    hidden_size: int
-    vocab_size: int  # rows of the target's embedding matrix
-    rms_norm_eps: float
-    rope_theta: float
 
 
 def check_against_target(config: DrafterConfig, target: TargetShape, where: str) -> None:

@@ -34,8 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.drafter.config import DrafterConfig, TargetShape
+from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import DFlashDrafter, DFlashLayer, Rope
+from dflash_eval.target.config import TargetShape
 
 # What the reference's DFlash2DraftModel.from_pretrained renames (stored → module name).
 REFERENCE_KEY_MAPPING = {

@@ -18,7 +18,6 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.summary import format_setting
 from dflash_eval.drafter.config import (
     DrafterConfig,
-    TargetShape,
     default_target_layer_ids,
     from_hf_dict,
     infer_from_shapes,
@@ -39,9 +38,10 @@ from dflash_eval.drafter.provenance import (
     accepted_defaults,
     resolve,
 )
+from dflash_eval.target.config import TargetShape
 
 if TYPE_CHECKING:
-    from dflash_eval.drafter.loaders import DrafterSource
+    from dflash_eval.drafter.checkpoint import DrafterSource
 
 FLAGS = {
     "block_size": "--block-size",

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.drafter.config import TargetShape
-from dflash_eval.drafter.loaders import BORROWED, read_drafter
+from dflash_eval.drafter.checkpoint import BORROWED, read_drafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.drafter.profile import DrafterProfile, read_profile
 from dflash_eval.drafter.settings import choose_settings
-from dflash_eval.run.evaluate import EvalOptions
+from dflash_eval.run.options import EvalOptions
+from dflash_eval.target.config import TargetShape
 
 UNKNOWN_UNTIL_STAGED = "unknown until staged"
 UNREADABLE = "unknown: the run would stop loading the drafter"

@@ -22,21 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.urls import redact_url
-from dflash_eval.drafter.config import TargetShape
 from dflash_eval.plan import estimate
 from dflash_eval.plan.drafter import DrafterFacts, drafter_facts, reference_facts
 from dflash_eval.plan.inputs import is_memory_file
 from dflash_eval.reference import cache_keys
 from dflash_eval.reference.cache import DiskCache
-from dflash_eval.reference.completions import Prompt
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.reference.pipeline import Sequence
 from dflash_eval.reference.sglang_server import check_serves
-from dflash_eval.run.evaluate import EvalOptions
 from dflash_eval.run.inputs import load_prompts
+from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.results import library_versions, staged_sha256
-from dflash_eval.target.config import TargetConfig, read_target_config
+from dflash_eval.target.config import TargetConfig, TargetShape, read_target_config
 from dflash_eval.target.features import (
     BYTES_PER_ELEMENT,
     FLOAT32_MARGIN,

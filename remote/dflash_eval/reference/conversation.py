@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.reference.completions import Prompt, encode_messages
+from dflash_eval.contract.prompts import Prompt
+from dflash_eval.reference.completions import encode_messages
 
 Messages = tuple[tuple[str, str], ...]
 

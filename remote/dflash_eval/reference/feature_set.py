@@ -29,8 +29,8 @@ from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
+from dflash_eval.contract.prompts import Prompt
 from dflash_eval.drafter.config import DrafterConfig
-from dflash_eval.reference.completions import Prompt
 from dflash_eval.reference.feature_files import VerifiedCache, file_records
 
 FORMAT = 1

@@ -17,11 +17,11 @@ import torch
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
+from dflash_eval.contract.prompts import Prompt
 from dflash_eval.drafter.health import require_context
 from dflash_eval.reference import cache_keys
 from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.completions import (
-    Prompt,
     SGLangClient,
     first_stop,
     greedy_reference,

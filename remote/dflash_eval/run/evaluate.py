@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,27 +27,23 @@ import torch
 from dflash_eval.contract import options as run_options
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
+from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.schema import Checkpoint, Results
 from dflash_eval.contract.schema_metrics import Metrics
-from dflash_eval.contract.summary import settings_line
-from dflash_eval.drafter.config import DrafterConfig, TargetShape
+from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.health import NonFiniteLogits, non_finite_logits
-from dflash_eval.drafter.loaders import LoadedDrafter, load_drafter
-from dflash_eval.drafter.pickle_policy import PicklePolicy
-from dflash_eval.drafter.profile import read_profile
+from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.reference import pipeline
 from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.cache_keys import LOCAL_SAMPLED
-from dflash_eval.reference.completions import (
-    Prompt,
-    SGLangClient,
-    checked_client,
-    template_reads_thinking,
-)
+from dflash_eval.reference.completions import SGLangClient, checked_client, template_reads_thinking
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.reference.feature_record import features_record, report_fidelity
 from dflash_eval.reference.feature_set import FeatureSet, read_feature_set
 from dflash_eval.run import inputs, record
+from dflash_eval.run.drafters import ddtree_budgets, load_drafters
+from dflash_eval.run.options import EvalOptions
+from dflash_eval.run.record import DrafterRun
 from dflash_eval.run.results import library_versions, write_results
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource, eval_device
@@ -57,28 +52,6 @@ from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor,
 from dflash_eval.walk.sampled import SampledWalk, summarize_sampled, walk_sequence
 from dflash_eval.walk.samples import Decode, draft_sample, sampled_prompts, tokenizer_decoder
 from dflash_eval.walk.sampling import Sampling, from_options, refuse_dflash2
-
-# The run flags' fields, as dflash_eval.contract.options declares them (type and default, once).
-RunOptions = run_options.options_class("RunOptions", "eval")
-
-
-@dataclass(kw_only=True)
-class EvalOptions(RunOptions):
-    """A run's options: the run flags (RunOptions) and what only `eval` takes."""
-
-    out: Path
-    training_run: str | None = None  # recorded in the checkpoint block when given
-    features: Path | None = None  # a feature set: completions and hidden states read from it
-
-
-@dataclass
-class DrafterRun:
-    """One drafter's walks over all sequences, its cost and its decoded samples."""
-
-    walks: list[Any]  # PromptWalk, or SampledWalk at T > 0
-    blocks: int
-    seconds: float
-    samples: list[dict[str, Any]]
 
 
 def run_eval(options: EvalOptions, progress: Progress) -> Results:
@@ -112,12 +85,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         tokenizer = load_tokenizer(options.target)
         stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
-        drafter = _load(options.checkpoint, options, target.shape, progress, warnings)
-        reference = (
-            _load(options.reference_drafter, options, target.shape, progress, warnings, drafter)
-            if options.reference_drafter
-            else None
-        )
+        drafter, reference = load_drafters(options, target.shape, progress, warnings)
     dflash2 = [d.source.path for d in (drafter, reference) if d is not None and d.config.dflash2]
     refuse_dflash2(sampling, dflash2)
     options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
@@ -252,66 +220,6 @@ def _evaluate(
     role = phase.replace("_", " ")
     _warn_about_walks(parts.sequences, run.walks, role, parts.warnings, progress)
     return record.Evaluated(loaded, identity, run, metrics)
-
-
-DEFAULT_DDTREE = [4, 8, 16, 32]
-
-
-def ddtree_budgets(asked: list[int] | None, loaded: list[LoadedDrafter | None]) -> list[int]:
-    """The budgets to evaluate: as asked, else the default; none when a drafter is DFlash-2
-    (DDTree is defined over per-slot distributions that a DFlash-2 drafter does not have:
-    docs/dflash2.md), and asking for some then is refused."""
-    dflash2 = [str(d.source.path) for d in loaded if d is not None and d.config.dflash2]
-    if not dflash2:
-        return DEFAULT_DDTREE if asked is None else asked
-    if asked:
-        raise HarnessError(
-            f"--ddtree {','.join(map(str, asked))}: {dflash2[0]} is a DFlash-2 drafter, whose "
-            "drafts come from a sequential candidate selector, and DDTree is not defined over "
-            "it (docs/dflash2.md); leave --ddtree out or pass --ddtree ''."
-        )
-    return []
-
-
-def _load(
-    path: Path,
-    options: EvalOptions,
-    target_shape: TargetShape,
-    progress: Progress,
-    warnings: list[str],
-    drafter: LoadedDrafter | None = None,
-) -> LoadedDrafter:
-    """Load the drafter, or (given the drafter) the reference drafter: flags that describe
-    one checkpoint apply to the drafter only; the reference runs in the drafter's dtype."""
-    main = drafter is None
-    role = "drafter" if main else "reference drafter"
-    progress.status(f"Loading {role} {path} …")
-    loaded = load_drafter(
-        path,
-        target_shape,
-        config_file=options.drafter_config if main else None,
-        profile=read_profile(options.drafter_profile) if main and options.drafter_profile else None,
-        block_size=options.block_size if main else None,
-        mask_token_id=options.mask_token_id if main else None,
-        target_layer_ids=options.target_layer_ids if main else None,
-        dtype=options.dtype if drafter is None else drafter.dtype_offer(),
-        accept_default=options.accept_default,
-        pickle_policy=PicklePolicy(tuple(options.safe_globals), options.allow_unsafe_pickle),
-    )
-    source = loaded.source
-    progress.say(
-        f"  {role}: {source.kind}, config from {loaded.config_source}, step {source.step}"
-        f" ({source.step_source})"
-    )
-    progress.say(f"  {role}: {settings_line(record.drafter_block(loaded))}")
-    for note in loaded.notes:
-        progress.say(f"  {role}: {note}")
-    if loaded.ignored_parameters:
-        progress.say(f"  {role}: set aside target copies {loaded.ignored_parameters}")
-    for warning in loaded.warnings:
-        warnings.append(f"{role}: {warning}")
-        progress.warn(warnings[-1])
-    return loaded
 
 
 def _target_dtype(options: EvalOptions, features_set: FeatureSet | None) -> str:

@@ -17,8 +17,9 @@ from typing import Any
 from safetensors.torch import save_file
 
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.weights import EXTRACT_MARKER
+from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.config import from_hf_dict
-from dflash_eval.drafter.loaders import EXTRACT_MARKER, read_drafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.run.results import file_identity, utc_now
 

@@ -21,17 +21,10 @@ from dflash_eval.contract import options as run_options
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.options import default
 from dflash_eval.contract.progress import Progress, Timer
+from dflash_eval.contract.prompts import Prompt, builtin_prompts, prompts_hash, read_prompts_jsonl
 from dflash_eval.reference import feature_set, feature_size, pipeline
 from dflash_eval.reference.cache import DiskCache
-from dflash_eval.reference.completions import (
-    Prompt,
-    SGLangClient,
-    builtin_prompts,
-    checked_client,
-    prompts_hash,
-    read_prompts_jsonl,
-    template_reads_thinking,
-)
+from dflash_eval.reference.completions import SGLangClient, checked_client, template_reads_thinking
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.reference.feature_record import features_record
 from dflash_eval.run.inputs import require_writable

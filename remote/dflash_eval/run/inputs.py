@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import Prompt, builtin_prompts, read_prompts_jsonl
 from dflash_eval.drafter.pickle_policy import expand_names
 from dflash_eval.drafter.profile import read_profile
 from dflash_eval.drafter.provenance import accepted_defaults
-from dflash_eval.reference.completions import Prompt, builtin_prompts, read_prompts_jsonl
-
-if TYPE_CHECKING:
-    from dflash_eval.run.evaluate import EvalOptions
+from dflash_eval.run.options import EvalOptions
 
 
 def check_paths(options: EvalOptions) -> None:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dflash_eval.contract.prompts import prompt_sets, prompts_hash
 from dflash_eval.contract.schema import (
     KIND,
     SCHEMA_VERSION,
@@ -33,7 +34,7 @@ from dflash_eval.contract.version import NUMERICS_VERSION, harness_hash
 from dflash_eval.drafter.provenance import json_value
 from dflash_eval.reference import pipeline
 from dflash_eval.reference.cache_keys import LOCAL_SAMPLED
-from dflash_eval.reference.completions import prompt_sets, prompts_hash, template_reads_thinking
+from dflash_eval.reference.completions import template_reads_thinking
 from dflash_eval.run.results import file_identity, host_info, utc_now
 from dflash_eval.walk.by_dataset import acceptance_counts, intervals
 from dflash_eval.walk.sampled import SampledWalk, prompt_columns
@@ -41,12 +42,22 @@ from dflash_eval.walk.sampling import from_options
 
 if TYPE_CHECKING:
     from dflash_eval.contract.progress import Timer
+    from dflash_eval.contract.prompts import Prompt
     from dflash_eval.drafter.loaders import LoadedDrafter
-    from dflash_eval.reference.completions import Prompt
     from dflash_eval.reference.conversation import Conversations
-    from dflash_eval.run.evaluate import DrafterRun, EvalOptions
+    from dflash_eval.run.options import EvalOptions
     from dflash_eval.target.source import TargetSource
     from dflash_eval.walk.metrics import PromptWalk
+
+
+@dataclass
+class DrafterRun:
+    """One drafter's walks over all sequences, its cost and its decoded samples."""
+
+    walks: list[Any]  # PromptWalk, or SampledWalk at T > 0
+    blocks: int
+    seconds: float
+    samples: list[dict[str, Any]]
 
 
 @dataclass

@@ -16,10 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.drafter.config import TargetShape
 
 LINEAR_ATTENTION = "linear_attention"
 SAVED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the drafter config must agree with, read from the target's text config."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int  # rows of the target's embedding matrix
+    rms_norm_eps: float
+    rope_theta: float
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,7 @@ import torch
 from torch import nn
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.drafter.config import TargetShape
-from dflash_eval.target.config import TargetConfig, read_target_config
+from dflash_eval.target.config import TargetConfig, TargetShape, read_target_config
 from dflash_eval.target.features import ATTENTION_IMPLEMENTATION
 from dflash_eval.target.kernels import KernelWatch
 from dflash_eval.target.placement import Placement, Shard, plan, require_placed, units_of

@@ -15,8 +15,7 @@ import torch
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
-from dflash_eval.drafter.config import TargetShape
-from dflash_eval.target.config import read_target_config
+from dflash_eval.target.config import TargetShape, read_target_config
 from dflash_eval.target.features import (
     DtypeChoice,
     available_memory_bytes,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -36,7 +36,6 @@ from dflash_eval.walk.metrics import TAU_CONVENTION, Span
 from dflash_eval.walk.sampling import Sampling, generator, stream_seed
 
 if TYPE_CHECKING:
-    from dflash_eval.reference import pipeline
     from dflash_eval.walk.predict import SampledPredictor
 
 LEVEL = 0.95
@@ -209,9 +208,21 @@ def walk_sampled(
     )
 
 
+class SampledPath(Protocol):
+    """One prompt's sampled reference as its walks read it (reference/pipeline.py's
+    Sequence is one)."""
+
+    prompt_ids: list[int]
+    span: Span | None
+    target_probs: list[float]  # p of each reference token
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+
 def walk_sequence(
     predictor: SampledPredictor,
-    seq: pipeline.Sequence,
+    seq: SampledPath,
     sampling: Sampling,
     max_rounds: int | None = None,
 ) -> SampledWalk:

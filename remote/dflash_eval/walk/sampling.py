@@ -124,7 +124,7 @@ def sample_row(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -
 
 
 def from_options(options: Any) -> Sampling:
-    """The run's sampling settings (evaluate.EvalOptions' fields), checked: at T > 0 the
+    """The run's sampling settings (run/options.py's EvalOptions fields), checked: at T > 0 the
     target's own probability of each completion token is needed, so the completion is
     sampled here, never taken from SGLang or a feature set (which hold greedy ones)."""
     sampling = Sampling(

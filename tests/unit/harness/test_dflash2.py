@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import read_prompts_jsonl
 from dflash_eval.contract.schema_check import parse_results
 from dflash_eval.drafter.loaders import load_drafter
 from dflash_eval.drafter.model_dflash2 import DFlash2Drafter
 from dflash_eval.drafter.profile import read_profile
-from dflash_eval.reference.completions import encode_prompt, greedy_reference, read_prompts_jsonl
+from dflash_eval.reference.completions import encode_prompt, greedy_reference
 from dflash_eval.run.extract import extract
 from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
 from dflash_eval.walk.metrics import PromptWalk, Span, walk_prompt

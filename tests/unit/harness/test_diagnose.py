@@ -15,7 +15,7 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_eval.contract.progress import Progress
 from dflash_eval.diagnose.diagnosis import DiagnoseOptions, probe_settings, run_diagnose
 from dflash_eval.diagnose.stats import paired_difference
-from dflash_eval.run.evaluate import EvalOptions
+from dflash_eval.run.options import EvalOptions
 
 from dflash_lab.faulty import build_faulty_drafter
 

@@ -12,7 +12,6 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.drafter.config import (
     DrafterConfig,
     LayerAttention,
-    TargetShape,
     check_against_target,
     default_target_layer_ids,
     infer_from_shapes,
@@ -21,6 +20,7 @@ from dflash_eval.drafter.config import (
 )
 from dflash_eval.drafter.config import from_hf_dict as parse
 from dflash_eval.drafter.dflash2_config import KEYS
+from dflash_eval.target.config import TargetShape
 
 from .helpers import small_config
 

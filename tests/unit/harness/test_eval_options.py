@@ -6,8 +6,9 @@ import json
 
 import pytest
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import Prompt, read_prompts_jsonl
 from dflash_eval.drafter.config import from_hf_dict
-from dflash_eval.reference.completions import Prompt, encode_prompt, read_prompts_jsonl
+from dflash_eval.reference.completions import encode_prompt
 from dflash_eval.target.model import load_tokenizer
 
 from .helpers import quick_eval

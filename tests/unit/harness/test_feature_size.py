@@ -14,8 +14,8 @@ import pytest
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.options import MAX_TOKENS
 from dflash_eval.contract.progress import Progress
+from dflash_eval.contract.prompts import Prompt
 from dflash_eval.reference import feature_size
-from dflash_eval.reference.completions import Prompt
 from dflash_eval.run.features import FeaturesOptions, run_features
 from dflash_eval.target.model import load_tokenizer
 

@@ -205,7 +205,7 @@ def test_the_staging_manifest_sha256_is_trusted_only_while_it_describes_the_file
 
 
 def test_run_eval_passes_verify_under_the_harness_flag():
-    from dflash_eval.cli import build_parser
+    from dflash_eval.contract.parser import build_parser
 
     from dflash_ops.evaluation.harness_options import harness_args
 

@@ -27,7 +27,8 @@ import pytest
 import torch
 from dflash_eval.contract.progress import Progress
 from dflash_eval.contract.version import NUMERICS_VERSION
-from dflash_eval.run.evaluate import EvalOptions, run_eval
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
 from safetensors.torch import load_file, save_file
 
 from . import golden

@@ -26,7 +26,8 @@ from dflash_eval.plan.estimate import (
     gflops_per_core,
     parse_cpuinfo,
 )
-from dflash_eval.run.evaluate import EvalOptions, run_eval
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
 from dflash_eval.target.features import parse_meminfo
 
 from .helpers import save_tiny_qwen3_5

@@ -16,9 +16,9 @@ import torch
 from dflash_eval.cli import main
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.summary import summary_lines
-from dflash_eval.drafter.config import TargetShape
 from dflash_eval.drafter.loaders import load_drafter
 from dflash_eval.drafter.profile import read_profile
+from dflash_eval.target.config import TargetShape
 
 from .helpers import (
     quick_eval,

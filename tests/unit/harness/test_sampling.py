@@ -17,7 +17,7 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.reading import comparability_key
 from dflash_eval.contract.schema_check import parse_results
-from dflash_eval.run.evaluate import EvalOptions
+from dflash_eval.run.options import EvalOptions
 from dflash_eval.walk.metrics import Span
 from dflash_eval.walk.sampled import WalkRule, expected_walk, summarize_sampled, walk_sampled
 from dflash_eval.walk.sampling import Sampling, from_options, processed_probs

@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 import torch
-from dflash_eval.reference.completions import encode_prompt, read_prompts_jsonl, sampled_reference
+from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.reference.completions import encode_prompt, sampled_reference
 from dflash_eval.reference.pipeline import Sequence
 from dflash_eval.walk.predict import BorrowedHead, SampledPredictor
 from dflash_eval.walk.sampled import walk_sequence
