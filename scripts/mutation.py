@@ -103,6 +103,9 @@ TARGETS = (
         "remote/dflash_eval/reference/cache.py",
         (f"{HARNESS}/test_cache_keys.py", f"{HARNESS}/test_cache.py", *SLOW_HARNESS),
     ),
+    Target(
+        "checkpoint", "remote/dflash_eval/drafter/checkpoint.py", (*LOADER_TESTS, *SLOW_HARNESS)
+    ),
     Target("loaders", "remote/dflash_eval/drafter/loaders.py", (*LOADER_TESTS, *SLOW_HARNESS)),
     Target(
         "config",
@@ -162,7 +165,7 @@ def copy_tree(destination: Path) -> Path:
 
 
 def module_name(path: str) -> str:
-    """remote/dflash_eval/reference/cache.py → dflash_eval.reference.cache (pytest puts remote/ on
+    """remote/dflash_eval/walk/metrics.py → dflash_eval.walk.metrics (pytest puts remote/ on
     the path)."""
     return path.removeprefix("remote/").removesuffix(".py").replace("/", ".")
 

@@ -118,6 +118,13 @@ def test_no_harness_module_imports_from_a_package_above_its_own():
     assert {name: others for name, others in upward.items() if others} == {}
 
 
+def test_the_build_ships_every_harness_package():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((HARNESS.parents[1] / "pyproject.toml").read_text())
+    listed = set(project["tool"]["setuptools"]["packages"])
+    assert {"dflash_eval", *(f"dflash_eval.{name}" for name in HARNESS_LADDER)} <= listed
+
+
 def _imported_names(path: Path) -> set[str]:
     """Every module an `import` or `from … import` in the file names, anywhere in it."""
     names = set()
