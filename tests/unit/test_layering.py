@@ -110,6 +110,11 @@ def test_the_harness_ladder_lists_every_package():
     assert packages == set(HARNESS_LADDER)
 
 
+def test_the_harness_root_holds_only_its_entry_points():
+    # Everything else belongs to a package, and so to a rung.
+    assert {path.name for path in HARNESS.glob("*.py")} == {"__init__.py", "__main__.py", "cli.py"}
+
+
 def test_no_harness_module_imports_from_a_package_above_its_own():
     upward = {
         name: sorted(other for other in imported if _harness_rung(other) > _harness_rung(name))
