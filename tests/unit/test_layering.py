@@ -136,6 +136,8 @@ def _imported_names(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "dflash_eval":
+            names |= {f"dflash_eval.{alias.name}" for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
     return names
