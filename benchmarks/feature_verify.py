@@ -1,4 +1,4 @@
-"""What verifying a feature set at use costs (dflash_eval.feature_files.VerifiedCache).
+"""What verifying a feature set at use costs (dflash_eval.reference.feature_files.VerifiedCache).
 
     .venv/bin/python benchmarks/feature_verify.py [--set SETDIR | --lab | --synthetic-mib 512]
                                                    [--entry-mib 8] [--repeats 3]
@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 
-from dflash_eval.cache import DiskCache, canonical_key
-from dflash_eval.feature_files import VerifiedCache, file_records
-from dflash_eval.feature_set import MANIFEST
+from dflash_eval.reference.cache import DiskCache, canonical_key
+from dflash_eval.reference.feature_files import VerifiedCache, file_records
+from dflash_eval.reference.feature_set import MANIFEST
 
 
 def synthetic_set(root: Path, total_mib: int, entry_mib: int) -> Path:
@@ -49,8 +49,8 @@ def synthetic_set(root: Path, total_mib: int, entry_mib: int) -> Path:
 
 def lab_set(root: Path) -> Path:
     """The lab's feature set, as tests/unit/harness/test_feature_sets.py builds it."""
-    from dflash_eval.features_run import FeaturesOptions, run_features
-    from dflash_eval.progress import Progress
+    from dflash_eval.contract.progress import Progress
+    from dflash_eval.run.features import FeaturesOptions, run_features
 
     from dflash_lab.models import build_lab_models
 

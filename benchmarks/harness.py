@@ -78,7 +78,7 @@ def _current_rss_mib() -> float:
 
 def _predictor_class(variant: str):
     import torch
-    from dflash_eval.predict import PerBlockPredictor, Predictor, block_predictions
+    from dflash_eval.walk.predict import PerBlockPredictor, Predictor, block_predictions
 
     class UncachedPerBlockPredictor(PerBlockPredictor):
         """What a naive harness does: the whole drafter forward per block, recomputing the
@@ -104,9 +104,9 @@ def _predictor_class(variant: str):
 def _drafter_and_prompts(vocab: int, tokens_per_prompt: int, prompts: int):
     """A seeded random drafter, its borrowed head, and `prompts` (tokens, features) pairs."""
     import torch
-    from dflash_eval.config import DrafterConfig
-    from dflash_eval.model import DFlashDrafter
-    from dflash_eval.predict import BorrowedHead
+    from dflash_eval.drafter.config import DrafterConfig
+    from dflash_eval.drafter.model import DFlashDrafter
+    from dflash_eval.walk.predict import BorrowedHead
 
     generator = torch.Generator().manual_seed(0)
     config = DrafterConfig(
@@ -150,7 +150,7 @@ def _run_variant(
     """One variant in its own process: build, warm up, report ready, then one timed pass
     per "pass" command until "stop", then the peak memory."""
     import torch
-    from dflash_eval.metrics import Span, summarize, walk_prompt
+    from dflash_eval.walk.metrics import Span, summarize, walk_prompt
 
     torch.set_num_threads(threads)
     drafter, head, sequences = _drafter_and_prompts(vocab, tokens_per_prompt, prompts)
@@ -273,7 +273,7 @@ def _measure(args: argparse.Namespace) -> dict[str, dict]:
 # starts without paying those imports again (seconds each), and owns its memory from there.
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(
-    ["__main__", "torch", "dflash_eval.model", "transformers.models.qwen3.modeling_qwen3"]
+    ["__main__", "torch", "dflash_eval.drafter.model", "transformers.models.qwen3.modeling_qwen3"]
 )
 
 

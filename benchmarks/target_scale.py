@@ -1,4 +1,4 @@
-"""Benchmark: the harness's time estimate (dflash_eval.estimate) against real runs, per phase.
+"""Benchmark: the harness's time estimate (dflash_eval.plan.estimate) against real runs, per phase.
 
     .venv/bin/python benchmarks/target_scale.py [--sizes 30m,150m,600m] [--threads 2]
         [--prompts 4] [--max-new-tokens 32] [--save FILE] [--measured FILE] [--smoke]
@@ -59,7 +59,7 @@ MEASURED = {
 }
 COUNTED_FROM_S = 1.0
 # What --fit adjusts: the compute rates' common factor, the streaming rate and the fixed costs
-# (see dflash_eval.estimate). Not the disk rate: the benchmark reads weights it has just
+# (see dflash_eval.plan.estimate). Not the disk rate: the benchmark reads weights it has just
 # written, from the page cache, which says nothing about a cold read of a large target.
 FITTED_CONSTANTS = (
     "FITTED",
@@ -126,8 +126,8 @@ def build_target(directory: Path, size: Size, tokenizer_dir: Path) -> int:
 def build_drafter(path: Path, size: Size, mask_token_id: int) -> None:
     """A random drafter reading three of the target's layers, saved as a training checkpoint."""
     import torch
-    from dflash_eval.config import DrafterConfig
-    from dflash_eval.model import DFlashDrafter
+    from dflash_eval.drafter.config import DrafterConfig
+    from dflash_eval.drafter.model import DFlashDrafter
 
     config = DrafterConfig(
         hidden_size=size.hidden,
@@ -257,12 +257,12 @@ def compare(name: str, run: dict) -> list[float]:
 
 
 def fit(runs: dict[str, dict]) -> None:
-    """Print the constants of dflash_eval.estimate that fit the saved runs best, the error of
+    """Print the constants of dflash_eval.plan.estimate that fit the saved runs best, the error of
     every counted phase with them, and the worst. The search is multiplicative, one constant
     at a time from the current values, and minimises the sum of |log(estimate / measured)|^6
     (close to the worst phase's error, but smooth enough not to stall on a ridge). The
     estimate's own Machine computes every guess: the search only sets the module's constants."""
-    from dflash_eval import estimate
+    from dflash_eval.plan import estimate
 
     def errors() -> dict[str, list[float]]:
         found = {}

@@ -107,7 +107,7 @@ def content_generator(kind: str) -> ContentGenerator:
 def _reference_drafter(checkpoint: Path) -> Path:
     """A 'published' drafter to compare against: the last checkpoint without its optimizer
     state (the harness's extracted form), made once next to the cached checkpoint."""
-    from dflash_eval.extract import extract
+    from dflash_eval.run.extract import extract
 
     out = checkpoint.parent / "reference-drafter"
     if not (out / "model.safetensors").exists():

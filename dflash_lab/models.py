@@ -9,7 +9,7 @@ random transformer layers still run (they only perturb the residual stream a lit
 greedy decoding walks that cycle, which a drafter can learn.
 
 The drafter checkpoints come from a short, real training run of the harness's drafter
-(remote/dflash_eval/model.py) on the target's own greedy outputs with block cross-entropy
+(remote/dflash_eval/drafter/model.py) on the target's own greedy outputs with block cross-entropy
 (DFLASH.md §2): predict g[s+1..s+B-1] from the anchor g[s], the mask tokens and the target
 features of positions < s. Checkpoints are written in the training format (prefixed
 model_state_dict, optimizer state, step, config), labelled 2000/4000/6000 but taken after
@@ -259,8 +259,8 @@ def train_drafter(
 ) -> None:
     """Train one drafter on the target's greedy outputs, saving a checkpoint per label."""
     import torch
-    from dflash_eval.config import default_target_layer_ids
-    from dflash_eval.model import DFlashDrafter
+    from dflash_eval.drafter.config import default_target_layer_ids
+    from dflash_eval.drafter.model import DFlashDrafter
 
     sequences = _greedy_sequences(target, tokenizer, generator)  # [S, T]
     layer_ids = list(
@@ -296,7 +296,7 @@ def train_drafter(
 
 def _drafter_config(target: Any, tokenizer: Any, layer_ids: list[int], training: Training) -> Any:
     """A small drafter for the tiny target, reading two of its layers."""
-    from dflash_eval.config import DrafterConfig
+    from dflash_eval.drafter.config import DrafterConfig
 
     return DrafterConfig(
         hidden_size=target.config.hidden_size,

@@ -9,8 +9,8 @@ result and a verdict:
 1. fidelity: the target's features on CUDA (bf16 and float32, with whatever kernels this
    venv has: fla and causal-conv1d, or transformers' torch fallbacks) against the CPU float32
    torch reference, per layer, with the harness's own bounds; and which kernels each forward
-   really ran (kernels_seen.py);
-2. sharding: the target split over every visible GPU (placement.py) gives the features of
+   really ran (target/kernels.py);
+2. sharding: the target split over every visible GPU (target/placement.py) gives the features of
    the target on one GPU, and every weight is where the plan put it;
 3. drafter: a random DFlash drafter's block logits on CUDA equal its CPU logits within
    tolerance;
@@ -35,12 +35,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "remote"), str(ROOT)]
 
-from dflash_eval.config import DrafterConfig  # noqa: E402
-from dflash_eval.errors import HarnessError  # noqa: E402
-from dflash_eval.features import compare_layers, judge  # noqa: E402
-from dflash_eval.model import DFlashDrafter  # noqa: E402
-from dflash_eval.placement import Shard  # noqa: E402
-from dflash_eval.target import load_target  # noqa: E402
+from dflash_eval.contract.errors import HarnessError  # noqa: E402
+from dflash_eval.drafter.config import DrafterConfig  # noqa: E402
+from dflash_eval.drafter.model import DFlashDrafter  # noqa: E402
+from dflash_eval.target.features import compare_layers, judge  # noqa: E402
+from dflash_eval.target.model import load_target  # noqa: E402
+from dflash_eval.target.placement import Shard  # noqa: E402
 
 DRAFTER_TOLERANCE = 2e-3  # relative, float32 logits of a tiny drafter on two devices
 TAU_TOLERANCE = 0.02  # relative: a near-tie argmax may flip between devices, rarely
@@ -166,8 +166,9 @@ def check_drafter(device: str) -> list[str]:
 def check_eval(device: str, workdir: Path, models: Path | None = None) -> list[str]:
     """The lab's tiny target and step-6000 drafter evaluated on `device` and on the CPU.
     `models`: where the lab models are (built there if missing); default under workdir."""
-    from dflash_eval.evaluate import EvalOptions, run_eval
-    from dflash_eval.progress import Progress
+    from dflash_eval.contract.progress import Progress
+    from dflash_eval.run.evaluate import run_eval
+    from dflash_eval.run.options import EvalOptions
 
     from dflash_lab.models import build_lab_models
 

@@ -97,19 +97,22 @@ INVENTORY_TESTS = (
     "tests/unit/test_inventory.py::test_typo_via_fab_is_one_clear_line",
 )
 TARGETS = (
-    Target("metrics", "remote/dflash_eval/metrics.py", (f"{HARNESS}/test_metrics.py",)),
+    Target("metrics", "remote/dflash_eval/walk/metrics.py", (f"{HARNESS}/test_metrics.py",)),
     Target(
         "repair stats", "remote/dflash_eval/repair_stats.py", (f"{HARNESS}/test_repair_stats.py",)
     ),
     Target(
         "cache",
-        "remote/dflash_eval/cache.py",
+        "remote/dflash_eval/reference/cache.py",
         (f"{HARNESS}/test_cache_keys.py", f"{HARNESS}/test_cache.py", *SLOW_HARNESS),
     ),
-    Target("loaders", "remote/dflash_eval/loaders.py", (*LOADER_TESTS, *SLOW_HARNESS)),
+    Target(
+        "checkpoint", "remote/dflash_eval/drafter/checkpoint.py", (*LOADER_TESTS, *SLOW_HARNESS)
+    ),
+    Target("loaders", "remote/dflash_eval/drafter/loaders.py", (*LOADER_TESTS, *SLOW_HARNESS)),
     Target(
         "config",
-        "remote/dflash_eval/config.py",
+        "remote/dflash_eval/drafter/config.py",
         (
             f"{HARNESS}/test_drafter_config.py",
             f"{HARNESS}/test_rope.py",
@@ -165,7 +168,8 @@ def copy_tree(destination: Path) -> Path:
 
 
 def module_name(path: str) -> str:
-    """remote/dflash_eval/cache.py → dflash_eval.cache (pytest puts remote/ on the path)."""
+    """remote/dflash_eval/walk/metrics.py → dflash_eval.walk.metrics (pytest puts remote/ on
+    the path)."""
     return path.removeprefix("remote/").removesuffix(".py").replace("/", ".")
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from dflash_eval.schema import KIND, SCHEMA_VERSION, Results
-from dflash_eval.schema_metrics import Metrics, TauBlock
+from dflash_eval.contract.schema import KIND, SCHEMA_VERSION, Results
+from dflash_eval.contract.schema_metrics import Metrics, TauBlock
 
 # Keys that results written earlier under SCHEMA_VERSION 2 lack (the `total=False` parts of
 # the types): such a file must still read.

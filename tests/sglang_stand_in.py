@@ -115,7 +115,7 @@ def greedy_with(model_dir: Path) -> Generate:
     @functools.cache
     def loaded() -> Generate:
         import torch
-        from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+        from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
 
         torch.set_num_threads(1)
         target = load_target(model_dir, "float32")

@@ -1,16 +1,16 @@
 """Parsing of command-line values shared by the front doors (Fabric tasks and the click CLI).
 
 Kept apart from both so that neither front door imports the other. Every number goes through
-the harness's one parser (dflash_eval.numbers) and has both bounds, far beyond real use.
+the harness's one parser (dflash_eval.contract.numbers) and has both bounds, far beyond real use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dflash_eval.errors import HarnessError
-from dflash_eval.numbers import parse_number as harness_number
-from dflash_eval.options import MAX_PROMPTS, MAX_STEP
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.numbers import parse_number as harness_number
+from dflash_eval.contract.options import MAX_PROMPTS, MAX_STEP
 
 from dflash_ops.core.errors import OpsError
 
@@ -29,7 +29,7 @@ def parse_number(
     unit: str = "",
 ) -> Any:
     """The one parser of numbers given from outside (options, config values), shared with
-    the harness (dflash_eval.numbers): finite, within the bounds, whole when `whole`; a bad
+    the harness (dflash_eval.contract.numbers): finite, within the bounds, whole when `whole`; a bad
     one is an OpsError naming the flag, the unit and the bounds."""
     try:
         return harness_number(flag, text, minimum=minimum, maximum=maximum, whole=whole, unit=unit)

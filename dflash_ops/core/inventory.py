@@ -94,7 +94,7 @@ StepPattern = Annotated[str, AfterValidator(_step_pattern)]
 
 class DrafterProfile(Strict):
     """What is known about the trainer's checkpoints beyond the checkpoints themselves, sent
-    to the harness as its --drafter-profile (remote/dflash_eval/profile.py): the settings a
+    to the harness as its --drafter-profile (remote/dflash_eval/drafter/profile.py): the settings a
     checkpoint without config needs, parameter renames, and the pickle policy."""
 
     name: str | None = None

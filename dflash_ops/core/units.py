@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dflash_eval.errors import HarnessError
-from dflash_eval.numbers import parse_number, shown_value
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.numbers import parse_number, shown_value
 
 
 def format_bytes(count: float) -> str:

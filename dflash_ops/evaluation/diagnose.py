@@ -4,7 +4,7 @@ The candidate (the checkpoint of --step) is staged if needed; the other drafter 
 host's reference_drafter (`--against reference`) or another step's checkpoint, staged
 likewise. The run is launched detached and followed like an eval (jobs.py); its files are
 pulled into `results/diagnose/<run-id>/` (diagnose.json holds the findings and the data
-behind them: dflash_eval/diagnose_summary.py reads it for the terminal and the report).
+behind them: dflash_eval/contract/diagnose_summary.py reads it for the terminal and the report).
 """
 
 from __future__ import annotations

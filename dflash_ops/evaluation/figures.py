@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import reading
-from dflash_eval.schema_metrics import Group, Interval
+from dflash_eval.contract import reading
+from dflash_eval.contract.schema_metrics import Group, Interval
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.files import make_dirs, write_atomic

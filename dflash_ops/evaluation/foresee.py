@@ -1,7 +1,7 @@
 """Before a run starts: will its numbers be comparable with the results already pulled?
 
-The comparability key (dflash_eval.reading.comparability_key) is read from results, after the
-run. Most of it follows from the run's options, known before: the harness's own parser reads
+The comparability key (dflash_eval.contract.reading.comparability_key) is read from results, after
+the run. Most of it follows from the run's options, known before: the harness's own parser reads
 the run's harness argv (its defaults included), the prompts are hashed as the harness hashes
 them, and the numerics version is that of the harness this checkout deploys. What only the
 eval host can tell (the target's fingerprint, the checkpoint's block size, a dtype left to
@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.cli import build_parser
-from dflash_eval.version import NUMERICS_VERSION
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.contract.prompts import builtin_prompts, prompts_hash, read_prompts_jsonl
+from dflash_eval.contract.version import NUMERICS_VERSION
 
 from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
 from dflash_ops.evaluation.request import EvalRequest
@@ -34,9 +35,7 @@ def expected_key(request: EvalRequest, from_sglang: bool = False) -> dict[str, A
     }
     if request.features is None:  # a feature set brings its own prompts and completions
         key["completions"] = "sglang" if from_sglang else "local-greedy"
-        prompts = prompts_sha256(request.prompts, args.num_prompts)
-        if prompts is not None:
-            key["prompts"] = prompts
+        key["prompts"] = prompts_sha256(request.prompts, args.num_prompts)
     if args.block_size is not None:
         key["block size"] = args.block_size
     if args.dtype is not None:
@@ -46,13 +45,8 @@ def expected_key(request: EvalRequest, from_sglang: bool = False) -> dict[str, A
     return key
 
 
-def prompts_sha256(path: Path | None, count: int | None) -> str | None:
-    """The prompts' sha256 as the harness records it; None where this workstation cannot
-    read prompts as the harness does (its module needs torch: the `eval` extra)."""
-    try:
-        from dflash_eval.completions import builtin_prompts, prompts_hash, read_prompts_jsonl
-    except ImportError:
-        return None
+def prompts_sha256(path: Path | None, count: int | None) -> str:
+    """The prompts' sha256 as the harness records it (read and hashed by its own code)."""
     prompts = read_prompts_jsonl(path) if path else builtin_prompts()
     return prompts_hash(prompts[:count] if count else prompts)
 

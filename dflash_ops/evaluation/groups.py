@@ -1,6 +1,6 @@
 """Comparability groups: runs whose comparability keys are equal, compared among themselves.
 
-The key is one function of a results file (dflash_eval.reading.comparability_key): every
+The key is one function of a results file (dflash_eval.contract.reading.comparability_key): every
 rule about what must match lives there. Groups are numbered largest first (ties: the group
 holding the most recently started run first), so `--group 1`, the default, is the one most
 runs belong to; one odd run (`--num-prompts 4` once) makes a group of its own instead of

@@ -1,6 +1,6 @@
 """The harness options the fab tasks pass through, under the harness's own names.
 
-The harness declares each option once (dflash_eval.options: flag, kind, default, help,
+The harness declares each option once (dflash_eval.contract.options: flag, kind, default, help,
 check, and the fab tasks that take it); here a task's values are checked against that table,
 so a bad value fails before anything is staged or launched, and turned into the harness argv.
 Options that run-eval manages itself (--checkpoint, --target, --out, --step, --cache-dir,
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from dflash_eval import options as table
-from dflash_eval.errors import HarnessError
+from dflash_eval.contract import options as table
+from dflash_eval.contract.errors import HarnessError
 
 from dflash_ops.core.errors import OpsError
 

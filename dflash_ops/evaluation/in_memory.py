@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import zlib
 
-from dflash_eval.version import harness_files
+from dflash_eval.contract.version import harness_files
 
 from dflash_ops.core.errors import HostError
 from dflash_ops.provision.harness import HARNESS_PACKAGE, HARNESS_SOURCE

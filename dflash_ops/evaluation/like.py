@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import options as table
+from dflash_eval.contract import options as table
 
 from dflash_ops.core.errors import HostError, OpsError
 from dflash_ops.core.files import write_atomic
@@ -143,12 +143,11 @@ def fetch_files(
 
 
 def require_same_prompts(found: Liked, run: RunResult, path: str | None) -> None:
-    """The fetched prompts must be the ones the run read (where this workstation can hash
-    them as the harness does)."""
+    """The fetched prompts must be the ones the run read."""
     count = found.options["harness_options"].get("num_prompts")
     digest = prompts_sha256(Path(path) if path else None, count)
     recorded = run.done["prompts"]["sha256"]
-    if digest is not None and digest != recorded:
+    if digest != recorded:
         raise OpsError(
             f"--like {found.run_id}: its prompts file {path} now hashes to {digest[:16]}…, "
             f"not the {recorded[:16]}… it recorded: it was changed; pass --prompts yourself"

@@ -34,7 +34,7 @@ class HostPlan:
     checkpoint: str  # where the checkpoint is, or will be, staged on the host
     staged: bool
     hops: tuple[HopPlan, ...]  # what staging would move (empty when staged)
-    harness: dict  # the harness's plan (dflash_eval.plan.make_plan)
+    harness: dict  # the harness's plan (dflash_eval.plan.dry_run.make_plan)
     notes: list[str] = field(default_factory=list)
 
 

@@ -1,6 +1,6 @@
 """Typed shapes of the run files the workstation reads back (see core/records.py): a run's
 params.json (on the eval host) and its run.json (written by `fetch`). results.json has types
-of its own, shared with the harness (dflash_eval.schema, checked by schema_check).
+of its own, shared with the harness (dflash_eval.contract.schema, checked by schema_check).
 
 Only what is read is typed; every other key passes through untouched. A file that does not
 fit is a broken run, listed with the reason, never a crash of the listing around it.

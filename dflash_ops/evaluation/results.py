@@ -9,7 +9,7 @@ block size, completion length, completion source and the harness's numerics vers
 (`reading.COMPARABILITY`; not its content hash: a harness edit that moves no number keeps
 earlier results comparable). Comparing across that line is refused unless asked for, and then
 every differing row is flagged. A results file is checked against the types of
-dflash_eval.schema once, on loading (`schema_check.parse_results`), and read through them.
+dflash_eval.contract.schema once, on loading (`schema_check.parse_results`), and read through them.
 
 Several training runs (`--run NAME`: v4, v5, …) can have the same step: their results are
 kept apart, grouped by run, each row labelled with its run (none for the trainer's own).
@@ -24,11 +24,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dflash_eval import reading
-from dflash_eval.reading import groups
-from dflash_eval.schema import Results
-from dflash_eval.schema_check import SchemaError, parse_results
-from dflash_eval.schema_metrics import Interval, Metrics
+from dflash_eval.contract import reading
+from dflash_eval.contract.reading import groups
+from dflash_eval.contract.schema import Results
+from dflash_eval.contract.schema_check import SchemaError, parse_results
+from dflash_eval.contract.schema_metrics import Interval, Metrics
 
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate

@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from dflash_eval.schema import Results
-from dflash_eval.summary import summary_lines
+from dflash_eval.contract.schema import Results
+from dflash_eval.contract.summary import summary_lines
 
 from dflash_ops.core.errors import (
     CheckpointError,

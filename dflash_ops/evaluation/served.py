@@ -1,8 +1,8 @@
 """`fab check-hosts`' SGLang row: does a harness host's `sglang_url` serve its target?
 
 The server is asked from the host itself (the workstation usually cannot reach it), by the
-check a run makes before it uses the server (dflash_eval.sglang_server.check_serves), run from
-memory (in_memory.py) so that checking writes nothing there. The URL goes on stdin: it may
+check a run makes before it uses the server (dflash_eval.reference.sglang_server.check_serves), run
+from memory (in_memory.py) so that checking writes nothing there. The URL goes on stdin: it may
 carry credentials, which must reach neither argv nor a file.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dflash_eval.urls import redact_url
+from dflash_eval.contract.urls import redact_url
 
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import HarnessHost, HostEntry

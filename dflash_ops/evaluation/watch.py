@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from dflash_eval.reading import overall_interval
+from dflash_eval.contract.reading import overall_interval
 from rich.markup import escape
 
 from dflash_ops.core.arguments import parse_number

@@ -1,8 +1,8 @@
 """Room for a feature set, checked before anything is computed or relayed.
 
 On the features host, the harness itself bounds the set's size (`features --check-space`,
-dflash_eval/feature_size.py: prompts counted with the target's tokenizer, the dtype the run
-will choose, the layers and hidden size) and reads the free space of the set directory's
+dflash_eval/reference/feature_size.py: prompts counted with the target's tokenizer, the dtype the
+run will choose, the layers and hidden size) and reads the free space of the set directory's
 filesystem; here the inventory's margin is added, as staging adds it for every hop. The
 figure is an upper bound: a set whose completions stop early takes less.
 

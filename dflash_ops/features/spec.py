@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_eval.completions import BUILTIN_PROMPTS
-from dflash_eval.options import MAX_LAYER, default
+from dflash_eval.contract.options import MAX_LAYER, default
+from dflash_eval.contract.prompts import BUILTIN_PROMPTS
 
 from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import InventoryError, OpsError

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_eval.version import harness_hash
+from dflash_eval.contract.version import harness_hash
 
 from dflash_ops.core.errors import NotOursError
 from dflash_ops.core.inventory import HarnessHost, Inventory, VenvSpec

@@ -11,7 +11,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from dflash_eval.version import harness_hash
+from dflash_eval.contract.version import harness_hash
 
 from dflash_ops.core.inventory import HarnessHost, VenvSpec
 from dflash_ops.provision.harness import HARNESS_SOURCE, harness_state, short_hash

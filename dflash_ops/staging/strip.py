@@ -14,15 +14,18 @@ their index) are the weights, and optimizer/scheduler files stay behind.
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 import json
 import shlex
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
-import dflash_eval
+from dflash_eval.contract.weights import (
+    EXTRACT_MARKER,
+    METADATA_KEYS,
+    PREFIXES,
+    STATE_DICT_KEYS,
+)
 
 from dflash_ops.core.errors import CheckpointError
 from dflash_ops.remote.priority import low_priority
@@ -33,21 +36,6 @@ from dflash_ops.staging.sources import TrainerFiles
 
 # A directory checkpoint's files that hold the drafter: what the harness reads.
 WEIGHT_FILES = ("config.json", "*.safetensors", "*.safetensors.index.json")
-# Where the harness defines what the weights of a training checkpoint are: in the source tree
-# that is deployed to the eval hosts (as dflash_ops.provision.HARNESS_SOURCE), else in the
-# installed package.
-_SOURCE_TREE = Path(__file__).resolve().parents[2] / "remote" / "dflash_eval" / "loaders.py"
-HARNESS_LOADERS = (
-    _SOURCE_TREE
-    if _SOURCE_TREE.is_file()
-    else Path(dflash_eval.__file__).resolve().parent / "loaders.py"
-)
-_HARNESS_NAMES = {
-    "state_dict_keys": "STATE_DICT_KEYS",
-    "metadata_keys": "METADATA_KEYS",
-    "prefixes": "PREFIXES",
-    "marker": "EXTRACT_MARKER",
-}
 NO_PYTHON = 127  # the shell's "command not found"
 
 
@@ -101,25 +89,14 @@ def weight_members(members: tuple[Member, ...]) -> tuple[Member, ...]:
     return tuple(m for m in members if any(fnmatch.fnmatch(m.name, p) for p in WEIGHT_FILES))
 
 
-@cache
 def harness_keys() -> dict:
-    """The harness's own definitions of where the weights are (read, not imported: its
-    module imports torch, which the workstation side never does at module level)."""
-    tree = ast.parse(HARNESS_LOADERS.read_text(), str(HARNESS_LOADERS))
-    values = {
-        target.id: node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        for target in node.targets
-        if isinstance(target, ast.Name)
+    """The harness's own definitions of where the weights are (dflash_eval.contract.weights)."""
+    return {
+        "state_dict_keys": STATE_DICT_KEYS,
+        "metadata_keys": METADATA_KEYS,
+        "prefixes": PREFIXES,
+        "marker": EXTRACT_MARKER,
     }
-    missing = [name for name in _HARNESS_NAMES.values() if name not in values]
-    if missing:
-        raise CheckpointError(
-            f"{HARNESS_LOADERS} no longer defines {', '.join(missing)}; update "
-            "dflash_ops/staging/strip.py to where the harness keeps them now"
-        )
-    return {key: ast.literal_eval(values[name]) for key, name in _HARNESS_NAMES.items()}
 
 
 class TrainerExtraction:

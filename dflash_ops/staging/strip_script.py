@@ -16,7 +16,7 @@ The checkpoint is memory-mapped (`torch.load(mmap=True, weights_only=True)`): te
 the page cache to the output file, they are not copied into this process's memory, so the
 extraction does not compete with training for RAM. KEYS_JSON carries the harness's own lists
 of where a state dict lives, which entries are metadata and which name prefixes are wrappers
-(read from `remote/dflash_eval/loaders.py`: one source of truth for what the weights are).
+(`dflash_eval.contract.weights`: one source of truth for what the weights are).
 
 Exit 3: this environment cannot extract (no torch or safetensors, a torch that cannot
 memory-map, a checkpoint in torch's legacy format): the reason is on stderr and the caller

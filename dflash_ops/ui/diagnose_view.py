@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dflash_eval.diagnose_summary import report_section, summary_lines
+from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.summary import sample_lines
+from dflash_eval.contract.summary import sample_lines
 from rich.markup import escape
 
 from dflash_ops.core.arguments import one_of, parse_steps

@@ -4,8 +4,8 @@ holds the tasks themselves."""
 
 from __future__ import annotations
 
-from dflash_eval.numbers import span
-from dflash_eval.options import DIAGNOSE, EXTRACT_FEATURES, RUN_EVAL, WATCH
+from dflash_eval.contract.numbers import span
+from dflash_eval.contract.options import DIAGNOSE, EXTRACT_FEATURES, RUN_EVAL, WATCH
 
 from dflash_ops.core.arguments import MAX_COUNT, MAX_PROMPTS, MAX_RETRIES
 from dflash_ops.evaluation.harness_options import task_help

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from dflash_eval.options import default
+from dflash_eval.contract.options import default
 
 from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import OpsError

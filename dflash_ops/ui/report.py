@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from dflash_eval.reading import COMPARABILITY
+from dflash_eval.contract.reading import COMPARABILITY
 from markupsafe import Markup
 
 from dflash_ops.core.files import write_atomic

@@ -1,5 +1,5 @@
 """The report's diagnosis section: each `fab diagnose` pulled for a step the report shows
-(results/diagnose/<run-id>/diagnose.json), as dflash_eval.diagnose_summary gives it: the
+(results/diagnose/<run-id>/diagnose.json), as dflash_eval.contract.diagnose_summary gives it: the
 comparison line, the ranked findings, per slot both drafters' acceptance and calibration,
 and the probes. A diagnosis that cannot be read is named with the reason, never fatal.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.diagnose_summary import report_section, summary_lines
+from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation.diagnose import DIAGNOSE_DIR, read_diagnosis

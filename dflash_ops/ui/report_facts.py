@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from dflash_eval import reading
+from dflash_eval.contract import reading
 
 from dflash_ops.evaluation.results import Comparison, RunResult, number, ratio, run_records
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_eval.schema_metrics import Sample, SampleRound
+from dflash_eval.contract.schema_metrics import Sample, SampleRound
 
 from dflash_ops.evaluation.results import RunResult
 from dflash_ops.ui.report_facts import short

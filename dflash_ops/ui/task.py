@@ -10,8 +10,8 @@ import functools
 import inspect
 from collections.abc import Callable
 
-from dflash_eval import options as table
-from dflash_eval.errors import HarnessError
+from dflash_eval.contract import options as table
+from dflash_eval.contract.errors import HarnessError
 from fabric import Task, task
 from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument
@@ -19,7 +19,7 @@ from invoke.parser import Argument
 from dflash_ops.core.errors import OpsError
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
-# The numeric harness options the tasks pass on, by keyword (dflash_eval.options).
+# The numeric harness options the tasks pass on, by keyword (dflash_eval.contract.options).
 NUMBERS = {
     option.name: option
     for option in table.OPTIONS

@@ -1,4 +1,4 @@
-"""`python -m dflash_eval {eval,extract} …`"""
+"""`python -m dflash_eval {eval,features,extract,plan,diagnose,served} …` (cli.py)."""
 
 import sys
 

@@ -28,7 +28,7 @@ DTYPE = ["--target-dtype", "float32"]  # both sides of the τ comparison in the 
 
 def lab_layers(lab: labs.Lab) -> str:
     """The lab drafter's target layers (dflash_lab.models: the default rule for 2 layers)."""
-    from dflash_eval.config import default_target_layer_ids
+    from dflash_eval.drafter.config import default_target_layer_ids
 
     config = json.loads((lab.data_dir("features") / "models/tiny-target/config.json").read_text())
     return ",".join(map(str, default_target_layer_ids(config["num_hidden_layers"], 2)))

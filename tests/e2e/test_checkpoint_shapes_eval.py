@@ -31,7 +31,7 @@ from tests.lab.test_checkpoint_shapes import (
 def resave_sharded(checkpoint: Path, directory: Path, shards: int = 2) -> None:
     """The trained drafter of a lab checkpoint as a trainer's HF directory: config.json, its
     parameters in `shards` safetensors files with their index, and the training state."""
-    from dflash_eval.loaders import read_drafter
+    from dflash_eval.drafter.checkpoint import read_drafter
     from safetensors.torch import save_file
 
     source = read_drafter(checkpoint)

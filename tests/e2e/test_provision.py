@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dflash_eval.version import harness_files, harness_hash
+from dflash_eval.contract.version import harness_files, harness_hash
 
 from dflash_lab import lab as labs
 from dflash_ops.core.inventory import EvalHost, VenvSpec
@@ -181,8 +181,10 @@ def test_fresh_host_gets_uv_venv_cpu_torch_and_harness(provisioned):
     short = re.search(r"harness ([0-9a-f]{16}) uploaded", out).group(1)
     harness = EvalLayout(provisioned.entry).harness_root
     assert provisioned.remote(f"readlink {harness}/current").strip() == short
-    # Byte-compiled by the venv's python.
+    # Byte-compiled by the venv's python, its packages too.
     assert "cpython-3" in provisioned.remote(f"ls {harness}/{short}/dflash_eval/__pycache__")
+    package = f"{harness}/{short}/dflash_eval/contract"
+    assert "cpython-3" in provisioned.remote(f"ls {package}/__pycache__")
 
 
 def test_rerun_does_nothing(provisioned):

@@ -284,8 +284,8 @@ def test_weights_only_extracts_on_the_trainer_and_moves_only_the_weights(models_
     assert manifest["source_size"] == size and manifest["step"] == STEP
 
     # The same weights, config and hints as the harness's own (eval-side) extraction.
-    from dflash_eval.extract import extract
-    from dflash_eval.loaders import read_drafter
+    from dflash_eval.drafter.checkpoint import read_drafter
+    from dflash_eval.run.extract import extract
 
     extract(checkpoint, tmp_path / "eval-side")
     ours, theirs = read_drafter(staged), read_drafter(tmp_path / "eval-side")

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from dflash_eval.cli import build_parser
-from dflash_eval.completions import builtin_prompts, prompts_hash
-from dflash_eval.dtypes import dtype_name
-from dflash_eval.options import BY_NAME, help_text
-from dflash_eval.version import NUMERICS_VERSION
+from dflash_eval.contract.dtypes import dtype_name
+from dflash_eval.contract.options import BY_NAME, help_text
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.contract.prompts import builtin_prompts, prompts_hash
+from dflash_eval.contract.version import NUMERICS_VERSION
 from rich.console import Console
 
 from dflash_ops.core.arguments import one_of

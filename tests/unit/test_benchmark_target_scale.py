@@ -28,7 +28,7 @@ def test_the_target_scale_benchmark_runs_at_its_smoke_size():
 
 @pytest.mark.parametrize("saved", ["estimate-measured.json", "estimate-checked.json"])
 def test_the_estimate_s_constants_hold_for_the_saved_calibration_runs(saved):
-    """The constants in dflash_eval.estimate against the runs docs/estimate.md reports (the
+    """The constants in dflash_eval.plan.estimate against the runs docs/estimate.md reports (the
     fit's and the check's): a change of a constant that breaks the ±35 % promise fails here."""
     command = [sys.executable, "benchmarks/target_scale.py", "--fit", f"docs/{saved}"]
     output = subprocess.check_output(command, cwd=REPO, text=True, timeout=120)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dflash_eval.completions import read_prompts_jsonl
+from dflash_eval.contract.prompts import read_prompts_jsonl
 
 from dflash_ops.core.errors import DatasetError, OpsError
 from dflash_ops.evaluation.dataset_cache import load_set

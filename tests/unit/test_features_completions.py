@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dflash_eval import options as table
+from dflash_eval.contract import options as table
 
 from dflash_ops.core import inventory
 from dflash_ops.core.errors import HostError

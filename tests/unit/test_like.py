@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from dflash_eval.cli import _eval_options, build_parser
-from dflash_eval.record import options_record
+from dflash_eval.cli import _eval_options
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.run.record import options_record
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import like

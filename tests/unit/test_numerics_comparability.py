@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from dflash_eval import reading
-from dflash_eval.schema_check import SchemaError, parse_results
-from dflash_eval.version import NUMERICS_OF_UNVERSIONED, NUMERICS_VERSION
+from dflash_eval.contract import reading
+from dflash_eval.contract.schema_check import SchemaError, parse_results
+from dflash_eval.contract.version import NUMERICS_OF_UNVERSIONED, NUMERICS_VERSION
 
 from dflash_ops.evaluation import results
 from dflash_ops.evaluation.foresee import comparability_warning, expected_key

@@ -1,6 +1,6 @@
 """Every number from outside has both bounds and a unit where it has one, and one parser reads
-it (dflash_eval.numbers): the harness's run options (the option table), the workstation's own
-flags and the values built in code. A hostile value is one line naming the flag, the range
+it (dflash_eval.contract.numbers): the harness's run options (the option table), the workstation's
+own flags and the values built in code. A hostile value is one line naming the flag, the range
 with its unit and the value found, on the harness and on the workstation alike, before
 anything is staged. (Unit tier: no sshd, fab run in-process.)"""
 
@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from dflash_eval import options as table
-from dflash_eval.cli import build_parser
-from dflash_eval.errors import HarnessError
-from dflash_eval.numbers import parse_number, span
-from dflash_eval.sampling import Sampling
+from dflash_eval.contract import options as table
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.numbers import parse_number, span
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.walk.sampling import Sampling
 from fabric.main import program
 
 import fabfile

@@ -1,5 +1,5 @@
-"""The harness's option table (dflash_eval.options) is the one declaration of each run option:
-the harness's flags, EvalOptions, the workstation's checks and argv, and the fab tasks'
+"""The harness's option table (dflash_eval.contract.options) is the one declaration of each run
+option: the harness's flags, EvalOptions, the workstation's checks and argv, and the fab tasks'
 parameters and help all agree with it. A fab task's signature stays explicit (invoke reads
 it), so these tests pin it to the table: an option added to one and not the other fails here."""
 
@@ -10,9 +10,10 @@ import dataclasses
 import inspect
 
 import pytest
-from dflash_eval import options as table
-from dflash_eval.cli import _eval_options, build_parser
-from dflash_eval.evaluate import EvalOptions
+from dflash_eval.cli import _eval_options
+from dflash_eval.contract import options as table
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.run.options import EvalOptions
 from invoke.exceptions import ParseError
 
 import fabfile

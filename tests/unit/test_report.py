@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dflash_eval.by_dataset import acceptance_counts, intervals
+from dflash_eval.walk.by_dataset import acceptance_counts, intervals
 
 from dflash_ops.evaluation import results
 from dflash_ops.ui import report

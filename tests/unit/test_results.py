@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from dflash_eval import schema
+from dflash_eval.contract import schema
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import results

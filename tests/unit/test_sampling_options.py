@@ -1,5 +1,5 @@
 """`fab run-eval`'s sampling options: checked on the workstation, passed under the harness's
-names (the option table, dflash_eval.options)."""
+names (the option table, dflash_eval.contract.options)."""
 
 from __future__ import annotations
 

@@ -4,13 +4,14 @@ on captured output (no hosts)."""
 from __future__ import annotations
 
 import pytest
+from dflash_eval.contract import weights
 
 from dflash_ops.core.errors import CheckpointError
 from dflash_ops.staging.catalog import parse_listing
 from dflash_ops.staging.destination import Destination
 from dflash_ops.staging.manifest import Identity, Member, matches, set_digest, set_manifest
 from dflash_ops.staging.sides import LocalSide
-from dflash_ops.staging.strip import HARNESS_LOADERS, harness_keys, weight_members
+from dflash_ops.staging.strip import harness_keys, weight_members
 
 IDENTITY = Identity("trainer", "/ckpt/checkpoint-4000", 300, 1700000000, 4000)
 FILES = (Member("config.json", 100, 1700000000), Member("model.safetensors", 200, 1699999999))
@@ -85,11 +86,9 @@ def test_a_directorys_weight_files():
     assert [m.name for m in kept] == names[:3]
 
 
-def test_the_trainer_script_uses_the_deployed_harness_definitions_of_the_weights():
-    from dflash_ops.provision.harness import HARNESS_SOURCE
-
-    assert HARNESS_LOADERS == HARNESS_SOURCE / "loaders.py"
+def test_the_trainer_script_uses_the_harness_definitions_of_the_weights():
     keys = harness_keys()
+    assert keys["prefixes"] == weights.PREFIXES  # what the harness's checkpoint reader strips
     assert "model_state_dict" in keys["state_dict_keys"]
     assert "module." in keys["prefixes"] and "optimizer_state_dict" not in keys["metadata_keys"]
     assert keys["marker"] == "dflash_extract.json"  # what the harness's loader looks for

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from dflash_eval.config import DrafterConfig
-from dflash_eval.model import DFlashDrafter
+from dflash_eval.drafter.config import DrafterConfig
+from dflash_eval.drafter.model import DFlashDrafter
 
 SEED = 20261201
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,;:!?"

@@ -8,13 +8,15 @@ from typing import Any
 
 import pytest
 import torch
-from dflash_eval.config import DrafterConfig, TargetShape
-from dflash_eval.diagnose import DiagnoseOptions, run_diagnose
-from dflash_eval.errors import HarnessError
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.loaders import load_drafter
-from dflash_eval.model import DFlashDrafter
-from dflash_eval.progress import Progress
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.progress import Progress
+from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
+from dflash_eval.drafter.config import DrafterConfig
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.drafter.model import DFlashDrafter
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
+from dflash_eval.target.config import TargetShape
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # What the loader tests load drafters against: six layers, so that a drafter of

@@ -5,8 +5,8 @@ so that parallel workers run them side by side: each takes minutes."""
 
 from __future__ import annotations
 
-from dflash_eval.loaders import load_drafter
-from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
 
 from .live_drafter import PlainDrafter
 from .live_loops import LiveModels, Settings

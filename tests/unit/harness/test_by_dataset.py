@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from dflash_eval import reading
-from dflash_eval.by_dataset import acceptance_counts, intervals
-from dflash_eval.metrics import PromptWalk, summarize
+from dflash_eval.contract import reading
+from dflash_eval.walk.by_dataset import acceptance_counts, intervals
+from dflash_eval.walk.metrics import PromptWalk, summarize
 
 
 def row(
@@ -18,7 +18,7 @@ def row(
     slots: list[list[bool]],
     conversation: str | None = None,
 ) -> dict:
-    """A per-prompt row as evaluate.py writes it, from a walk's round lengths and slots."""
+    """A per-prompt row as run/evaluate.py writes it, from a walk's round lengths and slots."""
     return {
         "id": prompt_id,
         "dataset": dataset,

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import torch
-from dflash_eval.cache import DiskCache, key_digest
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.progress import Progress
+from dflash_eval.contract.progress import Progress
+from dflash_eval.reference.cache import DiskCache, key_digest
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
 
 KEY = {"kind": "hidden_states", "target": "abc", "tokens": "t1", "layer_ids": [1, 3]}
 

@@ -8,7 +8,7 @@ import json
 import os
 
 import torch
-from dflash_eval.cache import DiskCache, key_digest, tokens_digest
+from dflash_eval.reference.cache import DiskCache, key_digest, tokens_digest
 from safetensors.torch import save_file
 
 KEY = {"kind": "hidden_states", "target": "abc", "tokens": "t1", "layer_ids": [1, 3]}

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dflash_eval import reading, schema_check, summary
-from dflash_eval.cli import build_parser
+from dflash_eval.contract import reading, schema_check, summary
+from dflash_eval.contract.parser import build_parser
 
 REMOTE = Path(__file__).resolve().parents[3] / "remote"
 

@@ -11,16 +11,17 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from dflash_eval.completions import encode_prompt, greedy_reference, read_prompts_jsonl
-from dflash_eval.errors import HarnessError
-from dflash_eval.extract import extract
-from dflash_eval.loaders import load_drafter
-from dflash_eval.metrics import PromptWalk, Span, walk_prompt
-from dflash_eval.model_dflash2 import DFlash2Drafter
-from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
-from dflash_eval.profile import read_profile
-from dflash_eval.schema_check import parse_results
-from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.contract.schema_check import parse_results
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.drafter.model_dflash2 import DFlash2Drafter
+from dflash_eval.drafter.profile import read_profile
+from dflash_eval.reference.completions import encode_prompt, greedy_reference
+from dflash_eval.run.extract import extract
+from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.walk.metrics import PromptWalk, Span, walk_prompt
+from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor
 from transformers import AutoModelForCausalLM
 
 from .dflash2_drafter import build_dflash2_files, hf_names, save_hf_dir

@@ -11,11 +11,11 @@ import math
 
 import pytest
 from dflash_eval.cli import main
-from dflash_eval.diagnose import DiagnoseOptions, probe_settings, run_diagnose
-from dflash_eval.diagnose_stats import paired_difference
-from dflash_eval.diagnose_summary import report_section, summary_lines
-from dflash_eval.evaluate import EvalOptions
-from dflash_eval.progress import Progress
+from dflash_eval.contract.diagnose_summary import report_section, summary_lines
+from dflash_eval.contract.progress import Progress
+from dflash_eval.diagnose.diagnosis import DiagnoseOptions, probe_settings, run_diagnose
+from dflash_eval.diagnose.stats import paired_difference
+from dflash_eval.run.options import EvalOptions
 
 from dflash_lab.faulty import build_faulty_drafter
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dflash_eval.diagnose_summary import summary_lines
+from dflash_eval.contract.diagnose_summary import summary_lines
 from transformers import Qwen3ForCausalLM
 
 from dflash_lab.content import MODEL_CACHE

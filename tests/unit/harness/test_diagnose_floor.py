@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from dflash_eval.diagnose_findings import TAU_FLOOR, rank
-from dflash_eval.diagnose_summary import report_section, summary_lines
+from dflash_eval.contract.diagnose_summary import report_section, summary_lines
+from dflash_eval.diagnose.findings import TAU_FLOOR, rank
 
 from .helpers import diagnose_lab, random_drafter, save_training_checkpoint, small_config
 

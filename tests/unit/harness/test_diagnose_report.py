@@ -7,9 +7,9 @@ from __future__ import annotations
 import html
 import json
 
-from dflash_eval.diagnose import DiagnoseOptions, run_diagnose
-from dflash_eval.evaluate import EvalOptions
-from dflash_eval.progress import Progress
+from dflash_eval.contract.progress import Progress
+from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
+from dflash_eval.run.options import EvalOptions
 
 from dflash_ops.evaluation import results
 from dflash_ops.ui import report, report_diagnosis

@@ -7,20 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dflash_eval.config import (
+from dflash_eval.contract.config_keys import TOP_LEVEL, UNDER_DFLASH_CONFIG
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.drafter.config import (
     DrafterConfig,
     LayerAttention,
-    TargetShape,
     check_against_target,
     default_target_layer_ids,
     infer_from_shapes,
     stated_settings,
     states_rope,
 )
-from dflash_eval.config import from_hf_dict as parse
-from dflash_eval.config_keys import TOP_LEVEL, UNDER_DFLASH_CONFIG
-from dflash_eval.dflash2_config import KEYS
-from dflash_eval.errors import HarnessError
+from dflash_eval.drafter.config import from_hf_dict as parse
+from dflash_eval.drafter.dflash2_config import KEYS
+from dflash_eval.target.config import TargetShape
 
 from .helpers import small_config
 
@@ -352,7 +352,7 @@ def test_the_reference_default_layer_rule():
 
 
 def test_the_architecture_is_read_back_from_parameter_shapes():
-    from dflash_eval.model import DFlashDrafter
+    from dflash_eval.drafter.model import DFlashDrafter
 
     config = small_config(head_dim=8, intermediate_size=80, num_hidden_layers=3)
     shapes = {name: tuple(t.shape) for name, t in DFlashDrafter(config).state_dict().items()}

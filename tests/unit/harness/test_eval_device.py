@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dflash_eval.cli import build_parser
-from dflash_eval.errors import HarnessError
-from dflash_eval.target_source import eval_device
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.parser import build_parser
+from dflash_eval.target.source import eval_device
 
 from .helpers import quick_eval
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from dflash_eval.completions import Prompt, encode_prompt, read_prompts_jsonl
-from dflash_eval.config import from_hf_dict
-from dflash_eval.errors import HarnessError
-from dflash_eval.target import load_tokenizer
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import Prompt, read_prompts_jsonl
+from dflash_eval.drafter.config import from_hf_dict
+from dflash_eval.reference.completions import encode_prompt
+from dflash_eval.target.model import load_tokenizer
 
 from .helpers import quick_eval
 

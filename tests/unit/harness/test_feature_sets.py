@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.features_run import FeaturesOptions, run_features
-from dflash_eval.progress import Progress
-from dflash_eval.target_source import resolve_device
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.progress import Progress
+from dflash_eval.run.features import FeaturesOptions, run_features
+from dflash_eval.target.source import resolve_device
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 

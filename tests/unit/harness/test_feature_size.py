@@ -1,5 +1,5 @@
-"""A feature set's size is known before it is computed (feature_size.py): an upper bound that
-the built set never exceeds, reported by `features --check-space` without computing or
+"""A feature set's size is known before it is computed (reference/feature_size.py): an upper bound
+that the built set never exceeds, reported by `features --check-space` without computing or
 writing the set, and a refusal before the target loads when the disk cannot hold it."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflash_eval import feature_size
-from dflash_eval.completions import Prompt
-from dflash_eval.errors import HarnessError
-from dflash_eval.features_run import FeaturesOptions, run_features
-from dflash_eval.options import MAX_TOKENS
-from dflash_eval.progress import Progress
-from dflash_eval.target import load_tokenizer
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.options import MAX_TOKENS
+from dflash_eval.contract.progress import Progress
+from dflash_eval.contract.prompts import Prompt
+from dflash_eval.reference import feature_size
+from dflash_eval.run.features import FeaturesOptions, run_features
+from dflash_eval.target.model import load_tokenizer
 
 REMOTE = Path(__file__).resolve().parents[3] / "remote"
 TIMEOUT_S = 300

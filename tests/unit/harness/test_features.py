@@ -7,15 +7,15 @@ import json
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.features import (
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.target.config import read_target_config
+from dflash_eval.target.features import (
     FIDELITY_MAX_RELATIVE_ERROR,
     choose_target_dtype,
     judge,
     parse_meminfo,
 )
-from dflash_eval.target_config import read_target_config
-from dflash_eval.target_parts import load_target_parts
+from dflash_eval.target.parts import load_target_parts
 
 from .helpers import (
     quick_eval,
@@ -183,8 +183,8 @@ def test_tied_embeddings_are_read_once(tmp_path):
 def test_the_staging_manifest_sha256_is_trusted_only_while_it_describes_the_file(tmp_path):
     import os
 
-    from dflash_eval.results import file_identity
-    from dflash_eval.target import sha256_file
+    from dflash_eval.run.results import file_identity
+    from dflash_eval.target.model import sha256_file
 
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(b"weights" * 100)
@@ -205,7 +205,7 @@ def test_the_staging_manifest_sha256_is_trusted_only_while_it_describes_the_file
 
 
 def test_run_eval_passes_verify_under_the_harness_flag():
-    from dflash_eval.cli import build_parser
+    from dflash_eval.contract.parser import build_parser
 
     from dflash_ops.evaluation.harness_options import harness_args
 

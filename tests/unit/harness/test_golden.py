@@ -1,7 +1,7 @@
 """The golden test: the numbers the harness computes on a fixed tiny fixture (golden.py) are
 pinned, so a change that moves any of them fails here until the numerics version
-(dflash_eval.version.NUMERICS_VERSION) is raised, and results of the two versions stop being
-compared as equals (docs/contributing.md, "When to raise the numerics version").
+(dflash_eval.contract.version.NUMERICS_VERSION) is raised, and results of the two versions stop
+being compared as equals (docs/contributing.md, "When to raise the numerics version").
 
 What is pinned is what results record: per prompt the completion length, the rounds, the
 acceptance count of every slot, τ, DDTree τ and capped τ; the run's metrics and interval;
@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 import torch
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.progress import Progress
-from dflash_eval.version import NUMERICS_VERSION
+from dflash_eval.contract.progress import Progress
+from dflash_eval.contract.version import NUMERICS_VERSION
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
 from safetensors.torch import load_file, save_file
 
 from . import golden
@@ -143,7 +144,7 @@ def require_golden(found: dict[str, Any], run: str) -> None:
     pytest.fail(
         f"the {run} numbers of the golden fixture moved under numerics version "
         f"{NUMERICS_VERSION}:\n  {shown}\nIf this change is meant to change the numbers, raise "
-        f"NUMERICS_VERSION in remote/dflash_eval/version.py to {NUMERICS_VERSION + 1} and "
+        f"NUMERICS_VERSION in remote/dflash_eval/contract/version.py to {NUMERICS_VERSION + 1} and "
         "record the new numbers: DFLASH_GOLDEN_RECORD=1 pytest tests/unit/harness/test_golden.py "
         "(docs/contributing.md). If it is not, the change has a numerical side effect: find "
         "it before merging.",

@@ -1,5 +1,5 @@
 """The kernel record says what the target's forward ran, seen during the forward
-(kernels_seen.py), not what an installed package suggests."""
+(target/kernels.py), not what an installed package suggests."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.features import kernel_record
-from dflash_eval.kernels_seen import KernelWatch, require_as_expected
-from dflash_eval.target import load_target
-from dflash_eval.target_config import read_target_config
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.target.config import read_target_config
+from dflash_eval.target.features import kernel_record
+from dflash_eval.target.kernels import KernelWatch, require_as_expected
+from dflash_eval.target.model import load_target
 
 from .helpers import save_tiny_qwen3_5
 

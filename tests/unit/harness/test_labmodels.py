@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.progress import Progress
+from dflash_eval.contract.progress import Progress
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
 
 from dflash_lab.models import build_lab_models
 

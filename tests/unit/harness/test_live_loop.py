@@ -15,11 +15,12 @@ import json
 
 import pytest
 import torch
-from dflash_eval.completions import encode_prompt, greedy_reference, read_prompts_jsonl
-from dflash_eval.loaders import load_drafter
-from dflash_eval.metrics import Span, walk_prompt
-from dflash_eval.predict import BorrowedHead, PerBlockPredictor, Predictor
-from dflash_eval.target import load_target, load_tokenizer
+from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.reference.completions import encode_prompt, greedy_reference
+from dflash_eval.target.model import load_target, load_tokenizer
+from dflash_eval.walk.metrics import Span, walk_prompt
+from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dflash_eval.loaders import load_drafter, read_drafter, strip_prefix
-from dflash_eval.pickle_policy import PicklePolicy
+from dflash_eval.drafter.checkpoint import read_drafter, strip_prefix
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.drafter.pickle_policy import PicklePolicy
 from safetensors.torch import save_file
 
 from .helpers import (

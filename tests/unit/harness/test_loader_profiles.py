@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dflash_eval.loaders import load_drafter
-from dflash_eval.pickle_policy import PicklePolicy
-from dflash_eval.profile import DrafterProfile, read_profile
-from dflash_eval.provenance import Offer
-from dflash_eval.record import drafter_block
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.drafter.pickle_policy import PicklePolicy
+from dflash_eval.drafter.profile import DrafterProfile, read_profile
+from dflash_eval.drafter.provenance import Offer
+from dflash_eval.run.record import drafter_block
 
 from .helpers import (
     LOADER_TARGET,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from dflash_eval.cli import main
-from dflash_eval.loaders import load_drafter
+from dflash_eval.drafter.loaders import load_drafter
 from safetensors.torch import save_file
 
 from .helpers import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from dflash_eval.metrics import Span, ddtree_depths, ddtree_pop_order, summarize, walk_prompt
+from dflash_eval.walk.metrics import Span, ddtree_depths, ddtree_pop_order, summarize, walk_prompt
 
 from .live_loops import build_tree
 
@@ -332,7 +332,7 @@ def test_ddtree_walk_at_the_budgets_where_the_path_grows():
 
 
 def test_a_one_slot_tree_smaller_than_the_budget_pops_every_candidate():
-    # A predictor gives one slot when a tree of ≤ k nodes cannot reach slot 2 (predict.py);
+    # A predictor gives one slot when a tree of ≤ k nodes cannot reach slot 2 (walk/predict.py);
     # the budget may exceed the whole tree (here 3 nodes).
     order = ddtree_pop_order([[-0.5, -1.0, -2.0]], 8)
     assert order == {(0,): 0, (1,): 1, (2,): 2}

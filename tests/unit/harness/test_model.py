@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
-from dflash_eval.config import LayerAttention, from_hf_dict
-from dflash_eval.metrics import Span, ddtree_pop_order, walk_prompt
-from dflash_eval.predict import (
+from dflash_eval.drafter.config import LayerAttention, from_hf_dict
+from dflash_eval.walk.metrics import Span, ddtree_pop_order, walk_prompt
+from dflash_eval.walk.predict import (
     BorrowedHead,
     PerBlockPredictor,
     Predictor,

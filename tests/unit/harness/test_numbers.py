@@ -7,10 +7,10 @@ import math
 
 import pytest
 from dflash_eval.cli import main
-from dflash_eval.config import from_hf_dict
-from dflash_eval.config_keys import CONFIG_BOUNDS, TOP_LEVEL
-from dflash_eval.errors import HarnessError
-from dflash_eval.numbers import parse_number
+from dflash_eval.contract.config_keys import CONFIG_BOUNDS, TOP_LEVEL
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.numbers import parse_number
+from dflash_eval.drafter.config import from_hf_dict
 
 from dflash_ops.core.arguments import parse_count
 from dflash_ops.core.arguments import parse_number as workstation_number
@@ -76,7 +76,7 @@ def test_a_config_number_out_of_bounds_is_one_line_before_anything_is_built(key,
 
 
 def test_every_bounded_config_key_is_an_accepted_key():
-    """The bounds and the accepted keys (config_keys.py) describe the same config."""
+    """The bounds and the accepted keys (contract/config_keys.py) describe the same config."""
     assert set(CONFIG_BOUNDS) <= set(TOP_LEVEL)
 
 

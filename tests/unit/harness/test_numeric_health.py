@@ -1,4 +1,4 @@
-"""Numeric health (dflash_eval.health) on the lab's tiny models: a drafter with NaN weights,
+"""Numeric health (dflash_eval.drafter.health) on the lab's tiny models: a drafter with NaN weights,
 a drafter whose logits overflow, and a prompt longer than the target's context each stop the
 run with one paragraph naming the tensor or the prompt, instead of a meaningless τ."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
+from dflash_eval.contract.errors import HarnessError
 
 from .helpers import quick_eval
 

@@ -20,8 +20,8 @@ import timeit
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.pickle_policy import (
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.drafter.pickle_policy import (
     INERT_GLOBALS,
     INERT_GROUPS,
     PicklePolicy,

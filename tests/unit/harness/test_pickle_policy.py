@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 from dflash_eval.cli import main
-from dflash_eval.config import TargetShape
-from dflash_eval.errors import HarnessError
-from dflash_eval.loaders import load_drafter
-from dflash_eval.pickle_policy import FULL_UNPICKLE, WITH_SAFE_GLOBALS, PicklePolicy
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.drafter.pickle_policy import FULL_UNPICKLE, WITH_SAFE_GLOBALS, PicklePolicy
+from dflash_eval.target.config import TargetShape
 
 from .helpers import quick_eval, random_drafter, save_training_checkpoint, small_config
 

@@ -1,4 +1,4 @@
-"""A target split over several devices (placement.py): the plan, and a load through it.
+"""A target split over several devices (target/placement.py): the plan, and a load through it.
 
 No GPU here: the plan is a pure function of module sizes, devices and the cap, checked on
 made-up sizes and on a real tiny hybrid model's; the load goes through transformers'
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.features_run import FeaturesOptions, run_features
-from dflash_eval.placement import Shard, Unit, plan
-from dflash_eval.progress import Progress
-from dflash_eval.target import load_target, plan_placement, text_skeleton
-from dflash_eval.target_config import read_target_config
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.progress import Progress
+from dflash_eval.run.features import FeaturesOptions, run_features
+from dflash_eval.target.config import read_target_config
+from dflash_eval.target.model import load_target, plan_placement, text_skeleton
+from dflash_eval.target.placement import Shard, Unit, plan
 
 from .helpers import save_tiny_qwen3_5
 

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from dflash_eval import cli
-from dflash_eval.estimate import (
+from dflash_eval.contract.progress import Progress
+from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED
+from dflash_eval.plan.dry_run import HostFacts, make_plan
+from dflash_eval.plan.estimate import (
     ANCHOR_WALK_S,
     DECODE_LAYER_STEP_S,
     DISK_BYTES_PER_SECOND,
@@ -23,11 +26,9 @@ from dflash_eval.estimate import (
     gflops_per_core,
     parse_cpuinfo,
 )
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.features import parse_meminfo
-from dflash_eval.plan import HostFacts, make_plan
-from dflash_eval.plan_drafter import UNKNOWN_UNTIL_STAGED
-from dflash_eval.progress import Progress
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
+from dflash_eval.target.features import parse_meminfo
 
 from .helpers import save_tiny_qwen3_5
 

@@ -10,16 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dflash_eval import reading
-from dflash_eval.completions import (
-    Prompt,
-    builtin_prompts,
-    prompts_hash,
-    read_prompts_jsonl,
-)
-from dflash_eval.conversation import Conversations
-from dflash_eval.errors import HarnessError
-from dflash_eval.summary import summary_lines
+from dflash_eval.contract import reading
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import Prompt, builtin_prompts, prompts_hash, read_prompts_jsonl
+from dflash_eval.contract.summary import summary_lines
+from dflash_eval.reference.conversation import Conversations
 
 from tests.unit.harness.helpers import quick_eval
 

@@ -14,11 +14,11 @@ import json
 import pytest
 import torch
 from dflash_eval.cli import main
-from dflash_eval.config import TargetShape
-from dflash_eval.errors import HarnessError
-from dflash_eval.loaders import load_drafter
-from dflash_eval.profile import read_profile
-from dflash_eval.summary import summary_lines
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.summary import summary_lines
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.drafter.profile import read_profile
+from dflash_eval.target.config import TargetShape
 
 from .helpers import (
     quick_eval,

@@ -11,8 +11,8 @@ import random
 
 import pytest
 import torch
-from dflash_eval.config import from_hf_dict
-from dflash_eval.errors import HarnessError
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.drafter.config import from_hf_dict
 from transformers import Qwen3Config
 from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_next import modeling_qwen3_next

@@ -6,9 +6,9 @@ import itertools
 import json
 
 import pytest
-from dflash_eval.errors import HarnessError
-from dflash_eval.samples import sampled_prompts, typical_rounds
-from dflash_eval.target import load_tokenizer
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.target.model import load_tokenizer
+from dflash_eval.walk.samples import sampled_prompts, typical_rounds
 
 from .helpers import quick_eval
 

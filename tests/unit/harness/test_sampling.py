@@ -14,18 +14,13 @@ import statistics
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.evaluate import EvalOptions
-from dflash_eval.metrics import Span
-from dflash_eval.reading import comparability_key
-from dflash_eval.sampled_walk import (
-    WalkRule,
-    expected_walk,
-    summarize_sampled,
-    walk_sampled,
-)
-from dflash_eval.sampling import Sampling, from_options, processed_probs
-from dflash_eval.schema_check import parse_results
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.reading import comparability_key
+from dflash_eval.contract.schema_check import parse_results
+from dflash_eval.run.options import EvalOptions
+from dflash_eval.walk.metrics import Span
+from dflash_eval.walk.sampled import WalkRule, expected_walk, summarize_sampled, walk_sampled
+from dflash_eval.walk.sampling import Sampling, from_options, processed_probs
 
 from .helpers import quick_eval
 from .live_loops import Settings, plain_probs

@@ -7,7 +7,8 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from dflash_eval.completions import encode_prompt, read_prompts_jsonl
+from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.reference.completions import encode_prompt
 
 from .helpers import quick_eval
 from .live_loops import live_sampled_lengths

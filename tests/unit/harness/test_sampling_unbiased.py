@@ -8,11 +8,12 @@ import statistics
 
 import pytest
 import torch
-from dflash_eval.completions import encode_prompt, read_prompts_jsonl, sampled_reference
-from dflash_eval.pipeline import Sequence
-from dflash_eval.predict import BorrowedHead, SampledPredictor
-from dflash_eval.sampled_walk import walk_sequence
-from dflash_eval.sampling import Sampling
+from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.reference.completions import encode_prompt, sampled_reference
+from dflash_eval.reference.pipeline import Sequence
+from dflash_eval.walk.predict import BorrowedHead, SampledPredictor
+from dflash_eval.walk.sampled import walk_sequence
+from dflash_eval.walk.sampling import Sampling
 
 from .live_loops import live_sampled_lengths
 from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts

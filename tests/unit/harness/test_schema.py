@@ -10,26 +10,29 @@ import sys
 from pathlib import Path
 
 import pytest
-from dflash_eval import schema_check, schema_doc
-from dflash_eval.summary import headline, summary_lines
+from dflash_eval.contract import schema_check, schema_doc
+from dflash_eval.contract.summary import headline, summary_lines
 
 from tests.schema_samples import LATER_KEYS, SCHEMA_3_KEYS, results_dict, sampled_results_dict
 
 REMOTE = Path(__file__).resolve().parents[3] / "remote"
 
 
-def test_importing_the_schema_loads_no_torch():
-    # A fresh interpreter that sees only remote/: what the workstation side imports.
+def test_importing_the_contract_loads_no_torch():
+    # A fresh interpreter that sees only remote/: every module of what the workstation imports.
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from dflash_eval import schema, "
-        "schema_check, reading, summary; "
-        "import json; print(json.dumps([schema.__file__, sorted(sys.modules)]))"
+        "import importlib, json, pkgutil, sys; sys.path.insert(0, sys.argv[1]); "
+        "from dflash_eval import contract; from dflash_eval.contract import schema; "
+        "[importlib.import_module(m.name) for m in "
+        "pkgutil.iter_modules(contract.__path__, 'dflash_eval.contract.')]; "
+        "print(json.dumps([schema.__file__, sorted(sys.modules)]))"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe, str(REMOTE)], capture_output=True, text=True, check=True
     )
     path, modules = json.loads(result.stdout)
-    assert Path(path) == REMOTE / "dflash_eval" / "schema.py"
+    assert Path(path) == REMOTE / "dflash_eval" / "contract" / "schema.py"
+    assert "dflash_eval.contract.summary" in modules and "dflash_eval.contract.parser" in modules
     assert not [name for name in modules if name.split(".")[0] in ("torch", "transformers")]
 
 
@@ -151,7 +154,7 @@ def test_the_schema_page_is_written_from_the_types_and_shows_every_one():
     page = (REMOTE.parent / "docs" / "results-schema.md").read_text(encoding="utf-8")
     assert schema_doc.render(page) == page, (
         "docs/results-schema.md differs from the types: run "
-        "`cd remote && python -m dflash_eval.schema_doc ../docs/results-schema.md`"
+        "`cd remote && python -m dflash_eval.contract.schema_doc ../docs/results-schema.md`"
     )
     assert schema_doc.reachable() <= schema_doc.documented(page)
 
@@ -160,6 +163,6 @@ def test_the_schema_page_lists_every_progress_event_the_harness_sends():
     page = (REMOTE.parent / "docs" / "results-schema.md").read_text(encoding="utf-8")
     table = page.split("## Progress events")[1].split("\n## ")[0]
     listed = set(re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE))
-    sources = (REMOTE / "dflash_eval").glob("*.py")
+    sources = (REMOTE / "dflash_eval").rglob("*.py")
     sent = {e for path in sources for e in re.findall(r'event\(\s*"(\w+)"', path.read_text())}
     assert "done" in sent and listed == sent

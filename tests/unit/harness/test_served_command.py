@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from dflash_eval.cli import main
-from dflash_eval.errors import HarnessError
-from dflash_eval.features_run import FeaturesOptions, run_features
-from dflash_eval.progress import Progress
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.progress import Progress
+from dflash_eval.run.features import FeaturesOptions, run_features
 
 from tests.sglang_stand_in import StandIn
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from dflash_eval.completions import SGLangClient
-from dflash_eval.errors import HarnessError
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.reference.completions import SGLangClient
 
 from tests.sglang_stand_in import StandIn, made_up_tokens
 
@@ -92,7 +92,7 @@ def test_eval_uses_sglang_completions(lab, tmp_path, sglang_url):
 
 
 def test_a_url_with_credentials_is_shown_redacted_and_can_come_from_a_file(tmp_path):
-    from dflash_eval.urls import read_url, redact_url
+    from dflash_eval.contract.urls import read_url, redact_url
 
     for secret in ("http://user:pw@127.0.0.1:30000", "http://127.0.0.1:30000/tok/v1?key=t#f"):
         assert redact_url(secret) == "http://127.0.0.1:30000/***"

@@ -6,9 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from dflash_eval.errors import HarnessError
-from dflash_eval.plan import make_plan
-from dflash_eval.sglang_server import check_serves, completions_url, model_name, target_names
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.plan.dry_run import make_plan
+from dflash_eval.reference.sglang_server import (
+    check_serves,
+    completions_url,
+    model_name,
+    target_names,
+)
 
 from tests.sglang_stand_in import StandIn
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 import torch
-from dflash_eval.errors import HarnessError
-from dflash_eval.features import choose_target_dtype, fidelity_needed, kernel_record
-from dflash_eval.target import load_target, require_loaded_as
-from dflash_eval.target_config import read_target_config
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.target.config import read_target_config
+from dflash_eval.target.features import choose_target_dtype, fidelity_needed, kernel_record
+from dflash_eval.target.model import load_target, require_loaded_as
 from safetensors.torch import load_file, save_file
 
 from .helpers import save_tiny_qwen3_5

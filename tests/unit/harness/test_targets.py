@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dflash_eval.evaluate import EvalOptions, run_eval
-from dflash_eval.progress import Progress
-from dflash_eval.target import load_target
+from dflash_eval.contract.progress import Progress
+from dflash_eval.run.evaluate import run_eval
+from dflash_eval.run.options import EvalOptions
+from dflash_eval.target.model import load_target
 
 from .helpers import random_drafter, save_tiny_qwen3_5, save_training_checkpoint, small_config
 

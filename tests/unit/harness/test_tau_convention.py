@@ -12,17 +12,13 @@ import json
 
 import pytest
 import torch
-from dflash_eval.cache import key_digest
-from dflash_eval.completions import (
-    encode_prompt,
-    first_stop,
-    greedy_reference,
-    read_prompts_jsonl,
-)
-from dflash_eval.loaders import load_drafter
-from dflash_eval.metrics import Span, walk_prompt
-from dflash_eval.predict import BorrowedHead, Predictor
-from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.drafter.loaders import load_drafter
+from dflash_eval.reference.cache import key_digest
+from dflash_eval.reference.completions import encode_prompt, first_stop, greedy_reference
+from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.walk.metrics import Span, walk_prompt
+from dflash_eval.walk.predict import BorrowedHead, Predictor
 from transformers import AutoModelForCausalLM
 
 from .helpers import quick_eval, save_tiny_qwen3_5

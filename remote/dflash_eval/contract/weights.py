@@ -1,0 +1,15 @@
+"""What the weights of a training checkpoint are: where its state dict lives, which of its
+entries are metadata (all others, optimizer state and the like, are dropped), which name
+prefixes are wrappers, and the marker file of the extracted format.
+
+Stdlib only: the workstation sends these to the trainer's strip script
+(dflash_ops/staging/strip_script.py), so that a checkpoint stripped at the source holds what
+the harness reads (drafter/checkpoint.py).
+"""
+
+EXTRACT_MARKER = "dflash_extract.json"
+# Wrappers that training code puts in front of parameter names.
+PREFIXES = ("module.", "_orig_mod.", "draft_model.", "drafter.", "model.")
+STATE_DICT_KEYS = ("model_state_dict", "state_dict", "model")
+# Checkpoint entries read for identity/config; everything else (optimizer...) is dropped.
+METADATA_KEYS = ("config", "model_config", "draft_config", "args", "step", "global_step")

@@ -1,0 +1,52 @@
+"""Prompt token ids, turn by turn: what the target is asked at each turn of a conversation.
+
+A single-turn prompt is its messages under the chat template. A later turn (MT-Bench's
+second question) is asked after the first one *and the target's own reply to it*, as z-lab's
+benchmark does: the reply is the target's completion of the previous turn, cut at
+max_new_tokens, decoded without special tokens, and put back as the assistant's message. So
+a later turn can only be encoded once the previous turn's completion exists; the harness
+computes completions in order and tells this object each one (`replied`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.prompts import Prompt
+from dflash_eval.reference.completions import encode_messages
+
+Messages = tuple[tuple[str, str], ...]
+
+
+class Conversations:
+    def __init__(self, tokenizer: Any, thinking: bool, reply_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.thinking = thinking
+        self.reply_tokens = reply_tokens
+        self._asked: dict[str, Messages] = {}  # prompt id → the messages it was encoded from
+        self._history: dict[str, Messages] = {}  # prompt id → its messages and the reply
+        self._first: dict[str, str] = {}  # prompt id → id of its conversation's first turn
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of the prompt; a later turn needs its previous turn's reply first."""
+        earlier: Messages = ()
+        if prompt.follows is not None:
+            if prompt.follows not in self._history:
+                raise HarnessError(
+                    f"Prompt {prompt.id} follows {prompt.follows}, which has no reply yet: "
+                    "the turns of a conversation must come in order in the prompts file."
+                )
+            earlier = self._history[prompt.follows]
+        self._asked[prompt.id] = earlier + prompt.messages
+        self._first[prompt.id] = self._first.get(prompt.follows or "", prompt.id)
+        return encode_messages(self.tokenizer, self._asked[prompt.id], self.thinking)[0]
+
+    def replied(self, prompt: Prompt, completion: list[int]) -> None:
+        """Record the target's completion of `prompt`, for the turn that follows it."""
+        reply = self.tokenizer.decode(completion[: self.reply_tokens], skip_special_tokens=True)
+        self._history[prompt.id] = (*self._asked[prompt.id], ("assistant", reply))
+
+    def first_turn(self, prompt: Prompt) -> str:
+        """The id of the first turn of the prompt's conversation (its own for one turn)."""
+        return self._first.get(prompt.id, prompt.id)

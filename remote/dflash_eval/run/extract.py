@@ -1,0 +1,109 @@
+"""`extract`: a training checkpoint → its parameters as safetensors + the config JSON.
+
+Optimizer and scheduler state (typically ~2/3 of a training checkpoint) are dropped. The
+output directory is this project's "extracted" format, which the loaders read back:
+model.safetensors, config.json (when the checkpoint carries a config) and
+dflash_extract.json (provenance: source path, size, sha256, step, what was dropped).
+An existing output directory is replaced only when that record says extract wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.weights import EXTRACT_MARKER
+from dflash_eval.drafter.checkpoint import read_drafter
+from dflash_eval.drafter.config import from_hf_dict
+from dflash_eval.drafter.pickle_policy import PicklePolicy
+from dflash_eval.run.results import file_identity, utc_now
+
+PARTIAL_MARKER = ".dflash-extract-partial"  # in a partial copy from its first moment on
+
+
+def _remove_own(path: Path, marker: str, check_only: bool = False) -> None:
+    """Remove an earlier copy of ours at `path` (it holds `marker`); refuse anything else."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
+        path.rmdir()  # an empty directory made ready for the output
+        return
+    if not path.is_dir() or path.is_symlink() or not (path / marker).is_file():
+        raise HarnessError(
+            f"{path} exists and was not written by extract (no {marker} in it); it is left "
+            "as it is. Choose another --out, or move it away yourself."
+        )
+    if not check_only:
+        shutil.rmtree(path)
+
+
+def extract(
+    checkpoint: Path,
+    out_dir: Path,
+    pickle_policy: PicklePolicy | None = None,
+    config_file: Path | None = None,
+) -> dict[str, Any]:
+    """Write the extracted form of `checkpoint` into `out_dir`; return a summary."""
+    source = read_drafter(checkpoint, pickle_policy)
+    if source.kind != "training-checkpoint":
+        raise HarnessError(
+            f"{checkpoint} is already a {source.kind} (safetensors); there is no optimizer "
+            "state to strip. Use it as it is."
+        )
+    config = source.config_dict
+    if config is None and config_file is not None:
+        config = json.loads(Path(config_file).read_text())
+    if config is not None:
+        # Refuse a config we cannot use; unknown keys are for the evaluation (and the
+        # profile's accept_keys) to judge.
+        from_hf_dict(config, f"checkpoint {checkpoint}", accept_keys=None)
+    out_dir = Path(out_dir)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    _remove_own(partial, PARTIAL_MARKER)
+    _remove_own(out_dir, EXTRACT_MARKER, check_only=True)
+    partial.mkdir(parents=True)
+    (partial / PARTIAL_MARKER).touch()
+    tensors = {name: t.contiguous() for name, t in source.state_dict.items()}
+    # safetensors refuses tensors that share storage; clone those.
+    seen: set[int] = set()
+    for name, tensor in tensors.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen:
+            tensors[name] = tensor.clone()
+        seen.add(pointer)
+    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    if config is not None:
+        (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    identity = file_identity([Path(checkpoint)])
+    provenance = {
+        "source": str(checkpoint),
+        "source_size_bytes": identity["size_bytes"],
+        "source_sha256": identity["sha256"],
+        "step": source.step,
+        "step_source": source.step_source,
+        "stripped_prefix": source.stripped_prefix,
+        "dropped_entries": source.dropped_entries,
+        "hints": source.extra_hints,
+        "pickle": source.pickle.to_dict() if source.pickle else None,
+        "created_at": utc_now(),
+    }
+    (partial / EXTRACT_MARKER).write_text(json.dumps(provenance, indent=2) + "\n")
+    (partial / PARTIAL_MARKER).unlink()
+    _remove_own(out_dir, EXTRACT_MARKER)
+    os.replace(partial, out_dir)
+    size_after = sum(f.stat().st_size for f in out_dir.iterdir())
+    return {
+        "out": str(out_dir),
+        "size_before_bytes": identity["size_bytes"],
+        "size_after_bytes": size_after,
+        "parameters": len(tensors),
+        "step": source.step,
+        "config_written": config is not None,
+        "dropped_entries": source.dropped_entries,
+    }

@@ -1,0 +1,157 @@
+"""Sampling (T > 0): the settings, the probabilities both models sample from, and seeds.
+
+The reference is z-lab's `dflash/model.py` at commit 10129599 (`_sampling_probs`,
+`_rejection_sample`, `dflash_generate`). Both the target's and the drafter's logits go
+through the same steps, in this order:
+
+1. `logits.float() / temperature`;
+2. top-k (0 < k < vocabulary): keep the k largest scores (`torch.topk`), softmax over them;
+3. top-p (p < 1): sort the probabilities in descending order (`sort(descending=True)`),
+   keep a token while the mass *before* it is below p (so the most likely token is always
+   kept), renormalise;
+4. scatter back to the vocabulary (zero elsewhere).
+
+Exact ties are ordered as `torch.topk` and `torch.sort` order them, as in the reference.
+Temperature 0 is greedy decoding, the harness's default and the T = 0 walk (metrics.py).
+
+Every random draw is seeded: `stream_seed(seed, purpose, prompt_ids)` gives each prompt its
+own stream, so a prompt's sampled completion does not depend on the other prompts or on
+their order (and is cached under its key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_eval.contract import options as run_options
+from dflash_eval.contract.errors import HarnessError
+
+REFERENCE_COMMIT = "z-lab/dflash 10129599dffb338ff38cfd235a53ca6d3667b4dd"
+PROCESSING = "temperature, then top-k, then top-p (as z-lab's _sampling_probs)"
+# Rows of a [rows, V] probability computation at once: bounds the sort's memory.
+ROWS_AT_ONCE = 256
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How both models sample. temperature 0: greedy (the other fields are unused)."""
+
+    temperature: float = run_options.default("temperature")
+    top_p: float = run_options.default("top_p")
+    top_k: int = run_options.default("top_k")
+    seed: int = run_options.default("seed")
+    samples: int = run_options.default("samples")  # walks per prompt
+
+    @property
+    def active(self) -> bool:
+        return self.temperature > 0
+
+    def check(self) -> None:
+        """Each setting within its bounds in the option table (for settings built in code,
+        not parsed by argparse), and top-p/top-k only with T > 0."""
+        run_options.check(self)
+        if not self.active and (self.top_p != 1 or self.top_k != 0):
+            raise HarnessError("--top-p and --top-k need --temperature above 0 (T = 0 is greedy).")
+
+    def key(self) -> dict[str, Any]:
+        """What a sampled completion depends on (part of its cache key)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+        }
+
+    def record(self) -> dict[str, Any]:
+        return {
+            **self.key(),
+            "samples": self.samples,
+            "processing": PROCESSING,
+            "reference": REFERENCE_COMMIT,
+        }
+
+
+def processed_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """[..., V] logits → [..., V] float32 probabilities after temperature, top-k, top-p."""
+    scores = logits.float() / sampling.temperature
+    vocab = scores.shape[-1]
+    kept_ids = None
+    if 0 < sampling.top_k < vocab:
+        scores, kept_ids = torch.topk(scores, sampling.top_k, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if sampling.top_p < 1:
+        ordered, order = probs.sort(dim=-1, descending=True)
+        # Exclusive prefix mass: the first token is kept whatever its own mass.
+        ordered = ordered * (ordered.cumsum(dim=-1) - ordered < sampling.top_p)
+        probs = torch.zeros_like(probs).scatter(-1, order, ordered)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if kept_ids is not None:
+        probs = torch.zeros(logits.shape, dtype=probs.dtype).scatter(-1, kept_ids, probs)
+    return probs
+
+
+def token_probs(logits: torch.Tensor, tokens: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """[R, V] logits and [R] token ids → [R] processed probability of each row's token."""
+    found = []
+    for start in range(0, logits.shape[0], ROWS_AT_ONCE):
+        rows = slice(start, start + ROWS_AT_ONCE)
+        probs = processed_probs(logits[rows], sampling)
+        found.append(probs.gather(-1, tokens[rows, None])[:, 0])
+    return torch.cat(found) if found else torch.zeros(0)
+
+
+def stream_seed(seed: int, purpose: str, prompt_ids: list[int]) -> int:
+    """A 63-bit seed of its own for one prompt and one purpose ("completion", "walks")."""
+    text = json.dumps([seed, purpose, prompt_ids])
+    return int(hashlib.sha256(text.encode()).hexdigest()[:16], 16) >> 1
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def sample_row(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator) -> tuple[int, float]:
+    """One token drawn from a [V] logit row as the reference samples it, and its probability."""
+    probs = processed_probs(logits, sampling)
+    token = int(torch.multinomial(probs, 1, generator=rng))
+    return token, float(probs[token])
+
+
+def from_options(options: Any) -> Sampling:
+    """The run's sampling settings (run/options.py's EvalOptions fields), checked: at T > 0 the
+    target's own probability of each completion token is needed, so the completion is
+    sampled here, never taken from SGLang or a feature set (which hold greedy ones)."""
+    sampling = Sampling(
+        options.temperature, options.top_p, options.top_k, options.seed, options.samples
+    )
+    sampling.check()
+    if sampling.active and options.sglang_url:
+        raise HarnessError(
+            f"--temperature {sampling.temperature} samples each completion locally with the "
+            "target (the acceptance ratios need its probability of every token); omit "
+            "--sglang-url."
+        )
+    if sampling.active and getattr(options, "features", None):
+        raise HarnessError(
+            f"--temperature {sampling.temperature}: feature set {options.features} holds greedy "
+            "completions; omit --features to sample completions with the target."
+        )
+    return sampling
+
+
+def refuse_dflash2(sampling: Sampling, dflash2: list[Path]) -> None:
+    """T > 0 is measured for plain DFlash drafters only (`dflash2`: the run's DFlash-2 ones):
+    a DFlash-2 selector's distribution for slot k depends on its choice at slot k − 1, which
+    the acceptance argument of docs/sampling.md does not cover."""
+    if sampling.active and dflash2:
+        raise HarnessError(
+            f"--temperature {sampling.temperature}: {dflash2[0]} is a DFlash-2 drafter, whose "
+            "slots are chosen one after another, and T > 0 is evaluated for plain DFlash "
+            "drafters only (docs/sampling.md); evaluate it at --temperature 0."
+        )
