@@ -11,7 +11,7 @@ from dflash_ops.core.inventory import load
 from tests.conftest import run_fab
 from tests.e2e.conftest import hidden_steps, one_eval_host
 
-QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--probe-prompts", "2"]
+QUICK = ["--num-prompts", "2", "--max-new-tokens", "24"]
 
 
 @pytest.fixture
@@ -40,7 +40,8 @@ def test_diagnose_one_step_against_another_prints_ranked_findings_and_keeps_the_
     assert shown["candidate"].endswith("checkpoint.pt")
     assert [f["rank"] for f in shown["findings"]] == list(range(1, len(shown["findings"]) + 1))
     assert all(f["evidence"] and f["check_next"] for f in shown["findings"])
-    assert {p["probe"] for p in shown["probes"]} >= {"all target layer ids +1"}
+    assert {r["repair"] for r in shown["repairs"]} >= {"all target layer ids +1"}
+    assert all(r["verdict"] in ("finding", "no measurable effect") for r in shown["repairs"])
     results = load(models_lab.inventory_path).local.results
     [pulled] = list((results / "diagnose").glob("*/diagnose.json"))
     kept = json.loads(pulled.read_text())

@@ -1,0 +1,152 @@
+"""The statistics behind diagnose's repairs: Student's t, the paired intervals, Fieller's
+interval for the share of the gap closed, Holm's rule and the verdicts."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from dflash_eval.diagnose import repair_stats as rs
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "x", "expected"),
+    [(2, 3, 0.5, 0.6875), (1, 1, 0.3, 0.3), (0.5, 0.5, 0.5, 0.5), (5, 0.5, 0.9, 0.316643)],
+)
+def test_incomplete_beta_matches_closed_forms(a, b, x, expected):
+    assert rs.incomplete_beta(a, b, x) == pytest.approx(expected, abs=1e-5)
+    assert rs.incomplete_beta(a, b, 0.0) == 0.0 and rs.incomplete_beta(a, b, 1.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("df", "quantile"), [(1, 12.7062), (3, 3.18245), (5, 2.57058), (30, 2.04227), (1e6, 1.95997)]
+)
+def test_t_quantiles_match_the_tables(df, quantile):
+    assert rs.t_quantile(0.975, df) == pytest.approx(quantile, rel=1e-4)
+    assert rs.t_quantile(0.025, df) == pytest.approx(-quantile, rel=1e-4)
+    assert rs.t_upper_tail(quantile, df) == pytest.approx(0.025, rel=1e-3)
+
+
+def test_t_tail_is_symmetric_and_a_quantile_needs_a_probability():
+    assert rs.t_upper_tail(2.0, 10) == pytest.approx(0.036694, abs=1e-6)
+    assert rs.t_upper_tail(-2.0, 10) == pytest.approx(1 - 0.036694, abs=1e-6)
+    assert rs.t_upper_tail(0.0, 4) == pytest.approx(0.5)
+    for p in (0.0, 1.0):
+        with pytest.raises(ValueError, match="0 < p < 1"):
+            rs.t_quantile(p, 3)
+
+
+def test_mean_interval_is_the_t_interval():
+    interval = rs.mean_interval([1.0, 2.0, 3.0, 4.0])
+    half = 3.18245 * math.sqrt((5 / 3) / 4)
+    assert interval.value == 2.5
+    assert interval.low == pytest.approx(2.5 - half, rel=1e-4)
+    assert interval.high == pytest.approx(2.5 + half, rel=1e-4)
+    assert rs.mean_interval([3.0]) == rs.Interval(3.0, None, None)
+
+
+def test_fieller_bounds_are_where_the_residual_t_test_turns():
+    rng = random.Random(3)
+    gap = [1.0 + rng.gauss(0, 0.2) for _ in range(6)]
+    delta = [0.6 * g + rng.gauss(0, 0.1) for g in gap]
+    interval = rs.ratio_interval(delta, gap)
+    assert interval.value == pytest.approx(sum(delta) / sum(gap))
+    t = rs.t_quantile(0.975, 5)
+
+    def statistic(ratio):
+        residual = [d - ratio * g for d, g in zip(delta, gap, strict=True)]
+        mean = sum(residual) / 6
+        spread = math.sqrt(sum((r - mean) ** 2 for r in residual) / 5 / 6)
+        return abs(mean) / spread
+
+    assert statistic(interval.low) == pytest.approx(t, rel=1e-6)
+    assert statistic(interval.high) == pytest.approx(t, rel=1e-6)
+    assert statistic(interval.value) < t
+    assert statistic(interval.low - 0.01) > t and statistic(interval.high + 0.01) > t
+
+
+def test_fieller_is_unbounded_when_the_gap_is_not_told_from_zero():
+    interval = rs.ratio_interval([0.1, 0.2, 0.1], [1.0, -0.9, 0.1])
+    assert interval.low is None and interval.high is None
+    assert rs.ratio_interval([0.5], [1.0]) == rs.Interval(0.5, None, None)
+
+
+def test_intervals_cover_at_their_level_with_few_prompts():
+    """Coverage over simulated 5-prompt sets: the t interval of the mean and Fieller's
+    interval of the share closed, both near 95 % (a normal interval would give ~88 %)."""
+    rng = random.Random(11)
+    trials, mean_hits, ratio_hits = 3000, 0, 0
+    for _ in range(trials):
+        gap = [0.8 + rng.gauss(0, 0.3) for _ in range(5)]
+        delta = [0.5 * g + rng.gauss(0, 0.15) for g in gap]
+        interval = rs.mean_interval(delta)
+        mean_hits += interval.low <= 0.4 <= interval.high
+        ratio = rs.ratio_interval(delta, gap)
+        ratio_hits += ratio.low is not None and ratio.low <= 0.5 <= ratio.high
+    assert 0.935 <= mean_hits / trials <= 0.965
+    assert 0.935 <= ratio_hits / trials <= 0.965
+
+
+def test_rise_p_value_is_the_one_sided_paired_t_test():
+    assert rs.rise_p_value([1.0, 2.0, 3.0, 4.0]) == pytest.approx(
+        rs.t_upper_tail(2.5 / math.sqrt((5 / 3) / 4), 3)
+    )
+    assert rs.rise_p_value([-1.0, -2.0, -3.0]) > 0.95
+    assert rs.rise_p_value([0.2, 0.2]) == 0.0 and rs.rise_p_value([-0.2, -0.2]) == 1.0
+    assert rs.rise_p_value([0.5]) == 1.0
+
+
+def test_holm_steps_down_and_stops_at_the_first_kept():
+    assert rs.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert rs.holm([0.04, 0.04]) == [False, False]  # each would pass alone at 0.05
+    assert rs.holm([0.02, 0.04]) == [True, True]
+    assert rs.holm([]) == []
+
+
+def _repair(name, delta_per_prompt, gap=1.0, n=6):
+    base = [2.0] * n
+    other = [2.0 + gap + 0.01 * i for i in range(n)]
+    return rs.measure(
+        name, base, [b + d for b, d in zip(base, delta_per_prompt, strict=True)], other
+    )
+
+
+def test_measure_needs_equal_per_prompt_lists():
+    with pytest.raises(ValueError, match="unequal lengths"):
+        rs.measure("x", [1.0, 2.0], [1.0], [3.0, 3.0])
+    with pytest.raises(ValueError, match="or none"):
+        rs.measure("x", [], [], [])
+
+
+def test_verdicts_need_significance_after_holm_and_a_minimum_effect():
+    big = _repair("block_size", [0.8, 0.9, 0.85, 0.8, 0.95, 0.9])
+    tiny = _repair("layer +1", [0.03, 0.04, 0.03, 0.04, 0.035, 0.03])  # significant, small
+    noise = _repair("mask", [0.3, -0.2, 0.1, -0.1, 0.2, -0.25])
+    small_share = _repair("layers", [0.08, 0.09, 0.08, 0.09, 0.085, 0.08], gap=2.0)
+    judged = rs.judge([tiny, noise, big, small_share])
+    assert judged[0].name == "block_size"
+    verdicts = {r.name: r.verdict for r in judged}
+    assert verdicts == {
+        "block_size": rs.FINDING,
+        "layer +1": rs.NO_EFFECT,
+        "mask": rs.NO_EFFECT,
+        "layers": rs.NO_EFFECT,  # Δτ 0.085 clears 0.05, but 4 % of a 2.0 gap does not
+    }
+    closed = judged[0].gap_closed
+    assert closed.low < closed.value < closed.high and closed.value == pytest.approx(0.86, abs=0.02)
+
+
+def test_findings_rank_by_the_lower_bound_of_the_gap_closed():
+    steady = _repair("steady", [0.60, 0.61, 0.59, 0.60, 0.61, 0.60])
+    noisy = _repair("noisy", [0.2, 1.3, 0.4, 1.2, 0.3, 1.1])  # larger mean, wider interval
+    judged = rs.judge([noisy, steady])
+    assert [r.verdict for r in judged] == [rs.FINDING, rs.FINDING]
+    assert noisy.delta_tau.value > steady.delta_tau.value
+    assert [r.name for r in judged] == ["steady", "noisy"]
+
+
+def test_without_a_gap_only_delta_tau_is_judged():
+    repair = _repair("x", [0.3] * 6, gap=-0.5)
+    assert repair.gap_closed is None
+    assert rs.judge([repair])[0].verdict == rs.FINDING
