@@ -10,7 +10,8 @@ from typing import Any
 FINDINGS_HEADING = "Findings, measured causes first:"
 # What a finding shows; a repair's also carries its measured effect.
 FINDING_KEYS = (
-    "rank", "area", "title", "evidence", "check_next", "delta_tau", "gap_closed", "repairs_tried",
+    "rank", "area", "title", "evidence", "check_next", "setting", "delta_tau", "gap_closed",
+    "repairs_tried",
 )  # fmt: skip
 
 

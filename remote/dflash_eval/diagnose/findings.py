@@ -7,10 +7,12 @@ Each finding: `area`, `title`, `evidence` (with its numbers) and `check_next`. T
 2. repairs that close the gap (repair_stats.py: significant after Holm's correction over every
    repair tried, and at least the minimum effect), by the lower bound of the share of the gap
    each closes; such a finding carries `delta_tau` and `gap_closed` (value, low, high);
-3. when repairs were tried and none closes the gap: that fact, with the largest Δτ measured;
-4. evidence about the candidate itself, each with its number: features outside the fidelity
-   bounds, calibration (flat, under-confident slots: a soft-target loss), untrained modules,
-   where in the block and in the completion the gap opens, one prompt set;
+3. the training-side signatures, each with its number: features outside the fidelity bounds,
+   flat, under-confident slots (a soft-target loss);
+4. when repairs were tried and none closes the gap: that fact, with the largest Δτ measured
+   (with no signature above it: the drafter is less trained, or differs in its training);
+   then the rest of the evidence: over-confidence, near misses, untrained modules, where in
+   the block and in the completion the gap opens, one prompt set;
 5. configuration differences from the other drafter, each with what its repair measured;
 6. no measurable gap.
 """
@@ -189,37 +191,55 @@ def _weighted(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] * r["rounds"] for r in rows) / total if total else 0.0
 
 
-def calibration(diagnosis: dict[str, Any]) -> list[Finding]:
-    mine = diagnosis["candidate"]["calibration"]
-    theirs = diagnosis["other"]["calibration"]
+def _calibration_gaps(diagnosis: dict[str, Any]) -> tuple[float, float] | None:
+    """How far the top-1 is right more often than its probability says, both drafters."""
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
     if not mine or not theirs:
-        return []
-    found = []
+        return None
     gap = _weighted(mine, "accuracy") - _weighted(mine, "confidence")
-    other_gap = _weighted(theirs, "accuracy") - _weighted(theirs, "confidence")
-    entropy, other_entropy = _weighted(mine, "entropy"), _weighted(theirs, "entropy")
-    table = ", ".join(
-        f"slot {r['slot']}: p̂ {r['confidence']:.2f} vs right {r['accuracy']:.2f}" for r in mine[:4]
+    return gap, _weighted(theirs, "accuracy") - _weighted(theirs, "confidence")
+
+
+def _slot_table(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"slot {r['slot']}: p̂ {r['confidence']:.2f} vs right {r['accuracy']:.2f}" for r in rows[:4]
     )
-    if gap > UNDER_CONFIDENT and gap - other_gap > UNDER_CONFIDENT / 2:
-        found.append(
-            finding(
-                "calibration",
-                "flat, under-confident slots: a soft-target loss?",
-                f"top-1 probability {_weighted(mine, 'confidence'):.2f} while the top-1 is right "
-                f"{_weighted(mine, 'accuracy'):.2f} of the time ({table}); entropy "
-                f"{entropy:.2f} vs {other_entropy:.2f} nats for {diagnosis['against']}",
-                "check the training loss: hard cross-entropy on the target's tokens, not KL to "
-                "a softened (temperature > 1) target distribution",
-            )
+
+
+def flat_slots(diagnosis: dict[str, Any]) -> list[Finding]:
+    """The soft-target signature: slots far less confident than they are right."""
+    gaps = _calibration_gaps(diagnosis)
+    if gaps is None or not (gaps[0] > UNDER_CONFIDENT and gaps[0] - gaps[1] > UNDER_CONFIDENT / 2):
+        return []
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
+    return [
+        finding(
+            "calibration",
+            "flat, under-confident slots: a soft-target loss?",
+            f"top-1 probability {_weighted(mine, 'confidence'):.2f} while the top-1 is right "
+            f"{_weighted(mine, 'accuracy'):.2f} of the time ({_slot_table(mine)}); entropy "
+            f"{_weighted(mine, 'entropy'):.2f} vs {_weighted(theirs, 'entropy'):.2f} nats for "
+            f"{diagnosis['against']}",
+            "check the training loss: hard cross-entropy on the target's tokens, not KL to "
+            "a softened (temperature > 1) target distribution",
         )
-    elif -gap > OVER_CONFIDENT and other_gap - gap > OVER_CONFIDENT / 2:
+    ]
+
+
+def calibration(diagnosis: dict[str, Any]) -> list[Finding]:
+    """Calibration symptoms beyond the soft-target signature: over-confidence, near misses."""
+    gaps = _calibration_gaps(diagnosis)
+    if gaps is None:
+        return []
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
+    found = []
+    if -gaps[0] > OVER_CONFIDENT and gaps[1] - gaps[0] > OVER_CONFIDENT / 2:
         found.append(
             finding(
                 "calibration",
                 "over-confident slots: the drafter sees inputs unlike its training",
                 f"top-1 probability {_weighted(mine, 'confidence'):.2f}, right "
-                f"{_weighted(mine, 'accuracy'):.2f} ({table})",
+                f"{_weighted(mine, 'accuracy'):.2f} ({_slot_table(mine)})",
                 "check what it is fed: target layer ids, feature dtype, positions, block size",
             )
         )
@@ -382,6 +402,7 @@ def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
                 f"{repair['p_value']:.2g}); {repair['setting']} = {repair['value']}",
                 f"check the training run's {repair['setting']}; if it was {repair['value']}, "
                 "fix the config",
+                setting=repair["setting"],
                 delta_tau=repair["delta_tau"],
                 gap_closed=repair["gap_closed"],
                 repairs_tried=len(tried),
@@ -450,8 +471,9 @@ def no_gap(diagnosis: dict[str, Any]) -> list[Finding]:
 CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     non_finite,
     repairs,
-    nothing_repairs,
     features,
+    flat_slots,
+    nothing_repairs,
     calibration,
     weight_health,
     gap_opening,

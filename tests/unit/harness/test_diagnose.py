@@ -67,10 +67,12 @@ def test_a_drafter_whose_fc_reads_one_layer_more_than_its_config_names_fails_fir
 
 def test_a_drafter_trained_on_soft_targets_is_repaired_by_nothing_and_found_flat(lab, tmp_path):
     diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "soft-target"))
-    first, second = diagnosis["findings"][:2]
-    assert first["title"].startswith("no setting change closes the gap"), summary_lines(diagnosis)
+    first = diagnosis["findings"][0]
+    assert first["area"] == "calibration", summary_lines(diagnosis)
+    assert "under-confident" in first["title"]
     assert all(r["verdict"] != "finding" for r in diagnosis["repairs"]["tried"])
-    assert second["area"] == "calibration" and "under-confident" in second["title"]
+    titles = [f["title"] for f in diagnosis["findings"]]
+    assert any(t.startswith("no setting change closes the gap") for t in titles), titles
     mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
     assert mine[0]["confidence"] < mine[0]["accuracy"]
     assert mine[0]["entropy"] > theirs[0]["entropy"]

