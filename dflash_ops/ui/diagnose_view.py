@@ -59,7 +59,17 @@ def diagnose_command(
     if output not in FORMATS:
         raise OpsError(f"--format: expected one of {', '.join(FORMATS)}, got {output!r}")
     reporter = LiveView() if output == "text" else StderrView()
-    diagnosis = run_diagnose(inventory, step, parse_against(against), reporter, host, harness_args)
+    try:
+        diagnosis = run_diagnose(
+            inventory, step, parse_against(against), reporter, host, harness_args
+        )
+    except jobs.Detached as detached:
+        errors.print(
+            f"\n[yellow]detached[/]: diagnosis run {detached.run_id} goes on on "
+            f"{detached.host}. Follow it: fab eval-logs --id {detached.run_id} --follow; "
+            "its diagnose.json stays in that run's directory there"
+        )
+        raise SystemExit(130) from None
     if output == "json":
         print(json.dumps(report_section(diagnosis), indent=2))
         return
