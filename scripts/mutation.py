@@ -99,6 +99,11 @@ INVENTORY_TESTS = (
 TARGETS = (
     Target("metrics", "remote/dflash_eval/walk/metrics.py", (f"{HARNESS}/test_metrics.py",)),
     Target(
+        "repair stats",
+        "remote/dflash_eval/diagnose/repair_stats.py",
+        (f"{HARNESS}/test_repair_stats.py",),
+    ),
+    Target(
         "cache",
         "remote/dflash_eval/reference/cache.py",
         (f"{HARNESS}/test_cache_keys.py", f"{HARNESS}/test_cache.py", *SLOW_HARNESS),

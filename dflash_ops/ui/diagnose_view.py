@@ -13,7 +13,7 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.diagnose import parse_against, run_diagnose
+from dflash_ops.evaluation.diagnose import parse_against, run_diagnose, step_trend, trend_line
 from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.ui.console import console, errors
 from dflash_ops.ui.eval_view import LiveView
@@ -70,8 +70,11 @@ def diagnose_command(
             "its diagnose.json stays in that run's directory there"
         )
         raise SystemExit(130) from None
+    trend = step_trend(inventory.local.results, inventory.training_run, step)
     if output == "json":
-        print(json.dumps(report_section(diagnosis), indent=2))
+        print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return
     for line in summary_lines(diagnosis):
         console.print(line, markup=False, soft_wrap=True)
+    if trend is not None:
+        console.print(trend_line(trend, step), markup=False, soft_wrap=True)
