@@ -14,7 +14,6 @@ from invoke.exceptions import Exit
 from dflash_lab.tasks import lab_down, lab_status, lab_up  # noqa: F401
 from dflash_ops.core.arguments import (
     MAX_COUNT,
-    MAX_PROMPTS,
     MAX_RETRIES,
     one_of,
     parse_count,
@@ -407,7 +406,6 @@ def diagnose(
     host=None,
     num_prompts=None,
     max_new_tokens=None,
-    probe_prompts=None,
     format="text",
     inventory=None,
     run=None,
@@ -415,18 +413,12 @@ def diagnose(
     """Why is this drafter worse? Ranked findings, each with evidence and what to check next."""
     from dflash_ops.ui.diagnose_view import diagnose_command
 
-    probes = parse_count(  # diagnose's own flag
-        "--probe-prompts", probe_prompts, minimum=2, maximum=MAX_PROMPTS, unit="prompts"
-    )
     diagnose_command(
         load_inventory(inventory).for_run(run),
         step=parse_step(step),
         against=str(against),
         host=host,
-        harness_args=[
-            *harness_args(pick_harness_options(locals(), DIAGNOSE_OPTIONS)),
-            *(["--probe-prompts", str(probes)] if probes is not None else []),
-        ],
+        harness_args=harness_args(pick_harness_options(locals(), DIAGNOSE_OPTIONS)),
         output=format,
     )
 

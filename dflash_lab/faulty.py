@@ -13,6 +13,10 @@ Each fault is a training recipe plus what its checkpoint then claims (the config
   is 0.33, about as flat as a real target's at 2, so the lab uses 8;
 - fc-width: trained on three target layers 1,3,5 (`fc` is 3·H wide); its config names two.
 
+Config edits are a copy of the lab's own step-6000 drafter with one value of its config (and
+training args) changed, as a user who edits a config by hand would leave it (`EDITS`):
+block size understated (4) or overstated (16), a wrong mask token.
+
 The checkpoints are labelled step 6000 (150 real optimisation steps, as the lab's best; the
 fc-width one needs a single step; layer-ids 24000, as the context lab's drafter) and cached
 per fault beside the lab models they are built from.
@@ -21,6 +25,7 @@ per fault beside the lab models they are built from.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -65,6 +70,26 @@ FAULTS = {
 }
 
 
+# A lab drafter (step 6000) with its config edited: the weights are right, one value is not.
+EDITS = {
+    "block-size-down": {"block_size": 4},
+    "block-size-up": {"block_size": 16},
+    "mask-token": {"mask_token_id": 7},  # an ordinary token of the lab's vocabulary
+}
+
+
+def edited_drafter(lab: LabModels, edit: str) -> Path:
+    """The lab's step-6000 checkpoint with one config value edited (made once, then kept)."""
+    checkpoint = lab.target_dir.parent / "faulty" / f"edit-{edit}" / "step_6000" / "checkpoint.pt"
+    if not checkpoint.is_file():
+        partial = checkpoint.with_name(f"{checkpoint.name}.{os.getpid()}.partial")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(lab.checkpoints[6000], partial)
+        _state_claims(partial, EDITS[edit])
+        partial.replace(checkpoint)
+    return checkpoint
+
+
 def build_faulty_drafter(lab: LabModels, fault: str, seed: int = 1) -> Path:
     """The training checkpoint of a drafter with `fault` (built once, then cached)."""
     import torch
@@ -105,9 +130,10 @@ def _state_claims(path: Path, claims: dict[str, Any]) -> None:
     saved = torch.load(path, weights_only=True)
     config = saved["config"]
     for key, value in claims.items():
-        if key == "target_layer_ids":
+        if key in config.get("dflash_config", {}):
             config["dflash_config"][key] = value
         else:
             config[key] = value
+        if key != "target_layer_ids":
             saved["args"][key] = value
     torch.save(saved, path)

@@ -99,7 +99,9 @@ INVENTORY_TESTS = (
 TARGETS = (
     Target("metrics", "remote/dflash_eval/walk/metrics.py", (f"{HARNESS}/test_metrics.py",)),
     Target(
-        "repair stats", "remote/dflash_eval/repair_stats.py", (f"{HARNESS}/test_repair_stats.py",)
+        "repair stats",
+        "remote/dflash_eval/diagnose/repair_stats.py",
+        (f"{HARNESS}/test_repair_stats.py",),
     ),
     Target(
         "cache",

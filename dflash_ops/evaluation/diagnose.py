@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_ops.core.errors import EvalFailed, HostError, OpsError
+from dflash_ops.core.errors import EvalFailed, HostError, OpsError, ResultsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import RecordError, read_json_file
-from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation import jobs, results
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run import (
     RunReporter,
@@ -107,3 +107,37 @@ def read_diagnosis(path: Path) -> dict[str, Any]:
     if not isinstance(diagnosis, dict) or not isinstance(diagnosis.get("findings"), list):
         raise OpsError(f"{path}: not a diagnosis (no findings list); run fab diagnose again")
     return diagnosis
+
+
+def step_trend(results_root: Path, training_run: str | None, step: int) -> dict[str, Any] | None:
+    """τ by step over the runs already pulled for the candidate's training run (its largest
+    comparable group, the latest run of each step): when no repair closes a gap, whether τ
+    still rises after the candidate's step says "an earlier step of a run still improving".
+    None: fewer than two steps pulled, or none after the candidate's."""
+    try:
+        comparison = results.compare(results.load_runs(results_root), training_run=training_run)
+    except ResultsError:
+        return None
+    by_step = {row.step: row.metrics["tau_macro"] for row in comparison.within().rows if row.step}
+    later = {s: tau for s, tau in by_step.items() if s > step}
+    if len(by_step) < 2 or not later or step not in by_step:
+        return None
+    best = max(later, key=later.get)
+    return {
+        "taus": dict(sorted(by_step.items())),
+        "rises": later[best] > by_step[step],
+        "best_later_step": best,
+    }
+
+
+def trend_line(trend: dict[str, Any], step: int) -> str:
+    """The trend as one line for people."""
+    steps = ", ".join(f"{s}: {tau:.2f}" for s, tau in trend["taus"].items())
+    if trend["rises"]:
+        verdict = (
+            f"τ still rises after step {step} (to {trend['taus'][trend['best_later_step']]:.2f} "
+            f"at {trend['best_later_step']}): an earlier step of a run that is still improving"
+        )
+    else:
+        verdict = f"τ does not rise after step {step}: more training alone is not the answer"
+    return f"τ by step of this training run (pulled runs, one comparable group): {steps}; {verdict}"

@@ -13,7 +13,7 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.diagnose import parse_against, run_diagnose
+from dflash_ops.evaluation.diagnose import parse_against, run_diagnose, step_trend, trend_line
 from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView
@@ -59,9 +59,22 @@ def diagnose_command(
     if output not in FORMATS:
         raise OpsError(f"--format: expected one of {', '.join(FORMATS)}, got {output!r}")
     reporter = LiveView() if output == "text" else StderrView()
-    diagnosis = run_diagnose(inventory, step, parse_against(against), reporter, host, harness_args)
+    try:
+        diagnosis = run_diagnose(
+            inventory, step, parse_against(against), reporter, host, harness_args
+        )
+    except jobs.Detached as detached:
+        errors.print(
+            f"\n[yellow]detached[/]: diagnosis run {detached.run_id} goes on on "
+            f"{detached.host}. Follow it: fab eval-logs --id {detached.run_id} --follow; "
+            "its diagnose.json stays in that run's directory there"
+        )
+        raise SystemExit(130) from None
+    trend = step_trend(inventory.local.results, inventory.training_run, step)
     if output == "json":
-        print(json.dumps(report_section(diagnosis), indent=2))
+        print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return
     for line in summary_lines(diagnosis):
         console.print(line, markup=False, soft_wrap=True)
+    if trend is not None:
+        console.print(trend_line(trend, step), markup=False, soft_wrap=True)

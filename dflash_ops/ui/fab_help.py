@@ -7,7 +7,7 @@ from __future__ import annotations
 from dflash_eval.contract.numbers import span
 from dflash_eval.contract.options import DIAGNOSE, EXTRACT_FEATURES, RUN_EVAL, WATCH
 
-from dflash_ops.core.arguments import MAX_COUNT, MAX_PROMPTS, MAX_RETRIES
+from dflash_ops.core.arguments import MAX_COUNT, MAX_RETRIES
 from dflash_ops.evaluation.harness_options import task_help
 from dflash_ops.ui.output import FORMAT_HELP
 
@@ -140,8 +140,6 @@ DIAGNOSE_HELP = {
     "host": "eval host (default: the only one)",
     **task_help(DIAGNOSE),
     "num_prompts": "use the first N prompts (more than exist: an error)",
-    "probe_prompts": "prompts each probe re-evaluates the candidate on; "
-    f"{span(2, MAX_PROMPTS, 'prompts')} (default 4)",
     "format": "text (default) or json: an object whose findings list is ranked",
     "run": RUN_HELP,
 }

@@ -166,18 +166,18 @@ def _comparability(comparison: Comparison) -> dict[str, Any]:
 
 
 def _diagnosis(section: dict[str, Any]) -> dict[str, Any]:
-    """A diagnosis section with its per-slot and probe tables as the `table` macro takes them."""
+    """A diagnosis section with its per-slot and repair tables as the `table` macro takes them."""
     if section["problem"]:
         return section
     tables = {}
     for name, columns in (
         ("slots", report_diagnosis.SLOT_COLUMNS),
-        ("probes", report_diagnosis.PROBE_COLUMNS),
+        ("repairs", report_diagnosis.REPAIR_COLUMNS),
     ):
         cells = section[name]
         named = {"candidate": "candidate acc.", "other": f"{section['against']} acc."}
         header = [named.get(column, column.replace("_", " ")) for column in columns]
-        text = {"probe"}
+        text = {"repair", "verdict"}
         tables[name] = _table(header, cells, None, [False] * len(cells), text) if cells else None
     return {**section, **tables}
 

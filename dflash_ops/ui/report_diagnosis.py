@@ -1,7 +1,7 @@
 """The report's diagnosis section: each `fab diagnose` pulled for a step the report shows
 (results/diagnose/<run-id>/diagnose.json), as dflash_eval.contract.diagnose_summary gives it: the
 comparison line, the ranked findings, per slot both drafters' acceptance and calibration,
-and the probes. A diagnosis that cannot be read is named with the reason, never fatal.
+and the repairs tried. A diagnosis that cannot be read is named with the reason, never fatal.
 """
 
 from __future__ import annotations
@@ -9,23 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.contract.diagnose_summary import report_section, summary_lines
+from dflash_eval.contract.diagnose_summary import FINDINGS_HEADING, report_section, summary_lines
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation.diagnose import DIAGNOSE_DIR, read_diagnosis
 from dflash_ops.evaluation.results import Comparison
 
 SLOT_COLUMNS = ("slot", "candidate", "other", "confidence", "accuracy", "entropy")
-PROBE_COLUMNS = (
-    "probe",
-    "tau_base",
+REPAIR_COLUMNS = (
+    "repair",
     "tau",
-    "difference",
-    "half_width",
-    "loss_base",
-    "loss",
-    "loss_fall",
-    "loss_half_width",
+    "delta_tau",
+    "delta_tau_low",
+    "delta_tau_high",
+    "gap_closed",
+    "gap_closed_low",
+    "gap_closed_high",
+    "verdict",
 )
 
 
@@ -67,11 +67,11 @@ def _section(run_id: str, diagnosis: dict[str, Any]) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "problem": None,
-        "heading": lines[: lines.index("Findings, most likely cause first:")],
+        "heading": lines[: lines.index(FINDINGS_HEADING)],
         "against": str(data["against"]),
         "findings": data["findings"],
         "slots": [[_cell(row.get(c)) for c in SLOT_COLUMNS] for row in data["slots"]],
-        "probes": [[_cell(row.get(c)) for c in PROBE_COLUMNS] for row in data["probes"]],
+        "repairs": [[_cell(row.get(c)) for c in REPAIR_COLUMNS] for row in data["repairs"]],
     }
 
 

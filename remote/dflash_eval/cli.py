@@ -119,7 +119,7 @@ def _diagnose(args: argparse.Namespace, progress: Progress) -> int:
     from dflash_eval.contract.diagnose_summary import summary_lines
     from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
 
-    options = DiagnoseOptions(_eval_options(args, given={}), args.against, args.probe_prompts)
+    options = DiagnoseOptions(_eval_options(args, given={}), args.against)
     diagnosis = run_diagnose(options, progress)
     progress.say("\n".join(summary_lines(diagnosis)))
     progress.event("done", out=str(args.out), findings=len(diagnosis["findings"]))

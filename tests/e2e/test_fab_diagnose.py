@@ -4,14 +4,17 @@ diagnose run on the eval host over real SSH, the diagnosis pulled and printed as
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from dflash_ops.core.inventory import load
+from dflash_ops.evaluation import jobs
+from dflash_ops.remote.connection import Host
 from tests.conftest import run_fab
 from tests.e2e.conftest import hidden_steps, one_eval_host
 
-QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--probe-prompts", "2"]
+QUICK = ["--num-prompts", "2", "--max-new-tokens", "24"]
 
 
 @pytest.fixture
@@ -40,7 +43,8 @@ def test_diagnose_one_step_against_another_prints_ranked_findings_and_keeps_the_
     assert shown["candidate"].endswith("checkpoint.pt")
     assert [f["rank"] for f in shown["findings"]] == list(range(1, len(shown["findings"]) + 1))
     assert all(f["evidence"] and f["check_next"] for f in shown["findings"])
-    assert {p["probe"] for p in shown["probes"]} >= {"all target layer ids +1"}
+    assert {r["repair"] for r in shown["repairs"]} >= {"all target layer ids +1"}
+    assert all(r["verdict"] in ("finding", "no measurable effect") for r in shown["repairs"])
     results = load(models_lab.inventory_path).local.results
     [pulled] = list((results / "diagnose").glob("*/diagnose.json"))
     kept = json.loads(pulled.read_text())
@@ -53,3 +57,24 @@ def test_diagnose_refuses_an_against_that_is_neither_reference_nor_a_step(models
     assert done.returncode != 0
     assert "--against: expected 'reference' or a step number, got 'best'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_ctrl_c_during_diagnose_detaches_with_the_line_to_follow_it(models_lab, monkeypatch):
+    confirm = jobs._wait_started
+
+    def interrupted_once_started(host, entry, run_id, timeout=20):
+        confirm(host, entry, run_id, timeout)
+        raise KeyboardInterrupt  # as if Ctrl-C landed just as the start was confirmed
+
+    monkeypatch.setattr(jobs, "_wait_started", interrupted_once_started)
+    done = run_fab(models_lab.inventory_path, "diagnose", "--step", "2000", *QUICK)
+    assert done.returncode == 130 and "Traceback" not in done.stderr
+    said = " ".join(done.stderr.split())
+    run_id = re.search(r"detached: diagnosis run (\S+) goes on on eval", said).group(1)
+    assert f"fab eval-logs --id {run_id} --follow" in said
+    inventory = load(models_lab.inventory_path)
+    host = Host(inventory, "eval")
+    try:  # the run went on: it ends on its own
+        assert jobs.wait_finished(host, inventory.eval_hosts["eval"], run_id, 300).state
+    finally:
+        host.close()

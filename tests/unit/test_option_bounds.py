@@ -25,7 +25,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.units import parse_bwlimit, parse_size
 from dflash_ops.evaluation.harness_options import PASSED, checked
 from dflash_ops.evaluation.watch import parse_interval
-from dflash_ops.ui.fab_help import DIAGNOSE_HELP, WATCH_HELP
+from dflash_ops.ui.fab_help import WATCH_HELP
 
 NUMERIC = [option for option in table.OPTIONS if option.kind in ("int", "float", "ints")]
 REQUIRED = ["--checkpoint", "c.pt", "--target", "t"]
@@ -133,17 +133,6 @@ def test_the_help_shows_each_range_and_unit_in_argparse_and_fab():
     # The workstation's own counts say theirs too.
     assert "; from 0 to 1000 retries (default 2)" in WATCH_HELP["retries"]
     assert "; from 1 to 1000000 passes" in WATCH_HELP["max_passes"]
-    assert "; from 2 to 100000 prompts (default 4)" in DIAGNOSE_HELP["probe_prompts"]
-
-
-def test_diagnose_takes_the_same_probe_prompts_range_as_fab_diagnose(capsys):
-    """One prompt gives a probe no interval: the harness refuses it as `fab diagnose` does,
-    in argparse, with the same range."""
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["diagnose", *REQUIRED, "--out", "o", "--probe-prompts", "1"])
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert "--probe-prompts: expected a whole number from 2 to 100000 prompts, found '1'" in line
-    assert "from 2 to 100000 prompts" in DIAGNOSE_HELP["probe_prompts"]
 
 
 def test_fab_refuses_an_out_of_range_option_before_anything_else(capsys, monkeypatch, tmp_path):

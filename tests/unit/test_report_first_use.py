@@ -144,11 +144,10 @@ def _diagnosis(root: Path, step: int, run_id: str) -> Path:
     directory.mkdir(parents=True)
     finding = {
         "rank": 1,
-        "area": "probe",
+        "area": "repair",
         "title": "block size 16 <raises> τ",
         "evidence": "τ 2.1 → 3.4",
         "check_next": "the config's block_size",
-        "score": 9,
     }
     side = {
         "checkpoint": f"/eval/step_{step}/checkpoint.pt",
@@ -161,14 +160,12 @@ def _diagnosis(root: Path, step: int, run_id: str) -> Path:
         **side,
         "metrics": {"tau_macro": 3.4, "per_position": [{"position": 1, "conditional": 0.8}]},
     }
-    probe = {
+    repair = {
         "label": "block size 16",
-        "tau_base": 2.1,
         "tau": 3.4,
-        "difference": {"mean": 1.3, "half_width": 0.2},
-        "loss_base": 2.5,
-        "loss": 1.25,
-        "loss_difference": {"mean": 1.25, "half_width": 0.5},
+        "delta_tau": {"value": 1.3, "low": 1.1, "high": 1.5},
+        "gap_closed": {"value": 1.0, "low": 0.85, "high": 1.15},
+        "verdict": "finding",
     }
     diagnosis = {
         "against": "reference",
@@ -176,7 +173,15 @@ def _diagnosis(root: Path, step: int, run_id: str) -> Path:
         "other": other,
         "gap": {"mean": -1.3, "half_width": 0.2, "prompts": 8},
         "findings": [finding],
-        "probes": {"settings": [probe]},
+        "repairs": {
+            "prompts": 8,
+            "tau_candidate": 2.1,
+            "tau_other": 3.4,
+            "alpha": 0.05,
+            "min_delta_tau": 0.05,
+            "min_gap_share": 0.1,
+            "tried": [repair],
+        },
     }
     (directory / "diagnose.json").write_text(json.dumps(diagnosis))
     return directory
@@ -191,12 +196,12 @@ def test_a_pulled_diagnosis_of_a_shown_step_is_a_section(three_steps):
     text = report.render(_comparison(three_steps), diagnoses=report_diagnosis.pulled(three_steps))
     section = _section(text, "diagnosis")
     assert "diag-4000" in section and "diag-9000" not in section
-    assert "[probe] block size 16 &lt;raises&gt; τ" in section  # ranked finding, escaped
+    assert "[repair] block size 16 &lt;raises&gt; τ" in section  # ranked finding, escaped
     assert "τ 2.10 vs reference 3.40 (gap -1.30 ± 0.20, 95%, 8 prompts)" in section
     assert "<th>candidate acc.</th><th>reference acc.</th>" in section  # the slot table
     assert "<td>0.500</td><td>0.800</td><td>0.300</td>" in section
-    assert '<td class="text">block size 16</td><td>2.100</td><td>3.400</td>' in section
-    assert "<td>2.500</td><td>1.250</td><td>1.250</td><td>0.500</td>" in section  # the loss
+    assert '<td class="text">block size 16</td><td>3.400</td><td>1.300</td>' in section
+    assert "<td>1.000</td><td>0.850</td><td>1.150</td>" in section  # the share closed
     assert "diag-broken" in section and "cannot read the diagnosis" in section
     assert 'href="#diagnosis"' in text
 

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+FINDINGS_HEADING = "Findings, measured causes first:"
+# What a finding shows; a repair's also carries its measured effect.
+FINDING_KEYS = (
+    "rank", "area", "title", "evidence", "check_next", "setting", "delta_tau", "gap_closed",
+    "repairs_tried",
+)  # fmt: skip
+
 
 def _tau(side: dict[str, Any]) -> str:
     value = (side.get("metrics") or {}).get("tau_macro")
@@ -23,9 +30,17 @@ def summary_lines(diagnosis: dict[str, Any]) -> list[str]:
             f"  τ {_tau(candidate)} vs {against} {_tau(diagnosis['other'])} "
             f"(gap {gap['mean']:+.2f} ± {gap['half_width']:.2f}, 95%, {gap['prompts']} prompts)"
         )
-    lines.append("Findings, most likely cause first:")
+    repairs = diagnosis.get("repairs")
+    if repairs:
+        found = sum(r["verdict"] == "finding" for r in repairs["tried"])
+        lines.append(
+            f"  {len(repairs['tried'])} repairs tried on {repairs['prompts']} prompts, "
+            f"{found} close part of the gap (Holm, family-wise {repairs['alpha']:.0%}; minimum "
+            f"Δτ {repairs['min_delta_tau']}, {repairs['min_gap_share']:.0%} of the gap)"
+        )
+    lines.append(FINDINGS_HEADING)
     for item in diagnosis["findings"]:
-        lines.append(f"{item['rank']:>2}. [{item['area']}] {item['title']} (score {item['score']})")
+        lines.append(f"{item['rank']:>2}. [{item['area']}] {item['title']}")
         lines.append(f"    evidence: {item['evidence']}")
         lines.append(f"    check next: {item['check_next']}")
     return lines
@@ -33,16 +48,16 @@ def summary_lines(diagnosis: dict[str, Any]) -> list[str]:
 
 def report_section(diagnosis: dict[str, Any]) -> dict[str, Any]:
     """What a report section shows: the findings, and per slot both drafters' acceptance
-    and calibration, and the probes (rows of plain values, ready for a table)."""
+    and calibration, and the repairs tried (rows of plain values, ready for a table)."""
     section: dict[str, Any] = {
         "against": diagnosis["against"],
         "candidate": diagnosis["candidate"]["checkpoint"],
         "findings": [
-            {key: item[key] for key in ("rank", "area", "title", "evidence", "check_next")}
+            {key: item[key] for key in FINDING_KEYS if key in item}
             for item in diagnosis["findings"]
         ],
         "slots": [],
-        "probes": [],
+        "repairs": [],
     }
     if "other" not in diagnosis:
         return section
@@ -63,19 +78,23 @@ def report_section(diagnosis: dict[str, Any]) -> dict[str, Any]:
                 "entropy": row.get("entropy"),
             }
         )
-    section["probes"] = [
+    section["repairs"] = [
         {
-            "probe": probe["label"],
-            "tau_base": probe["tau_base"],
-            "tau": probe["tau"],
-            "difference": probe["difference"]["mean"],
-            "half_width": probe["difference"]["half_width"],
-            # The loss of the target's tokens: it still moves where τ sits at its floor.
-            "loss_base": probe.get("loss_base"),
-            "loss": probe.get("loss"),
-            "loss_fall": (probe.get("loss_difference") or {}).get("mean"),
-            "loss_half_width": (probe.get("loss_difference") or {}).get("half_width"),
+            "repair": repair["label"],
+            "tau": repair["tau"],
+            **_bounds("delta_tau", repair["delta_tau"]),
+            **_bounds("gap_closed", repair["gap_closed"]),
+            "verdict": repair["verdict"],
         }
-        for probe in diagnosis["probes"]["settings"]
+        for repair in (diagnosis.get("repairs") or {}).get("tried", [])
     ]
     return section
+
+
+def _bounds(name: str, interval: dict[str, Any] | None) -> dict[str, Any]:
+    interval = interval or {}
+    return {
+        name: interval.get("value"),
+        f"{name}_low": interval.get("low"),
+        f"{name}_high": interval.get("high"),
+    }

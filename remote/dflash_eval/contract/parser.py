@@ -14,11 +14,6 @@ from pathlib import Path
 
 from dflash_eval.contract import options as run_options
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.contract.numbers import option as bounded
-
-# diagnose's --probe-prompts, outside the option table: bounded as --num-prompts is, from 2
-# (a probe's interval needs two prompts; fab diagnose refuses fewer alike).
-PROBE_PROMPTS = bounded(minimum=2, maximum=run_options.MAX_PROMPTS, unit="prompts")
 
 
 def _argument_type(option: run_options.Option) -> Callable[[str], object]:
@@ -145,12 +140,6 @@ def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
     diagnose.add_argument("--out", type=Path, required=True, help="diagnosis JSON to write")
     diagnose.add_argument(
         "--against", default="reference", help="the other drafter's name in the findings"
-    )
-    diagnose.add_argument(
-        "--probe-prompts",
-        type=PROBE_PROMPTS,
-        default=4,
-        help="prompts each probe re-evaluates the candidate on (default 4)",
     )
     diagnose.add_argument("--training-run", help="the training run the candidate belongs to")
     _add_progress_flags(diagnose)

@@ -4,10 +4,13 @@ features (the eval pipeline and its cache), then a ranked list of findings
 
 What is measured, for the candidate and the other drafter alike: τ and per-slot acceptance,
 calibration per slot, τ by context length and by prompt set, per-module weight norms, and the
-features' provenance and fidelity record. Then probes: the candidate re-evaluated on the first
-few prompts with one setting changed at a time (each target layer id ±1, all of them ±1, the
-config's default layer ids, another block size); a probe whose τ rises beyond its paired 95%
-interval is evidence that the checkpoint was trained with that setting.
+features' provenance and fidelity record. Then repairs: the candidate re-evaluated on the
+same prompts, in the same τ convention as its own τ, with one setting changed at a time
+(target layer ids: each ±1, all ±1, the default rule's, the other drafter's; block size: half,
+double, the other's, all of its slots drafted and scored; mask token: the other drafter's and
+the tokenizer's special tokens). Each repair is measured (repair_stats.py): Δτ with its paired
+interval, the share of the gap it closes with Fieller's interval, and whether it survives
+Holm's correction over all repairs tried and the minimum effect.
 
 A candidate that does not load strictly is diagnosed from its parameters alone (the `fc`
 width against the layer ids its config names): nothing else can be measured.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +31,7 @@ import torch
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
-from dflash_eval.diagnose import findings, stats
+from dflash_eval.diagnose import findings, repair_stats, stats
 from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.config import default_target_layer_ids
 from dflash_eval.drafter.loaders import LoadedDrafter
@@ -42,16 +46,14 @@ from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead
 
-DIAGNOSIS_FORMAT = 1
-DEFAULT_PROBE_PROMPTS = 4
-PROBE_WALK = {"budgets": [], "every_anchor": True}  # probes score every anchor, vanilla only
+DIAGNOSIS_FORMAT = 2  # 2: measured repairs replace scored probes
+REPAIR_WALK = {"budgets": []}  # repairs are judged on vanilla τ
 
 
 @dataclass
 class DiagnoseOptions:
     run: EvalOptions  # checkpoint: the candidate; reference_drafter: the drafter it is held to
     against: str = "reference"  # how the workstation names the other drafter
-    probe_prompts: int = DEFAULT_PROBE_PROMPTS
 
 
 @dataclass
@@ -66,8 +68,6 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     run = options.run
     if run.reference_drafter is None:
         raise HarnessError("diagnose needs the drafter to compare with: pass --reference-drafter.")
-    if options.probe_prompts < 2:
-        raise HarnessError(f"--probe-prompts must be at least 2, got {options.probe_prompts}.")
     started = time.perf_counter()
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -110,19 +110,20 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
             walked = _walk(loaded, parts.sequences, head, run, progress, role)
         sides[role] = _side(loaded, walked, parts, run)
     sides["candidate"]["training_run"] = run.training_run
-    with timer.phase("probes"):
-        probes = _probes(options, candidate, other, parts, head, progress, timer)
+    base = stats.per_prompt_tau(sides["candidate"].pop("_walks"))
+    theirs = stats.per_prompt_tau(sides["other"].pop("_walks"))
+    with timer.phase("repairs"):
+        repairs = _repairs(
+            options, candidate, other, parts, head, tokenizer, (base, theirs), progress
+        )
     diagnosis = {
         "format": DIAGNOSIS_FORMAT,
         "against": options.against,
         "candidate": sides["candidate"],
         "other": sides["other"],
-        "gap": stats.paired_difference(
-            stats.per_prompt_tau(sides["other"].pop("_walks")),
-            stats.per_prompt_tau(sides["candidate"].pop("_walks")),
-        ),
+        "gap": stats.paired_difference(theirs, base),
         "features": parts.features,
-        "probes": probes,
+        "repairs": repairs,
         "warnings": warnings,
         "timings": {**timer.seconds, "total": time.perf_counter() - started},
     }
@@ -165,14 +166,15 @@ def _walk(
     block_size: int | None = None,
     walk_block: int | None = None,
     budgets: list[int] | None = None,
-    every_anchor: bool = False,
+    mask_token_id: int | None = None,
 ) -> Walked:
-    """Walk every sequence with this drafter; the keywords change one setting (a probe):
-    the feature layers, the block the drafter sees, and the slots the walk scores.
-    `every_anchor`: also compute the predictions of the anchors the walk skipped."""
+    """Walk every sequence with this drafter; the keywords change one setting (a repair):
+    the feature layers, the block the drafter sees and the slots the walk scores, the mask
+    token of the block's unknown slots."""
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
-    borrowed = BorrowedHead.from_target(*head, config.mask_token_id, dtype)
+    mask = config.mask_token_id if mask_token_id is None else mask_token_id
+    borrowed = BorrowedHead.from_target(*head, mask, dtype)
     layer_ids = list(layer_ids or config.target_layer_ids)
     block_size = block_size or config.block_size
     walk_block = walk_block or block_size
@@ -196,113 +198,178 @@ def _walk(
         walked.walks.append(
             walk_prompt(predictor, seq.tokens, seq.span, walk_block, budgets, run.max_blocks)
         )
-        if every_anchor:
-            for anchor in range(seq.span.first_anchor, predictor.last_anchor + 1):
-                predictor.draft(anchor)
         walked.slot_stats.append(predictor.slot_stats)
         progress.progress(phase, done, len(sequences))
     return walked
 
 
-def probe_settings(
-    layer_ids: list[int], block_size: int, num_layers: int, other_block: int
+def repair_settings(
+    config: Any, other: Any, num_layers: int, vocab_size: int, special_tokens: dict[str, int]
 ) -> list[dict[str, Any]]:
-    """One setting changed at a time: each layer id ±1, all ±1, the default rule's ids,
-    and the other block sizes (half, double, the other drafter's)."""
-    candidates: list[tuple[str, list[int]]] = []
+    """One setting changed at a time: the target layer ids (each ±1, all ±1, the default
+    rule's, the other drafter's), the block size (half, double, the other's) and the mask
+    token (the other drafter's, the tokenizer's special tokens); never the candidate's own."""
+    layer_ids = list(config.target_layer_ids)
+    layer_choices: list[tuple[str, list[int]]] = []
     for index, layer in enumerate(layer_ids):
         for shift in (-1, 1):
             moved = [*layer_ids[:index], layer + shift, *layer_ids[index + 1 :]]
-            candidates.append((f"target layer id {layer} → {layer + shift}", moved))
+            layer_choices.append((f"target layer id {layer} → {layer + shift}", moved))
     for shift in (-1, 1):
-        candidates.append((f"all target layer ids {shift:+d}", [i + shift for i in layer_ids]))
+        layer_choices.append((f"all target layer ids {shift:+d}", [i + shift for i in layer_ids]))
     default = default_target_layer_ids(num_layers, len(layer_ids))
-    candidates.append(("the default rule's target layer ids", default))
-    probes, seen = [], {tuple(layer_ids)}
-    for label, ids in candidates:
-        if tuple(ids) in seen or not all(0 <= i < num_layers for i in ids):
-            continue
-        seen.add(tuple(ids))
-        probes.append({"setting": "target_layer_ids", "label": label, "value": ids})
-    for size in sorted({block_size // 2, block_size * 2, other_block} - {block_size}):
+    layer_choices.append(("the default rule's target layer ids", default))
+    layer_choices.append((f"{OTHER}'s target layer ids", list(other.target_layer_ids)))
+    settings, seen = [], {tuple(layer_ids)}
+    for label, ids in layer_choices:
+        fits = len(ids) == len(layer_ids) and all(0 <= i < num_layers for i in ids)
+        if fits and tuple(ids) not in seen:
+            seen.add(tuple(ids))
+            settings.append({"setting": "target_layer_ids", "label": label, "value": ids})
+    block = config.block_size
+    for size in sorted({block // 2, block * 2, other.block_size} - {block}):
         if size >= 2:
-            label = f"block size {size} (config {block_size})"
-            probes.append({"setting": "block_size", "label": label, "value": size})
-    return probes
+            label = f"block size {size} (config {block})"
+            settings.append({"setting": "block_size", "label": label, "value": size})
+    masks = {f"{OTHER}'s mask token": other.mask_token_id}
+    masks.update({f"the tokenizer's {name}": token for name, token in special_tokens.items()})
+    tried = {config.mask_token_id}
+    for label, token in masks.items():
+        if token is not None and 0 <= token < vocab_size and token not in tried:
+            tried.add(token)
+            label = f"{label} {token} (config {config.mask_token_id})"
+            settings.append({"setting": "mask_token_id", "label": label, "value": token})
+    return settings
 
 
-def _probes(
+OTHER = "the other drafter"  # in repair labels; the findings name it as the workstation does
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, int]:
+    names = ("mask_token", "pad_token", "unk_token")
+    found = {name: getattr(tokenizer, f"{name}_id", None) for name in names}
+    return {name.replace("_", " "): token for name, token in found.items() if token is not None}
+
+
+def _repairs(
     options: DiagnoseOptions,
     candidate: LoadedDrafter,
     other: LoadedDrafter,
     parts: record.RunParts,
     head: tuple[torch.Tensor, torch.Tensor],
+    tokenizer: Any,
+    taus: tuple[list[float | None], list[float | None]],
     progress: Progress,
-    timer: Timer,
 ) -> dict[str, Any]:
-    """Each probe against the candidate as configured, on the same few prompts, paired."""
-    config, run = candidate.config, options.run
-    settings = probe_settings(
-        list(config.target_layer_ids),
-        config.block_size,
+    """Each repair measured against the candidate as configured and the other drafter, per
+    prompt, then judged together (Holm over all of them)."""
+    run, config = options.run, candidate.config
+    settings = repair_settings(
+        config,
+        other.config,
         parts.target.shape.num_layers,
-        other.config.block_size,
+        head[0].shape[0],
+        _special_tokens(tokenizer),
     )
     layers = sorted({i for p in settings if p["setting"] == "target_layer_ids" for i in p["value"]})
-    sample = _probe_sample(parts, sorted({*layers, *config.target_layer_ids}), options, timer)
-    progress.say(f"Probing {len(settings)} settings on {len(sample)} prompts …")
-    base: dict[int, tuple[list, list]] = {}  # walk block → the candidate as configured
-    rows = []
-    for probe in settings:
-        is_block = probe["setting"] == "block_size"
-        walk_block = min(config.block_size, probe["value"]) if is_block else config.block_size
-        if walk_block not in base:
-            walked = _walk(
-                candidate, sample, head, run, progress, "probe", **PROBE_WALK, walk_block=walk_block
-            )
-            base[walk_block] = _tau_and_loss(walked, walk_block)
-        changed = {"block_size": probe["value"]} if is_block else {"layer_ids": probe["value"]}
-        walked = _walk(
-            candidate,
-            sample,
-            head,
-            run,
-            progress,
-            "probe",
-            **changed,
-            **PROBE_WALK,
-            walk_block=walk_block,
-        )
-        taus, losses = _tau_and_loss(walked, walk_block)
-        base_taus, base_losses = base[walk_block]
-        rows.append(
-            {
-                **probe,
-                "scored_slots": walk_block - 1,
-                "tau_base": _mean(base_taus),
-                "tau": _mean(taus),
-                "difference": stats.paired_difference(taus, base_taus),
-                "loss_base": _mean(base_losses),
-                "loss": _mean(losses),
-                "loss_difference": stats.paired_difference(base_losses, losses),
-            }
-        )
-    return {"prompts": len(sample), "settings": rows}
+    sequences = _with_layers(parts, sorted({*layers, *config.target_layer_ids}), options)
+    known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
+    base, theirs = ([t[i] for i in known] for t in taus)
+    quiet = Progress(quiet=True)
+
+    def repaired(changes: dict[str, Any]) -> list[float]:
+        walked = _walk(candidate, sequences, head, run, quiet, "repair", **REPAIR_WALK, **changes)
+        every = stats.per_prompt_tau(walked.walks)
+        return [every[i] for i in known]
+
+    progress.say(f"Trying {len(settings)} repairs on {len(known)} prompts …")
+    tried = _judged(settings, {}, base, theirs, repaired, progress)
+    summary = {
+        "prompts": len(known),
+        "tau_candidate": _mean(base),
+        "tau_other": _mean(theirs),
+        "min_delta_tau": repair_stats.MIN_DELTA,
+        "min_gap_share": repair_stats.MIN_SHARE,
+        "alpha": repair_stats.ALPHA,
+        "tried": tried,
+        "combined": None,
+    }
+    if tried and tried[0]["verdict"] == repair_stats.FINDING:
+        summary["combined"] = _combined(tried[0], settings, base, theirs, repaired, progress)
+    return summary
 
 
-def _probe_sample(
-    parts: record.RunParts, layers: list[int], options: DiagnoseOptions, timer: Timer
+def _changes(setting: dict[str, Any]) -> dict[str, Any]:
+    """A repair's setting as `_walk` takes it (a larger block is scored on all its slots)."""
+    name, value = setting["setting"], setting["value"]
+    if name == "target_layer_ids":
+        return {"layer_ids": value}
+    if name == "block_size":
+        return {"block_size": value, "walk_block": value}
+    return {name: value}
+
+
+def _judged(
+    settings: list[dict[str, Any]],
+    applied: dict[str, Any],
+    base: list[float],
+    theirs: list[float],
+    repaired: Callable[[dict[str, Any]], list[float]],
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    """Each setting tried on top of `applied`, measured against `base`, judged together."""
+    measured, rows = [], {}
+    for done, setting in enumerate(settings, start=1):
+        taus = repaired({**applied, **_changes(setting)})
+        measured.append(repair_stats.measure(setting["label"], base, taus, theirs))
+        rows[setting["label"]] = {**setting, "tau": _mean(taus)}
+        progress.progress("repairs", done, len(settings))
+    return [{**rows[r.name], **repair_stats.as_dict(r)} for r in repair_stats.judge(measured)]
+
+
+def _combined(
+    best: dict[str, Any],
+    settings: list[dict[str, Any]],
+    base: list[float],
+    theirs: list[float],
+    repaired: Callable[[dict[str, Any]], list[float]],
+    progress: Progress,
+) -> dict[str, Any]:
+    """The best repair applied, the remaining kinds of repair tried again on top of it: the
+    steps taken (the second only when it is a finding there too) and the share closed."""
+    applied = _changes(best)
+    rest = [s for s in settings if s["setting"] != best["setting"]]
+    progress.say(f"With {best['label']}: trying {len(rest)} more repairs …")
+    then = _judged(rest, applied, repaired(applied), theirs, repaired, progress)
+    steps = [best]
+    if then and then[0]["verdict"] == repair_stats.FINDING:
+        steps.append(then[0])
+        applied = {**applied, **_changes(then[0])}
+    final = repaired(applied)
+    closed = repair_stats.measure("combined", base, final, theirs).gap_closed
+    return {
+        "steps": [step["label"] for step in steps],
+        "tau": _mean(final),
+        "gap_closed": repair_stats.as_dict_interval(closed),
+        "then_tried": then,
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _with_layers(
+    parts: record.RunParts, layers: list[int], options: DiagnoseOptions
 ) -> list[pipeline.Sequence]:
-    """The first prompts with the hidden states of every layer a probe reads: from the
+    """The run's sequences with the hidden states of every layer a repair reads: from the
     cache, else computed by a fresh target (the run's own was released after its phase)."""
-    sample = [
-        dataclasses.replace(seq, hidden={}) for seq in parts.sequences[: options.probe_prompts]
-    ]
-    lookup, quiet = parts.lookup, Progress(quiet=True)
-    probe_lookup = dataclasses.replace(lookup, layer_ids=layers)
-    source = TargetSource(options.run.target, options.run.target_dtype, timer, quiet)
-    pipeline.hidden_states(sample, probe_lookup, source, quiet)
-    return sample
+    sequences = [dataclasses.replace(seq, hidden={}) for seq in parts.sequences]
+    quiet = Progress(quiet=True)
+    lookup = dataclasses.replace(parts.lookup, layer_ids=layers)
+    source = TargetSource(options.run.target, options.run.target_dtype, Timer(), quiet)
+    pipeline.hidden_states(sequences, lookup, source, quiet)
+    return sequences
 
 
 def _unloadable(options: DiagnoseOptions, error: HarnessError, hidden_size: int) -> dict[str, Any]:
@@ -324,15 +391,3 @@ def _unloadable(options: DiagnoseOptions, error: HarnessError, hidden_size: int)
     }
     diagnosis["findings"] = findings.rank(diagnosis)
     return diagnosis
-
-
-def _tau_and_loss(walked: Walked, walk_block: int) -> tuple[list, list]:
-    return (
-        stats.per_prompt_anchor_tau(walked.slot_stats, walk_block - 1),
-        stats.per_prompt_loss(walked.walks, walked.slot_stats, walk_block - 1),
-    )
-
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None

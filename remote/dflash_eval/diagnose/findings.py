@@ -1,22 +1,20 @@
-"""The findings of a diagnosis (diagnosis.py), ranked: most likely cause first.
+"""The findings of a diagnosis (diagnosis.py), in order: what is measured to cause the gap
+first, then what the evidence shows, never a hand-set score.
 
-Each finding: `area`, `title`, `evidence`, `check_next` and a `score` (0–100). Scores order
-kinds of evidence, not probabilities:
+Each finding: `area`, `title`, `evidence` (with its numbers) and `check_next`. The order:
 
-  100  the candidate does not load (nothing else can be measured)
-   95  non-finite weights
-  80+  a probe raised τ beyond its interval (the checkpoint works better with that setting)
-  72+  τ at its floor, and a probe lowered the loss of the target's tokens beyond its interval
-   85  features outside the fidelity bounds; 82: bf16 features of a linear-attention
-       target computed on CPU (within the bounds on the first prompt, drift grows with length)
-  50+  configuration differences that change numbers; a trained block size the config
-       contradicts
-  70+  calibration: flat, under-confident slots (a soft-target loss)
-   50  τ at its floor: probes on τ cannot show anything (they are judged on the loss)
-  ≤60  symptoms: weights unlike the other's, over-confidence, a slope with context length,
-       one prompt set, the slot where the gap opens
-
-A cause that a probe demonstrates outranks a difference that only might matter.
+1. the candidate does not load (nothing else can be measured), non-finite weights;
+2. repairs that close the gap (repair_stats.py: significant after Holm's correction over every
+   repair tried, and at least the minimum effect), by the lower bound of the share of the gap
+   each closes; such a finding carries `delta_tau` and `gap_closed` (value, low, high);
+3. the training-side signatures, each with its number: features outside the fidelity bounds,
+   flat, under-confident slots (a soft-target loss);
+4. when repairs were tried and none closes the gap: that fact, with the largest Δτ measured
+   (with no signature above it: the drafter is less trained, or differs in its training);
+   then the rest of the evidence: over-confidence, near misses, untrained modules, where in
+   the block and in the completion the gap opens, one prompt set;
+5. configuration differences from the other drafter, each with what its repair measured;
+6. no measurable gap.
 """
 
 from __future__ import annotations
@@ -24,29 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dflash_eval.diagnose.repair_stats import FINDING
 from dflash_eval.target.features import judge
 
 Finding = dict[str, Any]
 
-# Config keys (as in config.json, dflash_config flattened) and how much a difference weighs.
-CONFIG_WEIGHTS = {
-    "target_layer_ids": 55,
-    "mask_token_id": 65,
-    "block_size": 60,
-    "layer_types": 50,
-    "sliding_window": 50,
-    "use_sliding_window": 50,
-    "is_causal": 50,
-    "rope_theta": 50,
-    "rope_scaling": 50,
-    "partial_rotary_factor": 50,
-    "rms_norm_eps": 30,
-    "num_target_layers": 30,
-    "input_embedding_scale": 50,
-    "output_multiplier": 50,
-    "final_logit_softcapping": 50,
-}
-CONFIG_DEFAULT_WEIGHT = 20
 # Calibration: a slot is flat when its accuracy exceeds its mean top-1 probability by this.
 UNDER_CONFIDENT = 0.15
 OVER_CONFIDENT = 0.2
@@ -55,27 +35,24 @@ NORM_RATIO = 3.0
 # A scale of an RMSNorm still this close to its initial ones has not been trained.
 UNTRAINED_NORM = 1e-6
 GAP_OPENS = 0.1  # per-slot conditional acceptance below the other's by this much
-# A probe base τ below this: fewer than 5% of first slots accepted, τ cannot separate probes.
-TAU_FLOOR = 1.05
 
 
-def finding(score: float, area: str, title: str, evidence: str, check_next: str) -> Finding:
+def finding(area: str, title: str, evidence: str, check_next: str, **measured: Any) -> Finding:
     return {
-        "score": round(score, 1),
         "area": area,
         "title": title,
         "evidence": evidence,
         "check_next": check_next,
+        **measured,
     }
 
 
 def rank(diagnosis: dict[str, Any]) -> list[Finding]:
-    """Every finding of the diagnosis, highest score first, numbered from 1."""
+    """Every finding of the diagnosis in the order of the module docstring, numbered from 1."""
     if "load_error" in diagnosis["candidate"]:
         found = load_failure(diagnosis)
     else:
         found = [f for check in CHECKS for f in check(diagnosis)]
-    found.sort(key=lambda f: -f["score"])
     return [{"rank": index, **f} for index, f in enumerate(found, start=1)]
 
 
@@ -83,7 +60,6 @@ def load_failure(diagnosis: dict[str, Any]) -> list[Finding]:
     candidate = diagnosis["candidate"]
     found = [
         finding(
-            100,
             "loading",
             "the candidate does not load strictly",
             candidate["load_error"],
@@ -99,7 +75,6 @@ def load_failure(diagnosis: dict[str, Any]) -> list[Finding]:
         found.insert(
             0,
             finding(
-                100,
                 "configuration",
                 f"fc reads {read} target layers, the config names {len(ids)}",
                 f"fc.weight is {fc} = [H, {read}·H] with H={hidden}; config target_layer_ids "
@@ -116,32 +91,37 @@ def _flat(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_differences(diagnosis: dict[str, Any]) -> list[Finding]:
+    """Each config value that differs from the other drafter's, with what its repair
+    measured when one was tried (a difference alone is no cause)."""
     mine = diagnosis["candidate"]["drafter"]
     theirs = diagnosis["other"]["drafter"]
     ours, others = _flat(mine["config"]), _flat(theirs["config"])
+    # The repair that applied the other drafter's value, where one was tried.
+    tried = {r["setting"]: r for r in _repairs(diagnosis) if r["value"] == others.get(r["setting"])}
     found = []
     for key in sorted(set(ours) | set(others)):
         if ours.get(key) == others.get(key):
             continue
-        score = CONFIG_WEIGHTS.get(key, CONFIG_DEFAULT_WEIGHT)
-        if key == "target_layer_ids" and len(ours.get(key) or ()) != len(others.get(key) or ()):
-            score = 70
+        repair = tried.get(key)
+        measured = (
+            f"; its repair: {_delta(repair)} ({repair['verdict']})"
+            if repair is not None
+            else "; not tried as a repair"
+        )
         found.append(
             finding(
-                score,
                 "configuration",
                 f"{key} differs: {ours.get(key)} vs {others.get(key)}",
                 f"candidate {key} = {ours.get(key)} ({mine['provenance'].get(key, 'config')}); "
-                f"{diagnosis['against']} = {others.get(key)}",
+                f"{diagnosis['against']} = {others.get(key)}{measured}",
                 f"confirm the candidate was trained with {key} = {ours.get(key)} (training "
-                "script or args); a config that misstates it changes every number",
+                "script or args)",
             )
         )
     trained, used = mine.get("trained_block_size"), mine.get("eval_block_size")
     if trained and used and trained != used:
         found.append(
             finding(
-                75,
                 "configuration",
                 f"trained with block size {trained}, evaluated with {used}",
                 "the checkpoint's config or training args say block size "
@@ -152,21 +132,24 @@ def config_differences(diagnosis: dict[str, Any]) -> list[Finding]:
     return found
 
 
+def non_finite(diagnosis: dict[str, Any]) -> list[Finding]:
+    broken = [name for name, row in diagnosis["candidate"]["weights"].items() if not row["finite"]]
+    if not broken:
+        return []
+    return [
+        finding(
+            "weights",
+            f"{len(broken)} parameters hold NaN or inf",
+            f"non-finite: {', '.join(broken[:6])}",
+            "the training run diverged or the checkpoint was corrupted: take an earlier step",
+        )
+    ]
+
+
 def weight_health(diagnosis: dict[str, Any]) -> list[Finding]:
     mine = diagnosis["candidate"]["weights"]
     theirs = diagnosis["other"]["weights"]
     found = []
-    broken = [name for name, row in mine.items() if not row["finite"]]
-    if broken:
-        found.append(
-            finding(
-                95,
-                "weights",
-                f"{len(broken)} parameters hold NaN or inf",
-                f"non-finite: {', '.join(broken[:6])}",
-                "the training run diverged or the checkpoint was corrupted: take an earlier step",
-            )
-        )
     untrained = [
         name
         for name, row in mine.items()
@@ -177,7 +160,6 @@ def weight_health(diagnosis: dict[str, Any]) -> list[Finding]:
     if untrained:
         found.append(
             finding(
-                60,
                 "weights",
                 f"{len(untrained)} norm scales still at their initial ones",
                 f"untouched since init: {', '.join(untrained[:6])} (trained in "
@@ -195,7 +177,6 @@ def weight_health(diagnosis: dict[str, Any]) -> list[Finding]:
     if ratios:
         found.append(
             finding(
-                35,
                 "weights",
                 f"{len(ratios)} parameters with norms far from the other drafter's",
                 "norm vs the other's: " + ", ".join(ratios[:6]),
@@ -210,39 +191,55 @@ def _weighted(rows: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] * r["rounds"] for r in rows) / total if total else 0.0
 
 
-def calibration(diagnosis: dict[str, Any]) -> list[Finding]:
-    mine = diagnosis["candidate"]["calibration"]
-    theirs = diagnosis["other"]["calibration"]
+def _calibration_gaps(diagnosis: dict[str, Any]) -> tuple[float, float] | None:
+    """How far the top-1 is right more often than its probability says, both drafters."""
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
     if not mine or not theirs:
-        return []
-    found = []
+        return None
     gap = _weighted(mine, "accuracy") - _weighted(mine, "confidence")
-    other_gap = _weighted(theirs, "accuracy") - _weighted(theirs, "confidence")
-    entropy, other_entropy = _weighted(mine, "entropy"), _weighted(theirs, "entropy")
-    table = ", ".join(
-        f"slot {r['slot']}: p̂ {r['confidence']:.2f} vs right {r['accuracy']:.2f}" for r in mine[:4]
+    return gap, _weighted(theirs, "accuracy") - _weighted(theirs, "confidence")
+
+
+def _slot_table(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(
+        f"slot {r['slot']}: p̂ {r['confidence']:.2f} vs right {r['accuracy']:.2f}" for r in rows[:4]
     )
-    if gap > UNDER_CONFIDENT and gap - other_gap > UNDER_CONFIDENT / 2:
-        found.append(
-            finding(
-                70 + min(20.0, 50 * (gap - other_gap)),
-                "calibration",
-                "flat, under-confident slots: a soft-target loss?",
-                f"top-1 probability {_weighted(mine, 'confidence'):.2f} while the top-1 is right "
-                f"{_weighted(mine, 'accuracy'):.2f} of the time ({table}); entropy "
-                f"{entropy:.2f} vs {other_entropy:.2f} nats for {diagnosis['against']}",
-                "check the training loss: hard cross-entropy on the target's tokens, not KL to "
-                "a softened (temperature > 1) target distribution",
-            )
+
+
+def flat_slots(diagnosis: dict[str, Any]) -> list[Finding]:
+    """The soft-target signature: slots far less confident than they are right."""
+    gaps = _calibration_gaps(diagnosis)
+    if gaps is None or not (gaps[0] > UNDER_CONFIDENT and gaps[0] - gaps[1] > UNDER_CONFIDENT / 2):
+        return []
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
+    return [
+        finding(
+            "calibration",
+            "flat, under-confident slots: a soft-target loss?",
+            f"top-1 probability {_weighted(mine, 'confidence'):.2f} while the top-1 is right "
+            f"{_weighted(mine, 'accuracy'):.2f} of the time ({_slot_table(mine)}); entropy "
+            f"{_weighted(mine, 'entropy'):.2f} vs {_weighted(theirs, 'entropy'):.2f} nats for "
+            f"{diagnosis['against']}",
+            "check the training loss: hard cross-entropy on the target's tokens, not KL to "
+            "a softened (temperature > 1) target distribution",
         )
-    elif -gap > OVER_CONFIDENT and other_gap - gap > OVER_CONFIDENT / 2:
+    ]
+
+
+def calibration(diagnosis: dict[str, Any]) -> list[Finding]:
+    """Calibration symptoms beyond the soft-target signature: over-confidence, near misses."""
+    gaps = _calibration_gaps(diagnosis)
+    if gaps is None:
+        return []
+    mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
+    found = []
+    if -gaps[0] > OVER_CONFIDENT and gaps[1] - gaps[0] > OVER_CONFIDENT / 2:
         found.append(
             finding(
-                40,
                 "calibration",
                 "over-confident slots: the drafter sees inputs unlike its training",
                 f"top-1 probability {_weighted(mine, 'confidence'):.2f}, right "
-                f"{_weighted(mine, 'accuracy'):.2f} ({table})",
+                f"{_weighted(mine, 'accuracy'):.2f} ({_slot_table(mine)})",
                 "check what it is fed: target layer ids, feature dtype, positions, block size",
             )
         )
@@ -251,7 +248,6 @@ def calibration(diagnosis: dict[str, Any]) -> list[Finding]:
     if close > lost and close > _weighted(theirs, "rank_close") + 0.1:
         found.append(
             finding(
-                25,
                 "calibration",
                 "the target's token is close but not first",
                 f"target token at rank 1..9: {close:.0%} of slots; lost (rank ≥ 10): {lost:.0%} "
@@ -270,7 +266,6 @@ def gap_opening(diagnosis: dict[str, Any]) -> list[Finding]:
         if a is not None and b is not None and b - a > GAP_OPENS:
             return [
                 finding(
-                    20,
                     "acceptance",
                     f"the gap opens at slot {ours['position']}",
                     f"P(slot {ours['position']} right | earlier right): {a:.2f} vs {b:.2f}; "
@@ -300,7 +295,6 @@ def context_slope(diagnosis: dict[str, Any]) -> list[Finding]:
         return []
     return [
         finding(
-            45,
             "context length",
             "the candidate falls behind later in the completion",
             f"candidate τ {mine[0]['tau']:.2f} → {mine[-1]['tau']:.2f} from the first to the "
@@ -322,7 +316,6 @@ def prompt_sets(diagnosis: dict[str, Any]) -> list[Finding]:
         return []
     return [
         finding(
-            30,
             "prompt sets",
             f"the gap is mostly on {worst}",
             "τ gap by set: " + ", ".join(f"{n} {g:+.2f}" for n, g in sorted(gaps.items())),
@@ -338,7 +331,6 @@ def features(diagnosis: dict[str, Any]) -> list[Finding]:
     if lines:
         return [
             finding(
-                85,
                 "features",
                 "the target features are outside the fidelity bounds",
                 f"{record.get('dtype')} on {record.get('device')}: " + "; ".join(lines[:3]),
@@ -353,7 +345,6 @@ def features(diagnosis: dict[str, Any]) -> list[Finding]:
         )
         return [
             finding(
-                82,
                 "features",
                 f"{record.get('dtype')} features of a linear-attention target on CPU",
                 f"the target's linear-attention layers ran in {record.get('dtype')} through the "
@@ -367,7 +358,6 @@ def features(diagnosis: dict[str, Any]) -> list[Finding]:
     if fidelity.get("status") == "skipped":
         return [
             finding(
-                25,
                 "features",
                 "feature fidelity was not measured",
                 f"{record.get('dtype')} features: {fidelity.get('reason')}",
@@ -377,96 +367,98 @@ def features(diagnosis: dict[str, Any]) -> list[Finding]:
     return []
 
 
-def _significant(difference: dict[str, Any]) -> bool:
-    return bool(difference["mean"] - difference["half_width"] > 0)
+def _repairs(diagnosis: dict[str, Any]) -> list[dict[str, Any]]:
+    return (diagnosis.get("repairs") or {}).get("tried", [])
 
 
-def _at_floor(tau: float | None) -> bool:
-    return tau is not None and tau < TAU_FLOOR
+def _interval(value: dict[str, Any] | None, percent: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    scale, shape = (100, "{:.0f} %") if percent else (1, "{:+.2f}")
+    shown = shape.format(value["value"] * scale)
+    if value["low"] is None:
+        return f"{shown} (interval unbounded)"
+    return f"{shown} [{shape.format(value['low'] * scale)}, {shape.format(value['high'] * scale)}]"
 
 
-def probes(diagnosis: dict[str, Any]) -> list[Finding]:
-    """A probe that raises τ beyond its interval; where the candidate's τ is at its floor
-    (it accepts almost nothing, so no setting can raise τ measurably), one that lowers the
-    loss of the target's tokens beyond its interval, ranked below any τ evidence."""
+def _delta(repair: dict[str, Any]) -> str:
+    closed = repair["gap_closed"]
+    share = f", {_interval(closed, percent=True)} of the gap" if closed else ""
+    return f"τ {_interval(repair['delta_tau'])}{share}"
+
+
+def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
+    """The repairs that close the gap, in the order judged (the lower bound of the share)."""
+    summary = diagnosis.get("repairs") or {}
+    tried = _repairs(diagnosis)
     found = []
-    for probe in diagnosis["probes"]["settings"]:
-        if _significant(probe["difference"]):
-            found.append(_tau_probe(probe))
-        elif _at_floor(probe["tau_base"]) and _significant(probe["loss_difference"]):
-            found.append(_loss_probe(probe))
+    for repair in (r for r in tried if r["verdict"] == FINDING):
+        found.append(
+            finding(
+                "repair",
+                f"{repair['label']}: τ {summary['tau_candidate']:.2f} → {repair['tau']:.2f}",
+                f"{_delta(repair)} on {summary['prompts']} prompts (95 % intervals, paired; "
+                f"significant after Holm's correction over {len(tried)} repairs, p = "
+                f"{repair['p_value']:.2g}); {repair['setting']} = {repair['value']}",
+                f"check the training run's {repair['setting']}; if it was {repair['value']}, "
+                "fix the config",
+                setting=repair["setting"],
+                delta_tau=repair["delta_tau"],
+                gap_closed=repair["gap_closed"],
+                repairs_tried=len(tried),
+            )
+        )
+    combined = summary.get("combined")
+    if combined and len(combined["steps"]) > 1:
+        first, then = combined["steps"]
+        closed = combined["gap_closed"]
+        share = f", {_interval(closed, percent=True)} of the gap closed" if closed else ""
+        found.insert(
+            1,
+            finding(
+                "repair",
+                f"with {first} (then {then}): τ {summary['tau_candidate']:.2f} → "
+                f"{combined['tau']:.2f}{share}",
+                f"after {first}, {len(combined['then_tried'])} repairs were tried again on the "
+                f"repaired drafter and {then} still closed part of what was left",
+                "check both settings against the training run",
+                gap_closed=closed,
+                repairs_tried=len(tried) + len(combined["then_tried"]),
+            ),
+        )
     return found
 
 
-def _probe_cause(probe: dict[str, Any]) -> str:
-    if probe["setting"] == "target_layer_ids":
-        return "its config names the wrong target layers"
-    return "it was trained with another block size"
-
-
-def _tau_probe(probe: dict[str, Any]) -> Finding:
-    difference = probe["difference"]
-    base = probe["tau_base"] or 1.0
-    return finding(
-        80 + min(15.0, 15 * difference["mean"] / base),
-        "probe",
-        f"τ rises with {probe['label']}: {_probe_cause(probe)}?",
-        f"τ {probe['tau_base']:.2f} → {probe['tau']:.2f} on {difference['prompts']} "
-        f"prompts (+{difference['mean']:.2f} ± {difference['half_width']:.2f}, 95%; "
-        f"slots 1..{probe['scored_slots']} scored); {probe['setting']} = "
-        f"{probe['value']}; loss of the target's tokens {probe['loss_base']:.3f} → "
-        f"{probe['loss']:.3f} nats",
-        f"check the training run's {probe['setting']}; if it was {probe['value']}, fix the config",
-    )
-
-
-def _loss_probe(probe: dict[str, Any]) -> Finding:
-    difference = probe["loss_difference"]
-    return finding(
-        72 + min(6.0, 6 * difference["mean"] / max(probe["loss_base"], 1e-9)),
-        "probe",
-        f"the target's tokens get likelier with {probe['label']}: {_probe_cause(probe)}?",
-        f"τ is at its floor ({probe['tau_base']:.3f} → {probe['tau']:.3f}), so the probe is "
-        f"judged on the loss of the target's tokens: {probe['loss_base']:.3f} → "
-        f"{probe['loss']:.3f} nats on {difference['prompts']} prompts "
-        f"(−{difference['mean']:.3f} ± {difference['half_width']:.3f}, 95%; slots "
-        f"1..{probe['scored_slots']}); {probe['setting']} = {probe['value']}",
-        f"check the training run's {probe['setting']}; if it was {probe['value']}, fix the "
-        "config, and diagnose again: τ should leave its floor",
-    )
-
-
-def tau_floor(diagnosis: dict[str, Any]) -> list[Finding]:
-    """Say plainly when τ cannot tell the probes apart: the candidate accepts ~nothing."""
-    settings = diagnosis["probes"]["settings"]
-    if not settings or not all(_at_floor(p["tau_base"]) for p in settings):
+def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
+    """Repairs were tried, the candidate is behind, and no setting change closes the gap."""
+    tried, gap = _repairs(diagnosis), diagnosis["gap"]
+    if not tried or any(r["verdict"] == FINDING for r in tried) or not _behind(gap):
         return []
-    best = max(settings, key=lambda p: p["loss_difference"]["mean"])
-    change = best["loss_difference"]
+    best = max(tried, key=lambda r: r["delta_tau"]["value"])
     return [
         finding(
-            50,
-            "probe",
-            f"τ is at its floor ({best['tau_base']:.3f}): probes on τ cannot show anything",
-            f"the candidate as configured accepts almost no draft token on the "
-            f"{change['prompts']} probe prompts, so every probe's τ difference is about 0; "
-            "the probes are compared on the loss of the target's tokens instead (largest "
-            f"fall: {best['label']}, {best['loss_base']:.3f} → {best['loss']:.3f} nats, "
-            f"{-change['mean']:+.3f} ± {change['half_width']:.3f})",
-            "check that the candidate loads the trained weights and is fed what it was "
-            "trained on (mask token, target layers, feature dtype); a probe finding that "
-            "lowers the loss beyond its interval names the setting",
+            "repair",
+            f"no setting change closes the gap ({len(tried)} repairs tried)",
+            f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over {gap['prompts']} "
+            f"prompts; the largest repair, {best['label']}, measured {_delta(best)}: none "
+            "is beyond noise and the minimum effect",
+            "the gap is in the weights: an earlier step of a run that is still improving "
+            "(compare τ across its steps), or a training-side difference (loss, data, "
+            "features); the evidence below says which",
         )
     ]
 
 
+def _behind(gap: dict[str, Any]) -> bool:
+    return bool(gap["mean"] - gap["half_width"] > 0)
+
+
 def no_gap(diagnosis: dict[str, Any]) -> list[Finding]:
     gap = diagnosis["gap"]
-    if gap["mean"] - gap["half_width"] > 0:
+    if _behind(gap):
         return []
     return [
         finding(
-            5,
             "acceptance",
             "the candidate is not measurably worse",
             f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95%) over {gap['prompts']} "
@@ -477,14 +469,16 @@ def no_gap(diagnosis: dict[str, Any]) -> list[Finding]:
 
 
 CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
-    config_differences,
-    weight_health,
+    non_finite,
+    repairs,
+    features,
+    flat_slots,
+    nothing_repairs,
     calibration,
+    weight_health,
     gap_opening,
     context_slope,
     prompt_sets,
-    features,
-    probes,
-    tau_floor,
+    config_differences,
     no_gap,
 )

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from dflash_eval.diagnose.repair_stats import t_quantile
 from dflash_eval.drafter.model_dflash2 import DFlash2Drafter
 from dflash_eval.walk.metrics import PromptWalk
 from dflash_eval.walk.predict import BlockPrediction, Predictor, block_predictions
@@ -25,7 +26,6 @@ from dflash_eval.walk.predict import BlockPrediction, Predictor, block_predictio
 CLOSE_RANK = 10
 # Context-length buckets: the completion split into this many equal spans of anchors.
 LENGTH_BUCKETS = 3
-Z95 = 1.96
 # Per slot of one block: top-1 probability, entropy, rank and log-probability of the
 # target's token.
 SlotStats = tuple[float, float, int, float]
@@ -127,36 +127,6 @@ def per_prompt_tau(walks: Sequence[PromptWalk]) -> list[float | None]:
     return [sum(w.lengths) / len(w.lengths) if w.lengths else None for w in walks]
 
 
-def per_prompt_loss(
-    walks: Sequence[PromptWalk], stats: Sequence[dict[int, list[SlotStats]]], slots: int
-) -> list[float | None]:
-    """Per prompt: the mean negative log-probability of the target's token over the first
-    `slots` slots of the walked rounds (what training minimises: more sensitive than τ,
-    whose argmax may not move while the fit does)."""
-    losses: list[float | None] = []
-    for walked, by_anchor in zip(walks, stats, strict=True):
-        values = [-row[3] for anchor in walked.anchors for row in by_anchor[anchor][:slots]]
-        losses.append(sum(values) / len(values) if values else None)
-    return losses
-
-
-def per_prompt_anchor_tau(
-    stats: Sequence[dict[int, list[SlotStats]]], slots: int
-) -> list[float | None]:
-    """Per prompt: the mean acceptance length of a round started at *every* anchor computed
-    (1 + the leading slots whose top-1 is the target's token, of the first `slots`). Every
-    anchor, not only the walk's, so that two settings of one drafter are compared on the
-    same anchors with far less noise than the walk's τ."""
-    taus: list[float | None] = []
-    for by_anchor in stats:
-        lengths = []
-        for rows in by_anchor.values():
-            ranks = [row[2] for row in rows[:slots]]
-            lengths.append(1 + next((k for k, r in enumerate(ranks) if r), len(ranks)))
-        taus.append(sum(lengths) / len(lengths) if lengths else None)
-    return taus
-
-
 def by_prompt_set(datasets: Sequence[str], walks: Sequence[PromptWalk]) -> dict[str, float]:
     """Macro τ per named prompt set."""
     taus: dict[str, list[float]] = {}
@@ -169,8 +139,8 @@ def by_prompt_set(datasets: Sequence[str], walks: Sequence[PromptWalk]) -> dict[
 def paired_difference(
     better: Sequence[float | None], base: Sequence[float | None]
 ) -> dict[str, Any]:
-    """Mean per-prompt difference and its 95% half-width (normal approximation; infinite
-    with fewer than two prompts, so one prompt never counts as evidence)."""
+    """Mean per-prompt difference and its 95% half-width (Student's t: valid for a handful
+    of prompts; infinite with fewer than two, so one prompt never counts as evidence)."""
     pairs = [(b, a) for b, a in zip(better, base, strict=True) if b is not None and a is not None]
     differences = [b - a for b, a in pairs]
     count = len(differences)
@@ -178,7 +148,8 @@ def paired_difference(
     if count < 2:
         return {"mean": mean, "half_width": math.inf, "prompts": count}
     variance = sum((d - mean) ** 2 for d in differences) / (count - 1)
-    return {"mean": mean, "half_width": Z95 * math.sqrt(variance / count), "prompts": count}
+    half = t_quantile(0.975, count - 1) * math.sqrt(variance / count)
+    return {"mean": mean, "half_width": half, "prompts": count}
 
 
 def module_norms(model: torch.nn.Module) -> dict[str, dict[str, Any]]:

@@ -180,7 +180,6 @@ def diagnose_lab(
     candidate: Path,
     reference: Path,
     *,
-    probe_prompts: int,
     max_new_tokens: int = 96,
     **overrides: Any,
 ) -> dict[str, Any]:
@@ -196,4 +195,4 @@ def diagnose_lab(
         **overrides,
     )
     against = f"step {reference.parent.name.removeprefix('step_')}"
-    return run_diagnose(DiagnoseOptions(options, against, probe_prompts), Progress(quiet=True))
+    return run_diagnose(DiagnoseOptions(options, against), Progress(quiet=True))

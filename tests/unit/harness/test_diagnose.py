@@ -1,19 +1,20 @@
 """`diagnose` on faulty lab drafters (dflash_lab/faulty.py): the injected cause ranks first.
 
 The other drafter is the lab's own step-6000 checkpoint (trained as the faulty ones are,
-without the fault); every prompt of the lab is probed, so the probes' intervals are narrow.
+without the fault); each repair is tried on every prompt of the lab.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 from dflash_eval.cli import main
 from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_eval.contract.progress import Progress
-from dflash_eval.diagnose.diagnosis import DiagnoseOptions, probe_settings, run_diagnose
+from dflash_eval.diagnose.diagnosis import DiagnoseOptions, repair_settings, run_diagnose
 from dflash_eval.diagnose.stats import paired_difference
 from dflash_eval.run.options import EvalOptions
 
@@ -27,29 +28,33 @@ from .helpers import (
     small_config,
 )
 
-PROMPTS = 8  # all of the lab's prompts
-
 
 def _diagnose(lab, tmp_path, candidate):
-    return diagnose_lab(lab, tmp_path, candidate, lab.checkpoints[6000], probe_prompts=PROMPTS)
+    return diagnose_lab(lab, tmp_path, candidate, lab.checkpoints[6000])
 
 
-def test_a_drafter_trained_with_block_size_16_but_configured_for_8_is_found_by_its_probe(
-    lab, tmp_path
-):
+def _repair(diagnosis, label_start):
+    return next(r for r in diagnosis["repairs"]["tried"] if r["label"].startswith(label_start))
+
+
+def test_a_drafter_trained_with_block_size_16_but_configured_for_8_is_repaired_by_it(lab, tmp_path):
     diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "block-size"))
     top = diagnosis["findings"][0]
-    assert top["area"] == "probe", summary_lines(diagnosis)
-    assert "block size 16" in top["title"]
-    probe = next(
-        p for p in diagnosis["probes"]["settings"] if p["label"].startswith("block size 16")
+    assert top["area"] == "repair", summary_lines(diagnosis)
+    assert top["title"].startswith("block size 16")
+    repair = _repair(diagnosis, "block size 16")
+    assert repair["verdict"] == "finding" and repair["delta_tau"]["low"] > 0
+    assert top["gap_closed"] == repair["gap_closed"] and top["repairs_tried"] > 5
+    # The base is the run's own τ: the candidate's τ as eval reports it.
+    assert diagnosis["repairs"]["tau_candidate"] == pytest.approx(
+        diagnosis["candidate"]["metrics"]["tau_macro"]
     )
-    assert probe["difference"]["mean"] > probe["difference"]["half_width"] > 0
     written = json.loads((tmp_path / "diagnose.json").read_text())
     assert written["findings"][0]["title"] == top["title"]
     section = report_section(written)
     assert [row["slot"] for row in section["slots"]] == list(range(1, 8))
     assert section["findings"][0]["rank"] == 1
+    assert section["repairs"][0]["repair"] == repair["label"]
 
 
 def test_a_drafter_whose_fc_reads_one_layer_more_than_its_config_names_fails_first(lab, tmp_path):
@@ -60,11 +65,14 @@ def test_a_drafter_whose_fc_reads_one_layer_more_than_its_config_names_fails_fir
     assert second["area"] == "loading" and "fc.weight" in second["evidence"]
 
 
-def test_a_drafter_trained_on_soft_targets_is_found_flat_and_under_confident(lab, tmp_path):
+def test_a_drafter_trained_on_soft_targets_is_repaired_by_nothing_and_found_flat(lab, tmp_path):
     diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "soft-target"))
-    top = diagnosis["findings"][0]
-    assert top["area"] == "calibration", summary_lines(diagnosis)
-    assert "under-confident" in top["title"]
+    first = diagnosis["findings"][0]
+    assert first["area"] == "calibration", summary_lines(diagnosis)
+    assert "under-confident" in first["title"]
+    assert all(r["verdict"] != "finding" for r in diagnosis["repairs"]["tried"])
+    titles = [f["title"] for f in diagnosis["findings"]]
+    assert any(t.startswith("no setting change closes the gap") for t in titles), titles
     mine, theirs = diagnosis["candidate"]["calibration"], diagnosis["other"]["calibration"]
     assert mine[0]["confidence"] < mine[0]["accuracy"]
     assert mine[0]["entropy"] > theirs[0]["entropy"]
@@ -100,13 +108,21 @@ def test_diagnose_without_a_drafter_to_compare_with_says_so(lab, tmp_path, capsy
     assert "--reference-drafter" in capsys.readouterr().err
 
 
-def test_probes_change_one_setting_at_a_time_within_the_target():
-    probes = probe_settings([1, 3], 8, num_layers=6, other_block=8)
-    layer_sets = [p["value"] for p in probes if p["setting"] == "target_layer_ids"]
+def test_repairs_change_one_setting_at_a_time_within_the_target():
+    mine = SimpleNamespace(target_layer_ids=[1, 3], block_size=8, mask_token_id=3)
+    other = SimpleNamespace(target_layer_ids=[2, 5], block_size=8, mask_token_id=7)
+    repairs = repair_settings(mine, other, 6, vocab_size=100, special_tokens={"pad token": 0})
+    layer_sets = [p["value"] for p in repairs if p["setting"] == "target_layer_ids"]
     assert [0, 3] in layer_sets and [1, 4] in layer_sets and [2, 4] in layer_sets
+    assert [2, 5] in layer_sets  # the other drafter's
     assert all(0 <= i < 6 for ids in layer_sets for i in ids)
-    assert [1, 3] not in layer_sets  # the configured ids are the base, not a probe
-    assert [p["value"] for p in probes if p["setting"] == "block_size"] == [4, 16]
+    assert [1, 3] not in layer_sets  # the configured ids are the base, not a repair
+    assert len(layer_sets) == len({tuple(ids) for ids in layer_sets})
+    assert [p["value"] for p in repairs if p["setting"] == "block_size"] == [4, 16]
+    masks = [p["value"] for p in repairs if p["setting"] == "mask_token_id"]
+    assert masks == [7, 0]
+    beyond = repair_settings(mine, other, 6, vocab_size=5, special_tokens={"pad token": 3})
+    assert [p["value"] for p in beyond if p["setting"] == "mask_token_id"] == []
 
 
 @pytest.mark.parametrize(

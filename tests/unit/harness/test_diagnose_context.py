@@ -16,8 +16,6 @@ from dflash_lab.models import LabModels
 
 from .helpers import diagnose_lab
 
-PROMPTS = 8  # all of the lab's prompts
-
 
 @pytest.fixture(scope="module")
 def context_lab() -> LabModels:
@@ -42,16 +40,20 @@ def test_the_context_target_copies_from_context_and_its_layers_differ(context_la
     assert ours[0][5] < 0.5 and main[0][5] > 0.999  # deep features are not the embedding
 
 
-def test_a_drafter_configured_for_layers_it_was_not_trained_on_is_found_by_its_probe(
+def test_a_drafter_configured_for_layers_it_was_not_trained_on_is_repaired_by_them(
     context_lab, tmp_path
 ):
     candidate = build_faulty_drafter(context_lab, "layer-ids")
     reference = context_lab.checkpoints[DRAFTER_STEP]
-    diagnosis = diagnose_lab(context_lab, tmp_path, candidate, reference, probe_prompts=PROMPTS)
+    diagnosis = diagnose_lab(context_lab, tmp_path, candidate, reference)
     top = diagnosis["findings"][0]
-    assert top["area"] == "probe", summary_lines(diagnosis)
-    assert top["title"].startswith("τ rises with all target layer ids +1"), summary_lines(diagnosis)
-    assert "target_layer_ids = [2, 4]" in top["evidence"]
-    shifted = next(p for p in diagnosis["probes"]["settings"] if p["value"] == [2, 4])
-    assert shifted["difference"]["mean"] > shifted["difference"]["half_width"] > 0
-    assert shifted["loss"] < shifted["loss_base"]
+    assert top["area"] == "repair", summary_lines(diagnosis)
+    assert "target_layer_ids = [2, 4]" in top["evidence"], summary_lines(diagnosis)
+    shifted = next(r for r in diagnosis["repairs"]["tried"] if r["value"] == [2, 4])
+    assert shifted["verdict"] == "finding" and shifted["delta_tau"]["low"] > 0
+    # On this lab the faulty drafter is hardly behind its reference (docs/diagnose.md): where
+    # the gap is not above zero there is no share of it to close, and Δτ alone is judged.
+    if diagnosis["gap"]["mean"] > 0:
+        assert shifted["gap_closed"]["value"] > 0.5
+    else:
+        assert shifted["gap_closed"] is None and shifted["delta_tau"]["value"] > 0.1

@@ -1,6 +1,6 @@
 """A real diagnosis (the harness's `diagnose` on the lab's step-2000 drafter against its
 step-6000 one), pulled beside a run of the same step, appears as the report's diagnosis
-section with every finding, a row per slot and a row per probe."""
+section with every finding, a row per slot and a row per repair tried."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_a_real_diagnosis_is_a_section_of_the_report(lab, tmp_path):
         cache_dir=tmp_path / "cache",
         reference_drafter=lab.checkpoints[6000],
     )
-    diagnosis = run_diagnose(DiagnoseOptions(options, "step 6000", 3), Progress(quiet=True))
+    diagnosis = run_diagnose(DiagnoseOptions(options, "step 6000"), Progress(quiet=True))
     assert diagnosis["candidate"]["step"] == 2000 and diagnosis["findings"]
     assert json.loads((pulled / "diagnose.json").read_text())["findings"]
     comparison = results.compare(results.load_runs(root))
@@ -42,6 +42,6 @@ def test_a_real_diagnosis_is_a_section_of_the_report(lab, tmp_path):
     for finding in diagnosis["findings"]:
         assert html.escape(finding["title"]) in section
     tables = section.split("<table")[1:]
-    slots, probes = (table.count("<tr") - 1 for table in tables)
+    slots, repairs = (table.count("<tr") - 1 for table in tables)
     assert slots == len(diagnosis["candidate"]["metrics"]["per_position"])
-    assert probes == len(diagnosis["probes"]["settings"]) > 0
+    assert repairs == len(diagnosis["repairs"]["tried"]) > 0

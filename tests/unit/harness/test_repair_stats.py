@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from dflash_eval import repair_stats as rs
+from dflash_eval.diagnose import repair_stats as rs
 
 
 @pytest.mark.parametrize(
@@ -150,3 +150,46 @@ def test_without_a_gap_only_delta_tau_is_judged():
     repair = _repair("x", [0.3] * 6, gap=-0.5)
     assert repair.gap_closed is None
     assert rs.judge([repair])[0].verdict == rs.FINDING
+
+
+def test_the_t_tail_matches_its_closed_forms_for_one_and_two_degrees_of_freedom():
+    for t in (0.5, -0.5, 3.0):
+        assert rs.t_upper_tail(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, abs=1e-9)
+        assert rs.t_upper_tail(t, 2) == pytest.approx(
+            0.5 - t / (2 * math.sqrt(2 + t * t)), abs=1e-9
+        )
+
+
+def test_two_prompts_already_give_bounded_intervals():
+    interval = rs.mean_interval([1.0, 3.0])
+    assert interval.low == pytest.approx(2.0 - 12.7062, rel=1e-4)
+    assert interval.high == pytest.approx(2.0 + 12.7062, rel=1e-4)
+    ratio = rs.ratio_interval([0.5, 0.52], [1.0, 1.001])
+    assert ratio.low is not None and ratio.low < 0.5 < ratio.high
+
+
+def test_one_prompt_is_measured_but_never_bounded():
+    repair = rs.measure("x", [2.0], [3.0], [4.0])
+    assert repair.delta_tau == rs.Interval(1.0, None, None)
+    assert repair.gap_closed == rs.Interval(0.5, None, None)
+    assert repair.p_value == 1.0
+
+
+def test_no_share_of_a_gap_that_is_not_there():
+    assert rs.measure("x", [2.0, 2.5], [2.5, 2.5], [2.0, 2.5]).gap_closed is None
+
+
+def test_holm_rejects_at_its_bounds():
+    assert rs.holm([0.05]) == [True]
+    assert rs.holm([0.025, 0.05]) == [True, True]
+    assert rs.holm([0.0250001, 0.05]) == [False, False]
+
+
+def test_the_minimum_effect_is_inclusive(monkeypatch):
+    monkeypatch.setattr(rs, "MIN_DELTA", 0.25)
+    monkeypatch.setattr(rs, "MIN_SHARE", 0.5)
+    at_both = rs.measure("x", [0.0] * 4, [0.25] * 4, [0.5] * 4)  # Δτ 0.25, half of a 0.5 gap
+    assert (at_both.delta_tau.value, at_both.gap_closed.value) == (0.25, 0.5)
+    assert rs.judge([at_both])[0].verdict == rs.FINDING
+    below = rs.measure("x", [0.0] * 4, [0.25] * 4, [0.5000001] * 4)
+    assert rs.judge([below])[0].verdict == rs.NO_EFFECT

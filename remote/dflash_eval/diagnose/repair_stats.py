@@ -223,3 +223,17 @@ def judge(repairs: Sequence[Repair], alpha: float = ALPHA) -> list[Repair]:
         return (repair.verdict != FINDING, -low, -repair.delta_tau.value)
 
     return sorted(judged, key=order)
+
+
+def as_dict_interval(value: Interval | None) -> dict | None:
+    return None if value is None else {"value": value.value, "low": value.low, "high": value.high}
+
+
+def as_dict(repair: Repair) -> dict:
+    """A judged repair as the diagnosis records it (JSON)."""
+    return {
+        "delta_tau": as_dict_interval(repair.delta_tau),
+        "gap_closed": as_dict_interval(repair.gap_closed),
+        "p_value": repair.p_value,
+        "verdict": repair.verdict,
+    }
