@@ -193,3 +193,26 @@ def test_the_minimum_effect_is_inclusive(monkeypatch):
     assert rs.judge([at_both])[0].verdict == rs.FINDING
     below = rs.measure("x", [0.0] * 4, [0.25] * 4, [0.5000001] * 4)
     assert rs.judge([below])[0].verdict == rs.NO_EFFECT
+
+
+def test_no_change_at_all_is_no_evidence():
+    assert rs.rise_p_value([0.0, 0.0, 0.0]) == 1.0
+
+
+def test_a_small_rise_is_no_cause_even_when_it_closes_a_small_gap():
+    repair = rs.measure("x", [2.0] * 4, [2.03] * 4, [2.1] * 4)  # Δτ 0.03: 30 % of a 0.1 gap
+    assert repair.gap_closed.value == pytest.approx(0.3)
+    assert rs.judge([repair])[0].verdict == rs.NO_EFFECT
+
+
+def test_a_judged_repair_is_recorded_with_its_intervals():
+    repair = rs.judge([rs.measure("x", [2.0, 2.0], [3.0, 3.2], [3.0, 3.0])])[0]
+    recorded = rs.as_dict(repair)
+    assert recorded["delta_tau"] == {
+        "value": repair.delta_tau.value,
+        "low": repair.delta_tau.low,
+        "high": repair.delta_tau.high,
+    }
+    assert recorded["gap_closed"]["value"] == pytest.approx(1.1)
+    assert (recorded["p_value"], recorded["verdict"]) == (repair.p_value, repair.verdict)
+    assert rs.as_dict_interval(None) is None
