@@ -130,6 +130,16 @@ def test_the_build_ships_every_harness_package():
     assert {"dflash_eval", *(f"dflash_eval.{name}" for name in HARNESS_LADDER)} <= listed
 
 
+def test_the_harness_hash_covers_every_package_and_no_bytecode():
+    # The hash a run records (the harness's own directory) is the one it is deployed under.
+    from dflash_eval.contract.version import harness_files, harness_hash
+
+    assert harness_hash() == harness_hash(HARNESS)
+    packages = {f"{name}/__init__.py" for name in HARNESS_LADDER}
+    assert {"cli.py", "contract/version.py", *packages} <= set(harness_files())
+    assert [name for name in harness_files() if "__pycache__" in name] == []
+
+
 def _imported_names(path: Path) -> set[str]:
     """Every module an `import` or `from … import` in the file names, anywhere in it."""
     names = set()
