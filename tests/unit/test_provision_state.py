@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dflash_ops.core.inventory import EvalHost
 from dflash_ops.provision.packages import requested
-from dflash_ops.provision.state import RECORD_FORMAT, host_state, venv_problem
+from dflash_ops.provision.state import ADOPTED, RECORD_FORMAT, host_state, origin, venv_problem
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.probes import SECTION_MARK
 
@@ -36,6 +36,7 @@ CAPTURED = (
         "record",
         '{"format": 1, "requested": {}, "resolved": {"torch": "2.13.0+cpu", "hf-xet": "1.6.0"}}',
     )
+    + section("found", "venv\n")
     + section("python", "3.11.2\n")
     + section("dists", "hf_xet-1.6.0.dist-info\ntorch-2.13.0+cpu.dist-info\n")
     + section("uv", "/srv/eval/bin/uv\nuv 0.13.9 (x86_64-unknown-linux-gnu)\n")
@@ -47,6 +48,7 @@ def test_parse_state_on_captured_output(tmp_path):
     entry = eval_entry(tmp_path)
     state = host_state(EvalLayout(entry), SHORT).parse(CAPTURED)
     assert state.python_version == "3.11.2"
+    assert (state.found, origin(state)) == ("venv", "tool")
     assert state.dists == {"hf-xet": "1.6.0", "torch": "2.13.0+cpu"}
     assert state.uv == "/srv/eval/bin/uv"
     assert state.uv_version == "uv 0.13.9 (x86_64-unknown-linux-gnu)"
@@ -70,6 +72,7 @@ def test_state_command_reads_a_host_laid_out_as_provisioned(tmp_path):
     (site / "torch").mkdir()
     Path(layout.python).parent.mkdir(parents=True)
     Path(layout.python).symlink_to(sys.executable)
+    (Path(layout.venv) / "pyvenv.cfg").write_text("home = /usr/bin\n")
     record = {"format": RECORD_FORMAT, "requested": requested(entry.venv), "resolved": {}}
     Path(layout.provision_record).write_text(json.dumps(record))
     uv = Path(layout.uv_dir) / "uv"
@@ -90,6 +93,22 @@ def test_state_command_reads_a_host_laid_out_as_provisioned(tmp_path):
     assert (state.uv, state.uv_version) == (str(uv), "uv 0.0.0 (stand-in)")
     assert (state.harness_current, state.harness_complete) == (SHORT, True)
     assert venv_problem(state, entry) is None
+    assert (state.found, origin(state)) == ("venv", "tool")
+
+    # The same venv without the tool's record was made by someone else; with an adopted
+    # record it is the user's still; a directory without pyvenv.cfg is no venv at all.
+    Path(layout.provision_record).write_text(json.dumps({**record, "origin": ADOPTED}))
+    assert origin(probe.parse(_run(probe))) == ADOPTED
+    Path(layout.provision_record).unlink()
+    assert origin(probe.parse(_run(probe))) == "foreign"
+    (Path(layout.venv) / "pyvenv.cfg").unlink()
+    assert probe.parse(_run(probe)).found == "other"
+
+
+def _run(probe) -> str:
+    ran = subprocess.run(["bash", "-c", probe.command], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
 
 
 def test_state_command_on_a_bare_host_says_no_venv_yet(tmp_path):
@@ -107,3 +126,4 @@ def test_state_command_on_a_bare_host_says_no_venv_yet(tmp_path):
     assert state.uv is None
     assert (state.harness_current, state.harness_complete) == ("", False)
     assert venv_problem(state, entry) == "no venv yet"
+    assert (state.found, origin(state)) == ("nothing", "nothing")
