@@ -9,9 +9,9 @@ import statistics
 import pytest
 from dflash_eval.completions import encode_prompt, read_prompts_jsonl
 
-from .helpers import quick_eval
-from .live_loops import live_sampled_lengths
-from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
+from tests.unit.harness.helpers import quick_eval
+from tests.unit.harness.live_loops import live_sampled_lengths
+from tests.unit.harness.sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
 
 pytestmark = pytest.mark.long(130)  # seconds with 4 workers: started first
 
