@@ -25,8 +25,9 @@ test: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PARALLEL) --durations=15
 
-# For contributors: the unit tier alone (no sshd, no lab). It computes rather than waits:
-# one worker per core, its long modules (the statistical T > 0 tests) started first.
+# For contributors: the unit tier alone (no sshd, no lab), under 2 minutes on 2 cores. It
+# computes rather than waits: one worker per core. The modules that compute for minutes (the
+# statistical T > 0 tests, feature-set builds) are tests/long, which only `test` runs.
 test-fast: setup
 	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder tests/unit
 

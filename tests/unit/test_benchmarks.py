@@ -1,34 +1,36 @@
-"""benchmarks/harness.py at its smoke size (the lab benchmarks: tests/lab/test_benchmarks_lab.py),
-and its children: one that fails or dies fails the benchmark at once, with its error."""
+"""Every benchmark that builds no lab at its smoke size (tests/benchmark_smoke.py: the suite
+finds them; those that build labs: tests/lab/test_benchmarks_lab.py), and the harness
+benchmark's children: one that fails or dies fails the benchmark at once, with its error."""
 
 from __future__ import annotations
 
+import ast
 import math
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from benchmarks import harness
-from tests.conftest import REPO
+from tests.benchmark_smoke import BENCHMARKS, SCRIPTS, SMOKE_OUTPUT, run_smoke, scripts
 
 
-def test_the_harness_benchmark_runs_at_its_smoke_size():
-    done = subprocess.run(
-        [sys.executable, "benchmarks/harness.py", "--smoke"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    for variant in harness.VARIANTS:
-        assert f"{variant}: " in done.stdout
-    assert "batched vs uncached: " in done.stdout
-    assert done.stdout.count("metrics identical: True") == len(harness.BASELINES)
-    assert "compute floor: " in done.stdout
+@pytest.mark.parametrize("script", scripts(lab=False))
+def test_each_benchmark_without_a_lab_runs_at_its_smoke_size(script):
+    run_smoke(script)
+
+
+def test_every_benchmark_takes_smoke_and_says_what_its_smoke_run_prints():
+    """Checked here, where no root is needed: a lab benchmark's own run is skipped without."""
+    assert "harness.py" in SCRIPTS and "relay.py" in scripts(lab=True)
+    for script in SCRIPTS:
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse((BENCHMARKS / script).read_text()))
+            if isinstance(node, ast.ImportFrom)
+        }
+        assert "benchmarks._smoke" in imported, f"benchmarks/{script} takes no --smoke"
+    assert sorted(SMOKE_OUTPUT) == SCRIPTS
 
 
 def test_a_child_s_error_fails_the_benchmark_with_its_traceback():
