@@ -1,7 +1,7 @@
 """Every benchmark at its `--smoke` size (benchmarks/_smoke.py), found by the suite itself: each
 `benchmarks/*.py` (the `_*.py` are their shared parts) runs in exactly one tier, those that
 build sshd labs (root: network namespaces, tmpfs) in tests/lab/test_benchmarks_lab.py, the
-others in tests/unit/test_benchmarks.py, and what its smoke run must print is in SMOKE_OUTPUT.
+others in tests/long/test_benchmarks.py, and what its smoke run must print is in SMOKE_OUTPUT.
 A new benchmark runs unasked, and fails until it says there what its output shows."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every benchmark that builds a lab (root: namespaces, tmpfs and bind mounts) at its smoke
 size, each on the lab it builds, so that none rots unseen (tests/benchmark_smoke.py: the suite
-finds them; the others: tests/unit/test_benchmarks.py)."""
+finds them; the others: tests/long/test_benchmarks.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """benchmarks/target_scale.py's fit of the estimate's constants (its smoke run, a random hybrid
 target planned and run by the harness's own command line, each estimated phase set against its
-measured time: tests/unit/test_benchmarks.py)."""
+measured time: tests/long/test_benchmarks.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,14 @@ import pytest
 from dflash_eval.diagnose_findings import TAU_FLOOR, rank
 from dflash_eval.diagnose_summary import report_section, summary_lines
 
-from .helpers import diagnose_lab, random_drafter, save_training_checkpoint, small_config
+from tests.unit.harness.helpers import (
+    diagnose_lab,
+    random_drafter,
+    save_training_checkpoint,
+    small_config,
+)
+
+pytestmark = pytest.mark.long(45)  # seconds with 4 workers: started first
 
 
 @pytest.fixture(scope="module")

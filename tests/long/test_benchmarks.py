@@ -4,7 +4,6 @@ benchmark's children: one that fails or dies fails the benchmark at once, with i
 
 from __future__ import annotations
 
-import ast
 import math
 import os
 import time
@@ -12,25 +11,14 @@ import time
 import pytest
 
 from benchmarks import harness
-from tests.benchmark_smoke import BENCHMARKS, SCRIPTS, SMOKE_OUTPUT, run_smoke, scripts
+from tests.benchmark_smoke import run_smoke, scripts
+
+pytestmark = pytest.mark.long(60)  # seconds with 4 workers: started first
 
 
 @pytest.mark.parametrize("script", scripts(lab=False))
 def test_each_benchmark_without_a_lab_runs_at_its_smoke_size(script):
     run_smoke(script)
-
-
-def test_every_benchmark_takes_smoke_and_says_what_its_smoke_run_prints():
-    """Checked here, where no root is needed: a lab benchmark's own run is skipped without."""
-    assert "harness.py" in SCRIPTS and "relay.py" in scripts(lab=True)
-    for script in SCRIPTS:
-        imported = {
-            node.module
-            for node in ast.walk(ast.parse((BENCHMARKS / script).read_text()))
-            if isinstance(node, ast.ImportFrom)
-        }
-        assert "benchmarks._smoke" in imported, f"benchmarks/{script} takes no --smoke"
-    assert sorted(SMOKE_OUTPUT) == SCRIPTS
 
 
 def test_a_child_s_error_fails_the_benchmark_with_its_traceback():

@@ -25,8 +25,10 @@ from dflash_eval.predict import BorrowedHead, Predictor
 from dflash_eval.target import load_target, load_tokenizer, stop_token_ids
 from transformers import AutoModelForCausalLM
 
-from .helpers import quick_eval, save_tiny_qwen3_5
-from .live_loops import LiveModels, LiveRun, PlainDrafter
+from tests.unit.harness.helpers import quick_eval, save_tiny_qwen3_5
+from tests.unit.harness.live_loops import LiveModels, LiveRun, PlainDrafter
+
+pytestmark = pytest.mark.long(45)  # seconds with 4 workers: started first
 
 MAX_NEW_TOKENS = 37  # not a multiple of the block size: the last round runs past it
 BUDGETS = [4, 8, 32]
