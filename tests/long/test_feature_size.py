@@ -19,7 +19,9 @@ from dflash_eval.options import MAX_TOKENS
 from dflash_eval.progress import Progress
 from dflash_eval.target import load_tokenizer
 
-REMOTE = Path(__file__).resolve().parents[3] / "remote"
+pytestmark = pytest.mark.long(40)  # seconds with 4 workers: started first
+
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
 TIMEOUT_S = 300
 
 

@@ -23,8 +23,10 @@ from dflash_eval.target import load_target, load_tokenizer
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from .helpers import quick_eval
-from .live_loops import LiveModels, LiveRun, PlainDrafter, draft_logits
+from tests.unit.harness.helpers import quick_eval
+from tests.unit.harness.live_loops import LiveModels, LiveRun, PlainDrafter, draft_logits
+
+pytestmark = pytest.mark.long(45)  # seconds with 4 workers: started first
 
 MAX_NEW_TOKENS = 29  # not a multiple of the block size (8): the last block is shortened
 WINDOW = 5  # narrower than every context here (prompts of 16 tokens and more)
