@@ -1,7 +1,7 @@
 """The unit tier: no sshd, no lab (tests/README.md). A test here that asks for a lab fails
 at once, saying where it belongs; `fab` runs in-process against inventory files alone.
-`make test-fast` runs this tier alone in under 2 minutes: a module marked `long` (minutes)
-fails here too, saying it belongs in tests/long."""
+`make test-fast` runs this tier alone in under 2 minutes: a module marked `long` (tens of
+seconds or more) fails here too, saying it belongs in tests/long."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from dflash_lab import lab as labs
 
 WRONG_TIER = "a unit or long-tier test uses no lab: move it to tests/lab (real sshd) or tests/e2e"
-LONG_TIER = "a unit module takes seconds: one marked long (minutes) belongs in tests/long"
+LONG_TIER = "a unit module takes seconds: one marked long belongs in tests/long"
 
 
 @pytest.fixture
