@@ -17,7 +17,7 @@ from tests.unit.harness.helpers import (
     small_config,
 )
 
-pytestmark = pytest.mark.long(45)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(200)  # seconds with 4 workers, diagnose measuring repairs
 
 
 @pytest.fixture(scope="module")

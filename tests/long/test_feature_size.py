@@ -19,7 +19,7 @@ from dflash_eval.options import MAX_TOKENS
 from dflash_eval.progress import Progress
 from dflash_eval.target import load_tokenizer
 
-pytestmark = pytest.mark.long(40)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(20)  # seconds with 4 workers: started first
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 TIMEOUT_S = 300
