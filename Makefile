@@ -28,8 +28,9 @@ test: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest $(PARALLEL) --durations=15
 
-# For contributors: the unit tier alone (no sshd, no lab). It computes rather than waits:
-# one worker per core, its long modules (the statistical T > 0 tests) started first.
+# For contributors: the unit tier alone (no sshd, no lab), under 2 minutes on 2 cores. It
+# computes rather than waits: one worker per core. Modules that compute for tens of seconds or
+# more (the statistical T > 0 tests, the benchmarks' smoke runs) are tests/long: `test` runs them.
 test-fast: setup
 	$(BIN)/python -m pytest -n auto --dist loadfile --no-loadscope-reorder tests/unit
 

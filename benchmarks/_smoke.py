@@ -1,6 +1,6 @@
 """`--smoke`, which every benchmark takes: each step at a size that runs in seconds, so that
-the suite can run every benchmark (tests/unit/test_benchmarks.py,
-tests/lab/test_benchmarks_lab.py) and none rots unseen. A smoke run's figures mean nothing."""
+the suite can run every benchmark (tests/benchmark_smoke.py finds them) and none rots
+unseen. A smoke run's figures mean nothing."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What verifying a feature set at use costs (dflash_eval.reference.feature_files.VerifiedCache).
 
     .venv/bin/python benchmarks/feature_verify.py [--set SETDIR | --lab | --synthetic-mib 512]
-                                                   [--entry-mib 8] [--repeats 3]
+                                                   [--entry-mib 8] [--repeats 3] [--smoke]
 
 Reads every hidden-state entry of a set twice over, in turns: as an eval did before
 (`DiskCache.get_hidden`, safetensors' own reader) and as it does now (`VerifiedCache`: the
@@ -15,6 +15,7 @@ the lab's (the tiny lab target over the lab prompts, as the harness tests make i
 on a busy machine); `--synthetic-mib` builds one of that many MiB of float32 entries of
 `--entry-mib` each (with a manifest as `features` writes it). Built sets live in a
 temporary directory. The machine's raw sha256 rate is printed too: the floor of the check.
+`--smoke` measures a synthetic set of two 1 MiB entries once (the suite runs it so).
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash_eval.reference.cache import DiskCache, canonical_key
 from dflash_eval.reference.feature_files import VerifiedCache, file_records
 from dflash_eval.reference.feature_set import MANIFEST
+
+from benchmarks._smoke import parse_args
+
+SMOKE = {"set": None, "lab": False, "synthetic_mib": 2, "entry_mib": 1, "repeats": 1}
 
 
 def synthetic_set(root: Path, total_mib: int, entry_mib: int) -> Path:
@@ -100,7 +106,7 @@ def main() -> None:
     parser.add_argument("--synthetic-mib", type=int, default=512)
     parser.add_argument("--entry-mib", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     with tempfile.TemporaryDirectory(prefix="dflash-verify-") as scratch:
         if args.set:
             root = args.set

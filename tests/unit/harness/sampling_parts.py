@@ -1,4 +1,4 @@
-"""What the two statistical T > 0 tests share (test_sampling_live_mean.py,
+"""What the two statistical T > 0 tests share (tests/long/test_sampling_live_mean.py and
 test_sampling_unbiased.py): the sampling settings and the lab's models as the harness and the
 independent live loop (live_loops.py) each load them. The two tests are modules of their own
 so that parallel workers run them side by side: each takes minutes."""

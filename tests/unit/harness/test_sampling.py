@@ -1,8 +1,8 @@
 """T > 0: the probabilities, the exact walk, its Monte Carlo check, a sampled run's record.
 
 The proof that the offline estimate measures what a live decode gets is in
-test_sampling_live_mean.py and test_sampling_unbiased.py (modules of their own: each takes
-minutes, and parallel workers run them side by side).
+tests/long/test_sampling_live_mean.py and test_sampling_unbiased.py (modules of their own: each
+takes minutes, and parallel workers run them side by side).
 """
 
 from __future__ import annotations

@@ -22,12 +22,11 @@ from dflash_eval.run.features import FeaturesOptions, run_features
 from dflash_eval.target.source import resolve_device
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
-
-from .helpers import quick_eval
+from tests.unit.harness.helpers import quick_eval
 
 pytestmark = pytest.mark.long(70)  # seconds with 4 workers: started first
 
-REMOTE = Path(__file__).resolve().parents[3] / "remote"
+REMOTE = Path(__file__).resolve().parents[2] / "remote"
 LAB_LAYERS = [1, 3]  # what the lab drafters read
 LAB_BLOCK = 8
 SUBPROCESS_TIMEOUT_S = 300

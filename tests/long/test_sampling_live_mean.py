@@ -10,9 +10,9 @@ import pytest
 from dflash_eval.contract.prompts import read_prompts_jsonl
 from dflash_eval.reference.completions import encode_prompt
 
-from .helpers import quick_eval
-from .live_loops import live_sampled_lengths
-from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
+from tests.unit.harness.helpers import quick_eval
+from tests.unit.harness.live_loops import live_sampled_lengths
+from tests.unit.harness.sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
 
 pytestmark = pytest.mark.long(130)  # seconds with 4 workers: started first
 

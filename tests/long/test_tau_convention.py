@@ -21,8 +21,10 @@ from dflash_eval.walk.metrics import Span, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, Predictor
 from transformers import AutoModelForCausalLM
 
-from .helpers import quick_eval, save_tiny_qwen3_5
-from .live_loops import LiveModels, LiveRun, PlainDrafter
+from tests.unit.harness.helpers import quick_eval, save_tiny_qwen3_5
+from tests.unit.harness.live_loops import LiveModels, LiveRun, PlainDrafter
+
+pytestmark = pytest.mark.long(65)  # seconds with 4 workers: started first
 
 MAX_NEW_TOKENS = 37  # not a multiple of the block size: the last round runs past it
 BUDGETS = [4, 8, 32]

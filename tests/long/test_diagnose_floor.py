@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 
-from .helpers import diagnose_lab, random_drafter, save_training_checkpoint, small_config
+from tests.unit.harness.helpers import (
+    diagnose_lab,
+    random_drafter,
+    save_training_checkpoint,
+    small_config,
+)
+
+pytestmark = pytest.mark.long(200)  # seconds with 4 workers, diagnose measuring repairs
 
 
 @pytest.fixture(scope="module")

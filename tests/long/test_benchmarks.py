@@ -1,34 +1,24 @@
-"""benchmarks/harness.py at its smoke size (the lab benchmarks: tests/lab/test_benchmarks_lab.py),
-and its children: one that fails or dies fails the benchmark at once, with its error."""
+"""Every benchmark that builds no lab at its smoke size (tests/benchmark_smoke.py: the suite
+finds them; those that build labs: tests/lab/test_benchmarks_lab.py), and the harness
+benchmark's children: one that fails or dies fails the benchmark at once, with its error."""
 
 from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from benchmarks import harness
-from tests.conftest import REPO
+from tests.benchmark_smoke import run_smoke, scripts
+
+pytestmark = pytest.mark.long(60)  # seconds with 4 workers: started first
 
 
-def test_the_harness_benchmark_runs_at_its_smoke_size():
-    done = subprocess.run(
-        [sys.executable, "benchmarks/harness.py", "--smoke"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    for variant in harness.VARIANTS:
-        assert f"{variant}: " in done.stdout
-    assert "batched vs uncached: " in done.stdout
-    assert done.stdout.count("metrics identical: True") == len(harness.BASELINES)
-    assert "compute floor: " in done.stdout
+@pytest.mark.parametrize("script", scripts(lab=False))
+def test_each_benchmark_without_a_lab_runs_at_its_smoke_size(script):
+    run_smoke(script)
 
 
 def test_a_child_s_error_fails_the_benchmark_with_its_traceback():

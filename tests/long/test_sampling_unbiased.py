@@ -15,8 +15,8 @@ from dflash_eval.walk.predict import BorrowedHead, SampledPredictor
 from dflash_eval.walk.sampled import walk_sequence
 from dflash_eval.walk.sampling import Sampling
 
-from .live_loops import live_sampled_lengths
-from .sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
+from tests.unit.harness.live_loops import live_sampled_lengths
+from tests.unit.harness.sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
 
 pytestmark = pytest.mark.long(165)  # seconds with 4 workers: started first
 
