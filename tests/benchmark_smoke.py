@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from benchmarks import harness
+from benchmarks import diagnose_faults, harness
 from tests.conftest import REPO
 
 BENCHMARKS = REPO / "benchmarks"
@@ -84,6 +84,12 @@ def _feature_verify(out: str) -> None:
     _shows(out, r"^  \(sha256 alone on this machine: \d+ MB/s\)$")
 
 
+def _diagnose_faults(out: str) -> None:
+    _shows(out, r"^3 prompts, 24 tokens each; one torch thread$")
+    for fault in diagnose_faults.SMOKE_FAULTS.split(","):
+        _shows(out, rf"^{re.escape(fault)} +rank .* gap closed by the top repair: .* top: \[")
+
+
 def _relay(out: str) -> None:
     _shows(out, re.escape("pair 1 (raw first): "), "resume moved ", re.escape(" OK (target"))
     _shows(out, "whole-task ratio ")
@@ -104,6 +110,7 @@ SMOKE_OUTPUT: dict[str, Callable[[str], None]] = {
     "harness.py": _harness,
     "target_scale.py": _target_scale,
     "feature_verify.py": _feature_verify,
+    "diagnose_faults.py": _diagnose_faults,
     "relay.py": _relay,
     "bwlimit.py": _bwlimit,
     "scale.py": _scale,
