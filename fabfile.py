@@ -235,7 +235,7 @@ def run_eval(
         return
     run_eval_command(
         with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
-        step=parse_step(step) or 0,
+        step=parse_step(step),
         steps=steps,
         all_new=all_new,
         host=host,

@@ -55,8 +55,9 @@ def parse_step(text: str | int | None, flag: str = "--step") -> int | None:
 
 def one_of(*flags: tuple[str, object]) -> None:
     """Refuse flags that exclude each other (`--steps 2000 --step 4000` would run one):
-    (flag, value) pairs; a value other than None, False, 0 or '' counts as given."""
-    given = [flag for flag, value in flags if value not in (None, False, "", 0)]
+    (flag, value) pairs; a value other than None, False or '' counts as given (0 does:
+    `--step 0` names step 0)."""
+    given = [flag for flag, value in flags if not (value is None or value is False or value == "")]
     if len(given) > 1:
         raise OpsError(f"{' and '.join(given)} exclude each other: pass one of them")
 

@@ -39,7 +39,8 @@ def pick(values: Mapping[str, object], names: Iterable[str] = OPTIONS) -> dict[s
 
 def checked(values: Mapping[str, object]) -> dict[str, object]:
     """Option values (text from the command line, or typed), each parsed and checked as the
-    harness would (a bad one fails naming its flag); unset ones are left out."""
+    harness would, the rules between them included (a bad one fails naming its flag); unset
+    ones are left out."""
     unknown = set(values) - set(PASSED)
     if unknown:
         raise OpsError(f"not harness options: {', '.join(sorted(unknown))}")
@@ -52,6 +53,10 @@ def checked(values: Mapping[str, object]) -> dict[str, object]:
             raise OpsError(str(error)) from None
         if parsed is not None and not (option.kind == "switch" and not parsed):
             found[name] = parsed
+    try:
+        table.check_together(found)
+    except HarnessError as error:
+        raise OpsError(str(error)) from None
     return found
 
 

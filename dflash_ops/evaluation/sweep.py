@@ -26,12 +26,12 @@ Outcomes = dict[int, jobs.Run | Exception]  # per step: its run, or why it faile
 
 
 def choose_steps(
-    inventory: Inventory, step: int, steps: list[int] | None, all_new: bool
+    inventory: Inventory, step: int | None, steps: list[int] | None, all_new: bool
 ) -> list[int] | None:
     """The steps of a sweep (explicit `steps`, else every new one with `all_new`), or None
     for a single run of `step`; refuses a request that names no step at all."""
     sweep = steps or (new_steps(inventory) if all_new else None)
-    if sweep is None and not step:
+    if sweep is None and step is None:
         raise OpsError("pass --step N (or --steps A,B,… / --all-new for a sweep)")
     return sweep
 

@@ -53,7 +53,7 @@ def request_from(inventory: Inventory, options: Mapping[str, object], **fixed: A
 def run_eval_command(
     inventory: Inventory,
     *,
-    step: int,
+    step: int | None,
     steps: str | None,
     all_new: bool,
     host: str | None,
@@ -84,7 +84,12 @@ def run_eval_command(
     if steps_of_sweep is None and not latest:
         resolve_step(inventory, step, latest=False)  # a missing step, before anything deploys
     request = request_from(
-        inventory, options, step=step, host=host, detach=detach, features=features
+        inventory,
+        options,
+        step=step or 0,  # a sweep's template: each of its runs sets its own
+        host=host,
+        detach=detach,
+        features=features,
     )
     if not dry_run:
         warn_if_incomparable(inventory, request)

@@ -3,8 +3,13 @@ names (the option table, dflash_eval.contract.options)."""
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from dflash_eval.contract.errors import HarnessError
+from dflash_eval.walk.sampling import Sampling
+
+from dflash_ops.core.arguments import one_of
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation.harness_options import harness_args
 
@@ -39,3 +44,41 @@ def test_a_bad_sampling_option_fails_naming_its_flag(name, value, message):
     with pytest.raises(OpsError) as caught:
         harness_args({name: value})
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("given", "typed", "said"),
+    [
+        ({"top_p": "0.9"}, {"top_p": 0.9}, "--top-p need --temperature above 0"),
+        (
+            {"temperature": "0", "top_k": "20", "samples": "50"},
+            {"top_k": 20, "samples": 50},
+            "--top-k and --samples need",
+        ),
+        (
+            {"temperature": "1e-45"},
+            {"temperature": 1e-45},
+            "--temperature 1e-45: below 0.0001 logits / T overflow",
+        ),
+    ],
+)
+def test_the_rules_between_options_are_checked_before_anything_is_staged(given, typed, said):
+    with pytest.raises(OpsError, match=re.escape(said)):
+        harness_args(given)
+    if "samples" not in typed:  # the harness cannot tell a --samples given from its default
+        with pytest.raises(HarnessError, match=re.escape(said)):
+            Sampling(**typed).check()
+
+
+def test_defaults_and_real_sampling_pass_the_rules():
+    assert harness_args({"temperature": "0.0001", "samples": "50"}) == [
+        "--temperature", "0.0001", "--samples", "50",
+    ]  # fmt: skip
+    assert harness_args({"top_p": "1", "top_k": "0"}) == ["--top-p", "1.0", "--top-k", "0"]
+
+
+def test_step_zero_counts_as_a_step_beside_latest():
+    with pytest.raises(OpsError, match=r"^--step and --latest exclude each other"):
+        one_of(("--step", 0), ("--latest", True))
+    one_of(("--step", None), ("--latest", True))
+    one_of(("--step", 0), ("--latest", False))

@@ -54,10 +54,11 @@ class Sampling:
 
     def check(self) -> None:
         """Each setting within its bounds in the option table (for settings built in code,
-        not parsed by argparse), and top-p/top-k only with T > 0."""
+        not parsed by argparse), and the table's rules between them (contract/options.py)."""
         run_options.check(self)
-        if not self.active and (self.top_p != 1 or self.top_k != 0):
-            raise HarnessError("--top-p and --top-k need --temperature above 0 (T = 0 is greedy).")
+        run_options.check_together(
+            {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        )
 
     def key(self) -> dict[str, Any]:
         """What a sampled completion depends on (part of its cache key)."""
