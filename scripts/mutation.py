@@ -122,6 +122,11 @@ TARGETS = (
             *SLOW_HARNESS,
         ),
     ),
+    Target(
+        "config fit",
+        "remote/dflash_eval/drafter/fit.py",
+        (f"{HARNESS}/test_drafter_config.py", *LOADER_TESTS),
+    ),
     Target("inventory", "dflash_ops/core/inventory.py", INVENTORY_TESTS),
     Target("inventory errors", "dflash_ops/core/inventory_errors.py", INVENTORY_TESTS),
     Target(

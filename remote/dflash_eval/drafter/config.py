@@ -25,7 +25,6 @@ from dflash_eval.contract.numbers import check_numbers, parse_number
 from dflash_eval.contract.schema import LayerAttentionRecord
 from dflash_eval.drafter.dflash2_config import ARCHITECTURE as DFLASH2_ARCHITECTURE
 from dflash_eval.drafter.dflash2_config import DFlash2Parts, read_dflash2
-from dflash_eval.target.config import TargetShape
 
 # The embedding and logit fields of z-lab's current code, with the value that changes nothing.
 OUTPUT_FIELDS = {
@@ -198,6 +197,30 @@ def unnest(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     return raw
 
 
+ATTENTION_KINDS = ("full_attention", "sliding_attention")  # what a drafter layer may be
+
+
+def _check_layer_types(raw: Mapping[str, Any], where: str) -> None:
+    """`layer_types` read by our rule before transformers sees it (whose own check is a
+    traceback): one entry per layer, each a kind the drafter implements."""
+    kinds = raw.get("layer_types")
+    if kinds is None:
+        return
+    layers = int(raw["num_hidden_layers"])
+    if not isinstance(kinds, list) or len(kinds) != layers:
+        found = f"{len(kinds)} entries" if isinstance(kinds, list) else repr(kinds)
+        raise HarnessError(
+            f"The drafter config from {where}: layer_types must list one entry per layer "
+            f"(num_hidden_layers {layers}), found {found}."
+        )
+    unknown = sorted({repr(kind) for kind in kinds if kind not in ATTENTION_KINDS})
+    if unknown:
+        raise HarnessError(
+            f"The drafter config from {where}: layer_types holds {', '.join(unknown)}; a "
+            f"drafter layer is one of {', '.join(ATTENTION_KINDS)}."
+        )
+
+
 def from_hf_dict(
     raw: Mapping[str, Any], where: str, accept_keys: Iterable[str] | None = ()
 ) -> DrafterConfig:
@@ -222,6 +245,7 @@ def from_hf_dict(
     check_numbers(raw, CONFIG_BOUNDS, f"the drafter config from {where}")
     check_numbers(dflash, CONFIG_BOUNDS, f"the drafter config from {where}: dflash_config")
     _refuse_two_block_sizes(raw, dflash, where)
+    _check_layer_types(raw, where)
     accepted = {} if accept_keys is None else accepted_unknown_keys(raw, accept_keys, where)
     qwen3 = qwen3_config({k: raw[k] for k in _QWEN3_KEYS if k in raw}, where)
     hidden = int(raw["hidden_size"])
@@ -407,72 +431,3 @@ def _refuse_unsupported(raw: Mapping[str, Any], dflash: Mapping[str, Any], where
             "numbers, so the run stops. Use a plain DFlash (Qwen3-style) drafter, or extend "
             "remote/dflash_eval/drafter/model.py first."
         )
-
-
-def check_against_target(config: DrafterConfig, target: TargetShape, where: str) -> None:
-    """Mismatches that would load but cannot be right stop the run."""
-    problems = []
-    if config.hidden_size != target.hidden_size:
-        problems.append(
-            f"drafter hidden_size {config.hidden_size} != target hidden_size "
-            f"{target.hidden_size} (the drafter borrows the target's embedding and LM head)"
-        )
-    bad_ids = [i for i in config.target_layer_ids if not 0 <= i < target.num_layers]
-    if bad_ids:
-        problems.append(
-            f"target_layer_ids {bad_ids} outside the target's 0..{target.num_layers - 1}"
-        )
-    if config.num_target_layers not in (None, target.num_layers):
-        problems.append(
-            f"the drafter was trained for a {config.num_target_layers}-layer target, "
-            f"this target has {target.num_layers} layers"
-        )
-    if not 0 <= config.mask_token_id < target.vocab_size:
-        problems.append(
-            f"mask_token_id {config.mask_token_id} outside the target vocab "
-            f"(0..{target.vocab_size - 1})"
-        )
-    if config.layer_types is not None and len(config.layer_types) != config.num_hidden_layers:
-        problems.append(
-            f"layer_types has {len(config.layer_types)} entries for "
-            f"{config.num_hidden_layers} drafter layers"
-        )
-    if problems:
-        raise HarnessError(
-            f"The drafter (config from {where}) does not fit this target: "
-            + "; ".join(problems)
-            + ". Check that --target is the model the drafter was trained for, and that the "
-            "drafter config is the one it was trained with."
-        )
-
-
-def infer_from_shapes(shapes: Mapping[str, tuple[int, ...]], target: TargetShape) -> DrafterConfig:
-    """Rebuild the architecture from parameter shapes (last resort, when no config exists).
-
-    Nothing else can be read from shapes: block size, mask id, target layer ids and RoPE
-    are left unset for the provenance rules to take from other sources or refuse.
-    """
-    try:
-        hidden, _ = shapes["fc.weight"]
-        head_dim = shapes["layers.0.self_attn.q_norm.weight"][0]
-        q_out = shapes["layers.0.self_attn.q_proj.weight"][0]
-        kv_out = shapes["layers.0.self_attn.k_proj.weight"][0]
-        intermediate = shapes["layers.0.mlp.gate_proj.weight"][0]
-    except KeyError as missing:
-        raise HarnessError(
-            f"Cannot infer the drafter config from the parameter shapes: {missing} is absent. "
-            "Pass --drafter-config FILE with the drafter's config.json."
-        ) from None
-    layer_indices = {int(name.split(".")[1]) for name in shapes if name.startswith("layers.")}
-    return DrafterConfig(
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=len(layer_indices),
-        num_attention_heads=q_out // head_dim,
-        num_key_value_heads=kv_out // head_dim,
-        head_dim=head_dim,
-        target_layer_ids=(),
-        block_size=0,
-        mask_token_id=-1,
-        rms_norm_eps=target.rms_norm_eps,
-    )

@@ -14,7 +14,8 @@ import torch
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.drafter.checkpoint import BORROWED, DrafterSource, read_drafter
-from dflash_eval.drafter.config import DrafterConfig, check_against_target
+from dflash_eval.drafter.config import DrafterConfig
+from dflash_eval.drafter.fit import check_against_target
 from dflash_eval.drafter.health import require_finite_weights
 from dflash_eval.drafter.model import DFlashDrafter, build_drafter, expected_shapes
 from dflash_eval.drafter.model_dflash2 import (

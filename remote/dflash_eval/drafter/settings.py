@@ -20,11 +20,11 @@ from dflash_eval.drafter.config import (
     DrafterConfig,
     default_target_layer_ids,
     from_hf_dict,
-    infer_from_shapes,
     stated_settings,
     states_rope,
     with_rope,
 )
+from dflash_eval.drafter.fit import infer_from_shapes
 from dflash_eval.drafter.profile import DrafterProfile
 from dflash_eval.drafter.provenance import (
     CHECKPOINT_CONFIG,

@@ -12,14 +12,13 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.drafter.config import (
     DrafterConfig,
     LayerAttention,
-    check_against_target,
     default_target_layer_ids,
-    infer_from_shapes,
     stated_settings,
     states_rope,
 )
 from dflash_eval.drafter.config import from_hf_dict as parse
 from dflash_eval.drafter.dflash2_config import KEYS
+from dflash_eval.drafter.fit import check_against_target, infer_from_shapes
 from dflash_eval.target.config import TargetShape
 
 from .helpers import small_config
@@ -102,6 +101,19 @@ def test_rope_theta_from_any_of_its_places():
     scaling = {"rope_type": "default", "rope_theta": 9.0}
     assert parse({**BASE, "rope_scaling": scaling}, "x").rope_theta == 9.0
     assert parse({**BASE, "rms_norm_eps": 1e-5}, "x").rms_norm_eps == 1e-5
+
+
+@pytest.mark.parametrize(
+    ("layer_types", "said"),
+    [
+        (["sliding_attention"], "one entry per layer (num_hidden_layers 2), found 1 entries"),
+        ("full_attention", "one entry per layer (num_hidden_layers 2), found 'full_attention'"),
+        (["full_attention", "linear_attention"], "layer_types holds 'linear_attention'"),
+    ],
+)
+def test_layer_types_are_read_by_our_rule_before_transformers(layer_types, said):
+    message = refused({**BASE, "layer_types": layer_types, "sliding_window": 8})
+    assert said in message and "the test config" in message and "\n" not in message
 
 
 def test_missing_required_fields_are_listed():
