@@ -34,6 +34,7 @@ from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.diagnose import findings, repair_stats, stats
 from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.config import default_target_layer_ids
+from dflash_eval.drafter.health import NonFiniteWeights
 from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.reference import pipeline
@@ -384,6 +385,7 @@ def _unloadable(options: DiagnoseOptions, error: HarnessError, hidden_size: int)
             "checkpoint": str(run.checkpoint),
             "step": source.step,
             "load_error": str(error),
+            "load_error_kind": "non-finite" if isinstance(error, NonFiniteWeights) else "strict",
             "config": source.config_dict,
             "shapes": {name: list(t.shape) for name, t in source.state_dict.items()},
         },

@@ -58,10 +58,13 @@ def rank(diagnosis: dict[str, Any]) -> list[Finding]:
 
 def load_failure(diagnosis: dict[str, Any]) -> list[Finding]:
     candidate = diagnosis["candidate"]
+    non_finite = candidate.get("load_error_kind") == "non-finite"
     found = [
         finding(
             "loading",
-            "the candidate does not load strictly",
+            "the candidate's weights hold NaN or inf"
+            if non_finite
+            else "the candidate does not load strictly",
             candidate["load_error"],
             "fix the checkpoint or its config before anything else: nothing was evaluated",
         )

@@ -21,6 +21,10 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 
 
+class NonFiniteWeights(HarnessError):
+    """A drafter parameter holds NaN or inf: the checkpoint is refused, named as such."""
+
+
 class NonFiniteLogits(HarnessError):
     """The drafter's logits hold NaN or inf; `_walk_all` names the prompt and the cause."""
 
@@ -33,7 +37,7 @@ def require_finite_weights(state_dict: dict[str, torch.Tensor], path: Path, dtyp
         finite = torch.isfinite(tensor)
         if not bool(finite.all()):
             bad = tensor.numel() - int(finite.sum())
-            raise HarnessError(
+            raise NonFiniteWeights(
                 f"Drafter weights in {path}: {name} {list(tensor.shape)} holds {bad} "
                 f"non-finite value(s) (NaN or inf) in {dtype}. Its τ would mean nothing: the "
                 "training step diverged or the file is damaged. Evaluate an earlier "

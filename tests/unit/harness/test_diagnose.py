@@ -157,3 +157,16 @@ def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
     top = diagnosis["findings"][0]
     assert top["area"] == "features", summary_lines(diagnosis)
     assert top["title"] == "bfloat16 features of a linear-attention target on CPU"
+
+
+def test_a_candidate_with_nan_weights_is_named_so_not_as_a_strict_load_failure(lab, tmp_path):
+    drafter = random_drafter(small_config())
+    state = {name: tensor.clone() for name, tensor in drafter.state_dict().items()}
+    state["norm.weight"][0] = float("nan")
+    candidate = save_training_checkpoint(
+        tmp_path / "c" / "checkpoint.pt", drafter, state_dict=state
+    )
+    diagnosis = _diagnose(lab, tmp_path, candidate)
+    first = diagnosis["findings"][0]
+    assert first["title"] == "the candidate's weights hold NaN or inf", summary_lines(diagnosis)
+    assert "norm.weight" in first["evidence"] and "non-finite" in first["evidence"]
