@@ -27,7 +27,16 @@ NUMBERS = {
 }
 
 
-class _NumberArgument(Argument):
+class _Flag(Argument):
+    """A task's argument that names itself as typed (`--samples`) in invoke's parse errors,
+    which otherwise show its repr: "Flag <_NumberArgument: samples [int]> needed value"."""
+
+    def __repr__(self) -> str:
+        name = max(self.names, key=len)
+        return f"-{name}" if len(name) == 1 else f"--{name}"
+
+
+class _NumberArgument(_Flag):
     """A harness option's flag that is parsed and range-checked by the harness's table as
     invoke reads it: a bad value is one line (ParseError), not int()'s traceback."""
 
@@ -111,7 +120,16 @@ class _OpsTask(Task):
                 attr_name=argument.attr_name,
             )
             if argument.name in NUMBERS
-            else argument
+            else _Flag(
+                names=argument.names,
+                kind=argument.kind,
+                default=argument.default,
+                help=argument.help,
+                positional=argument.positional,
+                optional=argument.optional,
+                incrementable=argument.incrementable,
+                attr_name=argument.attr_name,
+            )
             for argument in super().get_arguments(ignore_unknown_help)
         ]
 

@@ -135,6 +135,19 @@ def test_the_help_shows_each_range_and_unit_in_argparse_and_fab():
     assert "; from 1 to 1000000 passes" in WATCH_HELP["max_passes"]
 
 
+@pytest.mark.parametrize(("task", "flag"), [("compare", "--samples"), ("run-eval", "--tag")])
+def test_a_flag_given_without_its_value_is_named_as_typed(
+    task, flag, capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DFLASH_INVENTORY", str(tmp_path / "none.yaml"))
+    repo = str(Path(fabfile.__file__).parent)
+    with pytest.raises(SystemExit) as exited:
+        program.run(["fab", "-r", repo, task, flag])
+    assert exited.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err == f"Flag {flag} needed value and was not given one!"
+
+
 def test_fab_refuses_an_out_of_range_option_before_anything_else(capsys, monkeypatch, tmp_path):
     """`fab run-eval --num-prompts 1e400` fails while invoke parses it: the inventory (here none)
     is never read, nothing is staged or deployed."""
