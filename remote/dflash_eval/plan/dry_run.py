@@ -24,6 +24,7 @@ from typing import Any
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.urls import redact_url
+from dflash_eval.drafter.health import require_context
 from dflash_eval.plan import estimate
 from dflash_eval.plan.drafter import DrafterFacts, drafter_facts, reference_facts
 from dflash_eval.plan.inputs import is_memory_file
@@ -98,6 +99,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     prompts = load_prompts(options)
     completions = completions_record(options, problems)
     cached = count_cache(options, config, choice, prompts, drafter, reference, completions)
+    problems += context_problems(options, prompts, cached, [drafter, reference], config)
     target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
     threads = options.threads or facts.cores
     machine = estimate.Machine(threads, facts.cpu.feature_class)
@@ -118,6 +120,28 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
         "estimate": estimate.estimate(machine, phases),
         "problems": problems,
     }
+
+
+def context_problems(
+    options: EvalOptions,
+    prompts: list[Prompt],
+    cached: CacheCount,
+    drafters: list[DrafterFacts | None],
+    config: TargetConfig,
+) -> list[str]:
+    """Each prompt whose completion would not fit the target's context, refused as the run
+    refuses it (the prompt's length is known once it is encoded: first turns, and later ones
+    whose earlier turns are cached)."""
+    extra = max((d.block_size or 0 for d in drafters if d is not None), default=0)
+    limit, problems = config.max_positions, []
+    for prompt, counted in zip(prompts, cached.prompts, strict=True):
+        if counted.prompt_tokens is None:
+            continue
+        try:
+            require_context(prompt.id, counted.prompt_tokens, options.max_new_tokens, extra, limit)
+        except HarnessError as refusal:
+            problems.append(f"the run would refuse to start: {refusal}")
+    return problems
 
 
 def completions_record(options: EvalOptions, problems: list[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from dflash_eval import cli
+from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
 from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED
 from dflash_eval.plan.dry_run import HostFacts, make_plan
@@ -102,6 +103,18 @@ def test_a_cold_cache_counts_no_hits_and_an_eval_fills_it(lab, tmp_path):
     sglang = make_plan(options(lab, tmp_path, sglang_url="http://u:pw@127.0.0.1:9/"), facts())
     assert sglang["cache"]["completions"]["hits"] == 0  # SGLang's completions are keyed apart
     assert "completions" not in sglang["estimate"]["phases"]  # the server computes them
+
+
+def test_a_completion_past_the_targets_context_is_a_problem_as_the_run_refuses_it(lab, tmp_path):
+    too_long = options(lab, tmp_path, max_new_tokens=1020)  # the lab target holds 1024
+    plan = make_plan(too_long, facts())
+    refusals = [p for p in plan["problems"] if "past the target's context of 1024" in p]
+    assert len(refusals) == 3, plan["problems"]  # each of the 3 prompts, named
+    assert all(p.startswith("the run would refuse to start: Prompt ") for p in refusals)
+    with pytest.raises(HarnessError) as refused:
+        run_eval(too_long, Progress(quiet=True))
+    assert str(refused.value) in refusals[0]
+    assert not [p for p in make_plan(options(lab, tmp_path), facts())["problems"] if "context" in p]
 
 
 def test_a_later_turn_is_unknown_until_the_turn_before_is_cached(lab, tmp_path):
