@@ -80,6 +80,7 @@ def test_a_sweep_on_named_sets_gives_per_set_intervals_compare_and_a_report(mode
     assert 'id="per-dataset"' in report_file.read_text()
 
     out = results_root.parent / "elsewhere" / "r.html"
+    out.parent.mkdir()  # --out names a file in an existing directory (it makes none)
     reported = run_fab(inventory, "report", "--steps", "6000", "--out", str(out))
     assert reported.returncode == 0, reported.stdout + reported.stderr
     text = out.read_text()

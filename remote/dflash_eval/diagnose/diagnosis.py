@@ -49,6 +49,7 @@ from dflash_eval.walk.predict import BorrowedHead
 
 DIAGNOSIS_FORMAT = 2  # 2: measured repairs replace scored probes
 REPAIR_WALK = {"budgets": []}  # repairs are judged on vanilla τ
+OTHER = "the other drafter"  # in repair labels
 
 
 @dataclass
@@ -243,9 +244,6 @@ def repair_settings(
     return settings
 
 
-OTHER = "the other drafter"  # in repair labels; the findings name it as the workstation does
-
-
 def _special_tokens(tokenizer: Any) -> dict[str, int]:
     names = ("mask_token", "pad_token", "unk_token")
     found = {name: getattr(tokenizer, f"{name}_id", None) for name in names}
@@ -272,10 +270,12 @@ def _repairs(
         head[0].shape[0],
         _special_tokens(tokenizer),
     )
+    known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
+    if not known:  # no prompt gave both drafters a round: nothing to measure a repair on
+        settings = []
+    base, theirs = ([t[i] for i in known] for t in taus)
     layers = sorted({i for p in settings if p["setting"] == "target_layer_ids" for i in p["value"]})
     sequences = _with_layers(parts, sorted({*layers, *config.target_layer_ids}), options)
-    known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
-    base, theirs = ([t[i] for i in known] for t in taus)
     quiet = Progress(quiet=True)
 
     def repaired(changes: dict[str, Any]) -> list[float]:
