@@ -24,9 +24,7 @@ def floored(lab, tmp_path_factory):
     config = small_config(block_size=8, num_target_layers=6)
     candidate = save_training_checkpoint(root / "c" / "checkpoint.pt", random_drafter(config))
     # A short run, vanilla only: a drafter at its floor drafts one round per token.
-    return diagnose_lab(
-        lab, root, candidate, lab.checkpoints[6000], max_new_tokens=32, ddtree=[], num_prompts=4
-    )
+    return diagnose_lab(lab, root, candidate, lab.checkpoints[6000], max_new_tokens=32, ddtree=[])
 
 
 def test_an_untrained_drafter_gets_no_configuration_claim(floored):
