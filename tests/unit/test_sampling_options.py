@@ -38,6 +38,8 @@ def test_sampling_options_become_harness_flags():
         ("top_p", "0", "--top-p: expected a finite number > 0 and ≤ 1, found '0'"),
         ("top_p", "1.5", "--top-p: expected a finite number > 0 and ≤ 1, found '1.5'"),
         ("samples", "1", "--samples: expected a whole number from 2 to 1000000 walks, found '1'"),
+        ("paths", "0", "--paths: expected a whole number from 1 to 1024 paths, found '0'"),
+        ("paths", "1025", "--paths: expected a whole number from 1 to 1024 paths, found '1025'"),
     ],
 )
 def test_a_bad_sampling_option_fails_naming_its_flag(name, value, message):
@@ -55,6 +57,7 @@ def test_a_bad_sampling_option_fails_naming_its_flag(name, value, message):
             {"top_k": 20, "samples": 50},
             "--top-k and --samples need",
         ),
+        ({"paths": "8"}, {"paths": 8}, "--paths need --temperature above 0"),
         (
             {"temperature": "1e-45"},
             {"temperature": 1e-45},
@@ -65,7 +68,8 @@ def test_a_bad_sampling_option_fails_naming_its_flag(name, value, message):
 def test_the_rules_between_options_are_checked_before_anything_is_staged(given, typed, said):
     with pytest.raises(OpsError, match=re.escape(said)):
         harness_args(given)
-    if "samples" not in typed:  # the harness cannot tell a --samples given from its default
+    # The harness cannot tell a --samples or --paths given from its default.
+    if not {"samples", "paths"} & set(typed):
         with pytest.raises(HarnessError, match=re.escape(said)):
             Sampling(**typed).check()
 

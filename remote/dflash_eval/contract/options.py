@@ -72,6 +72,7 @@ MAX_BLOCK = CONFIG_BOUNDS["block_size"][1]
 MAX_TOKENS = 1 << 20
 MAX_PROMPTS = 100_000
 MAX_STEP = 10**9
+MAX_PATHS = 1024  # each path is a completion and its hidden states: 1024 × a prompt set is days
 CACHE_DIR = Path.home() / ".cache" / "dflash-eval"
 
 OPTIONS: tuple[Option, ...] = (
@@ -312,6 +313,18 @@ OPTIONS: tuple[Option, ...] = (
         tasks=EVAL_TASKS,
     ),
     Option(
+        "paths",
+        "int",
+        "sampled completions per prompt at T > 0: each path's τ is exact, the interval takes "
+        "in how paths and prompts vary; each path costs a completion and its hidden states "
+        "(docs/sampling.md)",
+        default=4,
+        minimum=1,
+        maximum=MAX_PATHS,
+        unit="paths",
+        tasks=EVAL_TASKS,
+    ),
+    Option(
         "step",
         "int",
         "record this step (default: from the checkpoint)",
@@ -458,12 +471,12 @@ def help_text(option: Option) -> str:
 # are not finite (1e-45 reached torch.multinomial as NaN); sampling there is greedy in all
 # but name, and 0 says so.
 MIN_TEMPERATURE = 1e-4
-GREEDY_ONLY = ("top_p", "top_k", "samples")  # options that mean something only at T > 0
+GREEDY_ONLY = ("top_p", "top_k", "samples", "paths")  # options that mean something only at T > 0
 
 
 def check_together(given: Mapping[str, object]) -> None:
     """The rules between options, for the options a user gave (`given`: name → value; the
-    others take the table's default): top-p, top-k and --samples only at T > 0, and a
+    others take the table's default): top-p, top-k, --samples and --paths only at T > 0, and a
     temperature either 0 or at least MIN_TEMPERATURE. A HarnessError naming the flags."""
     temperature = given.get("temperature", default("temperature"))
     if temperature == 0:

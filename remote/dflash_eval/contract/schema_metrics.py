@@ -74,7 +74,32 @@ class MonteCarlo(TypedDict):
     """Each sample's Σ tokens / Σ rounds over all prompts."""
 
 
-class SamplingRecord(TypedDict):
+class IntervalBounds(TypedDict):
+    value: float
+    """The run's figure: τ macro, the mean of the prompt means; τ pooled, Σ E[tokens] /
+    Σ E[rounds]."""
+    low: float | None
+    high: float | None
+    """Null with a single prompt (conversation): no spread to estimate."""
+
+
+class PathsInterval(TypedDict):
+    method: str
+    """Student-t over prompt means, conversations as units (docs/sampling.md)."""
+    level: float
+    """0.95."""
+    paths: int
+    """Sampled completions per prompt (`--paths`)."""
+    units: int
+    """Conversations (single-turn prompts) with a round: the t's degrees of freedom + 1."""
+    tau_macro: IntervalBounds | None
+    """The interval for the live loop's expected τ on these prompts; null without rounds."""
+    tau_pooled: IntervalBounds | None
+    warning: str | None
+    """Set when there are too few prompts for a reliable interval (fewer than 5)."""
+
+
+class _SamplingKeys(TypedDict):
     temperature: float
     top_p: float
     top_k: int
@@ -93,7 +118,14 @@ class SamplingRecord(TypedDict):
     """`not evaluated at T > 0`."""
     monte_carlo: MonteCarlo
     """A seeded check of the exact values: its interval is Monte Carlo error only, not the
-    paths' noise (`by_dataset` has that: docs/sampling.md "The intervals")."""
+    paths' noise (`interval` has that: docs/sampling.md "The intervals")."""
+
+
+class SamplingRecord(_SamplingKeys, total=False):
+    paths: int
+    """Sampled completions per prompt; absent before --paths (one path per prompt)."""
+    interval: PathsInterval
+    """The interval for the live loop's τ: path noise and prompts (absent before --paths)."""
 
 
 class Capped(_CappedKeys, total=False):
@@ -180,6 +212,9 @@ class PromptRow(_PromptRowKeys, total=False):
     """Id of its conversation's first turn; its own id for a single turn."""
     acceptance: Acceptance
     """Conditional acceptance counts per block position."""
+    path_tau: list[float | None]
+    """T > 0: E[τ | path] of each sampled path (the row's `tau` is their mean); absent
+    before --paths and at T = 0."""
 
 
 class _SampleRoundKeys(TypedDict):

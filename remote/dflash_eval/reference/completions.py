@@ -86,10 +86,11 @@ def sampled_reference(
     extra: int,
     stops: list[int],
     sampling: Sampling,
+    path: int = 0,
 ) -> tuple[list[int], list[float]]:
-    """The target's sampled reference (T > 0), seeded per prompt, and each token's processed
-    probability p (what the acceptance ratios divide by)."""
-    rng = generator(stream_seed(sampling.seed, "completion", prompt_ids))
+    """The prompt's sampled reference number `path` (T > 0), seeded per prompt and path, and
+    each token's processed probability p (what the acceptance ratios divide by)."""
+    rng = generator(stream_seed(sampling.seed, "completion", prompt_ids, path))
     return decode_reference(
         model,
         prompt_ids,

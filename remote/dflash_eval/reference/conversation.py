@@ -5,7 +5,8 @@ second question) is asked after the first one *and the target's own reply to it*
 benchmark does: the reply is the target's completion of the previous turn, cut at
 max_new_tokens, decoded without special tokens, and put back as the assistant's message. So
 a later turn can only be encoded once the previous turn's completion exists; the harness
-computes completions in order and tells this object each one (`replied`).
+computes completions in order and tells this object each one (`replied`). At T > 0 each of a
+prompt's sampled paths has its own history: path j of a later turn follows path j's reply.
 """
 
 from __future__ import annotations
@@ -24,28 +25,29 @@ class Conversations:
         self.tokenizer = tokenizer
         self.thinking = thinking
         self.reply_tokens = reply_tokens
-        self._asked: dict[str, Messages] = {}  # prompt id → the messages it was encoded from
-        self._history: dict[str, Messages] = {}  # prompt id → its messages and the reply
+        # (prompt id, path) → the messages it was encoded from; → its messages and the reply
+        self._asked: dict[tuple[str, int], Messages] = {}
+        self._history: dict[tuple[str, int], Messages] = {}
         self._first: dict[str, str] = {}  # prompt id → id of its conversation's first turn
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, path: int = 0) -> list[int]:
         """Token ids of the prompt; a later turn needs its previous turn's reply first."""
         earlier: Messages = ()
         if prompt.follows is not None:
-            if prompt.follows not in self._history:
+            if (prompt.follows, path) not in self._history:
                 raise HarnessError(
                     f"Prompt {prompt.id} follows {prompt.follows}, which has no reply yet: "
                     "the turns of a conversation must come in order in the prompts file."
                 )
-            earlier = self._history[prompt.follows]
-        self._asked[prompt.id] = earlier + prompt.messages
+            earlier = self._history[prompt.follows, path]
+        self._asked[prompt.id, path] = earlier + prompt.messages
         self._first[prompt.id] = self._first.get(prompt.follows or "", prompt.id)
-        return encode_messages(self.tokenizer, self._asked[prompt.id], self.thinking)[0]
+        return encode_messages(self.tokenizer, self._asked[prompt.id, path], self.thinking)[0]
 
-    def replied(self, prompt: Prompt, completion: list[int]) -> None:
+    def replied(self, prompt: Prompt, completion: list[int], path: int = 0) -> None:
         """Record the target's completion of `prompt`, for the turn that follows it."""
         reply = self.tokenizer.decode(completion[: self.reply_tokens], skip_special_tokens=True)
-        self._history[prompt.id] = (*self._asked[prompt.id], ("assistant", reply))
+        self._history[prompt.id, path] = (*self._asked[prompt.id, path], ("assistant", reply))
 
     def first_turn(self, prompt: Prompt) -> str:
         """The id of the first turn of the prompt's conversation (its own for one turn)."""

@@ -42,6 +42,7 @@ class Sequence:
 
     prompt: Prompt
     prompt_ids: list[int]
+    path: int = 0  # T > 0: which of the prompt's sampled completions
     reference: list[int] = field(default_factory=list)
     span: Span | None = None
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -147,7 +148,7 @@ def make_references(
     progress.progress("completions", 0, total)
     for done, seq in enumerate(sequences, start=1):
         if seq.prompt.follows:
-            seq.prompt_ids = conversations.encode(seq.prompt)
+            seq.prompt_ids = conversations.encode(seq.prompt, seq.path)
             fits(seq)
         key = cache_keys.completion_key(
             lookup.shared_key,
@@ -156,7 +157,7 @@ def make_references(
             max_new_tokens,
             stops,
             lookup.extra_tokens,
-            lookup.sampling.key() if lookup.sampling else None,
+            lookup.sampling.key(seq.path) if lookup.sampling else None,
         )
         args = (seq.prompt_ids, max_new_tokens, lookup.extra_tokens, stops)
         if lookup.sampling is not None:
@@ -173,7 +174,7 @@ def make_references(
                 reference = greedy_reference(target.target().model, *args)
             lookup.cache.put_completion(key, reference)
         seq.take_reference(reference, max_new_tokens, stops)
-        conversations.replied(seq.prompt, seq.completion)
+        conversations.replied(seq.prompt, seq.completion, seq.path)
         progress.progress("completions", done, total)
 
 
@@ -192,7 +193,7 @@ def _sampled(
     seq.completion_hit = reference is not None and probs is not None
     if reference is None or probs is None:
         reference, seq.target_probs = sampled_reference(
-            target.target().model, *args, lookup.sampling
+            target.target().model, *args, lookup.sampling, seq.path
         )
         lookup.cache.put_completion(key, reference)
         lookup.cache.put_record("path_probs", key, {"probs": seq.target_probs})

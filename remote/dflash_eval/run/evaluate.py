@@ -29,7 +29,6 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.schema import Checkpoint, Results
-from dflash_eval.contract.schema_metrics import Metrics
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.health import NonFiniteLogits, non_finite_logits
 from dflash_eval.drafter.loaders import LoadedDrafter
@@ -51,7 +50,7 @@ from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor, SampledPredictor
 from dflash_eval.walk.sampled import SampledWalk, summarize_sampled, walk_sequence
 from dflash_eval.walk.samples import Decode, draft_sample, sampled_prompts, tokenizer_decoder
-from dflash_eval.walk.sampling import Sampling, from_options, refuse_dflash2
+from dflash_eval.walk.sampling import from_options, refuse_dflash2
 
 
 def run_eval(options: EvalOptions, progress: Progress) -> Results:
@@ -147,10 +146,14 @@ def _target_side(
 ) -> record.RunParts:
     """Phases 2 and 3: each prompt's reference completion, then its hidden states (from the
     feature set, the cache, SGLang or the target), and the features record."""
-    # Later turns of a conversation are encoded once the turn before has its completion.
+    # Later turns of a conversation are encoded once the turn before has its completion;
+    # at T > 0 each prompt has `paths` sequences, path by path (each path its own history).
     conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
+    sampling = from_options(options)
     sequences = [
-        pipeline.Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts
+        pipeline.Sequence(p, [] if p.follows else conversations.encode(p, path), path)
+        for path in range(sampling.paths if sampling.active else 1)
+        for p in prompts
     ]
     if options.thinking and not template_reads_thinking(tokenizer):
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
@@ -162,7 +165,6 @@ def _target_side(
         else None
     )
     lookup = _lookup(options, features_set, drafters, identity, target, libraries, client)
-    sampling = from_options(options)
     if sampling.active:
         lookup.completion_source, lookup.sampling = LOCAL_SAMPLED, sampling
     pipeline.target_side(
@@ -214,9 +216,12 @@ def _evaluate(
     decode = tokenizer_decoder(parts.tokenizer)
     with timer.phase(phase):
         run = _walk_all(loaded, phase, parts.sequences, borrowed, parts.options, decode, progress)
-    metrics = _summarize(
-        run.walks, loaded.config.block_size, parts.options.ddtree, from_options(parts.options)
-    )
+    sampling = from_options(parts.options)
+    if sampling.active:
+        units = [(s.prompt.id, parts.conversations.first_turn(s.prompt)) for s in parts.sequences]
+        metrics = summarize_sampled(run.walks, loaded.config.block_size, sampling, units)
+    else:
+        metrics = summarize(run.walks, loaded.config.block_size, parts.options.ddtree)
     role = phase.replace("_", " ")
     _warn_about_walks(parts.sequences, run.walks, role, parts.warnings, progress)
     return record.Evaluated(loaded, identity, run, metrics)
@@ -378,14 +383,6 @@ def _walk_on(
     return run
 
 
-def _summarize(
-    walks: list[Any], block_size: int, budgets: list[int], sampling: Sampling
-) -> Metrics:
-    if sampling.active:
-        return summarize_sampled(walks, block_size, sampling)
-    return summarize(walks, block_size, budgets)
-
-
 def _warn_about_walks(
     sequences: list[pipeline.Sequence],
     walks: list[PromptWalk] | list[SampledWalk],
@@ -399,15 +396,20 @@ def _warn_about_walks(
         )
         if not walked_any:
             warnings.append(
-                f"{role}, prompt {seq.prompt.id}: no rounds (the reference has "
+                f"{role}, prompt {seq.prompt.id}{_path_text(seq)}: no rounds (the reference has "
                 f"{len(seq.reference)} tokens)"
             )
         elif not walked.reference_complete:
             warnings.append(
-                f"{role}, prompt {seq.prompt.id}: the reference has {len(seq.reference)} "
+                f"{role}, prompt {seq.prompt.id}{_path_text(seq)}: the reference has "
+                f"{len(seq.reference)} "
                 "tokens, too few to score the last rounds exactly (the completion source "
                 "stopped early); τ of this prompt may be underestimated"
             )
         else:
             continue
         progress.warn(warnings[-1])
+
+
+def _path_text(seq: pipeline.Sequence) -> str:
+    return f" (sampled path {seq.path + 1})" if seq.path else ""

@@ -247,8 +247,14 @@ def per_prompt(
     budgets: list[int],
     conversations: Conversations,
 ) -> list[PromptRow]:
-    rows = []
+    """One row per prompt; at T > 0 its columns average its paths (the row's other facts
+    are its first path's, its cache flags hold for all of them)."""
+    paths: dict[str, list[tuple[pipeline.Sequence, Any]]] = {}
     for seq, walked in zip(sequences, walks, strict=True):
+        paths.setdefault(seq.prompt.id, []).append((seq, walked))
+    rows = []
+    for walked_paths in paths.values():
+        seq = walked_paths[0][0]
         assert seq.span is not None, "references are made before the walks"
         rows.append(
             PromptRow(
@@ -259,18 +265,22 @@ def per_prompt(
                 completion_tokens=len(seq.completion),
                 stopped=seq.span.stop is not None and seq.span.stop < seq.span.limit,
                 reference_tokens=len(seq.reference),
-                **_walk_columns(walked, budgets),
-                cache={"completion": seq.completion_hit, "hidden_states": seq.hidden_hit},
+                **_walk_columns([walked for _, walked in walked_paths], budgets),
+                cache={
+                    "completion": all(s.completion_hit for s, _ in walked_paths),
+                    "hidden_states": all(s.hidden_hit for s, _ in walked_paths),
+                },
             )
         )
     return rows
 
 
-def _walk_columns(walked: PromptWalk | SampledWalk, budgets: list[int]) -> dict[str, Any]:
+def _walk_columns(paths: list[Any], budgets: list[int]) -> dict[str, Any]:
     """A row's metric columns (PromptRow's `acceptance`, `rounds`, `tau`, `ddtree_tau`,
-    `tau_capped`): counted at T = 0, expected given the path at T > 0."""
-    if isinstance(walked, SampledWalk):
-        return prompt_columns(walked)
+    `tau_capped`): counted at T = 0, expected given each path at T > 0 (prompt_columns)."""
+    if isinstance(paths[0], SampledWalk):
+        return prompt_columns(paths)
+    (walked,) = paths
     return {
         "acceptance": acceptance_counts(walked.slot_correct),
         "rounds": len(walked.lengths),

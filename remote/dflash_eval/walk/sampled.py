@@ -34,6 +34,7 @@ from dflash_eval.contract.schema_metrics import (
 )
 from dflash_eval.walk.metrics import TAU_CONVENTION, Span
 from dflash_eval.walk.sampling import Sampling, generator, stream_seed
+from dflash_eval.walk.student import PathValue, prompt_interval
 
 if TYPE_CHECKING:
     from dflash_eval.walk.predict import SampledPredictor
@@ -213,6 +214,7 @@ class SampledPath(Protocol):
     Sequence is one)."""
 
     prompt_ids: list[int]
+    path: int  # which of the prompt's sampled completions
     span: Span | None
     target_probs: list[float]  # p of each reference token
 
@@ -229,31 +231,53 @@ def walk_sequence(
     """One prompt's walks from its predictor, the Monte Carlo ones seeded per prompt."""
     assert seq.span is not None, "references are made before the walks"
     predictor.follow(sampling, seq.target_probs)
-    rng = generator(stream_seed(sampling.seed, "walks", seq.prompt_ids))
+    rng = generator(stream_seed(sampling.seed, "walks", seq.prompt_ids, seq.path))
     table = predictor.table(predictor.last_anchor)
     return walk_sampled(table, seq.span, len(seq.tokens), sampling, rng, max_rounds)
 
 
-def prompt_columns(walked: SampledWalk) -> dict[str, Any]:
+def prompt_columns(walked: Sequence[SampledWalk]) -> dict[str, Any]:
     """A per-prompt row's metric columns at T > 0 (as run/record.py's at T = 0): expectations
-    given the prompt's path."""
-    main = walked.main
+    given each of the prompt's paths, averaged over them; `path_tau` lists each path's τ."""
+    count = len(walked)
+    main = [w.main for w in walked]
     return {
-        "acceptance": {"hits": main.hits, "trials": main.trials},
-        "rounds": main.rounds,
-        "tau": main.tau,
+        "acceptance": {
+            "hits": [sum(column) / count for column in zip(*(e.hits for e in main), strict=True)],
+            "trials": [
+                sum(column) / count for column in zip(*(e.trials for e in main), strict=True)
+            ],
+        },
+        "rounds": sum(e.rounds for e in main) / count,
+        "tau": _mean([e.tau for e in main]),
         "ddtree_tau": {},
-        "tau_capped": walked.capped.tau,
+        "tau_capped": _mean([w.capped.tau for w in walked]),
+        "path_tau": [e.tau for e in main],
     }
 
 
-def summarize_sampled(walks: Sequence[SampledWalk], block_size: int, sampling: Sampling) -> Metrics:
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def summarize_sampled(
+    walks: Sequence[SampledWalk],
+    block_size: int,
+    sampling: Sampling,
+    units: Sequence[tuple[str, str]],
+) -> Metrics:
     """The metrics block at T > 0 (schema_metrics.Metrics): the T = 0 block's keys, holding
-    expectations given the sampled paths, and the `sampling` block."""
+    expectations given the sampled paths (counts per prompt set: summed over prompts,
+    averaged over paths), and the `sampling` block with the interval (student.py).
+
+    units: each walk's (prompt id, conversation id)."""
     main = [w.main for w in walks]
+    paths = sampling.paths
+    prompts = [prompt for prompt, _ in units]
     per_position = []
     for k in range(block_size - 1):
-        hits, trials = _total(main, "hits", k), _total(main, "trials", k)
+        hits, trials = _total(main, "hits", k) / paths, _total(main, "trials", k) / paths
         sums, visits = _total(main, "ratio_sums", k), _total(main, "visits", k)
         per_position.append(
             PositionRate(
@@ -261,11 +285,11 @@ def summarize_sampled(walks: Sequence[SampledWalk], block_size: int, sampling: S
                 conditional=hits / trials if trials else None,
                 unconditional=sums / visits if visits else None,
                 conditional_rounds=trials,
-                rounds=visits,
+                rounds=visits / paths,
             )
         )
-    histogram = [sum(e.histogram[n] for e in main) for n in range(block_size)]
-    exact = _exact_block(main)
+    histogram = [sum(e.histogram[n] for e in main) / paths for n in range(block_size)]
+    exact = _exact_block(main, prompts, paths)
     return Metrics(
         block_size=block_size,
         tau_convention=TAU_CONVENTION,
@@ -276,13 +300,22 @@ def summarize_sampled(walks: Sequence[SampledWalk], block_size: int, sampling: S
         histogram={str(n + 1): count for n, count in enumerate(histogram)},
         per_position=per_position,
         ddtree={},
-        capped={**_exact_block([w.capped for w in walks]), "ddtree": {}},
-        incomplete_references=sum(not w.reference_complete for w in walks),
+        capped={**_exact_block([w.capped for w in walks], prompts, paths), "ddtree": {}},
+        incomplete_references=len(
+            {p for p, w in zip(prompts, walks, strict=True) if not w.reference_complete}
+        ),
         sampling=SamplingRecord(
             **sampling.record(),
             estimator="exact expectation given each prompt's sampled path",
             ddtree="not evaluated at T > 0",
             monte_carlo=_monte_carlo_block(walks, sampling.samples),
+            interval=prompt_interval(
+                [
+                    PathValue(prompt, unit, e.tau, e.tokens, e.rounds)
+                    for (prompt, unit), e in zip(units, main, strict=True)
+                ],
+                paths,
+            ),
         ),
     )
 
@@ -291,12 +324,18 @@ def _total(expectations: Sequence[Expectation], name: str, k: int) -> float:
     return sum(getattr(e, name)[k] for e in expectations)
 
 
-def _exact_block(expectations: Sequence[Expectation]) -> TauBlock:
-    walked = [e for e in expectations if e.tau is not None]
-    rounds = sum(e.rounds for e in walked)
-    tokens = sum(e.tokens for e in walked)
+def _exact_block(expectations: Sequence[Expectation], prompts: list[str], paths: int) -> TauBlock:
+    """τ macro: the mean over prompts of each prompt's mean over its paths; counts: per
+    prompt set (the sum over paths / paths)."""
+    by_prompt: dict[str, list[float]] = {}
+    for prompt, e in zip(prompts, expectations, strict=True):
+        if e.tau is not None:
+            by_prompt.setdefault(prompt, []).append(e.tau)
+    means = [sum(taus) / len(taus) for taus in by_prompt.values()]
+    rounds = sum(e.rounds for e in expectations) / paths
+    tokens = sum(e.tokens for e in expectations) / paths
     return TauBlock(
-        tau_macro=sum(e.tau for e in walked) / len(walked) if walked else None,  # type: ignore[misc]
+        tau_macro=sum(means) / len(means) if means else None,
         tau_pooled=tokens / rounds if rounds else None,
         rounds=rounds,
         committed_tokens=tokens,
@@ -304,7 +343,8 @@ def _exact_block(expectations: Sequence[Expectation]) -> TauBlock:
 
 
 def _monte_carlo_block(walks: Sequence[SampledWalk], samples: int) -> MonteCarlo:
-    """Per sample, τ over all prompts (macro and pooled); their mean and a normal interval."""
+    """Per sample, τ over all prompts' paths (macro and pooled); their mean and a normal
+    interval."""
     walked = [w for w in walks if w.main.tau is not None]
     macro, pooled = [], []
     for j in range(samples if walked else 0):

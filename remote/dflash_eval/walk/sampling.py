@@ -47,6 +47,7 @@ class Sampling:
     top_k: int = run_options.default("top_k")
     seed: int = run_options.default("seed")
     samples: int = run_options.default("samples")  # walks per prompt
+    paths: int = run_options.default("paths")  # sampled completions per prompt
 
     @property
     def active(self) -> bool:
@@ -60,19 +61,22 @@ class Sampling:
             {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         )
 
-    def key(self) -> dict[str, Any]:
-        """What a sampled completion depends on (part of its cache key)."""
-        return {
+    def key(self, path: int = 0) -> dict[str, Any]:
+        """What a prompt's sampled completion number `path` depends on (part of its cache
+        key; the first path's key is the one of runs before --paths, so their entries stay)."""
+        key = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "seed": self.seed,
         }
+        return {**key, "path": path} if path else key
 
     def record(self) -> dict[str, Any]:
         return {
             **self.key(),
             "samples": self.samples,
+            "paths": self.paths,
             "processing": PROCESSING,
             "reference": REFERENCE_COMMIT,
         }
@@ -107,9 +111,10 @@ def token_probs(logits: torch.Tensor, tokens: torch.Tensor, sampling: Sampling) 
     return torch.cat(found) if found else torch.zeros(0)
 
 
-def stream_seed(seed: int, purpose: str, prompt_ids: list[int]) -> int:
-    """A 63-bit seed of its own for one prompt and one purpose ("completion", "walks")."""
-    text = json.dumps([seed, purpose, prompt_ids])
+def stream_seed(seed: int, purpose: str, prompt_ids: list[int], path: int = 0) -> int:
+    """A 63-bit seed of its own for one prompt, one purpose ("completion", "walks") and one of
+    its sampled paths (the first path's stream is the one of runs before --paths)."""
+    text = json.dumps([seed, purpose if not path else f"{purpose} {path}", prompt_ids])
     return int(hashlib.sha256(text.encode()).hexdigest()[:16], 16) >> 1
 
 
@@ -129,7 +134,12 @@ def from_options(options: Any) -> Sampling:
     target's own probability of each completion token is needed, so the completion is
     sampled here, never taken from SGLang or a feature set (which hold greedy ones)."""
     sampling = Sampling(
-        options.temperature, options.top_p, options.top_k, options.seed, options.samples
+        options.temperature,
+        options.top_p,
+        options.top_k,
+        options.seed,
+        options.samples,
+        options.paths,
     )
     sampling.check()
     if sampling.active and options.sglang_url:

@@ -107,7 +107,7 @@ def test_certain_and_impossible_acceptance_give_the_greedy_lengths():
 
 def test_monte_carlo_interval_covers_the_exact_expectation():
     generator = torch.Generator().manual_seed(5)
-    sampling = Sampling(1.0, samples=4000, seed=5)
+    sampling = Sampling(1.0, samples=4000, seed=5, paths=1)
     walks = [
         walk_sampled(
             torch.rand(30, 5, generator=generator, dtype=torch.float64) ** 0.5,
@@ -118,7 +118,7 @@ def test_monte_carlo_interval_covers_the_exact_expectation():
         )
         for n in range(3)
     ]
-    metrics = summarize_sampled(walks, 6, sampling)
+    metrics = summarize_sampled(walks, 6, sampling, [(str(n), str(n)) for n in range(3)])
     carlo = metrics["sampling"]["monte_carlo"]
     assert carlo["tau_macro"]["low"] <= metrics["tau_macro"] <= carlo["tau_macro"]["high"]
     # Rounds and tokens are linear: their Monte Carlo means agree with the expectations.
@@ -162,7 +162,8 @@ def test_sampled_evaluation_records_its_settings_and_is_reproducible(lab, tmp_pa
     assert metrics["sampling"]["seed"] == 0 and metrics["sampling"]["top_k"] == 40
     assert first["completions"]["source"] == "local-sampled"
     assert first["features"]["cache"]["completion_hits"] == 0
-    assert again["features"]["cache"]["completion_hits"] == 3  # keyed by settings and seed
+    # Keyed by settings, seed and path: 3 prompts × the default 4 paths.
+    assert again["features"]["cache"]["completion_hits"] == 3 * 4
     assert again["metrics"] == metrics
     assert other["metrics"]["tau_macro"] != metrics["tau_macro"]
     taus = [row["tau"] for row in first["per_prompt"]]
