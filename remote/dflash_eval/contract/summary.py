@@ -10,6 +10,7 @@ from typing import Any
 
 from dflash_eval.contract.reading import conditional_by_position, format_interval, groups
 from dflash_eval.contract.schema import DRAFTER_SETTINGS, Drafter, Prompts, Results
+from dflash_eval.contract.schema_metrics import PathsInterval
 
 POSITIONS_SUMMARISED = 8  # per-position acceptance shown for the first positions only
 
@@ -45,6 +46,7 @@ def summary_lines(results: Results) -> list[str]:
             f"paths; Monte Carlo τ macro {format_interval(mc['tau_macro'])} "
             f"({mc['samples']} walks per prompt)"
         )
+        lines += _paths_interval_lines(sampling.get("interval"))
     capped = metrics["capped"]
     # Schema 2's `capped` (no tau_convention) capped whole blocks at the completion end.
     other = (
@@ -95,15 +97,30 @@ def sample_lines(
     ]
 
 
+def _paths_interval_lines(interval: PathsInterval | None) -> list[str]:
+    """The T > 0 interval (absent in records before --paths), and its warning."""
+    if not interval:
+        return []
+    return [
+        f"  {interval['level']:.0%} interval for the live loop's τ (Student-t over "
+        f"{interval['units']} prompt means, {interval['paths']} sampled paths each): "
+        f"τ macro {format_interval(interval['tau_macro'])}, "
+        f"τ pooled {format_interval(interval['tau_pooled'])}"
+    ] + ([f"  WARNING: {interval['warning']}"] if interval["warning"] else [])
+
+
 def _interval_lines(results: Results) -> list[str]:
     """τ with its confidence interval, overall and per named prompt set."""
     block = results.get("by_dataset")
     if not block:
         return []
     settings = block["bootstrap"]
+    sampled = (results["metrics"].get("sampling") or {}).get("interval")
     lines = [
         f"{settings['level']:.0%} confidence intervals (bootstrap over "
-        f"{settings['unit']}s, {settings['resamples']} resamples, seed {settings['seed']}):"
+        f"{settings['unit']}s, {settings['resamples']} resamples, seed {settings['seed']}"
+        + ("; at T > 0 the t interval above is the live loop's" if sampled else "")
+        + "):"
     ]
     for name, group in groups(results).items():
         budget = max(group["ddtree"], key=int, default=None)

@@ -17,6 +17,7 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.reading import comparability_key
 from dflash_eval.contract.schema_check import parse_results
+from dflash_eval.contract.summary import summary_lines
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.walk.metrics import Span
 from dflash_eval.walk.sampled import WalkRule, expected_walk, summarize_sampled, walk_sampled
@@ -158,6 +159,9 @@ def test_sampled_evaluation_records_its_settings_and_is_reproducible(lab, tmp_pa
     first = quick_eval(lab, tmp_path, **settings, max_new_tokens=MAX_NEW_TOKENS)
     again = quick_eval(lab, tmp_path, **settings, max_new_tokens=MAX_NEW_TOKENS)
     other = quick_eval(lab, tmp_path, **settings, seed=1, max_new_tokens=MAX_NEW_TOKENS)
+    _check_paths(
+        first, quick_eval(lab, tmp_path, **settings, paths=1, max_new_tokens=MAX_NEW_TOKENS)
+    )
     metrics = first["metrics"]
     assert metrics["sampling"]["seed"] == 0 and metrics["sampling"]["top_k"] == 40
     assert first["completions"]["source"] == "local-sampled"
@@ -175,3 +179,25 @@ def test_sampled_evaluation_records_its_settings_and_is_reproducible(lab, tmp_pa
     # The seed does not keep runs apart; the settings do, and T = 0 is a setting of its own.
     assert comparability_key(other) == comparability_key(first)
     assert comparability_key(first)["sampling"] == (8.0, 0.95, 40)
+
+
+def _check_paths(first, one):
+    """`first` ran with the default 4 paths, `one` with 1, on the same 3 prompts."""
+    metrics, rows = first["metrics"], first["per_prompt"]
+    assert metrics["sampling"]["paths"] == 4 and len(rows) == 3
+    for row in rows:
+        assert len(row["path_tau"]) == 4 and len(set(row["path_tau"])) > 1  # distinct paths
+        assert row["tau"] == pytest.approx(statistics.mean(row["path_tau"]))
+    interval = metrics["sampling"]["interval"]
+    assert interval["units"] == 3 and interval["paths"] == 4
+    assert interval["tau_macro"]["value"] == pytest.approx(metrics["tau_macro"])
+    assert interval["tau_macro"]["low"] < metrics["tau_macro"] < interval["tau_macro"]["high"]
+    assert interval["tau_pooled"]["value"] == pytest.approx(metrics["tau_pooled"])
+    assert interval["warning"].startswith("3 prompts (conversations): too few")
+    lines = summary_lines(first)
+    assert any("Student-t over 3 prompt means, 4 sampled paths each" in line for line in lines)
+    assert any(line.strip().startswith("WARNING: 3 prompts") for line in lines)
+    # The first path is the one runs before --paths sampled: one path reuses its cache.
+    assert one["features"]["cache"]["completion_hits"] == 3
+    assert [r["path_tau"] for r in one["per_prompt"]] == [r["path_tau"][:1] for r in rows]
+    assert 0.5 < one["metrics"]["rounds"] / metrics["rounds"] < 2  # per prompt set, not × paths
