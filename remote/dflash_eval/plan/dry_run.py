@@ -134,14 +134,14 @@ def context_problems(
     whose earlier turns are cached)."""
     extra = max((d.block_size or 0 for d in drafters if d is not None), default=0)
     limit, problems = config.max_positions, []
-    for prompt, counted in zip(prompts, cached.prompts, strict=True):
+    for prompt, counted in zip(prompts * cached.paths, cached.prompts, strict=True):
         if counted.prompt_tokens is None:
             continue
         try:
             require_context(prompt.id, counted.prompt_tokens, options.max_new_tokens, extra, limit)
         except HarnessError as refusal:
             problems.append(f"the run would refuse to start: {refusal}")
-    return problems
+    return list(dict.fromkeys(problems))  # a first turn's paths share its length
 
 
 def completions_record(options: EvalOptions, problems: list[str]) -> dict[str, Any]:
@@ -191,6 +191,7 @@ class CacheCount:
     total: int
     unknown: int = 0  # prompts whose keys cannot be known yet
     features_record: str = "unknown"  # "cached" | "missing" | "not needed" | "unknown"
+    paths: int = 1  # entries per prompt: its sampled paths at T > 0
     prompts: list[PromptCount] = field(default_factory=list)
 
     @property
@@ -211,6 +212,7 @@ class CacheCount:
             "completions_to_compute": known - self.completion_hits,
             "hidden_states_to_compute": known - self.hidden_hits,
             "features_record": self.features_record,
+            "paths": self.paths,
         }
 
 
@@ -225,12 +227,16 @@ def count_cache(
 ) -> CacheCount:
     """Look every entry up by the key `eval` would use; read completions (small) to know
     the next keys, only the stored key of hidden states. `completions`: where they would
-    come from (completions_record: the server's answer is part of their key)."""
-    count = CacheCount(options.cache_dir is not None, len(prompts))
+    come from (completions_record: the server's answer is part of their key). At T > 0
+    every sampled path of a prompt is an entry of its own: its completion, hidden states
+    and walk each cost what a prompt's do."""
+    sampling = from_options(options)
+    paths = sampling.paths if sampling.active else 1
+    count = CacheCount(options.cache_dir is not None, len(prompts) * paths, paths=paths)
     drafters = [d for d in (drafter, reference) if d is not None]
     if choice is None or not all(d.known for d in drafters):
-        count.unknown = len(prompts)  # estimated as if nothing were cached
-        count.prompts = [PromptCount(None, None) for _ in prompts]
+        count.unknown = count.total  # estimated as if nothing were cached
+        count.prompts = [PromptCount(None, None) for _ in range(count.total)]
         return count
     extra = max(d.block_size or 0 for d in drafters)
     layer_ids = sorted({i for d in drafters for i in d.layer_ids or []})
@@ -244,7 +250,6 @@ def count_cache(
         DEVICE,
         kernel_record(config),
     )
-    sampling = from_options(options)
     source = (
         cache_keys.LOCAL_SAMPLED
         if sampling.active
@@ -254,35 +259,36 @@ def count_cache(
     )
     cache = DiskCache(options.cache_dir)
     conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
-    answered: set[str] = set()
-    for index, prompt in enumerate(prompts):
-        if prompt.follows is not None and prompt.follows not in answered:
-            count.unknown += 1  # its prompt holds the reply to an uncached turn
-            count.prompts.append(PromptCount(None, None))
-            continue
-        seq = Sequence(prompt, conversations.encode(prompt))
-        key = cache_keys.completion_key(
-            shared,
-            source,
-            seq.prompt_ids,
-            options.max_new_tokens,
-            stops,
-            extra,
-            sampling.key() if sampling.active else None,
-        )
-        reference_tokens = cache.get_completion(key)
-        if reference_tokens is None:
-            count.prompts.append(PromptCount(len(seq.prompt_ids), None))
-            continue
-        answered.add(prompt.id)
-        seq.take_reference(reference_tokens, options.max_new_tokens, stops)
-        conversations.replied(prompt, seq.completion)
-        hit = cache.has_hidden(cache_keys.hidden_key(shared, seq.tokens, layer_ids))
-        count.prompts.append(PromptCount(len(seq.prompt_ids), len(reference_tokens), hit))
-        if index == 0:
-            first_key = cache_keys.features_key(shared, seq.tokens, layer_ids)
-            found = cache.get_record("features", first_key) is not None
-            count.features_record = "cached" if found else "missing"
+    for path in range(paths):
+        answered: set[str] = set()
+        for index, prompt in enumerate(prompts):
+            if prompt.follows is not None and prompt.follows not in answered:
+                count.unknown += 1  # its prompt holds the reply to an uncached turn
+                count.prompts.append(PromptCount(None, None))
+                continue
+            seq = Sequence(prompt, conversations.encode(prompt, path), path)
+            key = cache_keys.completion_key(
+                shared,
+                source,
+                seq.prompt_ids,
+                options.max_new_tokens,
+                stops,
+                extra,
+                sampling.key(path) if sampling.active else None,
+            )
+            reference_tokens = cache.get_completion(key)
+            if reference_tokens is None:
+                count.prompts.append(PromptCount(len(seq.prompt_ids), None))
+                continue
+            answered.add(prompt.id)
+            seq.take_reference(reference_tokens, options.max_new_tokens, stops)
+            conversations.replied(prompt, seq.completion, path)
+            hit = cache.has_hidden(cache_keys.hidden_key(shared, seq.tokens, layer_ids))
+            count.prompts.append(PromptCount(len(seq.prompt_ids), len(reference_tokens), hit))
+            if (index, path) == (0, 0):
+                first_key = cache_keys.features_key(shared, seq.tokens, layer_ids)
+                found = cache.get_record("features", first_key) is not None
+                count.features_record = "cached" if found else "missing"
     if fidelity_needed(config, layer_ids, choice.name) is not None:
         count.features_record = "not needed"
     return count
@@ -417,7 +423,8 @@ def summary_lines(plan: dict[str, Any]) -> list[str]:
         f"{drafter['target_layer_ids']} ({drafter['source']})",
         f"cache: completions {cache['completions']['hits']}/{cache['completions']['total']}, "
         f"hidden states {cache['hidden_states']['hits']}/{cache['hidden_states']['total']}"
-        + (f", {cache['unknown']} unknown" if cache["unknown"] else ""),
+        + (f", {cache['unknown']} unknown" if cache["unknown"] else "")
+        + (f" ({cache['paths']} sampled paths per prompt)" if cache.get("paths", 1) > 1 else ""),
         f"target: {target['parameters']:,} parameters in {target['dtype'] or 'refused'} need "
         f"~{target['memory_needed_bytes'] / 2**30:.2f} GiB; body loads: {target['body_loads']}",
         f"estimate: ~{guess['seconds']:.0f} s on {guess['cores']} cores ({guess['feature_class']})",

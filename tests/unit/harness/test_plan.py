@@ -14,7 +14,7 @@ from dflash_eval import cli
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
 from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED
-from dflash_eval.plan.dry_run import HostFacts, make_plan
+from dflash_eval.plan.dry_run import HostFacts, make_plan, summary_lines
 from dflash_eval.plan.estimate import (
     ANCHOR_WALK_S,
     DECODE_LAYER_STEP_S,
@@ -103,6 +103,18 @@ def test_a_cold_cache_counts_no_hits_and_an_eval_fills_it(lab, tmp_path):
     sglang = make_plan(options(lab, tmp_path, sglang_url="http://u:pw@127.0.0.1:9/"), facts())
     assert sglang["cache"]["completions"]["hits"] == 0  # SGLang's completions are keyed apart
     assert "completions" not in sglang["estimate"]["phases"]  # the server computes them
+
+
+def test_sampled_paths_multiply_the_completions_the_forwards_and_the_walks(lab, tmp_path):
+    sampled = {"temperature": 8.0, "top_k": 40}
+    one = make_plan(options(lab, tmp_path, **sampled, paths=1), facts())
+    three = make_plan(options(lab, tmp_path, **sampled, paths=3), facts())
+    assert three["cache"]["completions"] == {"hits": 0, "total": 9}
+    assert three["cache"]["paths"] == 3 and one["cache"]["paths"] == 1
+    for phase in ("completions", "hidden_states", "drafter"):
+        ratio = three["estimate"]["phases"][phase] / one["estimate"]["phases"][phase]
+        assert ratio == pytest.approx(3, rel=0.01), phase
+    assert "(3 sampled paths per prompt)" in "\n".join(summary_lines(three))
 
 
 def test_a_completion_past_the_targets_context_is_a_problem_as_the_run_refuses_it(lab, tmp_path):
