@@ -173,7 +173,11 @@ def numbers(fixture: tuple[Path, Path, Path], directory: Path) -> dict[str, dict
     assert greedy["harness"]["numerics_version"] == NUMERICS_VERSION
     sampled = evaluate(fixture, directory / "sampled", threads=1, **SAMPLED)
     monte_carlo = sampled["metrics"]["sampling"]["monte_carlo"]
-    return {"greedy": pinned(greedy), "sampled": {**pinned(sampled), "monte_carlo": monte_carlo}}
+    interval = sampled["metrics"]["sampling"]["interval"]  # over prompts and paths
+    return {
+        "greedy": pinned(greedy),
+        "sampled": {**pinned(sampled), "monte_carlo": monte_carlo, "interval": interval},
+    }
 
 
 @pytest.fixture(scope="module")

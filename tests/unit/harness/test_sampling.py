@@ -201,3 +201,9 @@ def _check_paths(first, one):
     assert one["features"]["cache"]["completion_hits"] == 3
     assert [r["path_tau"] for r in one["per_prompt"]] == [r["path_tau"][:1] for r in rows]
     assert 0.5 < one["metrics"]["rounds"] / metrics["rounds"] < 2  # per prompt set, not × paths
+    # A record from before --paths still reads, and its summary has no interval line.
+    old = json.loads(json.dumps(first))
+    del old["metrics"]["sampling"]["paths"], old["metrics"]["sampling"]["interval"]
+    for row in old["per_prompt"]:
+        del row["path_tau"]
+    assert not any("Student-t" in line for line in summary_lines(parse_results(old)))
