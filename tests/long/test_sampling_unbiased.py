@@ -7,16 +7,16 @@ import math
 import statistics
 
 import pytest
-import torch
 from dflash_eval.contract.prompts import read_prompts_jsonl
-from dflash_eval.reference.completions import encode_prompt, sampled_reference
-from dflash_eval.reference.pipeline import Sequence
-from dflash_eval.walk.predict import BorrowedHead, SampledPredictor
-from dflash_eval.walk.sampled import walk_sequence
-from dflash_eval.walk.sampling import Sampling
+from dflash_eval.reference.completions import encode_prompt
 
 from tests.unit.harness.live_loops import live_sampled_lengths
-from tests.unit.harness.sampling_parts import MAX_NEW_TOKENS, SETTINGS, lab_parts
+from tests.unit.harness.sampling_parts import (
+    MAX_NEW_TOKENS,
+    SETTINGS,
+    lab_parts,
+    path_expectation,
+)
 
 pytestmark = pytest.mark.long(165)  # seconds with 4 workers: started first
 
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.long(165)  # seconds with 4 workers: started first
 def test_offline_expectation_is_unbiased_for_the_live_loop(lab):
     """The live τ of one prompt over 300 seeds against the harness's exact expectation
     averaged over 150 sampled paths: the same mean, within 4 combined standard errors."""
-    model, tokenizer, loaded, live, stops = lab_parts(lab)
-    config = loaded.config
+    parts = lab_parts(lab)
+    _, tokenizer, _, live, stops = parts
     prompt = read_prompts_jsonl(lab.prompts)[1]
     prompt_ids = encode_prompt(tokenizer, prompt)[0]
     live_taus = [
@@ -34,27 +34,7 @@ def test_offline_expectation_is_unbiased_for_the_live_loop(lab):
         )
         for s in range(300)
     ]
-    offline_taus = []
-    for seed in range(150):
-        sampling = Sampling(SETTINGS.temperature, SETTINGS.top_p, SETTINGS.top_k, seed, 2)
-        reference, probs = sampled_reference(
-            model.model, prompt_ids, MAX_NEW_TOKENS, config.block_size, stops, sampling
-        )
-        seq = Sequence(prompt, prompt_ids)
-        seq.take_reference(reference, MAX_NEW_TOKENS, stops)
-        seq.target_probs = probs
-        hidden = model.hidden_features(seq.tokens, list(config.target_layer_ids))
-        predictor = SampledPredictor(
-            loaded.model,
-            BorrowedHead(live.embed, live.head, config.mask_token_id),
-            seq.tokens,
-            torch.cat([hidden[i] for i in config.target_layer_ids], dim=-1),
-            len(prompt_ids),
-            config.block_size,
-            top_k=1,
-            last_anchor=seq.span.limit - 1,
-        )
-        offline_taus.append(walk_sequence(predictor, seq, sampling).main.tau)
+    offline_taus = [path_expectation(parts, prompt, prompt_ids, seed).tau for seed in range(150)]
     error = math.hypot(
         statistics.stdev(live_taus) / math.sqrt(len(live_taus)),
         statistics.stdev(offline_taus) / math.sqrt(len(offline_taus)),
