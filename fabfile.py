@@ -222,7 +222,7 @@ def run_eval(
     options = {**request_options(locals()), "via": "pull" if pull else via}
     shown = {"detach": detach, "dry_run": dry_run, "verbose": verbose}
     if like:
-        like_command(
+        return like_command(
             with_bwlimit(load_inventory(inventory), bwlimit),
             like,
             run=run,
@@ -233,7 +233,6 @@ def run_eval(
             refused={"--steps": steps, "--latest": latest, "--all-new": all_new},
             **shown,
         )
-        return
     run_eval_command(
         with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
         step=parse_step(step),

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from dflash_eval.contract import options as table
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.option_rules import check_together
 
 from dflash_ops.core.errors import OpsError
 
@@ -54,7 +55,7 @@ def checked(values: Mapping[str, object]) -> dict[str, object]:
         if parsed is not None and not (option.kind == "switch" and not parsed):
             found[name] = parsed
     try:
-        table.check_together(found)
+        check_together(found)
     except HarnessError as error:
         raise OpsError(str(error)) from None
     return found

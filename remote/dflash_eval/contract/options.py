@@ -23,7 +23,7 @@ options the workstation sets itself (paths it stages or uploads, the step) name 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,7 +72,6 @@ MAX_BLOCK = CONFIG_BOUNDS["block_size"][1]
 MAX_TOKENS = 1 << 20
 MAX_PROMPTS = 100_000
 MAX_STEP = 10**9
-MAX_PATHS = 1024  # each path is a completion and its hidden states: 1024 × a prompt set is days
 CACHE_DIR = Path.home() / ".cache" / "dflash-eval"
 
 OPTIONS: tuple[Option, ...] = (
@@ -315,12 +314,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "paths",
         "int",
-        "sampled completions per prompt at T > 0: each path's τ is exact, the interval takes "
-        "in how paths and prompts vary; each path costs a completion and its hidden states "
-        "(docs/sampling.md)",
+        "sampled completions per prompt at T > 0, each a completion, its hidden states and a walk",
         default=4,
         minimum=1,
-        maximum=MAX_PATHS,
+        maximum=1024,  # 1024 paths of a prompt set would take days
         unit="paths",
         tasks=EVAL_TASKS,
     ),
@@ -465,32 +462,6 @@ def help_text(option: Option) -> str:
     if isinstance(shown, Path) and shown.is_relative_to(Path.home()):
         shown = f"~/{shown.relative_to(Path.home())}"
     return f"{described} (default {as_text(option, shown)})"
-
-
-# Below this, logits / T overflow float32 for ordinary logits and the sampled probabilities
-# are not finite (1e-45 reached torch.multinomial as NaN); sampling there is greedy in all
-# but name, and 0 says so.
-MIN_TEMPERATURE = 1e-4
-GREEDY_ONLY = ("top_p", "top_k", "samples", "paths")  # options that mean something only at T > 0
-
-
-def check_together(given: Mapping[str, object]) -> None:
-    """The rules between options, for the options a user gave (`given`: name → value; the
-    others take the table's default): top-p, top-k, --samples and --paths only at T > 0, and a
-    temperature either 0 or at least MIN_TEMPERATURE. A HarnessError naming the flags."""
-    temperature = given.get("temperature", default("temperature"))
-    if temperature == 0:
-        wasted = [BY_NAME[n].flag for n in GREEDY_ONLY if given.get(n, default(n)) != default(n)]
-        if wasted:
-            raise HarnessError(
-                f"{' and '.join(wasted)} need --temperature above 0 (T = 0 is greedy, and "
-                "they would change nothing)."
-            )
-    elif temperature < MIN_TEMPERATURE:
-        raise HarnessError(
-            f"--temperature {temperature}: below {MIN_TEMPERATURE} logits / T overflow and the "
-            "sampled probabilities are not finite; for greedy decoding pass --temperature 0."
-        )
 
 
 def check(values: object, names: Iterable[str] | None = None) -> None:

@@ -31,6 +31,7 @@ import torch
 
 from dflash_eval.contract import options as run_options
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.option_rules import check_together
 
 REFERENCE_COMMIT = "z-lab/dflash 10129599dffb338ff38cfd235a53ca6d3667b4dd"
 PROCESSING = "temperature, then top-k, then top-p (as z-lab's _sampling_probs)"
@@ -57,9 +58,7 @@ class Sampling:
         """Each setting within its bounds in the option table (for settings built in code,
         not parsed by argparse), and the table's rules between them (contract/options.py)."""
         run_options.check(self)
-        run_options.check_together(
-            {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
-        )
+        check_together({"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k})
 
     def key(self, path: int = 0) -> dict[str, Any]:
         """What a prompt's sampled completion number `path` depends on (part of its cache
