@@ -105,7 +105,12 @@ def groups(results: Results) -> dict[str, Group]:
 
 
 def overall_interval(results: Results, metric: str = "tau_macro") -> Interval | None:
-    """Every prompt's `tau_macro` or `tau_pooled` with its interval (None: none recorded)."""
+    """Every prompt's `tau_macro` or `tau_pooled` with its interval (None: none recorded): at
+    T > 0 the t interval over prompt means (`metrics.sampling.interval`, the one that covers
+    the live loop's τ: docs/sampling.md), else the bootstrap's."""
+    sampled = (results["metrics"].get("sampling") or {}).get("interval")
+    if sampled:
+        return sampled[metric]
     block = results.get("by_dataset")
     return block["overall"][metric] if block else None
 

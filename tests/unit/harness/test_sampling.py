@@ -15,7 +15,7 @@ import statistics
 import pytest
 import torch
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.contract.reading import comparability_key
+from dflash_eval.contract.reading import comparability_key, overall_interval
 from dflash_eval.contract.schema_check import parse_results
 from dflash_eval.contract.summary import summary_lines
 from dflash_eval.run.options import EvalOptions
@@ -194,6 +194,7 @@ def _check_paths(first, one):
     assert interval["tau_macro"]["low"] < metrics["tau_macro"] < interval["tau_macro"]["high"]
     assert interval["tau_pooled"]["value"] == pytest.approx(metrics["tau_pooled"])
     assert interval["warning"].startswith("3 prompts (conversations): too few")
+    assert overall_interval(first) == interval["tau_macro"]  # what compare and watch show
     lines = summary_lines(first)
     assert any("Student-t over 3 prompt means, 4 sampled paths each" in line for line in lines)
     assert any(line.strip().startswith("WARNING: 3 prompts") for line in lines)
