@@ -12,10 +12,10 @@ Student-t's critical value at units − 1 degrees of freedom:
 
 For single-turn prompts and τ macro (b = 1) this is the textbook t interval over the prompt
 means. The spread of the prompt means holds both the path noise and the differences between
-prompts, so the interval covers the live loop's mean on these prompts (its many-seed figure)
-at least at its level, and the mean over prompts like these at its level when the prompt
-means are near normal. With fewer than MIN_UNITS units that cannot be relied on: the record
-carries a warning.
+prompts: over a fixed prompt set it covers the live loop's mean (its many-seed figure) at
+about its level or a little more (measured in docs/sampling.md), and the mean over prompts
+like these at its level when the prompt means are near normal. With fewer than MIN_UNITS
+units that cannot be relied on: the record carries a warning.
 """
 
 from __future__ import annotations
