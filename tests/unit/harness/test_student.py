@@ -77,6 +77,25 @@ def test_a_ratio_of_sums_is_linearised():
     assert found["value"] - found["low"] == pytest.approx(4.302653 * se)
 
 
+def test_two_units_have_bounds_at_one_degree_of_freedom():
+    found = ratio_interval([1.0, 2.0], [1.0, 1.0])
+    half = 12.706205 * statistics.stdev([1.0, 2.0]) / math.sqrt(2)
+    assert found == pytest.approx({"value": 1.5, "low": 1.5 - half, "high": 1.5 + half})
+    with pytest.raises(ValueError):  # one numerator and one denominator per unit
+        ratio_interval([1.0, 2.0, 3.0], [1.0, 1.0])
+
+
+def test_one_path_per_prompt_is_the_t_interval_over_the_paths():
+    taus = [1.1, 1.4, 1.25, 1.6, 1.3]
+    record = prompt_interval(_paths_each(taus), paths=1)
+    assert record["tau_macro"] == ratio_interval(taus, [1.0] * 5)
+    assert record["units"] == 5 and record["warning"] is None
+
+
+def _paths_each(taus):
+    return [v for n, tau in enumerate(taus) for v in _paths(f"p{n}", f"p{n}", tau)]
+
+
 def test_one_unit_has_no_bounds_and_nothing_has_no_value():
     assert ratio_interval([1.4], [1.0]) == {"value": 1.4, "low": None, "high": None}
     assert ratio_interval([], []) is None
