@@ -103,6 +103,13 @@ def test_a_later_turn_is_asked_after_the_first_and_the_targets_reply(lab, tmp_pa
         "<|im_start|>user: And then?<|im_end|><|im_start|>assistant: [no think] "
     )
     assert conversations.first_turn(second) == "c#turn-1"
+    # At T > 0 each sampled path has its own history: path 1 follows path 1's reply.
+    with pytest.raises(HarnessError, match="must come in order"):
+        conversations.encode(second, path=1)
+    conversations.encode(first, path=1)
+    conversations.replied(first, tokenizer("other")["input_ids"], path=1)
+    assert "assistant: other" in tokenizer.decode(conversations.encode(second, path=1))
+    assert "assistant: becau" in tokenizer.decode(conversations.encode(second))
 
 
 def test_sets_give_per_set_results_with_intervals_and_their_sources(lab, tmp_path):
