@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -80,9 +81,11 @@ def add_namespace_host(state: LabState, name: str, index: int, data_dir: Path) -
     workstation_ip = f"{SUBNET_PREFIX}.{state.slot}.{4 * index + 1}"
     address = f"{SUBNET_PREFIX}.{state.slot}.{4 * index + 2}"
     run(["ip", "netns", "add", netns])
+    run(["ip", "-n", netns, "link", "set", "dev", "lo", "alias", mark(state)])
     state.namespaces.append(netns)
     state.save()
     run(["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"])
+    run(["ip", "link", "set", "dev", veth, "alias", mark(state)])
     state.links.append(veth)
     state.save()
     run(["ip", "link", "set", f"{veth}p", "netns", netns])
@@ -119,15 +122,39 @@ def port_open(address: str, port: int) -> bool:
         return False
 
 
+def mark(state: LabState) -> str:
+    """The alias this lab gives each namespace's loopback and each of its links: whose they are."""
+    return f"dflab-{state.token}"
+
+
 def link_exists(link: str) -> bool:
     return run_ok(["ip", "link", "show", link])
 
 
-def delete_link(link: str) -> None:
-    if link_exists(link):
+def own_link(state: LabState, link: str) -> bool:
+    """The link exists and this lab made it (a later lab in the slot reuses its name)."""
+    return link_exists(link) and _is_marked(state, ["ip", "-o", "link", "show", "dev", link])
+
+
+def own_namespace(state: LabState, netns: str) -> bool:
+    """The namespace exists and this lab made it (a later lab in the slot reuses its name)."""
+    return netns in network_namespaces() and _is_marked(
+        state, ["ip", "-n", netns, "-o", "link", "show", "dev", "lo"]
+    )
+
+
+def _is_marked(state: LabState, show: list[str]) -> bool:
+    if not state.token:  # recorded before marks: known by name only
+        return True
+    found = re.search(r"\balias (\S+)", subprocess.run(show, capture_output=True, text=True).stdout)
+    return found is not None and found[1] == mark(state)
+
+
+def delete_link(state: LabState, link: str) -> None:
+    if own_link(state, link):
         run(["ip", "link", "del", link])
 
 
-def delete_namespace(netns: str) -> None:
-    if netns in network_namespaces():
+def delete_namespace(state: LabState, netns: str) -> None:
+    if own_namespace(state, netns):
         run(["ip", "netns", "del", netns])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -117,6 +118,28 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
     assert down.returncode == 0, down.stderr
     assert built.leftovers() == []
     assert not any(n.startswith(f"dflab{built.state.slot}-") for n in network_namespaces())
+
+
+def test_a_stale_record_of_the_slot_removes_nothing_of_the_lab_there_now(make_lab, tmp_path):
+    """A lab whose teardown stopped half-way keeps its record; by then a later lab may hold
+    the same slot, and so namespaces, links, user and sudoers file of the same names. Taking
+    the stale record down must leave that lab untouched (it once took a running lab's
+    trainer namespace from under its sshd)."""
+    now = make_lab(sudo_hosts=("eval",))
+    stale_root = tmp_path / "stale"
+    stale_root.mkdir()
+    stale = labs.Lab(dataclasses.replace(now.state, root=str(stale_root), token=STALE_TOKEN))
+    stale.state.save()
+    assert stale.down() == []
+    assert not stale_root.exists()
+    assert set(now.state.namespaces) <= set(network_namespaces())
+    assert all(now.sshd_running(name) for name in now.state.hosts)
+    assert all(Path(file).exists() for file in now.state.files)
+    assert subprocess.run(["id", now.state.users[0]], capture_output=True).returncode == 0
+    assert tcp_from(now, "eval", now.state.hosts["eval"].address).returncode == 0
+
+
+STALE_TOKEN = "0" * 16  # another lab's mark
 
 
 def test_failed_up_removes_what_it_made(tmp_path):
