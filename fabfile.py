@@ -409,6 +409,7 @@ def diagnose(
     format="text",
     inventory=None,
     run=None,
+    dry_run=False,
 ):
     """Why is this drafter worse? Ranked findings, each with evidence and what to check next."""
     from dflash_ops.ui.diagnose_view import diagnose_command
@@ -420,6 +421,7 @@ def diagnose(
         host=host,
         harness_args=harness_args(pick_harness_options(locals(), DIAGNOSE_OPTIONS)),
         output=format,
+        dry_run=dry_run,
     )
 
 

@@ -142,6 +142,8 @@ DIAGNOSE_HELP = {
     "num_prompts": "use the first N prompts (more than exist: an error)",
     "format": "text (default) or json: an object whose findings list is ranked",
     "run": RUN_HELP,
+    "dry_run": "print what it would stage, the repairs it would try on how many prompts, and "
+    "its time estimate; stage, run and write nothing",
 }
 
 

@@ -96,12 +96,12 @@ def _memory(target: dict, host: dict) -> str:
 def _time(estimate: dict) -> str:
     phases = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in estimate["phases"].items())
     return (
-        f"estimate ~{_duration(estimate['seconds'])} on {estimate['cores']} threads "
+        f"estimate ~{duration(estimate['seconds'])} on {estimate['cores']} threads "
         f"({estimate['feature_class']}): {phases}"
     )
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.3g} s"
     if seconds < 7200:

@@ -109,8 +109,15 @@ def _plan(args: argparse.Namespace, progress: Progress) -> int:
     from dflash_eval.plan.inputs import stdin_inputs
 
     given = stdin_inputs(sys.stdin.read()) if args.inputs_on_stdin else {}
-    plan = make_plan(_eval_options(args, given))
-    progress.say("\n".join(summary_lines(plan)))
+    options = _eval_options(args, given)
+    if args.diagnose:
+        from dflash_eval.diagnose import dry_run
+
+        plan = dry_run.make_diagnose_plan(options)
+        progress.say("\n".join(summary_lines(plan) + dry_run.summary_lines(plan)))
+    else:
+        plan = make_plan(options)
+        progress.say("\n".join(summary_lines(plan)))
     progress.event("plan", plan=plan)
     return 0
 

@@ -162,6 +162,12 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "drafter_profile (file contents) and sglang_url stand in for those flags: nothing "
         "needs uploading first",
     )
+    plan.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="plan a `diagnose` with --reference-drafter as the other drafter: the repairs "
+        "it would try, on how many prompts, and its time",
+    )
     # eval's flags that plan does not take, for _eval_options: --out a path that cannot be
     # written (a plan writes nothing), no training run, no feature set.
     plan.set_defaults(

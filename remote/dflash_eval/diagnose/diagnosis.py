@@ -32,8 +32,8 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.diagnose import findings, repair_stats, stats
+from dflash_eval.diagnose.repairs import repair_settings, special_tokens
 from dflash_eval.drafter.checkpoint import read_drafter
-from dflash_eval.drafter.config import default_target_layer_ids
 from dflash_eval.drafter.health import NonFiniteWeights
 from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
@@ -49,7 +49,6 @@ from dflash_eval.walk.predict import BorrowedHead
 
 DIAGNOSIS_FORMAT = 2  # 2: measured repairs replace scored probes
 REPAIR_WALK = {"budgets": []}  # repairs are judged on vanilla τ
-OTHER = "the other drafter"  # in repair labels
 
 
 @dataclass
@@ -205,51 +204,6 @@ def _walk(
     return walked
 
 
-def repair_settings(
-    config: Any, other: Any, num_layers: int, vocab_size: int, special_tokens: dict[str, int]
-) -> list[dict[str, Any]]:
-    """One setting changed at a time: the target layer ids (each ±1, all ±1, the default
-    rule's, the other drafter's), the block size (half, double, the other's) and the mask
-    token (the other drafter's, the tokenizer's special tokens); never the candidate's own."""
-    layer_ids = list(config.target_layer_ids)
-    layer_choices: list[tuple[str, list[int]]] = []
-    for index, layer in enumerate(layer_ids):
-        for shift in (-1, 1):
-            moved = [*layer_ids[:index], layer + shift, *layer_ids[index + 1 :]]
-            layer_choices.append((f"target layer id {layer} → {layer + shift}", moved))
-    for shift in (-1, 1):
-        layer_choices.append((f"all target layer ids {shift:+d}", [i + shift for i in layer_ids]))
-    default = default_target_layer_ids(num_layers, len(layer_ids))
-    layer_choices.append(("the default rule's target layer ids", default))
-    layer_choices.append((f"{OTHER}'s target layer ids", list(other.target_layer_ids)))
-    settings, seen = [], {tuple(layer_ids)}
-    for label, ids in layer_choices:
-        fits = len(ids) == len(layer_ids) and all(0 <= i < num_layers for i in ids)
-        if fits and tuple(ids) not in seen:
-            seen.add(tuple(ids))
-            settings.append({"setting": "target_layer_ids", "label": label, "value": ids})
-    block = config.block_size
-    for size in sorted({block // 2, block * 2, other.block_size} - {block}):
-        if size >= 2:
-            label = f"block size {size} (config {block})"
-            settings.append({"setting": "block_size", "label": label, "value": size})
-    masks = {f"{OTHER}'s mask token": other.mask_token_id}
-    masks.update({f"the tokenizer's {name}": token for name, token in special_tokens.items()})
-    tried = {config.mask_token_id}
-    for label, token in masks.items():
-        if token is not None and 0 <= token < vocab_size and token not in tried:
-            tried.add(token)
-            label = f"{label} {token} (config {config.mask_token_id})"
-            settings.append({"setting": "mask_token_id", "label": label, "value": token})
-    return settings
-
-
-def _special_tokens(tokenizer: Any) -> dict[str, int]:
-    names = ("mask_token", "pad_token", "unk_token")
-    found = {name: getattr(tokenizer, f"{name}_id", None) for name in names}
-    return {name.replace("_", " "): token for name, token in found.items() if token is not None}
-
-
 def _repairs(
     options: DiagnoseOptions,
     candidate: LoadedDrafter,
@@ -268,7 +222,7 @@ def _repairs(
         other.config,
         parts.target.shape.num_layers,
         head[0].shape[0],
-        _special_tokens(tokenizer),
+        special_tokens(tokenizer),
     )
     known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
     if not known:  # no prompt gave both drafters a round: nothing to measure a repair on

@@ -30,6 +30,7 @@ class DrafterFacts:
     parameters: int | None = None
     dtype: str = "float32"
     hidden_size: int | None = None
+    mask_token_id: int | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -43,6 +44,7 @@ class DrafterFacts:
             "target_layer_ids": self.layer_ids,
             "parameters": self.parameters,
             "dtype": self.dtype,
+            "mask_token_id": self.mask_token_id,
         }
 
 
@@ -99,6 +101,7 @@ def _from_checkpoint(
         parameters,
         chosen.settings["dtype"].value,
         config.hidden_size,
+        config.mask_token_id,
     )
 
 
@@ -119,4 +122,16 @@ def _from_profile(options: EvalOptions, profile: DrafterProfile | None) -> Draft
         int(block),
         [int(i) for i in layers],
         dtype=options.dtype or settings.get("dtype") or "float32",
+        mask_token_id=next(
+            (
+                token
+                for token in (
+                    options.mask_token_id,
+                    settings.get("mask_token_id"),
+                    (stated.get("dflash_config") or {}).get("mask_token_id"),
+                )
+                if token is not None  # 0 is a token
+            ),
+            None,
+        ),
     )

@@ -14,7 +14,9 @@ import pytest
 from dflash_eval.cli import main
 from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_eval.contract.progress import Progress
-from dflash_eval.diagnose.diagnosis import DiagnoseOptions, repair_settings, run_diagnose
+from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
+from dflash_eval.diagnose.dry_run import make_diagnose_plan
+from dflash_eval.diagnose.repairs import repair_settings
 from dflash_eval.diagnose.stats import paired_difference
 from dflash_eval.run.options import EvalOptions
 
@@ -33,12 +35,39 @@ def _diagnose(lab, tmp_path, candidate):
     return diagnose_lab(lab, tmp_path, candidate, lab.checkpoints[6000])
 
 
+def plan_diagnose(lab, root, candidate):
+    """`plan --diagnose` of the same run, which writes nothing."""
+    root.mkdir()
+    options = EvalOptions(
+        checkpoint=candidate,
+        target=lab.target_dir,
+        out=root / "diagnose.json",
+        prompts=lab.prompts,
+        max_new_tokens=96,
+        cache_dir=root / "cache",
+        reference_drafter=lab.checkpoints[6000],
+    )
+    plan = make_diagnose_plan(options)
+    assert list(root.iterdir()) == []
+    part = plan["diagnose"]
+    walk = plan["estimate"]["phases"]["drafter"]
+    assert part["walks"] == part["repairs"] * part["prompts"]
+    assert plan["estimate"]["seconds"] + walk * part["repairs"] <= part["seconds"]
+    assert part["seconds"] < part["seconds_up_to"]
+    return part
+
+
 def _repair(diagnosis, label_start):
     return next(r for r in diagnosis["repairs"]["tried"] if r["label"].startswith(label_start))
 
 
 def test_a_drafter_trained_with_block_size_16_but_configured_for_8_is_repaired_by_it(lab, tmp_path):
-    diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "block-size"))
+    candidate = build_faulty_drafter(lab, "block-size")
+    planned = plan_diagnose(lab, tmp_path / "plan", candidate)
+    diagnosis = _diagnose(lab, tmp_path, candidate)
+    # The dry run lists exactly the repairs the run tries, on its prompts.
+    assert sorted(planned["labels"]) == sorted(r["label"] for r in diagnosis["repairs"]["tried"])
+    assert planned["prompts"] >= diagnosis["repairs"]["prompts"]
     top = diagnosis["findings"][0]
     assert top["area"] == "repair", summary_lines(diagnosis)
     assert top["title"].startswith("block size 16")
