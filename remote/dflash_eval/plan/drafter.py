@@ -10,6 +10,7 @@ from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.drafter.checkpoint import BORROWED, read_drafter
+from dflash_eval.drafter.loaders import check_fits
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.drafter.profile import DrafterProfile, read_profile
 from dflash_eval.drafter.settings import choose_settings
@@ -90,6 +91,7 @@ def _from_checkpoint(
         chosen = choose_settings(
             source, shape, config_file, profile, command_line, tuple(options.accept_default)
         )
+        check_fits(source, chosen, shape)  # the run's own checks, before it builds anything
     except HarnessError as error:
         return DrafterFacts(UNREADABLE, problems=[f"the drafter {path}: {error}"])
     config = chosen.config

@@ -13,7 +13,7 @@ import torch
 from dflash_eval import cli
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
-from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED
+from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED, UNREADABLE
 from dflash_eval.plan.dry_run import HostFacts, make_plan
 from dflash_eval.plan.estimate import (
     ANCHOR_WALK_S,
@@ -255,3 +255,14 @@ def test_the_command_reads_its_inputs_from_stdin(lab, tmp_path, monkeypatch, cap
     assert "expected a JSON object" in capsys.readouterr().err
     assert cli.main(["plan", "--checkpoint", "x", "--target", str(tmp_path / "none")]) == 2
     assert "--target" in capsys.readouterr().err
+
+
+def test_a_drafter_whose_weights_do_not_fit_its_config_is_a_problem_before_the_run(lab, tmp_path):
+    """The dry run checks what the run checks before building anything: here an fc that
+    reads 3 target layers while the config names 2 (the run would stop at loading)."""
+    from dflash_lab.faulty import build_faulty_drafter
+
+    plan = make_plan(options(lab, tmp_path, checkpoint=build_faulty_drafter(lab, "fc-width")))
+    assert plan["drafter"]["source"] == UNREADABLE
+    [problem] = [p for p in plan["problems"] if "fc.weight" in p]
+    assert "takes 192 input features" in problem and "K=2 target layers" in problem
