@@ -246,6 +246,8 @@ def _repairs(
         "min_delta_tau": repair_stats.MIN_DELTA,
         "min_gap_share": repair_stats.MIN_SHARE,
         "alpha": repair_stats.ALPHA,
+        "detectable_sd": repair_stats.detectable_effect(len(known), len(settings)),
+        "prompts_needed": repair_stats.prompts_needed(len(settings)) if settings else None,
         "tried": tried,
         "combined": None,
     }

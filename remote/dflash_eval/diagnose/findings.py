@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dflash_eval.diagnose.repair_stats import FINDING
+from dflash_eval.diagnose.repair_stats import DETECTABLE_SD, FINDING
 from dflash_eval.target.features import judge
 
 Finding = dict[str, Any]
@@ -438,18 +438,30 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     if not tried or any(r["verdict"] == FINDING for r in tried) or not _behind(gap):
         return []
     best = max(tried, key=lambda r: r["delta_tau"]["value"])
-    return [
-        finding(
-            "repair",
-            f"no setting change closes the gap ({len(tried)} repairs tried)",
-            f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over {gap['prompts']} "
-            f"prompts; the largest repair, {best['label']}, measured {_delta(best)}: none "
-            "is beyond noise and the minimum effect",
-            "the gap is in the weights: an earlier step of a run that is still improving "
-            "(compare τ across its steps), or a training-side difference (loss, data, "
-            "features); the evidence below says which",
+    evidence = (
+        f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over {gap['prompts']} "
+        f"prompts; the largest repair, {best['label']}, measured {_delta(best)}: none "
+        "is beyond noise and the minimum effect"
+    )
+    check_next = (
+        "the gap is in the weights: an earlier step of a run that is still improving "
+        "(compare τ across its steps), or a training-side difference (loss, data, "
+        "features); the evidence below says which"
+    )
+    summary = diagnosis["repairs"]
+    detectable = summary.get("detectable_sd")
+    if detectable is not None and detectable > DETECTABLE_SD:
+        evidence += (
+            f"; but with {summary['prompts']} prompts and {len(tried)} repairs only a change "
+            f"of at least {detectable:.1f} standard deviations of its per-prompt effect could "
+            "count: too few prompts to rule a repair out"
         )
-    ]
+        check_next = (
+            f"first run again with at least {summary['prompts_needed']} prompts "
+            f"(--num-prompts); then, if still nothing: {check_next}"
+        )
+    title = f"no setting change closes the gap ({len(tried)} repairs tried)"
+    return [finding("repair", title, evidence, check_next)]
 
 
 def _behind(gap: dict[str, Any]) -> bool:
