@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,10 +169,11 @@ def _walk(
     walk_block: int | None = None,
     budgets: list[int] | None = None,
     mask_token_id: int | None = None,
+    is_causal: bool | None = None,
 ) -> Walked:
     """Walk every sequence with this drafter; the keywords change one setting (a repair):
     the feature layers, the block the drafter sees and the slots the walk scores, the mask
-    token of the block's unknown slots."""
+    token of the block's unknown slots, the attention rule of every layer."""
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     mask = config.mask_token_id if mask_token_id is None else mask_token_id
@@ -182,26 +184,46 @@ def _walk(
     budgets = run.ddtree if budgets is None else budgets
     walked = Walked([], [])
     progress.progress(phase, 0, len(sequences))
-    for done, seq in enumerate(sequences, start=1):
-        assert seq.span is not None, "references are made before the walks"
-        features = torch.cat([seq.hidden[i] for i in layer_ids], dim=-1).to(dtype)
-        predictor = stats.CalibratingPredictor(
-            loaded.model,
-            borrowed,
-            seq.tokens,
-            features,
-            seq.span.first_anchor,
-            block_size,
-            max([1, *budgets]),
-            chunk=run.chunk_anchors,
-            last_anchor=seq.span.limit - 1,
-        )
-        walked.walks.append(
-            walk_prompt(predictor, seq.tokens, seq.span, walk_block, budgets, run.max_blocks)
-        )
-        walked.slot_stats.append(predictor.slot_stats)
-        progress.progress(phase, done, len(sequences))
+    with _attention_rule(loaded, is_causal):
+        for done, seq in enumerate(sequences, start=1):
+            assert seq.span is not None, "references are made before the walks"
+            features = torch.cat([seq.hidden[i] for i in layer_ids], dim=-1).to(dtype)
+            predictor = stats.CalibratingPredictor(
+                loaded.model,
+                borrowed,
+                seq.tokens,
+                features,
+                seq.span.first_anchor,
+                block_size,
+                max([1, *budgets]),
+                chunk=run.chunk_anchors,
+                last_anchor=seq.span.limit - 1,
+            )
+            walked.walks.append(
+                walk_prompt(predictor, seq.tokens, seq.span, walk_block, budgets, run.max_blocks)
+            )
+            walked.slot_stats.append(predictor.slot_stats)
+            progress.progress(phase, done, len(sequences))
     return walked
+
+
+@contextmanager
+def _attention_rule(loaded: LoadedDrafter, is_causal: bool | None) -> Iterator[None]:
+    """The drafter's layers under `is_causal` for every layer while held (None: as its
+    config says), as if its config said so; put back after."""
+    if is_causal is None:
+        yield
+        return
+    changed = dataclasses.replace(loaded.config, is_causal=is_causal)
+    attentions = [layer.self_attn for layer in loaded.model.layers]
+    kept = [attention.attention for attention in attentions]
+    try:
+        for index, attention in enumerate(attentions):
+            attention.attention = changed.layer_attention(index)
+        yield
+    finally:
+        for attention, rule in zip(attentions, kept, strict=True):
+            attention.attention = rule
 
 
 def _repairs(

@@ -72,15 +72,17 @@ def _repairs_part(options: EvalOptions, plan: dict[str, Any], staged: bool) -> d
 
 
 def _known(drafter: dict[str, Any] | None) -> bool:
-    return bool(drafter and drafter["block_size"] and drafter["target_layer_ids"] is not None)
+    return bool(
+        drafter
+        and drafter["block_size"]
+        and drafter["target_layer_ids"] is not None
+        and drafter["num_hidden_layers"]
+    )
 
 
 def _settings(drafter: dict[str, Any]) -> SimpleNamespace:
-    return SimpleNamespace(
-        target_layer_ids=drafter["target_layer_ids"],
-        block_size=drafter["block_size"],
-        mask_token_id=drafter.get("mask_token_id"),
-    )
+    names = ("target_layer_ids", "block_size", "mask_token_id", "num_hidden_layers")
+    return SimpleNamespace(**{name: drafter[name] for name in (*names, "layer_types", "is_causal")})
 
 
 def _block_ratio(setting: dict[str, Any], block_size: int) -> float:

@@ -99,8 +99,12 @@ def config_differences(diagnosis: dict[str, Any]) -> list[Finding]:
     mine = diagnosis["candidate"]["drafter"]
     theirs = diagnosis["other"]["drafter"]
     ours, others = _flat(mine["config"]), _flat(theirs["config"])
-    # The repair that applied the other drafter's value, where one was tried.
-    tried = {r["setting"]: r for r in _repairs(diagnosis) if r["value"] == others.get(r["setting"])}
+    # The repair that applied the other drafter's value (or rule), where one was tried.
+    tried = {
+        r["setting"]: r
+        for r in _repairs(diagnosis)
+        if r["value"] == others.get(r["setting"]) or r.get("as_other")
+    }
     found = []
     for key in sorted(set(ours) | set(others)):
         if ours.get(key) == others.get(key):

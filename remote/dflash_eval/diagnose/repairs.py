@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from dflash_eval.drafter.config import default_target_layer_ids
+from dflash_eval.drafter.config import default_target_layer_ids, is_causal_layer
 
 OTHER = "the other drafter"  # in repair labels
 
@@ -17,6 +17,9 @@ class Settings(Protocol):
     target_layer_ids: Any
     block_size: int
     mask_token_id: int | None
+    num_hidden_layers: int
+    layer_types: Any  # None: every layer full attention
+    is_causal: bool | None
 
 
 def repair_settings(
@@ -27,8 +30,9 @@ def repair_settings(
     special_tokens: dict[str, int],
 ) -> list[dict[str, Any]]:
     """One setting changed at a time: the target layer ids (each ±1, all ±1, the default
-    rule's, the other drafter's), the block size (half, double, the other's) and the mask
-    token (the other drafter's, the tokenizer's special tokens); never the candidate's own."""
+    rule's, the other drafter's), the block size (half, double, the other's), the mask token
+    (the other drafter's, the tokenizer's special tokens) and the attention rule (every layer
+    causal, or none); never the candidate's own."""
     layer_ids = list(config.target_layer_ids)
     layer_choices: list[tuple[str, list[int]]] = []
     for index, layer in enumerate(layer_ids):
@@ -59,7 +63,34 @@ def repair_settings(
             tried.add(token)
             label = f"{label} {token} (config {config.mask_token_id})"
             settings.append({"setting": "mask_token_id", "label": label, "value": token})
+    return settings + attention_settings(config, other)
+
+
+def attention_settings(config: Settings, other: Settings | None = None) -> list[dict[str, Any]]:
+    """`is_causal` true and false, each where it changes what some layer sees (a drafter
+    trained with the other rule than its config states: z-lab's code changed it in 07ebd93).
+    `as_other`: the layers then see what the other drafter's layers see."""
+    kinds = _kinds(config)
+    stated = [is_causal_layer(kind, config.is_causal) for kind in kinds]
+    theirs = [is_causal_layer(kind, other.is_causal) for kind in _kinds(other)] if other else None
+    settings = []
+    for value, rule in ((True, "every layer causal"), (False, "no layer causal")):
+        changed = [is_causal_layer(kind, value) for kind in kinds]
+        if changed != stated:
+            label = f"{rule} (config: {_rule(config.is_causal)})"
+            setting = {"setting": "is_causal", "label": label, "value": value}
+            settings.append({**setting, "as_other": changed == theirs})
     return settings
+
+
+def _kinds(config: Settings) -> list[str]:
+    return list(config.layer_types or ["full_attention"] * config.num_hidden_layers)
+
+
+def _rule(is_causal: bool | None) -> str:
+    if is_causal is None:
+        return "sliding layers causal, full layers not"
+    return f"is_causal {str(is_causal).lower()}"
 
 
 def special_tokens(tokenizer: Any) -> dict[str, int]:

@@ -32,6 +32,10 @@ class DrafterFacts:
     dtype: str = "float32"
     hidden_size: int | None = None
     mask_token_id: int | None = None
+    # The attention rule's inputs (diagnose's repairs of it): layer count, kinds, is_causal.
+    num_hidden_layers: int | None = None
+    layer_types: list[str] | None = None
+    is_causal: bool | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -46,6 +50,9 @@ class DrafterFacts:
             "parameters": self.parameters,
             "dtype": self.dtype,
             "mask_token_id": self.mask_token_id,
+            "num_hidden_layers": self.num_hidden_layers,
+            "layer_types": self.layer_types,
+            "is_causal": self.is_causal,
         }
 
 
@@ -104,6 +111,9 @@ def _from_checkpoint(
         chosen.settings["dtype"].value,
         config.hidden_size,
         config.mask_token_id,
+        config.num_hidden_layers,
+        list(config.layer_types) if config.layer_types is not None else None,
+        config.is_causal,
     )
 
 
@@ -136,4 +146,7 @@ def _from_profile(options: EvalOptions, profile: DrafterProfile | None) -> Draft
             ),
             None,
         ),
+        num_hidden_layers=stated.get("num_hidden_layers"),
+        layer_types=stated.get("layer_types"),
+        is_causal=stated.get("is_causal"),
     )
