@@ -45,7 +45,6 @@ class FeatureSet:
     path: str  # on that host
     record: dict  # its feature-set.json
     computed: bool  # False: it was there already
-    record_sha256: str = ""  # of its feature-set.json's bytes (set_anchors)
 
 
 def extract_features(
@@ -75,7 +74,7 @@ def extract_features(
                 )
         record, sha256 = found
         record_made(inventory.local.results, identifier, name, path, sha256, computed=computed)
-        return FeatureSet(name, identifier, path, record, computed, sha256)
+        return FeatureSet(name, identifier, path, record, computed)
     finally:
         host.close()
 
