@@ -46,7 +46,7 @@ from tests.e2e.features_helpers import (
 )
 from tests.sglang_stand_in import started_in
 
-pytestmark = pytest.mark.long(310)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(340)  # seconds with 4 workers: started first
 
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
 
