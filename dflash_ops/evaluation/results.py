@@ -33,7 +33,7 @@ from dflash_eval.contract.schema_metrics import Interval, Metrics
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate
 from dflash_ops.core.text import check_tag, inert
-from dflash_ops.evaluation import run_ids, training_metrics
+from dflash_ops.evaluation import run_ids, set_anchors, training_metrics
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
 from dflash_ops.evaluation.records import RunSummary
 from dflash_ops.evaluation.run_ids import short_ids
@@ -50,6 +50,7 @@ class RunResult:
     run: dict
     results: Results | None  # None for a failed, cancelled or unreadable run
     problem: str | None = None  # why the run's files cannot be used (then results is None)
+    flag: str | None = None  # why its numbers are not comparable whatever its key (set_anchors)
 
     @property
     def step(self) -> int | None:
@@ -119,7 +120,8 @@ def load_run(directory: Path) -> RunResult:
         results = read_results(directory / "results.json")
     except ResultsError as exc:
         return RunResult(name, directory, summary, None, str(exc))
-    return RunResult(name, directory, summary, results)
+    flag = set_anchors.flag_of(directory.parent, results, run.host)
+    return RunResult(name, directory, summary, results, flag=flag)
 
 
 def read_results(path: Path) -> Results:
@@ -199,6 +201,8 @@ def compare(
     differences = {
         row.run_id: other.differs for other in found if other is not chosen for row in other.rows
     }
+    for row in (row for row in rows if row.flag):  # flagged whichever group it is in
+        differences[row.run_id] = [*differences.get(row.run_id, []), set_anchors.FLAG]
     budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
     return Comparison(rows, budgets, differences, skipped, found, chosen.number)
 
@@ -214,8 +218,8 @@ def _chosen_group(
     if baseline is not None:
         run_id = run_ids.match([r.run_id for r in rows], baseline, "among the results compared")
         return next(g for g in found if any(r.run_id == run_id for r in g.rows))
-    if number is None:
-        return found[0]
+    if number is None:  # the largest group with a run not flagged
+        return next((g for g in found if not all(r.flag for r in g.rows)), found[0])
     if not 1 <= number <= len(found):
         raise ResultsError(
             f"--group {number}: the selected runs form {len(found)} comparability group(s); "
@@ -229,16 +233,13 @@ def mixed_note(comparison: Comparison) -> str | None:
     if not comparison.mixed:
         return None
     what = sorted({name for names in comparison.differences.values() for name in names})
-    size = len(comparison.group.rows)
+    size, why = len(comparison.group.rows), {**reading.COMPARABILITY_WHY, **set_anchors.WHY}
     return (
         f"{len(comparison.differences)} run(s) differ from comparability group "
         f"{comparison.compared} ({size} run(s)) in {', '.join(what)}: their numbers are not "
         "comparable with that group's"
-        + "".join(
-            f" ({name}: {reading.COMPARABILITY_WHY[name]})"
-            for name in what
-            if name in reading.COMPARABILITY_WHY
-        )
+        + "".join(f" ({name}: {why[name]})" for name in what if name in why)
+        + "".join(f"; {row.run_id}: {row.flag}" for row in comparison.rows if row.flag)
     )
 
 

@@ -257,10 +257,14 @@ def cancel_run(inventory: Inventory, run_id: str | None) -> None:
 
 def fetch_all(inventory: Inventory) -> None:
     """`fab fetch-results`."""
-    pulled = jobs.fetch_finished(
-        inventory,
-        lambda host, run: console.print(f"{host}: pulled {shown(run.run_id)} ({run.state})"),
-    )
+
+    def said(host: str, run: jobs.Run) -> None:
+        console.print(f"{host}: pulled {shown(run.run_id)} ({run.state})")
+        flag = results.load_run(inventory.local.results / run.run_id).flag
+        if flag:
+            console.print(f"[yellow]not comparable[/]: {shown(flag)}")
+
+    pulled = jobs.fetch_finished(inventory, said)
     console.print(
         f"{pulled} run(s) pulled into {shown(inventory.local.results)}"
         if pulled
@@ -300,12 +304,17 @@ def show_comparison(
     every = results.compare(
         results.load_runs(results_root), selected, tag, training_run, group, baseline
     )
-    comparison = every if allow_mixed else every.within()
+    within = every.within()  # nothing left when every run is flagged: show them, flagged
+    comparison = every if allow_mixed or not within.rows else within
     # Anything but the table goes to stdout alone, for a program to read; notes to stderr.
     notes = console if fmt == "table" else errors
     print_comparison(comparison, fmt, wide, console)
     for line in results.group_lines(every):
         notes.print(f"[yellow]{shown(line)}[/]")
+    for run in (run for run in every.rows if run.flag):
+        notes.print(
+            f"[yellow]not comparable[/] {shown(run.run_id)} ({_step_of(run)}): {shown(run.flag)}"
+        )
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")

@@ -5,9 +5,6 @@ harness hash, or as version 1 where that hash is a known version-1 harness."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from dflash_eval.contract import reading
 from dflash_eval.contract.schema_check import SchemaError, parse_results
@@ -16,7 +13,7 @@ from dflash_eval.contract.version import NUMERICS_OF_UNVERSIONED, NUMERICS_VERSI
 from dflash_ops.evaluation import results
 from dflash_ops.evaluation.foresee import comparability_warning, expected_key
 from dflash_ops.evaluation.request import EvalRequest
-from tests.schema_samples import results_dict
+from tests.schema_samples import pulled, results_dict
 
 KNOWN_OLD = next(iter(NUMERICS_OF_UNVERSIONED))
 
@@ -29,16 +26,6 @@ def outcome(content: str, numerics: int | None) -> dict:
     if numerics is not None:
         made["harness"]["numerics_version"] = numerics
     return made
-
-
-def pulled(root: Path, runs: dict[str, dict]) -> list[results.RunResult]:
-    for number, (run_id, made) in enumerate(runs.items()):
-        directory = root / run_id
-        directory.mkdir(parents=True)
-        run = {"run_id": run_id, "host": "eval", "state": "succeeded", "started": number}
-        (directory / "run.json").write_text(json.dumps(run))
-        (directory / "results.json").write_text(json.dumps(made))
-    return results.load_runs(root)
 
 
 def groups_of(comparison: results.Comparison) -> list[tuple[list[str], list[str]]]:
