@@ -1,6 +1,6 @@
-"""The harness's command line as a grammar: `eval`, `features`, `extract`, `plan`, `diagnose`
-and `served`, each with its flags, the run options among them derived from the option table
-(options.py). What each command does is dflash_eval.cli's.
+"""The harness's command line as a grammar: `eval`, `features`, `extract`, `export`, `plan`,
+`diagnose` and `served`, each with its flags, the run options among them derived from the
+option table (options.py). What each command does is dflash_eval.cli's.
 
 Stdlib only: the workstation parses a run's harness argv with this same parser (its defaults
 included) to tell, before the run, what it will be compared by.
@@ -119,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter-config", type=Path, help="config.json to write when the checkpoint carries none"
     )
     _add_options(strip, "extract")
+    export = commands.add_parser(
+        "export",
+        help="drafter checkpoint → Hugging Face drafter directory (config.json with "
+        "dflash_config + model.safetensors), its settings resolved as eval resolves them",
+    )
+    _add_options(export, "export")
+    export.add_argument("--out", type=Path, required=True, help="drafter directory to write")
+    _add_progress_flags(export)
     _add_plan_parser(commands)
     _add_diagnose_parser(commands)
     served = commands.add_parser(
