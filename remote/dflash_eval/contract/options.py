@@ -358,16 +358,8 @@ OPTIONS: tuple[Option, ...] = (
 BY_NAME = {option.name: option for option in OPTIONS}
 
 
-# `export` takes eval's options that say which drafter a checkpoint is, and resolves them alike.
-EXPORT = ("checkpoint", "target", "drafter_config", "block_size", "mask_token_id")
-EXPORT += ("target_layer_ids", "drafter_profile", "accept_default", "safe_globals")
-EXPORT += ("allow_unsafe_pickle",)
-
-
 def for_command(command: str) -> list[Option]:
     """The options a harness command takes, in the table's order."""
-    if command == "export":
-        return [option for option in OPTIONS if option.name in EXPORT]
     return [option for option in OPTIONS if command in option.commands]
 
 
