@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from dflash_eval.contract.weights import EXPORT_MARKER
 
-from dflash_ops.core.errors import HostError, OpsError
+from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.evaluation.run import RunReporter, drafter_profile, ensure_ready, stage_checkpoint
@@ -89,8 +89,6 @@ def export_drafter(
     inventory: Inventory, step: int, host_name: str | None, out: str | None, reporter: RunReporter
 ) -> str:
     """Stage step `step` on the eval host if needed, then export it there."""
-    if step is None:
-        raise OpsError("fab export-drafter needs --step N (the training step to export)")
     name, entry = inventory.eval_host(host_name)
     host = Host(inventory, name)
     try:
