@@ -13,7 +13,13 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.diagnose import parse_against, run_diagnose, step_trend, trend_line
+from dflash_ops.evaluation.diagnose import (
+    parse_against,
+    run_diagnose,
+    served_findings,
+    step_trend,
+    trend_line,
+)
 from dflash_ops.evaluation.run import TransferProgress
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView
@@ -71,6 +77,7 @@ def diagnose_command(
         )
         raise SystemExit(130) from None
     trend = step_trend(inventory.local.results, inventory.training_run, step)
+    diagnosis["findings"] += served_findings(inventory.local.results, step, diagnosis["findings"])
     if output == "json":
         print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return
