@@ -65,7 +65,7 @@ def served_lab(e2e_lab, tmp_path):
     (bin_dir / "nvidia-smi").write_text(
         '#!/bin/sh\ncase "$*" in\n'
         f"  *query-gpu*) printf %s {shlex.quote(GPUS)};;\n"
-        f"  *query-compute-apps*) cat {shlex.quote(str(bin_dir / 'apps'))} 2>/dev/null;;\n"
+        f"  *query-compute-apps*) cat {shlex.quote(str(bin_dir / 'apps'))} 2>/dev/null || :;;\n"
         "esac\n"
     )
     for script in bin_dir.iterdir():
