@@ -23,6 +23,7 @@ from dflash_eval.contract.schema_served import ServedResults, parse_served
 from dflash_ops.core.errors import HostError, InventoryError, ResultsError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.core.sglang_launch import SglangLaunch
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.export import export_on_host
 from dflash_ops.evaluation.run import RunReporter, drafter_profile, ensure_ready, stage_checkpoint
@@ -66,7 +67,7 @@ def served_eval(inventory: Inventory, request: ServedRequest, reporter: RunRepor
         )
         run_id = jobs.new_run_id(request.step, name, "served", inventory.training_run)
         server = sglang_launch.Server(f"{EvalLayout(entry).workdir}/{SERVED_DIR}/{run_id}", port)
-        record = _serve_and_ask(host, entry, harness, server, drafter, block, request)
+        record = _serve_and_ask(Serving(host, entry, harness, server, drafter, block), request)
     finally:
         host.close()
     local = inventory.local.results / SERVED_DIR / run_id / "served.json"
@@ -80,46 +81,48 @@ def served_eval(inventory: Inventory, request: ServedRequest, reporter: RunRepor
     return local
 
 
-def _serve_and_ask(
-    host: Host,
-    entry: EvalHost,
-    harness: str,
-    server: sglang_launch.Server,
-    drafter: str,
-    block: int,
-    request: ServedRequest,
-) -> ServedResults:
+@dataclass(frozen=True)
+class Serving:
+    """One served evaluation's server on its host: where it runs and what it serves."""
+
+    host: Host
+    entry: EvalHost
+    harness: str  # the deployed harness directory
+    server: sglang_launch.Server
+    drafter: str  # the exported drafter directory
+    block: int  # its block size: --speculative-num-draft-tokens
+
+    @property
+    def launch(self) -> SglangLaunch:
+        assert self.entry.sglang is not None, "served_eval refuses a host without one"
+        return self.entry.sglang
+
+
+def _serve_and_ask(serving: Serving, request: ServedRequest) -> ServedResults:
     """Start the server, ask it, stop it (whatever happens: an error, Ctrl-C)."""
-    assert entry.sglang is not None
+    entry, server = serving.entry, serving.server
     launch = ["--model-path", entry.target_model, "--speculative-algorithm", "DFLASH"]
-    launch += ["--speculative-draft-model-path", drafter]
-    launch += ["--speculative-num-draft-tokens", str(block)]
+    launch += ["--speculative-draft-model-path", serving.drafter]
+    launch += ["--speculative-num-draft-tokens", str(serving.block)]
     launch += ["--host", "127.0.0.1", "--port", str(server.port)]
     try:
-        sglang_launch.start(host, entry.sglang, server.directory, launch)
+        sglang_launch.start(serving.host, serving.launch, server.directory, launch)
         sglang_launch.wait_healthy(
-            host, EvalLayout(entry).python, server, entry.sglang.start_timeout
+            serving.host, EvalLayout(entry).python, server, serving.launch.start_timeout
         )
-        return _ask(host, entry, harness, server, drafter, block, request)
+        return _ask(serving, request)
     finally:
-        sglang_launch.stop(host, server.directory)
+        sglang_launch.stop(serving.host, server.directory)
 
 
-def _ask(
-    host: Host,
-    entry: EvalHost,
-    harness: str,
-    server: sglang_launch.Server,
-    drafter: str,
-    block: int,
-    request: ServedRequest,
-) -> ServedResults:
-    assert entry.sglang is not None
+def _ask(serving: Serving, request: ServedRequest) -> ServedResults:
+    host, server = serving.host, serving.server
     out = f"{server.directory}/served.json"
-    argv = [EvalLayout(entry).python, "-m", "dflash_eval", "served-eval"]
-    argv += ["--target", entry.target_model, "--sglang-url", server.url, "--out", out]
-    argv += ["--num-draft-tokens", str(block), "--drafter", drafter, "--step", str(request.step)]
-    argv += ["--gpus", ",".join(map(str, entry.sglang.gpus)), "--quiet"]
+    argv = [EvalLayout(serving.entry).python, "-m", "dflash_eval", "served-eval"]
+    argv += ["--target", serving.entry.target_model, "--sglang-url", server.url, "--out", out]
+    argv += ["--num-draft-tokens", str(serving.block), "--drafter", serving.drafter]
+    argv += ["--step", str(request.step), "--gpus", ",".join(map(str, serving.launch.gpus))]
+    argv += ["--quiet"]
     if request.prompts is not None:
         uploaded = f"{server.directory}/prompts.jsonl"
         host.upload(request.prompts.read_bytes(), uploaded)
@@ -130,7 +133,7 @@ def _ask(
         argv += ["--max-new-tokens", str(request.max_new_tokens)]
     if request.thinking is not None:
         argv += ["--thinking", "on" if request.thinking else "off"]
-    command = f"cd {shlex.quote(harness)} && env PYTHONPATH={shlex.quote(harness)} "
+    command = f"cd {shlex.quote(serving.harness)} && env PYTHONPATH={shlex.quote(serving.harness)} "
     result = host.run(command + shlex.join(argv), check=False)
     if not result.ok:
         raise HostError(host.name, f"served-eval failed: {result.stderr.strip() or 'no output'}")
