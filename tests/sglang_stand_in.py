@@ -114,6 +114,7 @@ def serve(
     """A server on 127.0.0.1 (ephemeral port) with fresh state, serving `model_path`; call
     serve_forever on it."""
     StandIn.generate, StandIn.mode, StandIn.requests = generate, "ok", []
+    StandIn.speculate = None
     StandIn.model_path, StandIn.version = model_path, "0.0.0-stand-in"
     return ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
 
