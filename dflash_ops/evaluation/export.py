@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 
 from dflash_eval.contract.weights import EXPORT_MARKER
 
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
+from dflash_ops.evaluation.export_pull import pull_export
 from dflash_ops.evaluation.run import RunReporter, drafter_profile, ensure_ready, stage_checkpoint
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
@@ -86,15 +88,24 @@ def export_on_host(
 
 
 def export_drafter(
-    inventory: Inventory, step: int, host_name: str | None, out: str | None, reporter: RunReporter
+    inventory: Inventory,
+    step: int,
+    host_name: str | None,
+    out: str | None,
+    reporter: RunReporter,
+    local: Path | None = None,
 ) -> str:
-    """Stage step `step` on the eval host if needed, then export it there."""
+    """Stage step `step` on the eval host if needed, then export it there (and copy it to
+    the workstation's `local` directory when given)."""
     name, entry = inventory.eval_host(host_name)
     host = Host(inventory, name)
     try:
         harness = ensure_ready(host, entry, reporter.say)
         staged = stage_checkpoint(inventory, step, name, reporter)
         profile = drafter_profile(inventory)
-        return export_on_host(host, entry, harness, staged, profile, reporter.say, out)
+        exported = export_on_host(host, entry, harness, staged, profile, reporter.say, out)
+        if local is not None:
+            pull_export(host, exported, local, reporter.say)
+        return exported
     finally:
         host.close()

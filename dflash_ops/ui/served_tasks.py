@@ -30,15 +30,18 @@ def require_step(step: str | None) -> int:
         "host": HOST_HELP,
         "out": "directory on the eval host to write (default: `drafter` beside the staged "
         "checkpoint); one the tool did not export is refused, never replaced",
+        "local": "also copy it to this directory on the workstation (weights over OpenSSH, "
+        "sha256-checked); one the tool did not write is refused",
         "run": RUN_HELP,
     }
 )
-def export_drafter(c, step=None, host=None, out=None, inventory=None, run=None):
+def export_drafter(c, step=None, host=None, out=None, local=None, inventory=None, run=None):
     """Write a staged checkpoint as a Hugging Face drafter dir (config.json, model.safetensors)."""
     from dflash_ops.evaluation.export import export_drafter as export
     from dflash_ops.ui.eval_view import LiveView
 
-    export(load_inventory(inventory).for_run(run), require_step(step), host, out, LiveView())
+    inv, where = load_inventory(inventory).for_run(run), Path(local) if local else None
+    export(inv, require_step(step), host, out, LiveView(), where)
 
 
 @ops_task(

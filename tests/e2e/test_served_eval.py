@@ -88,12 +88,26 @@ def served_lab(e2e_lab, tmp_path):
 
 def test_export_then_served_tau_equals_the_cpu_tau_in_sglangs_count(served_lab):
     inventory, _, log = served_lab
-    exported = run_fab(inventory, "export-drafter", "--step", "4000", "--host", "eval")
+    local = inventory.parent / "drafter"
+    (local).mkdir()
+    (local / "notes.txt").write_text("mine")  # not the tool's: refused, left as it is
+    step = ["--step", "4000", "--host", "eval", "--local", str(local)]
+    refused = run_fab(inventory, "export-drafter", *step)
+    assert refused.returncode == 1 and "was not written by export-drafter" in refused.stderr
+    assert sorted(p.name for p in local.iterdir()) == ["notes.txt"]
+    (local / "notes.txt").unlink()
+    exported = run_fab(inventory, "export-drafter", *step)
     assert exported.returncode == 0, exported.stdout + exported.stderr
-    assert "drafter directory" in exported.stdout
+    assert "drafter directory" in refused.stdout  # exported on the host before the pull
+    assert "reusing" in exported.stdout and "verified" in exported.stdout
+    remote = EvalLayout.exported(
+        EvalLayout(load(inventory).eval_hosts["eval"]).staged_checkpoint(4000)
+    )
+    for name in ("config.json", "model.safetensors", "dflash_export.json"):
+        assert (local / name).read_bytes() == (Path(remote) / name).read_bytes()
     served = run_fab(inventory, "served-eval", "--step", "4000", "--host", "eval", *QUICK)
     assert served.returncode == 0, served.stdout + served.stderr
-    assert "reusing" in served.stdout  # the export of the same verified bytes
+    assert "reusing" in served.stdout
     results = load(inventory).local.results
     [record_file] = (results / "served").glob("*/served.json")
     record = json.loads(record_file.read_text())
