@@ -15,7 +15,7 @@ from typing import Any
 from dflash_ops.core.errors import EvalFailed, HostError, OpsError, ResultsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import RecordError, read_json_file
-from dflash_ops.evaluation import jobs, results, served_records
+from dflash_ops.evaluation import jobs, results
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run import (
     RunReporter,
@@ -141,18 +141,3 @@ def trend_line(trend: dict[str, Any], step: int) -> str:
     else:
         verdict = f"τ does not rise after step {step}: more training alone is not the answer"
     return f"τ by step of this training run (pulled runs, one comparable group): {steps}; {verdict}"
-
-
-def served_findings(
-    results_root: Path, step: int, findings: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """A finding for each served record of `step` whose served τ and the CPU τ of the same
-    settings disagree beyond the served interval (served_records), ranked after `findings`."""
-    rows = served_records.side_by_side(
-        results.load_runs(results_root), served_records.load_served(results_root)
-    )
-    wrong = [row for row in rows if row["step"] == step and not row["agree"]]
-    return [
-        served_records.disagreement_finding(row, len(findings) + i)
-        for i, row in enumerate(wrong, start=1)
-    ]

@@ -23,7 +23,7 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.schema import Results
 from dflash_eval.contract.schema_served import ServedResults, parse_served
 
-from dflash_ops.evaluation.results import RunResult
+from dflash_ops.evaluation.results import RunResult, load_runs
 
 SERVED_DIR = "served"  # under local.results
 MATCHING = "the CPU harness's zlab-07ebd93 rounds, the prefill's token counted (SGLang's count)"
@@ -158,3 +158,13 @@ def served_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
         ]
         for row in rows
     ]
+
+
+def served_findings(
+    results_root: Path, step: int, findings: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`fab diagnose`'s finding for each served record of `step` whose served τ and the CPU τ
+    of the same settings disagree beyond the served interval, ranked after `findings`."""
+    rows = side_by_side(load_runs(results_root), load_served(results_root))
+    wrong = [row for row in rows if row["step"] == step and not row["agree"]]
+    return [disagreement_finding(row, len(findings) + i) for i, row in enumerate(wrong, 1)]

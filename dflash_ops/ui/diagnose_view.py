@@ -13,14 +13,9 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.diagnose import (
-    parse_against,
-    run_diagnose,
-    served_findings,
-    step_trend,
-    trend_line,
-)
+from dflash_ops.evaluation.diagnose import parse_against, run_diagnose, step_trend, trend_line
 from dflash_ops.evaluation.run import TransferProgress
+from dflash_ops.evaluation.served_records import served_findings
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView
 

@@ -11,7 +11,6 @@ import pytest
 from rich.console import Console
 
 from dflash_ops.evaluation import results, served_records
-from dflash_ops.evaluation.diagnose import served_findings
 from dflash_ops.ui import report
 from dflash_ops.ui.compare_view import print_served
 from tests.unit.test_report import pull
@@ -68,11 +67,11 @@ def test_served_tau_stands_beside_the_cpu_tau_and_a_disagreement_is_a_finding(tm
         ("a-agrees", True),
         ("b-disagrees", False),
     ]
-    [finding] = served_findings(tmp_path, 4000, [{"rank": 1}])
+    [finding] = served_records.served_findings(tmp_path, 4000, [{"rank": 1}])
     assert finding["rank"] == 2
     assert finding["title"] == "served and CPU τ disagree: features or numerics differ"
     assert "b-disagrees" in finding["evidence"]
-    assert served_findings(tmp_path, 2000, []) == []
+    assert served_records.served_findings(tmp_path, 2000, []) == []
     terminal = Console(record=True, width=200)
     print_served(side, "table", terminal)
     shown = terminal.export_text()
