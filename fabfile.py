@@ -43,6 +43,7 @@ from dflash_ops.ui.fab_help import (
     WATCH_HELP,
 )
 from dflash_ops.ui.output import FORMAT_HELP
+from dflash_ops.ui.served_tasks import export_drafter, served_eval  # noqa: F401
 from dflash_ops.ui.task import ops_task
 
 

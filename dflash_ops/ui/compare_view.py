@@ -17,7 +17,7 @@ from rich.console import Console
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
-from dflash_ops.evaluation import results, training_metrics
+from dflash_ops.evaluation import results, served_records, training_metrics
 from dflash_ops.evaluation.results import Comparison
 from dflash_ops.ui.output import Column, as_csv, as_json, field, render
 
@@ -121,6 +121,22 @@ def print_comparison(comparison: Comparison, fmt: str, wide: bool, console: Cons
         if fmt == "markdown":
             console.print()
         render(sets, set_columns(wide), fmt, console=console, title=SETS_TITLE, wide=wide)
+
+
+SERVED_TITLE = "served τ beside CPU τ (SGLang's count: " + served_records.MATCHING + ")"
+
+
+def print_served(rows: list[dict[str, Any]], fmt: str, console: Console) -> None:
+    """`fab compare`'s served table, when served records match its runs (served_records)."""
+    if not rows:
+        return
+    if fmt == "json":
+        console.print(json.dumps({"served": rows}, indent=2), markup=False, soft_wrap=True)
+        return
+    header = served_records.SERVED_HEADER
+    records = [dict(zip(header, cells, strict=True)) for cells in served_records.served_cells(rows)]
+    columns = [Column(title, field(title), keep=len(header) - i) for i, title in enumerate(header)]
+    render(records, columns, fmt, console=console, title=SERVED_TITLE)
 
 
 def group_records(comparison: Comparison) -> list[dict[str, Any]]:

@@ -18,7 +18,15 @@ from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.text import check_tag
-from dflash_ops.evaluation import figures, jobs, like, results, sweep, training_fetch
+from dflash_ops.evaluation import (
+    figures,
+    jobs,
+    like,
+    results,
+    served_records,
+    sweep,
+    training_fetch,
+)
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
@@ -29,7 +37,7 @@ from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
 from dflash_ops.evaluation.run import run_eval
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
-from dflash_ops.ui.compare_view import export, print_comparison
+from dflash_ops.ui.compare_view import export, print_comparison, print_served
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
 from dflash_ops.ui.output import parse_format
@@ -309,6 +317,8 @@ def show_comparison(
     # Anything but the table goes to stdout alone, for a program to read; notes to stderr.
     notes = console if fmt == "table" else errors
     print_comparison(comparison, fmt, wide, console)
+    served = served_records.side_by_side(every.rows, served_records.load_served(results_root))
+    print_served(served, fmt, console if fmt == "table" else errors)
     for line in results.group_lines(every):
         notes.print(f"[yellow]{shown(line)}[/]")
     for run in (run for run in every.rows if run.flag):
@@ -324,6 +334,7 @@ def show_comparison(
         results.mixed_note(every),
         train_metric,
         report_diagnosis.pulled(results_root),
+        served,
     )
     for note in results.overlap_notes(comparison):
         notes.print(shown(note))
@@ -380,6 +391,7 @@ def write_report(
         results.mixed_note(comparison),
         train_metric,
         report_diagnosis.pulled(results_root),
+        served_records.side_by_side(pulled, served_records.load_served(results_root)),
     )
     console.print(f"report: {shown(path)}")
     return path
