@@ -239,3 +239,4 @@ def test_the_prompts_needed_are_the_fewest_that_reach_the_effect():
     assert rs.detectable_effect(rs.prompts_needed(20) - 1, 20) > rs.DETECTABLE_SD
     assert rs.prompts_needed(1, effect=0.5) > rs.prompts_needed(1)
     assert rs.prompts_needed(1, alpha=0.01) > rs.prompts_needed(1)
+    assert rs.prompts_needed(1, effect=5.0) == 2  # t(0.95, 1 df) 6.31 / √2 = 4.46
