@@ -36,6 +36,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.results import read_results
 from dflash_ops.evaluation.tracking import after_pull
+from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -174,7 +175,8 @@ def conclude(
 ) -> jobs.Run:
     """Fetch a finished run, show its summary; raise EvalFailed when it has no results, and
     CheckpointError when the harness read other bytes than staging verified (`staged`). A
-    freshly pulled success gets its training metrics, and goes to W&B (`wandb_project`)."""
+    freshly pulled success gets its training metrics, goes to W&B (`wandb_project`), and
+    ends with its verdict (verdict.py)."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
     summary = []
@@ -194,6 +196,9 @@ def conclude(
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     if local is not None:
         after_pull(inventory, [run.run_id], reporter.say, wandb_project)
+        found = verdicts(inventory.local.results, [run.run_id])
+        if run.run_id in found:  # the last line: what to act on
+            reporter.say(f"step {run.step}: {found[run.run_id]}")
     return run
 
 

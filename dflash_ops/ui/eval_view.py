@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -206,15 +206,20 @@ def run_progress(run: jobs.Run) -> str:
     return ""
 
 
-def step_line(step: int, outcome: jobs.Run | Exception | str) -> str:
-    """One line per step at the end of a sweep or a watch pass: its τ, or why not (an
-    exception, or what to say when the run itself is not known)."""
+def step_line(
+    step: int, outcome: jobs.Run | Exception | str, verdicts: Mapping[str, str] | None = None
+) -> str:
+    """One line per step at the end of a sweep or a watch pass: its verdict (`verdicts`, by
+    run id: evaluation.verdict) or its τ, or why not (an exception, or what to say when the
+    run itself is not known)."""
     if isinstance(outcome, str):
         return f"step {step}: {outcome}"
     if isinstance(outcome, Exception):
         reason = str(outcome).splitlines()[0] if str(outcome) else type(outcome).__name__
         return f"step {step}: [red]failed[/]: {shown(reason)}"
     result = run_progress(outcome) if outcome.state == "succeeded" else outcome.state
+    if outcome.state == "succeeded" and verdicts and outcome.run_id in verdicts:
+        result = verdicts[outcome.run_id]
     where = f"on {shown(outcome.host)} (run {shown(outcome.run_id)})"
     return f"step {step}: {shown(result or outcome.state)} {where}"
 

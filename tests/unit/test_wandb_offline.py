@@ -14,7 +14,7 @@ import pytest
 
 import fabfile
 from dflash_ops.core.errors import TrackerError
-from dflash_ops.evaluation import tracking
+from dflash_ops.evaluation import results, tracking
 from dflash_ops.evaluation.request import REQUEST_OPTIONS, request_options
 from tests.training_samples import LOGGED, offline_runs, pull
 
@@ -45,12 +45,13 @@ def test_each_run_is_logged_at_its_training_step(tmp_path, offline, monkeypatch)
         assert tracking.log_run("drafter-evals", root, run_id, said.append)
     wandb.teardown()  # its service writes the files behind the run's finish: until it ends
     logged = [offline_runs(offline / run_id)[0] for run_id in (four, two)]
+    key = results.load_run(root / four).key_id  # both runs have it: one W&B run
     assert said == [
-        "W&B: step 4000 logged to drafter-evals (run dflash-eval-default)",
-        "W&B: step 2000 logged to drafter-evals (run dflash-eval-default)",
+        f"W&B: step 4000 logged to drafter-evals (run dflash-eval-default-{key})",
+        f"W&B: step 2000 logged to drafter-evals (run dflash-eval-default-{key})",
     ]
     (run_4000, at_4000), (_, at_2000) = logged
-    assert (run_4000.project, run_4000.run_id) == ("drafter-evals", "dflash-eval-default")
+    assert (run_4000.project, run_4000.run_id) == ("drafter-evals", f"dflash-eval-default-{key}")
     assert at_4000["training_step"] == 4000 and at_2000["training_step"] == 2000
     assert (at_4000["eval/tau_macro"], at_2000["eval/tau_macro"]) == (3.0, 2.0)
     assert at_4000["eval/tau_pooled"] == 1.25 and at_4000["eval/tree_8"] == 1.75
