@@ -124,7 +124,10 @@ def _short(message: str, width: int = 60) -> str:
 
 
 class PrefixedView:
-    """A run among several (a sweep): plain lines, each prefixed by its host."""
+    """A run among several (a sweep, a watch): plain lines, each prefixed by its host, few
+    enough that a sweep of a few steps fits a screen: what the harness loads, each phase as
+    it completes, the run's end in one line; the verdict (evaluation.verdict) follows it,
+    and `fab eval-status` shows where a run is meanwhile."""
 
     _lock = threading.Lock()
 
@@ -155,16 +158,15 @@ class PrefixedView:
         return advance
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
-        reported: dict[str, int] = {}
+        completed: set[str] = set()
 
         def on_event(event: dict) -> None:
             if event["event"] == "progress":
-                quarter = event["done"] * 4 // max(event["total"], 1)
-                if reported.get(event["phase"]) != quarter:
-                    reported[event["phase"]] = quarter
+                if event["done"] >= event["total"] and event["phase"] not in completed:
+                    completed.add(event["phase"])
                     self.say(
                         f"{shown(PHASES.get(event['phase'], event['phase']))}: "
-                        f"{event['done']}/{event['total']}"
+                        f"{event['done']}/{event['total']} done"
                     )
             elif event["event"] in ("warning", "error"):
                 self.say(f"harness {event['event']}: {shown(event['message'], lines=True)}")
@@ -174,7 +176,8 @@ class PrefixedView:
         return on_event
 
     def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
-        show_finished(self.say, run, summary, local_dir)
+        """One line: its state (a success's numbers come in the verdict line after it)."""
+        self.say(state_line(run) + ("; results pulled" if local_dir is not None else ""))
 
 
 def show_finished(
@@ -186,13 +189,18 @@ def show_finished(
 ) -> None:
     """The run's state, its headline numbers and where its results are (3 lines); `verbose`:
     every line of the harness's summary."""
-    style = "green" if run.state == "succeeded" else "red"
-    say(f"[{style}]run {shown(run.run_id)} {run.state}[/] (exit code {run.exit_code})")
+    say(state_line(run))
     for line in summary if verbose else summary[:1]:
         say(f"  {escape(line)}")
     more = "; -v for the whole summary" if len(summary) > 1 and not verbose else ""
     if local_dir is not None:
         say(f"results pulled to {shown(local_dir)}{more}")
+
+
+def state_line(run: jobs.Run) -> str:
+    """'run ID succeeded (exit code 0)', coloured by the outcome."""
+    style = "green" if run.state == "succeeded" else "red"
+    return f"[{style}]run {shown(run.run_id)} {run.state}[/] (exit code {run.exit_code})"
 
 
 def run_progress(run: jobs.Run) -> str:
