@@ -32,9 +32,12 @@ def expected_key(request: EvalRequest, from_sglang: bool = False) -> dict[str, A
         "max blocks": args.max_blocks,
         "thinking": args.thinking,
         "numerics": NUMERICS_VERSION,
+        # as reading.sampling_settings reads it: None at T = 0
+        "sampling": (args.temperature, args.top_p, args.top_k) if args.temperature else None,
     }
     if request.features is None:  # a feature set brings its own prompts and completions
-        key["completions"] = "sglang" if from_sglang else "local-greedy"
+        local = "local-sampled" if args.temperature else "local-greedy"
+        key["completions"] = "sglang" if from_sglang else local
         key["prompts"] = prompts_sha256(request.prompts, args.num_prompts)
     if args.block_size is not None:
         key["block size"] = args.block_size
@@ -84,19 +87,15 @@ def _joins(expected: dict[str, Any], found: list[RunGroup[RunResult]]) -> str:
     if joined:
         group = joined[0]
         steps = ", ".join(str(step) for step in sorted({r.step for r in group.rows}))
-        also = f" (or another of {len(joined)} groups alike so far)" if len(joined) > 1 else ""
+        others = f"; {len(joined) - 1} other group(s) match too" if len(joined) > 1 else ""
         return (
             f"it joins comparability group {group.number} (key {group.id}, "
-            f"{len(group.rows)} run(s), step(s) {steps}){also} if its target and checkpoint "
-            "match theirs"
+            f"{len(group.rows)} run(s), step(s) {steps}) as far as its options tell: the "
+            f"target and the checkpoint's block size are known once it runs{others}"
         )
     unmatched = [name for name in expected if all(name in _differing(expected, g) for g in found)]
-    shared = (
-        f"no pulled run has its {', '.join(unmatched)}"
-        if unmatched
-        else ("no pulled run has all of its settings")
-    )
-    return f"it will stand apart, a new comparability group: {shared}"
+    shared = f"its {', '.join(unmatched)}" if unmatched else "all of its settings together"
+    return f"it will stand apart, a new comparability group: no pulled run has {shared}"
 
 
 def _difference(name: str, value: Any, group: RunGroup[RunResult]) -> str:
@@ -108,4 +107,14 @@ def _difference(name: str, value: Any, group: RunGroup[RunResult]) -> str:
         return (
             f"numerics version {value} vs {theirs} (the harness computes its numbers differently)"
         )
+    if name == "sampling":
+        return f"sampling {_sampling(value)} vs {_sampling(theirs)}"
     return f"{name} {value} vs {theirs}"
+
+
+def _sampling(settings: Any) -> str:
+    """(temperature, top_p, top_k) as people read it; None is greedy."""
+    if settings is None:
+        return "greedy (T 0)"
+    temperature, top_p, top_k = settings
+    return f"T {temperature:g}, top-p {top_p:g}, top-k {top_k}"

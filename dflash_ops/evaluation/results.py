@@ -256,8 +256,8 @@ def group_lines(comparison: Comparison) -> list[str]:
         more = f" and {len(other.rows) - 4} more" if len(other.rows) > 4 else ""
         lines.append(
             f"group {other.number}: {len(other.rows)} run(s) ({runs}{more}) differ in "
-            f"{', '.join(other.differs)} (key {other.id}); compare them with --group "
-            f"{other.number}"
+            f"{', '.join(other.differs)}; compare them with --group {other.number} (key "
+            f"{other.id})"
         )
     return lines
 

@@ -177,7 +177,8 @@ class PrefixedView:
 
     def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
         """One line: its state (a success's numbers come in the verdict line after it)."""
-        self.say(state_line(run) + ("; results pulled" if local_dir is not None else ""))
+        pulled = f"; results pulled to {shown(local_dir)}" if local_dir is not None else ""
+        self.say(state_line(run) + pulled)
 
 
 def show_finished(
