@@ -68,12 +68,19 @@ def test_each_run_is_logged_at_its_training_step(tmp_path, offline, monkeypatch)
     assert "step" not in {key.removeprefix("eval/") for key in at_4000}  # the step is the axis
 
 
-def test_a_wandb_failure_is_one_line_and_the_results_stay(tmp_path, offline, monkeypatch):
+@pytest.fixture
+def blocked(tmp_path, offline, monkeypatch) -> Path:
+    """A results directory with one pulled run, and W&B's directory a file: W&B fails."""
     root = tmp_path / "results"
     pull(root, 2000, 2.0, None)
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
     monkeypatch.setenv("WANDB_DIR", str(blocked))
+    return root
+
+
+def test_a_wandb_failure_is_one_line_and_the_results_stay(blocked):
+    root = blocked
     said: list[str] = []
     (run_id,) = [p.name for p in root.iterdir()]
     assert not tracking.log_run("drafter-evals", root, run_id, said.append)
@@ -163,12 +170,8 @@ def test_wandb_sync_sends_runs_already_pulled_once(tmp_path, offline):
     assert missing.returncode == 1 and "--project NAME" in missing.stderr
 
 
-def test_a_run_w_and_b_refused_is_sent_by_the_next_sync(tmp_path, offline, monkeypatch):
-    root = tmp_path / "results"
-    pull(root, 2000, 2.0, None)
-    blocked = tmp_path / "not-a-directory"
-    blocked.write_text("")
-    monkeypatch.setenv("WANDB_DIR", str(blocked))
+def test_a_run_w_and_b_refused_is_sent_by_the_next_sync(blocked, offline, monkeypatch):
+    root = blocked
     said: list[str] = []
     assert tracking.sync("drafter-evals", root, said.append) == (0, 1)
     monkeypatch.setenv("WANDB_DIR", str(offline))
