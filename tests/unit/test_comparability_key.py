@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from dflash_eval.contract import reading
+from dflash_eval.contract.summary import summary_lines
 from dflash_eval.walk.by_dataset import intervals
 
 from dflash_ops.evaluation import results
@@ -197,3 +198,9 @@ def test_the_guides_recipe_never_mixes_runs_that_may_not_be_compared(tmp_path, m
     assert not any(
         value == pytest.approx(mean) for table in tables.values() for value in table.values.flat
     )
+
+
+def test_the_harness_summary_names_the_key():
+    outcome = results_dict()
+    line = f"Comparability key {reading.comparability_id(outcome)}: compared only with runs"
+    assert any(entry.startswith(line) for entry in summary_lines(outcome))
