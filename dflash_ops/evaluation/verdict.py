@@ -19,11 +19,8 @@ from dflash_eval.contract import reading
 
 from dflash_ops.evaluation.results import RunResult, load_runs
 
-NOISE = {
-    None: "no intervals to judge the noise",
-    True: "within noise: intervals overlap",
-    False: "beyond noise: intervals apart",
-}
+# the glossary's reading of two 95 % intervals (README.md): apart, a real change
+NOISE = {None: "no intervals to judge noise", True: "within noise", False: "beyond noise"}
 
 
 def previous_comparable(runs: Sequence[RunResult], row: RunResult) -> RunResult | None:
@@ -43,25 +40,25 @@ def previous_comparable(runs: Sequence[RunResult], row: RunResult) -> RunResult 
 
 
 def verdict(runs: Sequence[RunResult], row: RunResult) -> str:
-    """'τ 1.849 [1.739, 1.955], +0.814 vs step 2000 (beyond noise: intervals apart), 0.62×
-    the reference, key k3f9a1b2c' for a successful run among the pulled `runs`."""
+    """'τ 1.849 [1.739, 1.955], +0.814 vs step 2000 (beyond noise), 0.62× reference, key
+    k3f9a1b2c' for a successful run among the pulled `runs`."""
     interval = reading.overall_interval(row.done)
     tau = row.metrics["tau_macro"]
     parts = [f"τ {reading.format_interval(interval)}" if interval else f"τ {tau:.3f} [no CI]"]
     before = previous_comparable(runs, row)
     if before is None:
-        parts.append("no earlier comparable step")
+        parts.append("first comparable step")
     else:
         overlap = reading.overlaps(interval, reading.overall_interval(before.done))
         change = tau - before.metrics["tau_macro"]
         parts.append(f"{change:+.3f} vs step {before.step} ({NOISE[overlap]})")
     ratio = (row.done["comparison"] or {}).get("tau_macro")
     if ratio:
-        parts.append(f"{ratio:.2f}× the reference")
+        parts.append(f"{ratio:.2f}× reference")
     elif row.done["reference"]:
-        parts.append("no ratio to the reference (other block size)")
+        parts.append("no ratio to reference (other block size)")
     else:
-        parts.append("no reference drafter")
+        parts.append("no reference")
     parts.append(f"key {row.key_id}")
     return ", ".join(parts)
 

@@ -50,13 +50,13 @@ def test_a_run_ends_with_tau_its_interval_the_change_the_reference_and_the_key(p
     tau = format_interval(overall_interval(runs["r4000"].done))
     change = runs["r4000"].metrics["tau_macro"] - runs["r2000"].metrics["tau_macro"]
     assert line == (
-        f"τ {tau}, {change:+.3f} vs step 2000 (beyond noise: intervals apart), "
-        f"0.50× the reference, key {runs['r4000'].key_id}"
+        f"τ {tau}, {change:+.3f} vs step 2000 (beyond noise), 0.50× reference, "
+        f"key {runs['r4000'].key_id}"
     )
     # the previous comparable step of 6000 is 4000, not the 96-token run of 5000
-    assert "vs step 4000 (within noise: intervals overlap)" in verdict(runs.values(), runs["r6000"])
-    assert "no earlier comparable step" in verdict(runs.values(), runs["short5000"])
-    assert "no earlier comparable step" in verdict(runs.values(), runs["r2000"])
+    assert "vs step 4000 (within noise)" in verdict(runs.values(), runs["r6000"])
+    assert "first comparable step" in verdict(runs.values(), runs["short5000"])
+    assert "first comparable step" in verdict(runs.values(), runs["r2000"])
 
 
 def test_a_run_without_reference_or_interval_says_so(tmp_path):
@@ -66,7 +66,7 @@ def test_a_run_without_reference_or_interval_says_so(tmp_path):
     outcome.update(reference=None, comparison=None)
     (directory / "results.json").write_text(json.dumps(outcome))
     (line,) = verdicts(root, ["old"]).values()
-    assert line.startswith("τ 1.500 [no CI], no earlier comparable step, no reference drafter")
+    assert line.startswith("τ 1.500 [no CI], first comparable step, no reference, key k")
 
 
 def test_a_sweep_and_a_watch_pass_end_with_each_steps_verdict(pulled, capsys):
