@@ -18,7 +18,7 @@ from dflash_eval.contract.summary import summary_lines
 from dflash_eval.walk.by_dataset import intervals
 
 from dflash_ops.evaluation import results
-from dflash_ops.ui import report
+from dflash_ops.ui import report, report_facts
 from dflash_ops.ui.compare_view import group_records
 from dflash_ops.ui.eval_commands import export_results
 from tests.schema_samples import results_dict, sampled_results_dict
@@ -149,6 +149,8 @@ def test_records_exports_and_the_report_carry_the_key_and_it_does_not_shift(tmp_
     assert all("group" not in row for row in exported)  # a rank that moves: not exported
     page = report.render(after)
     assert short in page and long in page
+    (runs,) = [card for card in report_facts.key_numbers(after) if card["label"] == "runs"]
+    assert runs["note"] == f"2 not comparable (flagged); comparability key {short}"
 
 
 # --- the guide's pandas recipe ---------------------------------------------------------------
