@@ -130,10 +130,7 @@ def key_line(comparison: Comparison) -> str:
     """Which comparability key the table shows: the name its runs carry in every export."""
     group = comparison.group
     of = f" of {len(comparison.groups)}" if len(comparison.groups) > 1 else ""
-    return (
-        f"comparability key {group.id} (group {group.number}{of}, {len(group.rows)} run(s)): "
-        "only runs of one key are compared"
-    )
+    return f"comparability key {group.id}: group {group.number}{of}, {len(group.rows)} run(s)"
 
 
 def group_records(comparison: Comparison) -> list[dict[str, Any]]:

@@ -96,10 +96,12 @@ def test_compare_as_json_csv_and_markdown_reads_back(pulled, capsys):
     document = json.loads(captured.out)
     assert [run["step"] for run in document["runs"]] == [2000, 4000, 6000]
     assert document["runs"][0]["tau_macro_low"] < document["runs"][0]["tau_macro"]
+    key = document["runs"][0]["comparability_key"]
     assert document["groups"] == [
-        {"group": 1, "compared": True, "runs": [r["run_id"] for r in document["runs"]],
-         "differs": []},
+        {"group": 1, "comparability_key": key, "compared": True,
+         "runs": [r["run_id"] for r in document["runs"]], "differs": []},
     ]  # fmt: skip
+    assert {run["comparability_key"] for run in document["runs"]} == {key}
     assert {r["prompt_set"] for r in document["per_set"]} == {"all prompts", "gsm8k", "humaneval"}
     assert "report: " in captured.err and "report: " not in captured.out
 
