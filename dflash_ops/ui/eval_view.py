@@ -146,8 +146,9 @@ class PrefixedView:
         yield self._milestones
 
     def _milestones(self, label: str, total: int) -> Callable[[RelayState], None]:
-        """A line at half and at all of a transfer (bars would garble interleaved hosts)."""
-        marks = iter((0.5, 1.0))
+        """A line at half of a transfer (bars would garble interleaved hosts; its end is
+        the stage's own 'staged and verified' line)."""
+        marks = iter((0.5,))
         next_mark = [next(marks)]
 
         def advance(state: RelayState) -> None:
