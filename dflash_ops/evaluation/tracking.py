@@ -97,6 +97,8 @@ def wandb_values(row: results.RunResult) -> dict[str, float]:
         prefix = "sets/" + name.replace("/", "_")
         for metric in SET_METRICS:
             interval = group[metric]
+            if interval is None:  # a set without rounds: no τ to log
+                continue
             bounds = {"": interval["value"], "_low": interval["low"], "_high": interval["high"]}
             for suffix, value in bounds.items():
                 if value is not None:

@@ -139,6 +139,16 @@ def test_runs_that_may_not_be_compared_go_to_w_and_b_runs_of_their_own(tmp_path,
         assert history["eval/tau_macro_low"] == sets["all prompts"]["tau_macro"]["low"]
 
 
+def test_a_prompt_set_without_rounds_is_left_out_of_w_and_b_values(tmp_path):
+    directory = pull_with_intervals(tmp_path, "r", 4000, 2.0)
+    outcome = json.loads((directory / "results.json").read_text())
+    outcome["by_dataset"]["datasets"]["gsm8k"].update(tau_macro=None, tau_pooled=None)
+    (directory / "results.json").write_text(json.dumps(outcome))
+    values = tracking.wandb_values(results.load_run(directory))
+    assert "sets/humaneval/tau_macro" in values
+    assert not [key for key in values if key.startswith("sets/gsm8k/")]
+
+
 def test_wandb_sync_sends_runs_already_pulled_once(tmp_path, offline):
     root = tmp_path / "results"
     pull(root, 2000, 2.0, LOGGED[2000])
