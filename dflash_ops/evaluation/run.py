@@ -36,7 +36,7 @@ from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.results import read_results
 from dflash_ops.evaluation.tracking import after_pull
-from dflash_ops.evaluation.verdict import verdicts
+from dflash_ops.evaluation.verdict import closing_line
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -196,9 +196,9 @@ def conclude(
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     if local is not None:
         after_pull(inventory, [run.run_id], reporter.say, wandb_project)
-        found = verdicts(inventory.local.results, [run.run_id])
-        if run.run_id in found:  # the last line: what to act on
-            reporter.say(f"step {run.step}: {found[run.run_id]}")
+        last = closing_line(inventory.local.results, run.run_id)
+        if last is not None:  # what to act on
+            reporter.say(last)
     return run
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dflash_eval.contract import reading
+from rich.markup import escape
 
 from dflash_ops.evaluation.results import RunResult, load_runs
 
@@ -71,3 +72,11 @@ def verdicts(results_root: Path, run_ids: Sequence[str]) -> dict[str, str]:
         for row in runs
         if row.run_id in run_ids and row.results is not None
     }
+
+
+def closing_line(results_root: Path, run_id: str) -> str | None:
+    """'step 4000: <verdict>' for a pulled successful run, as markup-safe text (a reporter's
+    line); None when it has no results."""
+    runs = load_runs(results_root)
+    row = next((r for r in runs if r.run_id == run_id and r.results is not None), None)
+    return None if row is None else escape(f"step {row.step}: {verdict(runs, row)}")

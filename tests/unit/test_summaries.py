@@ -18,7 +18,7 @@ from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run_listing import Run
-from dflash_ops.evaluation.verdict import verdict, verdicts
+from dflash_ops.evaluation.verdict import closing_line, verdict, verdicts
 from dflash_ops.evaluation.watch import PassOutcome
 from dflash_ops.ui import compare_view, eval_view
 from dflash_ops.ui.watch_view import WatchView
@@ -59,7 +59,7 @@ def test_a_run_ends_with_tau_its_interval_the_change_the_reference_and_the_key(p
     assert "first comparable step" in verdict(runs.values(), runs["r2000"])
 
 
-def test_a_run_without_reference_or_interval_says_so(tmp_path):
+def test_a_run_without_reference_or_interval_says_so(tmp_path, capsys):
     root = tmp_path / "results"
     directory = pull(root, "old", 2000)
     outcome = json.loads((directory / "results.json").read_text())
@@ -67,6 +67,9 @@ def test_a_run_without_reference_or_interval_says_so(tmp_path):
     (directory / "results.json").write_text(json.dumps(outcome))
     (line,) = verdicts(root, ["old"]).values()
     assert line.startswith("τ 1.500 [no CI], first comparable step, no reference, key k")
+    eval_view.console.print(closing_line(root, "old"))  # as a run's reporter says it
+    assert capsys.readouterr().out.strip() == f"step 2000: {line}"  # brackets kept as text
+    assert closing_line(root, "missing") is None
 
 
 def test_a_sweep_and_a_watch_pass_end_with_each_steps_verdict(pulled, capsys):
