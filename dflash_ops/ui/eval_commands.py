@@ -346,7 +346,7 @@ def export_results(
     training_run: str | None = None,
 ) -> Path:
     """`fab export`: every selected run's per-set metrics, one row per run × prompt set ×
-    metric (with its comparability group), as CSV or JSON."""
+    metric (with its comparability key), as CSV or JSON."""
     comparison = results.compare(
         results.load_runs(results_root), parse_steps(steps), tag, training_run
     )
