@@ -381,6 +381,14 @@ def export(c, out=None, steps=None, tag=None, inventory=None, run=None):
     export_results(inv.local.results, Path(out) if out else None, steps, tag, inv.require_run(run))
 
 
+@ops_task(help={"project": "the W&B project to send to (as --wandb PROJECT of run-eval)"})
+def wandb_sync(c, project=None, inventory=None):
+    """Send pulled results not yet sent to Weights & Biases (a second sync sends nothing)."""
+    from dflash_ops.ui.tracking_commands import wandb_sync as sync_pulled
+
+    sync_pulled(load_inventory(inventory).local.results, project)
+
+
 @ops_task(
     help={
         "steps": "only these steps, comma-separated",

@@ -6,8 +6,10 @@ import copy
 import json
 from pathlib import Path
 
+from dflash_eval.contract.prompts import builtin_prompts, prompts_hash
 from dflash_eval.contract.schema import KIND, SCHEMA_VERSION, Results
 from dflash_eval.contract.schema_metrics import Metrics, TauBlock
+from dflash_eval.contract.version import NUMERICS_VERSION
 
 from dflash_ops.evaluation import results
 
@@ -184,3 +186,15 @@ def pulled(root: Path, runs: dict[str, dict]) -> list[results.RunResult]:
         (directory / "run.json").write_text(json.dumps(run))
         (directory / "results.json").write_text(json.dumps(made))
     return results.load_runs(root)
+
+
+def comparable_results() -> Results:
+    """Results whose comparability key is what a default run of this checkout would record
+    (as far as its options tell: foresee.expected_key)."""
+    outcome = results_dict()
+    outcome["prompts"]["sha256"] = prompts_hash(builtin_prompts())
+    outcome["prompts"]["max_new_tokens"] = 256
+    outcome["options"] = {"max_blocks": None, "thinking": False}
+    outcome["harness"]["numerics_version"] = NUMERICS_VERSION
+    outcome["completions"]["source"] = "local-greedy"
+    return outcome

@@ -88,6 +88,11 @@ class RunResult:
     def key(self) -> dict[str, Any]:
         return reading.comparability_key(self.done)
 
+    @property
+    def key_id(self) -> str:
+        """Its comparability key's short, stable name (reading.key_id)."""
+        return reading.comparability_id(self.done)
+
 
 def load_runs(results_root: Path) -> list[RunResult]:
     """Every fetched run under `results_root`, successful ones with their results. A run
@@ -252,7 +257,8 @@ def group_lines(comparison: Comparison) -> list[str]:
         more = f" and {len(other.rows) - 4} more" if len(other.rows) > 4 else ""
         lines.append(
             f"group {other.number}: {len(other.rows)} run(s) ({runs}{more}) differ in "
-            f"{', '.join(other.differs)}; compare them with --group {other.number}"
+            f"{', '.join(other.differs)}; compare them with --group {other.number} (key "
+            f"{other.id})"
         )
     return lines
 
@@ -275,7 +281,8 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
         differing = comparison.differences.get(row.run_id)
         records.append(
             {
-                **_identity(row, comparison, ids),
+                **_identity(row, ids),
+                "group": comparison.group_of(row.run_id),
                 "comparable": not differing,
                 "differs": ", ".join(differing) if differing else None,
                 "tau_macro": metrics["tau_macro"],
@@ -295,8 +302,9 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
     return records
 
 
-def _identity(row: RunResult, comparison: Comparison, ids: dict[str, str]) -> dict[str, Any]:
-    """What names a run in a record: ids, training run, step, host, tag, group."""
+def _identity(row: RunResult, ids: dict[str, str]) -> dict[str, Any]:
+    """What names a run in a record: ids, training run, step, host, tag, and the short name
+    of its comparability key (the same in every export, however many runs are added)."""
     return {
         "run_id": row.run_id,
         "short_id": ids[row.run_id],
@@ -304,7 +312,7 @@ def _identity(row: RunResult, comparison: Comparison, ids: dict[str, str]) -> di
         "step": row.step,
         "host": row.run.get("host"),
         "tag": row.tag,
-        "group": comparison.group_of(row.run_id),
+        "comparability_key": row.key_id,
     }
 
 
@@ -411,12 +419,13 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def set_records(comparison: Comparison) -> list[dict[str, Any]]:
     """The tidy form (`fab export`, compare's per-set table): one record per run × prompt
-    set × metric, with its 95 % interval. A run from before intervals gives its overall
-    metrics under ALL_PROMPTS, without bounds."""
+    set × metric, with its 95 % interval and its `comparability_key` (only rows of one key
+    may be put side by side; the groups' display numbers are not in it). A run from before
+    intervals gives its overall metrics under ALL_PROMPTS, without bounds."""
     ids = short_ids(row.run_id for row in comparison.rows)
     records = []
     for row in comparison.rows:
-        common = _identity(row, comparison, ids)
+        common = _identity(row, ids)
         for name, prompts, metric, interval in _set_metrics(row, comparison.budgets):
             low, high = (interval["low"], interval["high"]) if interval else (None, None)
             records.append(

@@ -36,6 +36,7 @@ from dflash_ops.evaluation import jobs, set_anchors
 from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.results import read_results
 from dflash_ops.evaluation.tracking import after_pull
+from dflash_ops.evaluation.verdict import closing_line
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -175,7 +176,8 @@ def conclude(
     """Fetch a finished run, show its summary; raise EvalFailed when it has no results,
     CheckpointError when the harness read other bytes than staging verified (`staged`), and
     ResultsError when its feature set is not the one the workstation recorded (set_anchors).
-    A freshly pulled success gets its training metrics, and goes to W&B (`wandb_project`)."""
+    A freshly pulled success gets its training metrics, goes to W&B (`wandb_project`), and
+    ends with its verdict (verdict.py)."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
     summary = []
@@ -198,6 +200,9 @@ def conclude(
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     if local is not None:
         after_pull(inventory, [run.run_id], reporter.say, wandb_project)
+        last = closing_line(inventory.local.results, run.run_id)
+        if last is not None:  # what to act on
+            reporter.say(last)
     return run
 
 

@@ -35,6 +35,7 @@ from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
 from dflash_ops.evaluation.run import run_eval
+from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
 from dflash_ops.ui.compare_view import export, print_comparison, print_served
@@ -201,8 +202,10 @@ def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalReques
             "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
         )
         raise SystemExit(130) from None
+    ran = [outcome.run_id for outcome in outcomes.values() if isinstance(outcome, jobs.Run)]
+    found = verdicts(inventory.local.results, ran)
     for step, outcome in sorted(outcomes.items()):
-        console.print(step_line(step, outcome))
+        console.print(step_line(step, outcome, found))
     sweep.require_success(outcomes)
 
 
@@ -363,7 +366,7 @@ def export_results(
     training_run: str | None = None,
 ) -> Path:
     """`fab export`: every selected run's per-set metrics, one row per run × prompt set ×
-    metric (with its comparability group), as CSV or JSON."""
+    metric (with its comparability key), as CSV or JSON."""
     comparison = results.compare(
         results.load_runs(results_root), parse_steps(steps), tag, training_run
     )

@@ -171,11 +171,10 @@ def _comparability(comparison: Comparison) -> dict[str, Any]:
     cells = []
     for row in comparison.rows:
         key = row.key()
-        cells.append([row.run_id, str(row.step), *(short(key[name]) for name in names)])
+        cells.append([row.run_id, str(row.step), row.key_id, *(short(key[name]) for name in names)])
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
-    return _table(
-        ["run", "step", *names], cells, "comparability", flagged, text_columns=set(names) | {"run"}
-    )
+    text = set(names) | {"run", "key"}
+    return _table(["run", "step", "key", *names], cells, "comparability", flagged, text)
 
 
 def _diagnosis(section: dict[str, Any]) -> dict[str, Any]:

@@ -109,6 +109,10 @@ def test_run_eval_end_to_end(inventory_path):
     assert "succeeded (exit code 0)" in result.stdout
     assert "step 2000  τ macro" in result.stdout
     assert "reference drafter τ macro" in result.stdout  # the inventory's reference_drafter
+    last = result.stdout.strip().splitlines()[-1]  # the verdict: τ [CI], change, ratio, key
+    assert re.fullmatch(
+        r"step 2000: τ [\d.]+ \[.+\], first comparable step, [\d.]+× reference, key k\w{8}", last
+    ), last
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
     assert results["checkpoint"]["step"] == 2000

@@ -5,6 +5,8 @@ the workstation's comparisons. Stdlib only.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +48,30 @@ COMPARABILITY_WHY = {
 def comparability_key(results: Results) -> dict[str, Any]:
     """Everything that must match for two results to be compared, by what it is called."""
     return {name: read(results) for name, read in COMPARABILITY.items()}
+
+
+KEY_ID_PREFIX = "k"  # a letter first: CSV readers keep '0123e456' text, not a number
+KEY_ID_DIGITS = 8  # hex digits: distinct for tens of thousands of keys
+
+
+def canonical(key: dict[str, Any]) -> str:
+    """A key as text that is equal exactly when the keys are (nested dicts included)."""
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def key_id(key: dict[str, Any]) -> str:
+    """A comparability key's short, stable name ('k3f9a1b2c'): equal exactly when the keys
+    are. Settings a results file does not have (None) are left out of the hash, so a setting
+    added to COMPARABILITY later leaves the names of earlier results as they were."""
+    present = {name: value for name, value in key.items() if value is not None}
+    digest = hashlib.sha256(canonical(present).encode()).hexdigest()
+    return KEY_ID_PREFIX + digest[:KEY_ID_DIGITS]
+
+
+def comparability_id(results: Results) -> str:
+    """The short name of a results file's comparability key, computed from its settings
+    (so results pulled before the name existed have one too)."""
+    return key_id(comparability_key(results))
 
 
 def sampling_settings(metrics: Metrics) -> tuple[float, float, int] | None:
