@@ -328,7 +328,7 @@ def fetch_results(c, inventory=None):
     fetch_all(load_inventory(inventory))
 
 
-@ops_task(help=COMPARE_HELP)
+@ops_task(help=COMPARE_HELP, optional=["plots"])
 def compare(
     c,
     steps=None,
@@ -343,8 +343,10 @@ def compare(
     group=None,
     baseline=None,
     train_metric=None,
+    report=False,
 ):
-    """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
+    """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; writes nothing
+    unless asked (--plots, --report)."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     inv = load_inventory(inventory)
@@ -353,7 +355,7 @@ def compare(
         steps,
         tag,
         allow_mixed,
-        Path(plots) if plots else None,
+        inv.local.results / "plots" if plots is True else Path(plots) if plots else None,
         samples,
         inv.require_run(run),
         fmt=format,
@@ -361,6 +363,7 @@ def compare(
         group=parse_count("--group", group, minimum=1, maximum=MAX_COUNT),
         baseline=baseline,
         train_metric=train_metric,
+        with_report=report,
     )
 
 

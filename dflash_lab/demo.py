@@ -98,13 +98,13 @@ def demo(root: Path) -> int:
             *HARNESS,
         ],
         ["eval-status"],
-        ["compare"],
+        ["compare", "--plots", "--report"],
     ]
     qwen36 = [
         ["lab-up", "--dir", str(lab_dir), "--content", "qwen3.6"],
         ["setup-eval-host"],
         ["run-eval", "--steps", "2000,4000,6000", "--dataset", dataset, "--reference", *QWEN36_RUN],
-        ["compare"],
+        ["compare", "--plots", "--report"],
     ]
     shutil.rmtree(KEEP, ignore_errors=True)
     for steps, keep in ((today, KEEP), (qwen36, KEEP / QWEN36)):

@@ -121,15 +121,16 @@ def _fill(directory: Path) -> None:
         os.close(handle)
 
 
-@pytest.mark.parametrize("task", ["report", "export", "compare"])
-def test_a_full_disk_is_one_line_no_partial_file_and_the_old_file_kept(tiny_disk, task):
+@pytest.mark.parametrize("command", [("report",), ("export",), ("compare", "--report")])
+def test_a_full_disk_is_one_line_no_partial_file_and_the_old_file_kept(tiny_disk, command):
+    task = command[0]
     root = tiny_disk / "results"
     pull(root, 2000, 2.0)
     inventory = _inventory(tiny_disk.parent, root)
     target = root / ("export.csv" if task == "export" else "report.html")
     target.write_text("the previous file\n")
     _fill(tiny_disk)
-    failed = run_fab(inventory, task)
+    failed = run_fab(inventory, *command)
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     message = failed.stderr.strip()
     assert "\n" not in message and message.startswith(
