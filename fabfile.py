@@ -1,7 +1,8 @@
 """dflash-ops: stage DFlash drafter checkpoints from the trainer to eval hosts and evaluate them.
 
 Tasks are thin: they parse arguments and call into the `dflash_ops` library. `fab --list` shows
-them; `fab --help TASK` documents every flag.
+them; `fab --help TASK` documents every flag. `dflash-ops TASK` runs them from any directory
+(dflash_ops.ui.program); the lab's tasks are `dflash-lab`'s (dflash_lab.tasks).
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-# The lab's tasks (lab-up, lab-down, lab-status): fab collects the tasks of this module.
-from dflash_lab.tasks import lab_down, lab_status, lab_up  # noqa: F401
 from dflash_ops.core.arguments import (
     MAX_COUNT,
     MAX_RETRIES,
@@ -345,8 +344,7 @@ def compare(
     train_metric=None,
     report=False,
 ):
-    """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; writes nothing
-    unless asked (--plots, --report)."""
+    """Table of τ (95 % intervals), DDTree τ and acceptance across steps (--plots, --report)."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     inv = load_inventory(inventory)

@@ -76,7 +76,7 @@ def set_sudo_rights(lab: Lab, granted: bool) -> None:
     """Give the lab's login passwordless sudo, or take it away (the file stays, ruleless)."""
     name = user_name(lab)
     lines = [
-        f"# dflash lab {lab.root}: its non-root login; removed by `fab lab-down`",
+        f"# dflash lab {lab.root}: its non-root login; removed by `dflash-lab down`",
         f'Defaults:{name} !secure_path, env_keep += "HOME DFLASH_LAB_HOST"',
     ]
     if granted:
