@@ -28,7 +28,7 @@ from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
-from dflash_ops.ui.console import check_table, console
+from dflash_ops.ui.console import check_summary, check_table, console
 from dflash_ops.ui.fab_help import (
     COMPARE_HELP,
     DIAGNOSE_HELP,
@@ -45,12 +45,13 @@ from dflash_ops.ui.output import FORMAT_HELP
 from dflash_ops.ui.task import ops_task
 
 
-@ops_task()
-def check_hosts(c, inventory=None):
+@ops_task(help={"verbose": "every check with its detail, and the hosts' facts (a table)"})
+def check_hosts(c, inventory=None, verbose=False):
     """Check every inventory host: SSH, host key, container, directories, disk, tools, SGLang."""
     inv = load_inventory(inventory)
     rows = checks.check_inventory(inv, more=[sglang_rows])
-    console.print(check_table(rows, f"check-hosts ({inv.path})"))
+    view = check_table if verbose else check_summary
+    console.print(view(rows, f"check-hosts ({inv.path})"))
     bad = checks.failed(rows)
     if bad:
         raise Exit(
@@ -58,7 +59,7 @@ def check_hosts(c, inventory=None):
             + "; ".join(f"{r.host} {r.check}" for r in bad),
             code=1,
         )
-    console.print("[green]all required checks passed[/]")
+    console.print("[green]all required checks passed[/]" + ("" if verbose else " (details: -v)"))
 
 
 @ops_task(
