@@ -41,6 +41,7 @@ from dflash_ops.ui.fab_help import (
     TRAIN_METRIC_HELP,
     WATCH_HELP,
 )
+from dflash_ops.ui.host_lines import HostLines
 from dflash_ops.ui.output import FORMAT_HELP
 from dflash_ops.ui.task import ops_task
 
@@ -77,8 +78,15 @@ def setup_eval_host(c, host=None, force=False, adopt=False, replace=False, inven
         raise OpsError("--adopt keeps the venv at venv.path, --replace deletes it: pick one")
     existing = "adopt" if adopt else "replace" if replace else None
     inv = load_inventory(inventory)
-    for outcome in setup_eval_hosts(inv, host, force, console.print, existing=existing):
-        console.print(setup_summary(outcome))
+    with HostLines(console).shown() as lines:  # hosts in parallel, a progress line each
+        setup_eval_hosts(
+            inv,
+            host,
+            force,
+            existing=existing,
+            says=lines.says,
+            on_outcome=lambda outcome: console.print(setup_summary(outcome)),
+        )
 
 
 @ops_task(help={"host": "eval host to deploy to (default: every eval host)"})
