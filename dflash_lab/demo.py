@@ -81,6 +81,7 @@ def demo(root: Path) -> int:
         "DFLASH_DATASETS_CACHE": str(root / "datasets"),
     }
     dataset = demo_sets(root / "sets")
+    sweep = ["fab", "run-eval", "--steps", "2000,4000,6000", "--dataset", dataset, "--reference"]
     today = [
         ["dflash-lab", "up", "--dir", str(lab_dir), "--content", "models", "--eval-hosts", "2"],
         ["fab", "check-hosts"],
@@ -88,32 +89,14 @@ def demo(root: Path) -> int:
         ["fab", "list-checkpoints"],
         ["fab", "stage-checkpoint", "--step", "4000", "--to", "eval"],
         ["fab", "stage-checkpoint", "--step", "4000", "--to", "eval"],  # again: "already staged"
-        [
-            "fab",
-            "run-eval",
-            "--steps",
-            "2000,4000,6000",
-            "--dataset",
-            dataset,
-            "--reference",
-            *HARNESS,
-        ],
+        [*sweep, *HARNESS],
         ["fab", "eval-status"],
         ["fab", "compare", "--plots", "--report"],
     ]
     qwen36 = [
         ["dflash-lab", "up", "--dir", str(lab_dir), "--content", "qwen3.6"],
         ["fab", "setup-eval-host"],
-        [
-            "fab",
-            "run-eval",
-            "--steps",
-            "2000,4000,6000",
-            "--dataset",
-            dataset,
-            "--reference",
-            *QWEN36_RUN,
-        ],
+        [*sweep, *QWEN36_RUN],
         ["fab", "compare", "--plots", "--report"],
     ]
     shutil.rmtree(KEEP, ignore_errors=True)
