@@ -93,7 +93,7 @@ def test_the_wide_comparison_has_every_column_and_still_fits(pulled):
 
 
 def test_compare_as_json_csv_and_markdown_reads_back(pulled, capsys):
-    show_comparison(pulled, fmt="json", plots=pulled / "plots")
+    show_comparison(pulled, fmt="json", plots=pulled / "plots", with_report=True)
     captured = capsys.readouterr()
     document = json.loads(captured.out)
     assert [run["step"] for run in document["runs"]] == [2000, 4000, 6000]
