@@ -4,8 +4,8 @@ raised together, each under its host's name."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from dflash_ops.core.errors import HostError, OpsError
@@ -21,27 +21,35 @@ def on_each_host(
     """`work(name)` for every name in parallel, `on_done(name, result)` as each succeeds (from
     its thread); the results in `names`' order. Once all have ended: one host's OpsError is
     raised as it is, several as one HostError naming each host and its error; anything else
-    (a bug) is raised with its traceback."""
+    (a bug) is raised with its traceback. Ctrl-C is raised at once: the threads are daemons,
+    so the process does not wait for them to end."""
+    results: dict[str, T] = {}
+    errors: dict[str, BaseException] = {}
 
-    def run(name: str) -> T:
-        result = work(name)
-        if on_done is not None:
-            on_done(name, result)
-        return result
+    def run(name: str) -> None:
+        try:
+            result = work(name)
+            if on_done is not None:
+                on_done(name, result)
+            results[name] = result
+        except BaseException as error:  # handed over to the caller's thread below
+            errors[name] = error
 
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        futures = [(name, pool.submit(run, name)) for name in names]
-    errors = {name: future.exception() for name, future in futures}
+    threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     for error in errors.values():
-        if error is not None and not isinstance(error, OpsError):
+        if not isinstance(error, OpsError):
             raise error
-    failed = {name: error for name, error in errors.items() if error is not None}
-    if len(failed) == 1:
-        raise next(iter(failed.values()))
-    if failed:
+    if len(errors) == 1:
+        raise next(iter(errors.values()))
+    if errors:
+        failed = [name for name in names if name in errors]
         raise HostError(
             ", ".join(failed),
             f"failed on {len(failed)} of {len(names)} hosts (the others finished): "
-            + "; ".join(str(error) for error in failed.values()),
+            + "; ".join(str(errors[name]) for name in failed),
         )
-    return [future.result() for _, future in futures]
+    return [results[name] for name in names]
