@@ -68,17 +68,14 @@ def check_summary(rows: list[Row], title: str) -> Table:
     for host in dict.fromkeys(row.host for row in rows):
         own = [row for row in rows if row.host == host]
         passed = [row.check for row in own if row.status is Status.OK]
-        if passed:
-            table.add_row(shown(host), _STATUS_STYLE[Status.OK], escape(", ".join(passed)))
-        for row in own:
-            if row.status in (Status.OK, Status.INFO):
-                continue
-            table.add_row(
-                "" if passed else shown(host),
-                _STATUS_STYLE[row.status],
-                f"[bold]{escape(row.check)}[/]: {escape(row.detail)}",
-            )
-            passed = passed or [row.check]  # the host is named once
+        lines = [(_STATUS_STYLE[Status.OK], escape(", ".join(passed)))] if passed else []
+        lines += [
+            (_STATUS_STYLE[row.status], f"[bold]{escape(row.check)}[/]: {escape(row.detail)}")
+            for row in own
+            if row.status not in (Status.OK, Status.INFO)
+        ]
+        for number, (status, text) in enumerate(lines):
+            table.add_row(shown(host) if number == 0 else "", status, text)
     return table
 
 
