@@ -1,7 +1,8 @@
 """dflash-ops: stage DFlash drafter checkpoints from the trainer to eval hosts and evaluate them.
 
 Tasks are thin: they parse arguments and call into the `dflash_ops` library. `fab --list` shows
-them; `fab --help TASK` documents every flag.
+them; `fab --help TASK` documents every flag. `dflash-ops TASK` runs them from any directory
+(dflash_ops.ui.program); the lab's tasks are `dflash-lab`'s (dflash_lab.tasks).
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-# The lab's tasks (lab-up, lab-down, lab-status): fab collects the tasks of this module.
-from dflash_lab.tasks import lab_down, lab_status, lab_up  # noqa: F401
 from dflash_ops.core.arguments import (
     MAX_COUNT,
     MAX_RETRIES,
@@ -29,7 +28,7 @@ from dflash_ops.provision.harness import deploy_harness_to
 from dflash_ops.provision.setup import setup_eval_hosts
 from dflash_ops.provision.setup import summary as setup_summary
 from dflash_ops.remote import checks
-from dflash_ops.ui.console import check_table, console
+from dflash_ops.ui.console import check_summary, check_table, console
 from dflash_ops.ui.fab_help import (
     COMPARE_HELP,
     DIAGNOSE_HELP,
@@ -42,17 +41,19 @@ from dflash_ops.ui.fab_help import (
     TRAIN_METRIC_HELP,
     WATCH_HELP,
 )
+from dflash_ops.ui.host_lines import HostLines
 from dflash_ops.ui.output import FORMAT_HELP
 from dflash_ops.ui.served_tasks import export_drafter, served_eval  # noqa: F401
 from dflash_ops.ui.task import ops_task
 
 
-@ops_task()
-def check_hosts(c, inventory=None):
+@ops_task(help={"verbose": "every check with its detail, and the hosts' facts (a table)"})
+def check_hosts(c, inventory=None, verbose=False):
     """Check every inventory host: SSH, host key, container, directories, disk, tools, SGLang."""
     inv = load_inventory(inventory)
     rows = checks.check_inventory(inv, more=[sglang_rows])
-    console.print(check_table(rows, f"check-hosts ({inv.path})"))
+    view = check_table if verbose else check_summary
+    console.print(view(rows, f"check-hosts ({inv.path})"))
     bad = checks.failed(rows)
     if bad:
         raise Exit(
@@ -60,7 +61,7 @@ def check_hosts(c, inventory=None):
             + "; ".join(f"{r.host} {r.check}" for r in bad),
             code=1,
         )
-    console.print("[green]all required checks passed[/]")
+    console.print("[green]all required checks passed[/]" + ("" if verbose else " (details: -v)"))
 
 
 @ops_task(
@@ -78,8 +79,15 @@ def setup_eval_host(c, host=None, force=False, adopt=False, replace=False, inven
         raise OpsError("--adopt keeps the venv at venv.path, --replace deletes it: pick one")
     existing = "adopt" if adopt else "replace" if replace else None
     inv = load_inventory(inventory)
-    for outcome in setup_eval_hosts(inv, host, force, console.print, existing=existing):
-        console.print(setup_summary(outcome))
+    with HostLines(console).shown() as lines:  # hosts in parallel, a progress line each
+        setup_eval_hosts(
+            inv,
+            host,
+            force,
+            existing=existing,
+            says=lines.says,
+            on_outcome=lambda outcome: console.print(setup_summary(outcome)),
+        )
 
 
 @ops_task(help={"host": "eval host to deploy to (default: every eval host)"})
@@ -329,7 +337,7 @@ def fetch_results(c, inventory=None):
     fetch_all(load_inventory(inventory))
 
 
-@ops_task(help=COMPARE_HELP)
+@ops_task(help=COMPARE_HELP, optional=["plots"])
 def compare(
     c,
     steps=None,
@@ -344,8 +352,9 @@ def compare(
     group=None,
     baseline=None,
     train_metric=None,
+    report=False,
 ):
-    """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
+    """Table of τ (95 % intervals), DDTree τ and acceptance across steps (--plots, --report)."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     inv = load_inventory(inventory)
@@ -354,7 +363,7 @@ def compare(
         steps,
         tag,
         allow_mixed,
-        Path(plots) if plots else None,
+        inv.local.results / "plots" if plots is True else Path(plots) if plots else None,
         samples,
         inv.require_run(run),
         fmt=format,
@@ -362,6 +371,7 @@ def compare(
         group=parse_count("--group", group, minimum=1, maximum=MAX_COUNT),
         baseline=baseline,
         train_metric=train_metric,
+        with_report=report,
     )
 
 

@@ -45,7 +45,7 @@ def slot_lock(path: Path = SLOT_LOCK) -> Iterator[None]:
         if not poll(lambda: _try_lock(descriptor), SLOT_LOCK_TIMEOUT):
             raise LabError(
                 f"another lab held {path} for {SLOT_LOCK_TIMEOUT:g}s; check for a hung "
-                f"`fab lab-up` (`fuser {path}`) and try again"
+                f"`dflash-lab up` (`fuser {path}`) and try again"
             )
         yield
     finally:

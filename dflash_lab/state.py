@@ -21,7 +21,7 @@ LAB_PROMPTS = "prompts.jsonl"  # written by the "models" content, for run-eval -
 DEFAULT_ROOT = Path(os.environ.get("DFLASH_LAB_DIR", "/tmp/dflash-lab"))
 
 TRAINER = "trainer"  # the one trainer host's name; eval hosts are eval, eval2, …
-FEATURES = "features"  # the features host's name (`lab-up --features-host`)
+FEATURES = "features"  # the features host's name (`dflash-lab up --features-host`)
 CONTAINER_ID = 200  # the trainer's "Proxmox container"
 CONTAINER_CHECKPOINTS = "/workspace/checkpoints"  # inside the container
 CHECKPOINT_LAYOUT = "step_{step}/checkpoint.pt"
@@ -99,7 +99,9 @@ class LabState:
         try:
             data = json.loads((root / STATE_FILE).read_text())
         except FileNotFoundError:
-            raise LabError(f"no lab at {root} ({STATE_FILE} missing); run `fab lab-up`") from None
+            raise LabError(
+                f"no lab at {root} ({STATE_FILE} missing); run `dflash-lab up`"
+            ) from None
         data.setdefault("token", "")
         data["hosts"] = {name: HostRecord(**host) for name, host in data["hosts"].items()}
         return cls(**data)

@@ -6,7 +6,7 @@
 2. every live process in each host's network namespace (open sessions, and whatever they
    left running detached): SIGTERM, then SIGKILL rounds until none is left;
 3. the tmpfs mounts, the veth links, then the namespaces; a namespace whose processes would
-   not die is kept, so that a later `fab lab-down` can still find them by its name;
+   not die is kept, so that a later `dflash-lab down` can still find them by its name;
 4. verify: no process is left in any of the namespaces (named or not), and nothing the state
    records exists any more. Only then is the lab's directory removed.
 
@@ -70,7 +70,7 @@ def down(lab: Lab) -> list[str]:
 
 
 def leftovers(lab: Lab) -> list[str]:
-    """What of this lab still exists on the machine (for tests and `lab-status`)."""
+    """What of this lab still exists on the machine (for tests and `dflash-lab status`)."""
     found = _on_the_machine(lab)
     if lab.root.exists():
         found.append(f"directory {lab.root}")
@@ -89,7 +89,7 @@ def _processes_left(inodes: dict[str, int], stubborn: list[str]) -> list[str]:
     for netns, inode in inodes.items():
         live = processes.namespace_processes(inode)
         if live:
-            kept = "kept for `fab lab-down` to retry" if netns in stubborn else "name deleted"
+            kept = "kept for `dflash-lab down` to retry" if netns in stubborn else "name deleted"
             problems.append(
                 f"{len(live)} process(es) in netns {netns} ({kept}) would not die: "
                 f"{processes.describe(live)}"

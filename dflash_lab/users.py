@@ -86,7 +86,7 @@ def sudoers_file(lab: Lab) -> Path:
 
 
 def _sudoers_header(lab: Lab) -> str:
-    return f"# dflash lab {lab.root}: its non-root login; removed by `fab lab-down`"
+    return f"# dflash lab {lab.root}: its non-root login; removed by `dflash-lab down`"
 
 
 def set_sudo_rights(lab: Lab, granted: bool) -> None:

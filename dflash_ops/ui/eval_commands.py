@@ -31,6 +31,7 @@ from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import checked, harness_args
+from dflash_ops.evaluation.host_choice import choose_eval_host
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
@@ -92,6 +93,10 @@ def run_eval_command(
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
     if steps_of_sweep is None and not latest:
         resolve_step(inventory, step, latest=False)  # a missing step, before anything deploys
+    if steps_of_sweep is None and host is None and len(inventory.eval_hosts) > 1:
+        choice = choose_eval_host(inventory, step)  # the dry run plans where the run would go
+        console.print(f"{choice.name}: {escape(choice.reason)}")
+        host = choice.name
     request = request_from(
         inventory,
         options,
@@ -302,14 +307,16 @@ def show_comparison(
     group: int | None = None,
     baseline: str | None = None,
     train_metric: str | None = None,
+    with_report: bool = False,
 ) -> results.Comparison:
     """`fab compare` / `dflash-ops results compare`: the runs of one comparability group
     (the largest, `group`, or `baseline`'s) in a table that fits the terminal (`wide`: the
     complete one) or as `fmt`; the other groups, named; per-set results with confidence
-    intervals and whether consecutive steps' overlap; the plots; the HTML report
-    (rewritten, every selected run in it, those of other groups flagged). `allow_mixed`
-    shows the other groups' runs in the table too, flagged. Runs of several training runs
-    are grouped and labelled by run; `training_run` keeps one."""
+    intervals and whether consecutive steps' overlap. It reads only, unless asked: the
+    plots into `plots`, and (`with_report`) the HTML report (rewritten, every selected run
+    in it, those of other groups flagged). `allow_mixed` shows the other groups' runs in
+    the table too, flagged. Runs of several training runs are grouped and labelled by run;
+    `training_run` keeps one."""
     fmt = parse_format(fmt)
     selected = parse_steps(steps)
     every = results.compare(
@@ -331,14 +338,6 @@ def show_comparison(
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")
-    path = report.write(
-        every,
-        results_root / report.REPORT_NAME,
-        results.mixed_note(every),
-        train_metric,
-        report_diagnosis.pulled(results_root),
-        served,
-    )
     for note in results.overlap_notes(comparison):
         notes.print(shown(note))
     if samples:
@@ -347,9 +346,20 @@ def show_comparison(
             notes.print(f"[bold]{shown(run.run_id)}[/] ({_step_of(run)}):")
             for line in lines:  # each a line: a newline in a prompt id would fake one
                 notes.print(f"  {shown(line)}")
-    for plot in figures.plot(comparison, plots or results_root / "plots", train_metric):
+    for plot in figures.plot(comparison, plots, train_metric) if plots else []:
         notes.print(f"plot: {shown(plot)}")
-    notes.print(f"report: {shown(path)}")
+    if with_report:
+        path = report.write(
+            every,
+            results_root / report.REPORT_NAME,
+            results.mixed_note(every),
+            train_metric,
+            report_diagnosis.pulled(results_root),
+            served,
+        )
+        notes.print(f"report: {shown(path)}")
+    elif not plots and fmt == "table":
+        notes.print("[dim]plots and the HTML report: add --plots and --report[/]")
     return comparison
 
 

@@ -105,7 +105,7 @@ def test_setup_eval_host_provisions_the_features_host(features_lab, provisioned)
 
 
 def test_check_hosts_checks_the_features_host(features_lab, provisioned):
-    done = run_fab(features_lab.inventory_path, "check-hosts")
+    done = run_fab(features_lab.inventory_path, "check-hosts", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
     # the host's rows: from its name in the host column (the last host) to the table's end
     checks = said(done.stdout.split("│ features ")[1])

@@ -221,7 +221,7 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert "step_6000/checkpoint.pt: already staged" in sweep.stdout
     nothing_new = fab_eval(inventory_path, "run-eval", "--all-new", *QUICK)
     assert "nothing to evaluate: every complete checkpoint has a result" in nothing_new.stdout
-    compared = fab_eval(inventory_path, "compare")
+    compared = fab_eval(inventory_path, "compare", "--plots")
     assert compared.returncode == 0, compared.stderr
     assert "tau_vs_step.png" in compared.stdout
     results = load(inventory_path).local.results

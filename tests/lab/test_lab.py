@@ -17,6 +17,7 @@ import pytest
 from dflash_lab import lab as labs
 from dflash_ops.core.errors import LabError
 from dflash_ops.remote.routes import network_namespaces
+from tests.conftest import run_lab
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and tmpfs need root")
 
@@ -100,9 +101,9 @@ def test_second_lab_up_in_the_same_place_is_refused(lab):
         labs.up(labs.LabConfig(root=lab.root))
 
 
-def test_down_leaves_nothing_behind(tmp_path, fab):
+def test_down_leaves_nothing_behind(tmp_path):
     root = tmp_path / "lab"
-    up = fab(None, "lab-up", "--dir", str(root), "--eval-hosts", "2")
+    up = run_lab("up", "--dir", str(root), "--eval-hosts", "2")
     assert up.returncode == 0, up.stderr
     built = labs.load(root)
     assert set(built.state.hosts) == {"trainer", "eval", "eval2"}
@@ -111,9 +112,9 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
     assert sum(item.startswith("mount") for item in everything) == 4
     # A live SSH session must not keep anything alive either.
     session = subprocess.Popen(ssh_argv(built, "eval", "sleep 60"))
-    status = fab(None, "lab-status", "--dir", str(root))
+    status = run_lab("status", "--dir", str(root))
     assert "eval2" in status.stdout and "sshd running" in status.stdout
-    down = fab(None, "lab-down", "--dir", str(root))
+    down = run_lab("down", "--dir", str(root))
     session.wait(timeout=10)
     assert down.returncode == 0, down.stderr
     assert built.leftovers() == []

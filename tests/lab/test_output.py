@@ -91,7 +91,7 @@ def test_the_wide_comparison_has_every_column_and_still_fits(pulled):
 
 
 def test_compare_as_json_csv_and_markdown_reads_back(pulled, capsys):
-    show_comparison(pulled, fmt="json", plots=pulled / "plots")
+    show_comparison(pulled, fmt="json", plots=pulled / "plots", with_report=True)
     captured = capsys.readouterr()
     document = json.loads(captured.out)
     assert [run["step"] for run in document["runs"]] == [2000, 4000, 6000]
@@ -154,7 +154,7 @@ def test_an_export_covers_runs_from_before_intervals(tmp_path):
 
 def test_an_odd_run_gets_a_group_of_its_own_and_is_named(pulled, capsys):
     pull_with_sets(pulled, 8000, 3.5, prompts={"max_new_tokens": 48})
-    comparison = show_comparison(pulled, plots=pulled / "plots")
+    comparison = show_comparison(pulled, plots=pulled / "plots", with_report=True)
     assert [row.step for row in comparison.rows] == [2000, 4000, 6000]  # the largest group
     out = " ".join(capsys.readouterr().out.split())
     assert "group 2: 1 run(s) (step 8000 run-8000) differ in max new tokens" in out

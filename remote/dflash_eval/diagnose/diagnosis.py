@@ -43,6 +43,7 @@ from dflash_eval.run import evaluate, inputs, record
 from dflash_eval.run.drafters import ddtree_budgets, load_for_run
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.results import write_results
+from dflash_eval.run.threads import default_threads, host_cores
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
@@ -71,8 +72,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     if run.reference_drafter is None:
         raise HarnessError("diagnose needs the drafter to compare with: pass --reference-drafter.")
     started = time.perf_counter()
-    if run.threads:
-        torch.set_num_threads(run.threads)
+    torch.set_num_threads(run.threads or default_threads(host_cores()))
     inputs.check_paths(run)
     prompts = inputs.load_prompts(run)
     timer, warnings = Timer(), []

@@ -168,6 +168,17 @@ def test_memory_and_time_follow_the_host_facts(lab, tmp_path):
     assert threads["estimate"]["cores"] == 3  # --threads is what the run uses
 
 
+def test_the_estimate_assumes_the_threads_the_run_then_uses(lab, tmp_path):
+    many = make_plan(options(lab, tmp_path), facts(cores=45))
+    assert many["host"]["cores"] == 45 and many["host"]["threads"] == 43
+    assert many["estimate"]["cores"] == 43  # 45 physical cores less the reserve
+    chosen = options(lab, tmp_path, num_prompts=1, max_new_tokens=8)
+    here = make_plan(chosen, HostFacts.read())
+    run_eval(chosen, Progress(quiet=True))
+    ran = json.loads(chosen.out.read_text())
+    assert ran["host"]["torch_threads"] == here["estimate"]["cores"] == here["host"]["threads"]
+
+
 def test_the_time_model_is_flops_over_rate_or_bytes_over_bandwidth():
     assert parse_cpuinfo(AVX2_ONLY).processors == 1
     assert parse_cpuinfo(CPUINFO).feature_class == "amx-bf16"
