@@ -239,7 +239,7 @@ def _add_hosts(lab: Lab, names: list[str]) -> None:
         if not Path("/run/sshd").exists():
             Path("/run/sshd").mkdir(mode=0o755)
             state.created_run_sshd = True
-        state.slot = network.free_slot()
+        state.slot = network.free_slot(users.slot_in_use)
         for index, name in enumerate(names):
             data_dir = lab.host_dir(name) / "disk"
             state.hosts[name] = network.add_namespace_host(state, name, index, data_dir)

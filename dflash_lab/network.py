@@ -19,7 +19,7 @@ import re
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,14 +60,17 @@ def _try_lock(descriptor: int) -> bool:
     return True
 
 
-def free_slot() -> int:
-    """The lowest slot whose addresses and namespace names nothing on this machine uses.
+def free_slot(in_use: Callable[[int], bool] = lambda slot: False) -> int:
+    """The lowest slot whose addresses and namespace names nothing on this machine uses, nor
+    `in_use` says is held (a user of the slot's name, left while a lab tears down).
     Call it under `slot_lock()`, and claim the slot (create its namespace) before leaving."""
     taken = run(["ip", "-o", "-4", "addr"]) + run(["ip", "-4", "route"])
     names = network_namespaces()
     for slot in range(1, 250):
-        if f"{SUBNET_PREFIX}.{slot}." not in taken and not any(
-            name.startswith(f"{NAMESPACE_PREFIX}{slot}-") for name in names
+        if (
+            f"{SUBNET_PREFIX}.{slot}." not in taken
+            and not any(name.startswith(f"{NAMESPACE_PREFIX}{slot}-") for name in names)
+            and not in_use(slot)
         ):
             return slot
     raise LabError(f"no free {SUBNET_PREFIX}.N.0/24 range for the lab; remove old labs")

@@ -30,7 +30,17 @@ TOOLS = ("sudo", "useradd", "userdel", "visudo")
 
 
 def user_name(lab: Lab) -> str:
-    return f"dflashlab{lab.state.slot}"
+    return _slot_user(lab.state.slot)
+
+
+def _slot_user(slot: int | None) -> str:
+    return f"dflashlab{slot}"
+
+
+def slot_in_use(slot: int) -> bool:
+    """Whether a lab's login or sudoers file of `slot` exists: a lab tearing down removes its
+    namespaces before its user, so the slot looks free while they are still there."""
+    return _exists(_slot_user(slot)) or _sudoers_path(slot).exists()
 
 
 def require_tools() -> None:
@@ -82,7 +92,11 @@ def make_sudo_user(lab: Lab) -> str:
 
 
 def sudoers_file(lab: Lab) -> Path:
-    return SUDOERS_DIR / f"dflash-lab-{lab.state.slot}"  # no dot: sudo skips such names
+    return _sudoers_path(lab.state.slot)
+
+
+def _sudoers_path(slot: int | None) -> Path:
+    return SUDOERS_DIR / f"dflash-lab-{slot}"  # no dot: sudo skips such names
 
 
 def _sudoers_header(lab: Lab) -> str:

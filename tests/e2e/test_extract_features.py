@@ -417,7 +417,7 @@ def test_a_set_changed_with_its_feature_set_json_on_the_eval_host_flags_the_run(
         named = f"feature set {extracted} on eval: the run read a feature-set.json with sha256"
         assert named in output and changed[:12] in output and made[:12] in output, output
         assert "fab extract-features --to eval --verify" in output, output
-        compared = run_fab(inventory_path, "compare")
+        compared = run_fab(inventory_path, "compare", "--report")
         assert compared.returncode == 0, compared.stdout + compared.stderr
         notes = said(compared.stdout + compared.stderr)
         assert f"not comparable {pulled[0].name}" in notes and named in notes, notes

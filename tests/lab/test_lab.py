@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dflash_lab import lab as labs
+from dflash_lab import network, users
 from dflash_ops.core.errors import LabError
 from dflash_ops.remote.routes import network_namespaces
 from tests.conftest import run_lab
@@ -143,6 +144,21 @@ def test_a_stale_record_of_the_slot_removes_nothing_of_the_lab_there_now(make_la
 STALE_TOKEN = "0" * 16  # another lab's mark
 
 
+def test_a_slot_whose_login_is_still_there_is_not_chosen():
+    """A lab's user outlives its namespaces when its teardown was cut short: the slot looks
+    free on the network, but a lab that took it could not make its login of the same name
+    (CI once failed four tests that way)."""
+    with network.slot_lock():  # no other lab claims or frees a slot meanwhile
+        slot = network.free_slot(users.slot_in_use)
+        name = f"dflashlab{slot}"
+        subprocess.run(["useradd", "--no-create-home", name], check=True)
+        try:
+            assert network.free_slot(users.slot_in_use) != slot
+            assert network.free_slot() == slot  # only the login tells
+        finally:
+            subprocess.run(["userdel", name], check=True)
+
+
 def test_failed_up_removes_what_it_made(tmp_path):
     half_built = []
 
@@ -217,6 +233,7 @@ BUILD_WHEN_TOLD = """
 import sys
 from pathlib import Path
 from dflash_lab import lab as labs
+from dflash_lab import network, users
 print("ready", flush=True)
 sys.stdin.read()
 built = labs.up(labs.LabConfig(root=Path(sys.argv[1]), eval_disk="16m", checkpoint_size="64k"))
