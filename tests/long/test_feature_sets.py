@@ -202,7 +202,14 @@ def test_an_interrupted_build_leaves_no_set_and_is_resumed(lab, tmp_path):
         StandIn.generate = made_up_tokens
         resumed = run_features(
             FeaturesOptions(
-                lab.target_dir, setdir, LAB_LAYERS, LAB_BLOCK, lab.prompts, 12, sglang_url=url, threads=1
+                lab.target_dir,
+                setdir,
+                LAB_LAYERS,
+                LAB_BLOCK,
+                lab.prompts,
+                12,
+                sglang_url=url,
+                threads=1,
             ),
             Progress(quiet=True),
         )
