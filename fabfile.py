@@ -1,17 +1,14 @@
 """dflash-ops: stage DFlash drafter checkpoints from the trainer to eval hosts and evaluate them.
 
 Tasks are thin: they parse arguments and call into the `dflash_ops` library. `fab --list` shows
-them; `fab --help TASK` documents every flag.
+them; `fab --help TASK` documents every flag. `dflash-ops TASK` runs them from any directory
+(dflash_ops.ui.program); the lab's tasks are `dflash-lab`'s (dflash_lab.tasks).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from invoke.exceptions import Exit
-
-# The lab's tasks (lab-up, lab-down, lab-status): fab collects the tasks of this module.
-from dflash_lab.tasks import lab_down, lab_status, lab_up  # noqa: F401
 from dflash_ops.core.arguments import (
     MAX_COUNT,
     MAX_RETRIES,
@@ -19,17 +16,10 @@ from dflash_ops.core.arguments import (
     parse_count,
     parse_step,
 )
-from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
 from dflash_ops.evaluation.harness_options import DIAGNOSE_OPTIONS, FEATURES_OPTIONS, harness_args
 from dflash_ops.evaluation.harness_options import pick as pick_harness_options
-from dflash_ops.evaluation.served import sglang_rows
-from dflash_ops.provision.harness import deploy_harness_to
-from dflash_ops.provision.setup import setup_eval_hosts
-from dflash_ops.provision.setup import summary as setup_summary
-from dflash_ops.remote import checks
-from dflash_ops.ui.console import check_table, console
 from dflash_ops.ui.fab_help import (
     COMPARE_HELP,
     DIAGNOSE_HELP,
@@ -42,51 +32,10 @@ from dflash_ops.ui.fab_help import (
     TRAIN_METRIC_HELP,
     WATCH_HELP,
 )
+from dflash_ops.ui.host_tasks import check_hosts, deploy_harness, setup_eval_host  # noqa: F401
 from dflash_ops.ui.output import FORMAT_HELP
+from dflash_ops.ui.served_tasks import export_drafter, served_eval  # noqa: F401
 from dflash_ops.ui.task import ops_task
-
-
-@ops_task()
-def check_hosts(c, inventory=None):
-    """Check every inventory host: SSH, host key, container, directories, disk, tools, SGLang."""
-    inv = load_inventory(inventory)
-    rows = checks.check_inventory(inv, more=[sglang_rows])
-    console.print(check_table(rows, f"check-hosts ({inv.path})"))
-    bad = checks.failed(rows)
-    if bad:
-        raise Exit(
-            f"{len(bad)} required check(s) failed: "
-            + "; ".join(f"{r.host} {r.check}" for r in bad),
-            code=1,
-        )
-    console.print("[green]all required checks passed[/]")
-
-
-@ops_task(
-    help={
-        "host": "eval or features host to set up (default: every eval and features host)",
-        "force": "delete and recreate the venv even if it is as recorded (one the tool made)",
-        "adopt": "a venv at venv.path that dflash-ops did not make: install the missing "
-        "packages into it and record it (it is never deleted)",
-        "replace": "a venv at venv.path that dflash-ops did not make: delete it and build anew",
-    }
-)
-def setup_eval_host(c, host=None, force=False, adopt=False, replace=False, inventory=None):
-    """Provision eval (and features) hosts: uv, the venv (torch, transformers…), the harness."""
-    if adopt and replace:
-        raise OpsError("--adopt keeps the venv at venv.path, --replace deletes it: pick one")
-    existing = "adopt" if adopt else "replace" if replace else None
-    inv = load_inventory(inventory)
-    for outcome in setup_eval_hosts(inv, host, force, console.print, existing=existing):
-        console.print(setup_summary(outcome))
-
-
-@ops_task(help={"host": "eval host to deploy to (default: every eval host)"})
-def deploy_harness(c, host=None, inventory=None):
-    """Upload remote/dflash_eval under its content hash (if new) and make it `current`."""
-    inv = load_inventory(inventory)
-    for deployed in deploy_harness_to(inv, host, say=console.print):
-        console.print(f"{deployed.path} (sha256 {deployed.digest})")
 
 
 @ops_task(help={"run": RUN_HELP, "format": FORMAT_HELP, "wide": "every column, however wide"})
@@ -328,7 +277,7 @@ def fetch_results(c, inventory=None):
     fetch_all(load_inventory(inventory))
 
 
-@ops_task(help=COMPARE_HELP)
+@ops_task(help=COMPARE_HELP, optional=["plots"])
 def compare(
     c,
     steps=None,
@@ -343,8 +292,9 @@ def compare(
     group=None,
     baseline=None,
     train_metric=None,
+    report=False,
 ):
-    """Table of τ (with 95 % intervals), DDTree τ and acceptance across steps; plots; report."""
+    """Table of τ (95 % intervals), DDTree τ and acceptance across steps (--plots, --report)."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     inv = load_inventory(inventory)
@@ -353,7 +303,7 @@ def compare(
         steps,
         tag,
         allow_mixed,
-        Path(plots) if plots else None,
+        inv.local.results / "plots" if plots is True else Path(plots) if plots else None,
         samples,
         inv.require_run(run),
         fmt=format,
@@ -361,6 +311,7 @@ def compare(
         group=parse_count("--group", group, minimum=1, maximum=MAX_COUNT),
         baseline=baseline,
         train_metric=train_metric,
+        with_report=report,
     )
 
 
@@ -378,6 +329,14 @@ def export(c, out=None, steps=None, tag=None, inventory=None, run=None):
 
     inv = load_inventory(inventory)
     export_results(inv.local.results, Path(out) if out else None, steps, tag, inv.require_run(run))
+
+
+@ops_task(help={"project": "the W&B project to send to (as --wandb PROJECT of run-eval)"})
+def wandb_sync(c, project=None, inventory=None):
+    """Send pulled results not yet sent to Weights & Biases (a second sync sends nothing)."""
+    from dflash_ops.ui.tracking_commands import wandb_sync as sync_pulled
+
+    sync_pulled(load_inventory(inventory).local.results, project)
 
 
 @ops_task(
@@ -409,6 +368,7 @@ def diagnose(
     format="text",
     inventory=None,
     run=None,
+    dry_run=False,
 ):
     """Why is this drafter worse? Ranked findings, each with evidence and what to check next."""
     from dflash_ops.ui.diagnose_view import diagnose_command
@@ -420,6 +380,7 @@ def diagnose(
         host=host,
         harness_args=harness_args(pick_harness_options(locals(), DIAGNOSE_OPTIONS)),
         output=format,
+        dry_run=dry_run,
     )
 
 

@@ -90,6 +90,7 @@ def diagnose(lab: Any, case: Case, root: Path, prompts: int, tokens: int) -> dic
         checkpoint=candidate,
         target=lab.target_dir,
         out=root / "diagnose.json",
+        threads=1,
         prompts=lab.prompts,
         num_prompts=prompts,
         max_new_tokens=tokens,

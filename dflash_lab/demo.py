@@ -5,7 +5,7 @@ Lab up (two eval hosts, a tiny target, drafter checkpoints trained to steps 2000
 steps spread across both eval hosts, on two named prompt sets (small local files shaped like
 GSM8K and MT-Bench: the hub is never contacted) → compare (table with 95 % intervals, plots,
 the HTML report) → lab down. Then the same sweep (with the reference drafter) on a second lab
-whose target is the miniature Qwen3.6 (`lab-up --content qwen3.6`: a vision-language wrapper
+whose target is the miniature Qwen3.6 (`dflash-lab up --content qwen3.6`: a vision-language wrapper
 with hybrid attention, MTP weights and sharded bf16 files, loaded text-only; its reference
 drafter has causal sliding-window layers). Each step prints the command it runs, so the demo
 doubles as a walkthrough. Each lab is removed at the end of its part, also when a step fails
@@ -37,7 +37,7 @@ from dflash_lab import lab
 from dflash_ops.core.errors import LabError
 
 KEEP = Path(os.environ.get("DFLASH_DEMO_RESULTS", "demo-results")).resolve()
-FAB = str(Path(sys.executable).parent / "fab")
+BIN = Path(sys.executable).parent  # fab, and dflash-lab for the lab's own tasks
 # Enough prompts and tokens to see τ move, small enough for 2 CPU cores.
 HARNESS = ["--max-new-tokens", "96", "--ddtree", "4,8,16,32"]
 QWEN36 = "qwen3.6"  # the second part's results, under the first's
@@ -52,7 +52,7 @@ def main() -> int:
             root = run_directory(os.environ.get("DFLASH_DEMO_DIR"))
             print(
                 f"demo: this run's labs are built in {root} (its own; removed at the end, "
-                f"or by `fab lab-down --dir {root / 'lab'}` if the demo is killed)",
+                f"or by `dflash-lab down --dir {root / 'lab'}` if the demo is killed)",
                 flush=True,
             )
             try:
@@ -81,30 +81,23 @@ def demo(root: Path) -> int:
         "DFLASH_DATASETS_CACHE": str(root / "datasets"),
     }
     dataset = demo_sets(root / "sets")
+    sweep = ["fab", "run-eval", "--steps", "2000,4000,6000", "--dataset", dataset, "--reference"]
     today = [
-        ["lab-up", "--dir", str(lab_dir), "--content", "models", "--eval-hosts", "2"],
-        ["check-hosts"],
-        ["setup-eval-host"],
-        ["list-checkpoints"],
-        ["stage-checkpoint", "--step", "4000", "--to", "eval"],
-        ["stage-checkpoint", "--step", "4000", "--to", "eval"],  # again: "already staged"
-        [
-            "run-eval",
-            "--steps",
-            "2000,4000,6000",
-            "--dataset",
-            dataset,
-            "--reference",
-            *HARNESS,
-        ],
-        ["eval-status"],
-        ["compare"],
+        ["dflash-lab", "up", "--dir", str(lab_dir), "--content", "models", "--eval-hosts", "2"],
+        ["fab", "check-hosts"],
+        ["fab", "setup-eval-host"],
+        ["fab", "list-checkpoints"],
+        ["fab", "stage-checkpoint", "--step", "4000", "--to", "eval"],
+        ["fab", "stage-checkpoint", "--step", "4000", "--to", "eval"],  # again: "already staged"
+        [*sweep, *HARNESS],
+        ["fab", "eval-status"],
+        ["fab", "compare", "--plots", "--report"],
     ]
     qwen36 = [
-        ["lab-up", "--dir", str(lab_dir), "--content", "qwen3.6"],
-        ["setup-eval-host"],
-        ["run-eval", "--steps", "2000,4000,6000", "--dataset", dataset, "--reference", *QWEN36_RUN],
-        ["compare"],
+        ["dflash-lab", "up", "--dir", str(lab_dir), "--content", "qwen3.6"],
+        ["fab", "setup-eval-host"],
+        [*sweep, *QWEN36_RUN],
+        ["fab", "compare", "--plots", "--report"],
     ]
     shutil.rmtree(KEEP, ignore_errors=True)
     for steps, keep in ((today, KEEP), (qwen36, KEEP / QWEN36)):
@@ -154,21 +147,21 @@ def results_lock(keep: Path) -> Iterator[None]:
 
 def take_down(lab_dir: Path) -> None:
     """Remove the lab at `lab_dir` (always inside this run's own directory) by its record,
-    if there is one (a `lab-up` that failed has removed what it made, record included)."""
+    if there is one (a `dflash-lab up` that failed has removed what it made, record included)."""
     if not (lab_dir / lab.STATE_FILE).exists():
         return
-    print(f"\n$ fab lab-down --dir {lab_dir}", flush=True)
-    subprocess.run([FAB, "lab-down", "--dir", str(lab_dir)])
+    print(f"\n$ dflash-lab down --dir {lab_dir}", flush=True)
+    subprocess.run([BIN / "dflash-lab", "down", "--dir", str(lab_dir)])
 
 
 def run_part(steps: list[list[str]], env: dict[str, str], lab_dir: Path, keep: Path) -> bool:
-    """Run the fab steps on a fresh lab at `lab_dir`, keep its results, and always take the
-    lab down; False when a step failed."""
+    """Run the steps (each a command line: fab, or dflash-lab for the lab) on a fresh lab at
+    `lab_dir`, keep its results, and always take the lab down; False when a step failed."""
     try:
         for step in steps:
-            print(f"\n$ fab {shlex.join(step)}", flush=True)
-            if subprocess.run([FAB, *step], env=env).returncode != 0:
-                print(f"\ndemo: `fab {step[0]}` failed (see above)", file=sys.stderr)
+            print(f"\n$ {shlex.join(step)}", flush=True)
+            if subprocess.run([BIN / step[0], *step[1:]], env=env).returncode != 0:
+                print(f"\ndemo: `{shlex.join(step[:2])}` failed (see above)", file=sys.stderr)
                 return False
         shutil.copytree(lab_dir / "workstation" / "results", keep)
     finally:

@@ -15,7 +15,10 @@ Each fault is a training recipe plus what its checkpoint then claims (the config
 
 Config edits are a copy of the lab's own step-6000 drafter with one value of its config (and
 training args) changed, as a user who edits a config by hand would leave it (`EDITS`):
-block size understated (4) or overstated (16), a wrong mask token.
+block size understated (4) or overstated (16), a wrong mask token, the attention rule
+(`is_causal` true on a drafter trained with full layers seeing the whole block: the lab's
+drafters hardly use a block's later mask slots, so this one moves τ by less than noise and is
+no fault of the benchmark's suite; diagnose must still measure it).
 
 The checkpoints are labelled step 6000 (150 real optimisation steps, as the lab's best; the
 fc-width one needs a single step; layer-ids 24000, as the context lab's drafter) and cached
@@ -75,6 +78,9 @@ EDITS = {
     "block-size-down": {"block_size": 4},
     "block-size-up": {"block_size": 16},
     "mask-token": {"mask_token_id": 7},  # an ordinary token of the lab's vocabulary
+    # Trained with the lab's rule (its full-attention layers see the whole block); the config
+    # now makes every layer causal, as a config written for another version of z-lab's code.
+    "attention-rule": {"is_causal": True},
 }
 
 

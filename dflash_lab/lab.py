@@ -161,7 +161,7 @@ class Lab:
         return teardown.down(self)
 
     def leftovers(self) -> list[str]:
-        """What of this lab still exists on the machine (for tests and `lab-status`)."""
+        """What of this lab still exists on the machine (for tests and `dflash-lab status`)."""
         return teardown.leftovers(self)
 
 
@@ -169,7 +169,7 @@ def up(config: LabConfig, content: ContentGenerator | None = None) -> Lab:
     """Build the lab described by `config`; on any failure, remove what was made and raise."""
     root = config.root.resolve()
     if (root / STATE_FILE).exists():
-        raise LabError(f"a lab is already up at {root}; run `fab lab-down` first")
+        raise LabError(f"a lab is already up at {root}; run `dflash-lab down` first")
     if root.exists() and any(root.iterdir()):
         raise LabError(f"{root} exists and is not empty; choose another --dir or remove it")
     _require_tools(as_root=os.geteuid() == 0)
@@ -239,7 +239,7 @@ def _add_hosts(lab: Lab, names: list[str]) -> None:
         if not Path("/run/sshd").exists():
             Path("/run/sshd").mkdir(mode=0o755)
             state.created_run_sshd = True
-        state.slot = network.free_slot()
+        state.slot = network.free_slot(users.slot_in_use)
         for index, name in enumerate(names):
             data_dir = lab.host_dir(name) / "disk"
             state.hosts[name] = network.add_namespace_host(state, name, index, data_dir)

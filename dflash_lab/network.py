@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def slot_lock(path: Path = SLOT_LOCK) -> Iterator[None]:
         if not poll(lambda: _try_lock(descriptor), SLOT_LOCK_TIMEOUT):
             raise LabError(
                 f"another lab held {path} for {SLOT_LOCK_TIMEOUT:g}s; check for a hung "
-                f"`fab lab-up` (`fuser {path}`) and try again"
+                f"`dflash-lab up` (`fuser {path}`) and try again"
             )
         yield
     finally:
@@ -59,14 +60,17 @@ def _try_lock(descriptor: int) -> bool:
     return True
 
 
-def free_slot() -> int:
-    """The lowest slot whose addresses and namespace names nothing on this machine uses.
+def free_slot(in_use: Callable[[int], bool] = lambda slot: False) -> int:
+    """The lowest slot whose addresses and namespace names nothing on this machine uses, nor
+    `in_use` says is held (a user of the slot's name, left while a lab tears down).
     Call it under `slot_lock()`, and claim the slot (create its namespace) before leaving."""
     taken = run(["ip", "-o", "-4", "addr"]) + run(["ip", "-4", "route"])
     names = network_namespaces()
     for slot in range(1, 250):
-        if f"{SUBNET_PREFIX}.{slot}." not in taken and not any(
-            name.startswith(f"{NAMESPACE_PREFIX}{slot}-") for name in names
+        if (
+            f"{SUBNET_PREFIX}.{slot}." not in taken
+            and not any(name.startswith(f"{NAMESPACE_PREFIX}{slot}-") for name in names)
+            and not in_use(slot)
         ):
             return slot
     raise LabError(f"no free {SUBNET_PREFIX}.N.0/24 range for the lab; remove old labs")
@@ -80,9 +84,11 @@ def add_namespace_host(state: LabState, name: str, index: int, data_dir: Path) -
     workstation_ip = f"{SUBNET_PREFIX}.{state.slot}.{4 * index + 1}"
     address = f"{SUBNET_PREFIX}.{state.slot}.{4 * index + 2}"
     run(["ip", "netns", "add", netns])
+    run(["ip", "-n", netns, "link", "set", "dev", "lo", "alias", mark(state)])
     state.namespaces.append(netns)
     state.save()
     run(["ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p"])
+    run(["ip", "link", "set", "dev", veth, "alias", mark(state)])
     state.links.append(veth)
     state.save()
     run(["ip", "link", "set", f"{veth}p", "netns", netns])
@@ -119,15 +125,39 @@ def port_open(address: str, port: int) -> bool:
         return False
 
 
+def mark(state: LabState) -> str:
+    """The alias this lab gives each namespace's loopback and each of its links: whose they are."""
+    return f"dflab-{state.token}"
+
+
 def link_exists(link: str) -> bool:
     return run_ok(["ip", "link", "show", link])
 
 
-def delete_link(link: str) -> None:
-    if link_exists(link):
+def own_link(state: LabState, link: str) -> bool:
+    """The link exists and this lab made it (a later lab in the slot reuses its name)."""
+    return link_exists(link) and _is_marked(state, ["ip", "-o", "link", "show", "dev", link])
+
+
+def own_namespace(state: LabState, netns: str) -> bool:
+    """The namespace exists and this lab made it (a later lab in the slot reuses its name)."""
+    return netns in network_namespaces() and _is_marked(
+        state, ["ip", "-n", netns, "-o", "link", "show", "dev", "lo"]
+    )
+
+
+def _is_marked(state: LabState, show: list[str]) -> bool:
+    if not state.token:  # recorded before marks: known by name only
+        return True
+    found = re.search(r"\balias (\S+)", subprocess.run(show, capture_output=True, text=True).stdout)
+    return found is not None and found[1] == mark(state)
+
+
+def delete_link(state: LabState, link: str) -> None:
+    if own_link(state, link):
         run(["ip", "link", "del", link])
 
 
-def delete_namespace(netns: str) -> None:
-    if netns in network_namespaces():
+def delete_namespace(state: LabState, netns: str) -> None:
+    if own_namespace(state, netns):
         run(["ip", "netns", "del", netns])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ LAB_PROMPTS = "prompts.jsonl"  # written by the "models" content, for run-eval -
 DEFAULT_ROOT = Path(os.environ.get("DFLASH_LAB_DIR", "/tmp/dflash-lab"))
 
 TRAINER = "trainer"  # the one trainer host's name; eval hosts are eval, eval2, …
-FEATURES = "features"  # the features host's name (`lab-up --features-host`)
+FEATURES = "features"  # the features host's name (`dflash-lab up --features-host`)
 CONTAINER_ID = 200  # the trainer's "Proxmox container"
 CONTAINER_CHECKPOINTS = "/workspace/checkpoints"  # inside the container
 CHECKPOINT_LAYOUT = "step_{step}/checkpoint.pt"
@@ -74,6 +75,10 @@ class HostRecord:
 class LabState:
     root: str
     mode: str  # "netns" or "loopback"
+    # Marks what this lab made on the machine (namespaces, links, users): a later lab in the
+    # same slot makes things of the same names, and a stale record must never remove those.
+    # Empty in a record written before marks existed: its things are known by name only.
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
     slot: int | None = None
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     mounts: list[str] = field(default_factory=list)
@@ -94,6 +99,9 @@ class LabState:
         try:
             data = json.loads((root / STATE_FILE).read_text())
         except FileNotFoundError:
-            raise LabError(f"no lab at {root} ({STATE_FILE} missing); run `fab lab-up`") from None
+            raise LabError(
+                f"no lab at {root} ({STATE_FILE} missing); run `dflash-lab up`"
+            ) from None
+        data.setdefault("token", "")
         data["hosts"] = {name: HostRecord(**host) for name, host in data["hosts"].items()}
         return cls(**data)

@@ -1,15 +1,19 @@
-"""The lab's Fabric tasks: `fab lab-up`, `fab lab-down`, `fab lab-status` (fabfile.py
-imports them, so that fab lists them with the product's tasks).
+"""The lab's tasks, a program of their own: `dflash-lab up`, `dflash-lab down`, `dflash-lab
+status` (a console script; `python -m dflash_lab.tasks` is the same). They are kept out of the
+fabfile so that `fab --list` and `dflash-ops --list` show the user's tasks alone.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from invoke import Collection
 from invoke.exceptions import Exit
 
 from dflash_lab import lab
 from dflash_ops.ui.console import console
+from dflash_ops.ui.program import make_program
 from dflash_ops.ui.task import ops_task
 
 LAB_DIR_HELP = f"lab directory (default: $DFLASH_LAB_DIR, else {lab.DEFAULT_ROOT})"
@@ -67,7 +71,7 @@ def lab_down(c, dir=None):
     """Remove the lab: processes, mounts, namespaces, links and files."""
     problems = lab.load(Path(dir) if dir else lab.DEFAULT_ROOT).down()
     if problems:
-        raise Exit("lab-down left things behind:\n  " + "\n  ".join(problems), code=1)
+        raise Exit("dflash-lab down left things behind:\n  " + "\n  ".join(problems), code=1)
     console.print("lab removed")
 
 
@@ -79,3 +83,19 @@ def lab_status(c, dir=None):
         state = "sshd running" if current.sshd_running(name) else "sshd STOPPED"
         console.print(f"{name:10} {record.address}:{record.port}  {state}  {record.data_dir}")
     console.print(f"inventory: {current.inventory_path}")
+
+
+def lab_tasks() -> Collection:
+    tasks = Collection()
+    for name, body in (("up", lab_up), ("down", lab_down), ("status", lab_status)):
+        tasks.add_task(body, name=name)
+    return tasks
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `dflash-lab` console script."""
+    make_program("dflash-lab", lab_tasks()).run(sys.argv if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,7 @@
 2. every live process in each host's network namespace (open sessions, and whatever they
    left running detached): SIGTERM, then SIGKILL rounds until none is left;
 3. the tmpfs mounts, the veth links, then the namespaces; a namespace whose processes would
-   not die is kept, so that a later `fab lab-down` can still find them by its name;
+   not die is kept, so that a later `dflash-lab down` can still find them by its name;
 4. verify: no process is left in any of the namespaces (named or not), and nothing the state
    records exists any more. Only then is the lab's directory removed.
 
@@ -43,11 +43,15 @@ def down(lab: Lab) -> list[str]:
         attempt(problems, f"stop sshd of {name}", lambda name=name: sshd.stop(lab, name))
     # Under the slot lock until checked: a lab coming up meanwhile would claim the slot as
     # soon as its namespaces are gone, and its namespaces (same names) would read as ours.
-    with _slot_held(state), _held_open(state.namespaces) as inodes:
+    with _slot_held(state), _held_open(_own_namespaces(state)) as inodes:
         stubborn = [netns for netns, inode in inodes.items() if processes.empty_namespace(inode)]
         _remove_mounts_and_links(state, problems)
-        for netns in (n for n in state.namespaces if n not in stubborn):
-            attempt(problems, f"delete netns {netns}", lambda n=netns: network.delete_namespace(n))
+        for netns in (n for n in inodes if n not in stubborn):
+            attempt(
+                problems,
+                f"delete netns {netns}",
+                lambda n=netns: network.delete_namespace(state, n),
+            )
         # A process can still enter a namespace after it was emptied (an sshd that was
         # daemonizing): held open, its namespace is still found, and emptied again (a
         # stubborn one has had its rounds).
@@ -66,7 +70,7 @@ def down(lab: Lab) -> list[str]:
 
 
 def leftovers(lab: Lab) -> list[str]:
-    """What of this lab still exists on the machine (for tests and `lab-status`)."""
+    """What of this lab still exists on the machine (for tests and `dflash-lab status`)."""
     found = _on_the_machine(lab)
     if lab.root.exists():
         found.append(f"directory {lab.root}")
@@ -77,7 +81,7 @@ def _remove_mounts_and_links(state: LabState, problems: list[str]) -> None:
     for mount in reversed(state.mounts):
         attempt(problems, f"unmount {mount}", lambda m=mount: disks.unmount(m))
     for link in state.links:
-        attempt(problems, f"delete link {link}", lambda n=link: network.delete_link(n))
+        attempt(problems, f"delete link {link}", lambda n=link: network.delete_link(state, n))
 
 
 def _processes_left(inodes: dict[str, int], stubborn: list[str]) -> list[str]:
@@ -85,7 +89,7 @@ def _processes_left(inodes: dict[str, int], stubborn: list[str]) -> list[str]:
     for netns, inode in inodes.items():
         live = processes.namespace_processes(inode)
         if live:
-            kept = "kept for `fab lab-down` to retry" if netns in stubborn else "name deleted"
+            kept = "kept for `dflash-lab down` to retry" if netns in stubborn else "name deleted"
             problems.append(
                 f"{len(live)} process(es) in netns {netns} ({kept}) would not die: "
                 f"{processes.describe(live)}"
@@ -96,7 +100,7 @@ def _processes_left(inodes: dict[str, int], stubborn: list[str]) -> list[str]:
 def _on_the_machine(lab: Lab) -> list[str]:
     """The namespaces, their processes, links, mounts and listeners of the lab that exist."""
     state = lab.state
-    present = [netns for netns in state.namespaces if netns in network_namespaces()]
+    present = _own_namespaces(state)
     found = [f"netns {netns}" for netns in present]
     for netns in present:
         with _held_open([netns]) as inodes:
@@ -105,7 +109,7 @@ def _on_the_machine(lab: Lab) -> list[str]:
                     f"process {pid} ({processes.command_line(pid)}) in netns {netns}"
                     for pid in processes.namespace_processes(inode)
                 ]
-    found += [f"link {link}" for link in state.links if network.link_exists(link)]
+    found += [f"link {link}" for link in state.links if network.own_link(state, link)]
     mounted = disks.mount_points()
     found += [f"mount {mount}" for mount in state.mounts if mount in mounted]
     found += [
@@ -114,6 +118,12 @@ def _on_the_machine(lab: Lab) -> list[str]:
         if sshd.running(lab, name)
     ]
     return found + users.leftovers(lab)
+
+
+def _own_namespaces(state: LabState) -> list[str]:
+    """The recorded namespaces that exist and are this lab's: a stale record (a lab whose
+    teardown failed half-way) names namespaces a later lab in its slot may have made again."""
+    return [netns for netns in state.namespaces if network.own_namespace(state, netns)]
 
 
 def _slot_held(state: LabState) -> AbstractContextManager[None]:

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dflash_lab import network
 from dflash_lab.system import run
 from dflash_ops.core.errors import LabError
 
@@ -29,7 +30,17 @@ TOOLS = ("sudo", "useradd", "userdel", "visudo")
 
 
 def user_name(lab: Lab) -> str:
-    return f"dflashlab{lab.state.slot}"
+    return _slot_user(lab.state.slot)
+
+
+def _slot_user(slot: int | None) -> str:
+    return f"dflashlab{slot}"
+
+
+def slot_in_use(slot: int) -> bool:
+    """Whether a lab's login or sudoers file of `slot` exists: a lab tearing down removes its
+    namespaces before its user, so the slot looks free while they are still there."""
+    return _exists(_slot_user(slot)) or _sudoers_path(slot).exists()
 
 
 def require_tools() -> None:
@@ -52,7 +63,19 @@ def make_sudo_user(lab: Lab) -> str:
             f"`userdel -r {name}` and retry"
         )
     # '*': no password, but not a locked account (sshd without PAM refuses locked ones).
-    run(["useradd", "--create-home", "--shell", "/bin/bash", "--password", "*", name])
+    run(
+        [
+            "useradd",
+            "--create-home",
+            "--shell",
+            "/bin/bash",
+            "--password",
+            "*",
+            "--comment",
+            network.mark(lab.state),
+            name,
+        ]
+    )
     lab.state.users.append(name)
     lab.state.save()
     home = Path(pwd.getpwnam(name).pw_dir)
@@ -69,14 +92,22 @@ def make_sudo_user(lab: Lab) -> str:
 
 
 def sudoers_file(lab: Lab) -> Path:
-    return SUDOERS_DIR / f"dflash-lab-{lab.state.slot}"  # no dot: sudo skips such names
+    return _sudoers_path(lab.state.slot)
+
+
+def _sudoers_path(slot: int | None) -> Path:
+    return SUDOERS_DIR / f"dflash-lab-{slot}"  # no dot: sudo skips such names
+
+
+def _sudoers_header(lab: Lab) -> str:
+    return f"# dflash lab {lab.root}: its non-root login; removed by `dflash-lab down`"
 
 
 def set_sudo_rights(lab: Lab, granted: bool) -> None:
     """Give the lab's login passwordless sudo, or take it away (the file stays, ruleless)."""
     name = user_name(lab)
     lines = [
-        f"# dflash lab {lab.root}: its non-root login; removed by `fab lab-down`",
+        _sudoers_header(lab),
         f'Defaults:{name} !secure_path, env_keep += "HOME DFLASH_LAB_HOST"',
     ]
     if granted:
@@ -96,12 +127,14 @@ def set_sudo_rights(lab: Lab, granted: bool) -> None:
 def remove(lab: Lab, problems: list[str]) -> None:
     """The lab's sudoers files and users (after its processes are gone)."""
     for file in lab.state.files:
+        if not _own_file(lab, file):
+            continue
         try:
             Path(file).unlink(missing_ok=True)
         except OSError as exc:
             problems.append(f"remove {file}: {exc}")
     for name in lab.state.users:
-        if _exists(name):
+        if _own_user(lab, name):
             try:
                 run(["userdel", "--remove", name])
             except LabError as exc:
@@ -109,8 +142,8 @@ def remove(lab: Lab, problems: list[str]) -> None:
 
 
 def leftovers(lab: Lab) -> list[str]:
-    found = [f"user {name}" for name in lab.state.users if _exists(name)]
-    return found + [f"file {file}" for file in lab.state.files if Path(file).exists()]
+    found = [f"user {name}" for name in lab.state.users if _own_user(lab, name)]
+    return found + [f"file {file}" for file in lab.state.files if _own_file(lab, file)]
 
 
 def _exists(name: str) -> bool:
@@ -119,3 +152,23 @@ def _exists(name: str) -> bool:
     except KeyError:
         return False
     return True
+
+
+# A later lab in the same slot makes a user and a sudoers file of the same names: a stale
+# record removes only those that carry this lab's mark (its token; its root in the file).
+def _own_user(lab: Lab, name: str) -> bool:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return not lab.state.token or entry.pw_gecos == network.mark(lab.state)
+
+
+def _own_file(lab: Lab, file: str) -> bool:
+    try:
+        first = Path(file).read_text().partition("\n")[0]
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable: reported by the attempt to remove it
+    return first == _sudoers_header(lab)

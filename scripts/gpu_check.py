@@ -16,7 +16,11 @@ result and a verdict:
    tolerance;
 4. eval: `eval --device cuda` (target features and drafter on the GPU) on the lab's tiny
    target and trained drafter gives the τ of `--device cpu`, within tolerance, and records
-   the GPU in `host.device`.
+   the GPU in `host.device`;
+5. served (with `--sglang-python PATH`, the python of an SGLang installation): the lab's
+   trained drafter exported (`export`), real SGLang started with it (`--speculative-algorithm
+   DFLASH`) on the first GPU, the harness's `served-eval` against it: the served τ against the
+   CPU harness's τ in SGLang's count (what the lab's stand-in cannot show: docs/served.md).
 
 Without CUDA it says so in one line and exits 0. The checks take their devices as
 arguments, so tests/unit/harness/test_gpu_check.py runs them on CPU "devices".
@@ -198,6 +202,69 @@ def check_eval(device: str, workdir: Path, models: Path | None = None) -> list[s
     ]
 
 
+def check_served(
+    sglang_python: str, workdir: Path, models: Path | None = None, port: int = 30123
+) -> list[str]:
+    """Real SGLang serving the lab's tiny target with its trained drafter exported: served τ
+    (completion tokens / verification steps) against the CPU τ of the same prompts."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+    import urllib.request
+
+    from dflash_eval.cli import main as harness
+
+    from dflash_lab.models import build_lab_models
+    from dflash_ops.evaluation.served_records import in_sglangs_count
+
+    lab = build_lab_models(models or workdir / "lab-models")
+    step, drafter = max(lab.checkpoints), workdir / "drafter"
+    target = ["--target", str(lab.target_dir)]
+    harness(["export", "--checkpoint", str(lab.checkpoints[step]), *target, "--out", str(drafter)])
+    block = json.loads((drafter / "config.json").read_text())["block_size"]
+    argv = [sglang_python, "-m", "sglang.launch_server", "--model-path", str(lab.target_dir)]
+    argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter)]
+    argv += ["--speculative-num-draft-tokens", str(block), "--host", "127.0.0.1"]
+    log = (workdir / "sglang.log").open("w")
+    server = subprocess.Popen(
+        [*argv, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    prompts = ["--prompts", str(lab.prompts), "--num-prompts", "4", "--max-new-tokens", "48"]
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    tail = (workdir / "sglang.log").read_text()[-600:]
+                    return [f"served: FAILED: SGLang did not come up; its log ends: {tail}"]
+                time.sleep(1)
+        out, url = workdir / "served.json", f"http://127.0.0.1:{port}"
+        served_argv = ["served-eval", *target, "--sglang-url", url, "--out", str(out)]
+        served_argv += ["--num-draft-tokens", str(block), "--drafter", str(drafter), *prompts]
+        harness(served_argv)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=120)
+    cpu_out = workdir / "served-cpu.json"
+    checkpoint = ["--checkpoint", str(lab.checkpoints[step])]
+    harness(["eval", *checkpoint, *target, "--out", str(cpu_out), *prompts, "--ddtree", "4"])
+    counted = in_sglangs_count(json.loads(cpu_out.read_text()))
+    macro = json.loads(out.read_text())["served"]["tau_macro"]
+    if counted is None or macro is None:
+        return ["served: FAILED: no verification step (the server did not speculate)"]
+    expected, found = counted["tau_macro"], macro["value"]
+    within = macro["low"] is None or macro["low"] <= expected <= macro["high"]
+    return [
+        f"served: SGLang DFLASH τ macro {found:.4f} [{macro['low']}, {macro['high']}] against "
+        f"the CPU's {expected:.4f} in SGLang's count: {'ok' if within else 'DIFFERS'}"
+    ]
+
+
 def run_checks(checks: list[tuple[str, Callable[[], list[str]]]]) -> bool:
     """Print each check's lines; True when none failed or raised."""
     passed = True
@@ -216,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8, help="decoder layers of the target")
     parser.add_argument("--tokens", type=int, default=96, help="tokens of the test sequence")
+    parser.add_argument(
+        "--sglang-python", help="python of an SGLang installation: also the served check"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(f"gpu_check: skipped: torch {torch.__version__} sees no CUDA device here")
@@ -233,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("drafter", lambda: check_drafter(devices[0])),
                 ("eval", lambda: check_eval(devices[0], Path(scratch))),
             ]
+            + [("served", lambda: check_served(args.sglang_python, Path(scratch)))]
+            * bool(args.sglang_python)
         )
     print(f"gpu_check: {'all checks passed' if passed else 'SOME CHECKS FAILED'}")
     return 0 if passed else 1

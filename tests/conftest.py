@@ -159,6 +159,27 @@ def run_fab(
     (`start_fab`)."""
     from fabric.main import make_program
 
+    return run_in_process(
+        lambda argv: make_program().run(argv), inventory_path, "fab", *args, timeout=timeout
+    )
+
+
+def run_lab(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`dflash-lab` (the lab's own program: up, down, status) as `run_fab` runs fab."""
+    from dflash_lab.tasks import main
+
+    return run_in_process(main, None, "dflash-lab", *args, timeout=timeout)
+
+
+def run_in_process(
+    main: Callable[[list[str]], None],
+    inventory_path: Path | None,
+    *argv: str,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """`main(argv)` run as its command would be (from the repo root, against the inventory),
+    in this process: its exit status and output."""
+    args = argv[1:]
     out, err = io.StringIO(), io.StringIO()
     saved, cwd = os.environ.get("DFLASH_INVENTORY"), os.getcwd()
     if inventory_path is not None:
@@ -166,14 +187,14 @@ def run_fab(
     os.chdir(REPO)
     try:
         with redirect_stdout(out), redirect_stderr(err), _deadline(timeout, args):
-            code = _exit_status(lambda: make_program().run(["fab", *args]))
+            code = _exit_status(lambda: main(list(argv)))
     finally:
         os.chdir(cwd)
         if saved is None:
             os.environ.pop("DFLASH_INVENTORY", None)
         else:
             os.environ["DFLASH_INVENTORY"] = saved
-    return subprocess.CompletedProcess(["fab", *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(list(argv), code, out.getvalue(), err.getvalue())
 
 
 def _exit_status(main: Callable[[], None]) -> int:

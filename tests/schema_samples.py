@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
+from dflash_eval.contract.prompts import builtin_prompts, prompts_hash
 from dflash_eval.contract.schema import KIND, SCHEMA_VERSION, Results
 from dflash_eval.contract.schema_metrics import Metrics, TauBlock
+from dflash_eval.contract.version import NUMERICS_VERSION
+
+from dflash_ops.evaluation import results
 
 # Keys that results written earlier under SCHEMA_VERSION 2 lack (the `total=False` parts of
 # the types): such a file must still read.
@@ -169,3 +175,26 @@ def sampled_results_dict(temperature: float = 0.7, seed: int = 0) -> Results:
     }
     results["completions"]["source"] = "local-sampled"
     return results
+
+
+def pulled(root: Path, runs: dict[str, dict]) -> list[results.RunResult]:
+    """`runs` (run id → results) written as pulled runs of host `eval` under `root`, loaded."""
+    for number, (run_id, made) in enumerate(runs.items()):
+        directory = root / run_id
+        directory.mkdir(parents=True)
+        run = {"run_id": run_id, "host": "eval", "state": "succeeded", "started": number}
+        (directory / "run.json").write_text(json.dumps(run))
+        (directory / "results.json").write_text(json.dumps(made))
+    return results.load_runs(root)
+
+
+def comparable_results() -> Results:
+    """Results whose comparability key is what a default run of this checkout would record
+    (as far as its options tell: foresee.expected_key)."""
+    outcome = results_dict()
+    outcome["prompts"]["sha256"] = prompts_hash(builtin_prompts())
+    outcome["prompts"]["max_new_tokens"] = 256
+    outcome["options"] = {"max_blocks": None, "thinking": False}
+    outcome["harness"]["numerics_version"] = NUMERICS_VERSION
+    outcome["completions"]["source"] = "local-greedy"
+    return outcome

@@ -9,13 +9,15 @@ behind them: dflash_eval/contract/diagnose_summary.py reads it for the terminal 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dflash_ops.core.errors import EvalFailed, HostError, OpsError, ResultsError
-from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, read_json_file
 from dflash_ops.evaluation import jobs, results
+from dflash_ops.evaluation.plan import HostPlan, plan_host
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run import (
     RunReporter,
@@ -25,6 +27,7 @@ from dflash_ops.evaluation.run import (
     stage_checkpoint,
 )
 from dflash_ops.remote.connection import Host
+from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
 
 DIAGNOSE_DIR = "diagnose"  # under the local results directory
 
@@ -54,16 +57,10 @@ def run_diagnose(
     try:
         harness = ensure_ready(host, entry, reporter.say)
         candidate = stage_checkpoint(inventory, step, name, reporter)
-        args = list(harness_args or [])
-        if against == "reference":
-            if not entry.reference_drafter:
-                raise HostError(
-                    name, "--against reference needs `reference_drafter` in the inventory"
-                )
-            args += ["--reference-drafter", entry.reference_drafter, "--against", "reference"]
-        else:
-            other = stage_checkpoint(inventory, int(against), name, reporter)
-            args += ["--reference-drafter", other.path, "--against", f"step {against}"]
+        other = _other_drafter(
+            entry, name, against, lambda s: stage_checkpoint(inventory, s, name, reporter).path
+        )
+        args = [*(harness_args or []), "--reference-drafter", other, "--against", _named(against)]
         # local completions, as before SGLang became run-eval's default: the diagnosis
         # launch does not remove a private URL file after the run
         request = EvalRequest(step=step, host=name, harness_args=args, completions="local")
@@ -96,6 +93,45 @@ def run_diagnose(
         return read_diagnosis(inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json")
     finally:
         host.close()
+
+
+def plan_diagnose(
+    inventory: Inventory,
+    step: int,
+    against: str | int,
+    host_name: str | None = None,
+    harness_args: list[str] | None = None,
+) -> HostPlan:
+    """What `run_diagnose` would stage, run (the repairs × prompts) and take, with nothing
+    staged, run or written (the harness's `plan --diagnose`, from memory on the host)."""
+    name, entry = inventory.eval_host(host_name)
+    if against == step:
+        raise OpsError(f"--against {against}: that is the candidate's own step")
+
+    def planned(at: int) -> StagedCheckpoint:
+        options = StageOptions(dry_run=True, report=lambda message: None)
+        return stage(inventory, at, [name], options=options)[-1]
+
+    other = _other_drafter(entry, name, against, lambda s: planned(s).path)
+    args = [*(harness_args or []), "--reference-drafter", other, "--diagnose"]
+    request = EvalRequest(step=step, host=name, harness_args=args, completions="local")
+    return plan_host(inventory, request, planned(step))
+
+
+def _other_drafter(
+    entry: EvalHost, host: str, against: str | int, staged_path: Callable[[int], str]
+) -> str:
+    """Where the other drafter is on the host: the inventory's reference drafter, or the
+    path of another step's checkpoint (`staged_path` stages it, or plans its staging)."""
+    if against != "reference":
+        return staged_path(int(against))
+    if not entry.reference_drafter:
+        raise HostError(host, "--against reference needs `reference_drafter` in the inventory")
+    return entry.reference_drafter
+
+
+def _named(against: str | int) -> str:
+    return "reference" if against == "reference" else f"step {against}"
 
 
 def read_diagnosis(path: Path) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dflash_eval.contract.parser import build_parser
 from dflash_eval.contract.prompts import builtin_prompts, prompts_hash, read_prompts_jsonl
-from dflash_eval.contract.version import NUMERICS_VERSION
+from dflash_eval.contract.version import NUMERICS_VERSION, compared_numerics
 
 from dflash_ops.evaluation.groups import RunGroup, differing, group_runs
 from dflash_ops.evaluation.request import EvalRequest
@@ -31,10 +31,13 @@ def expected_key(request: EvalRequest, from_sglang: bool = False) -> dict[str, A
         "max new tokens": args.max_new_tokens,
         "max blocks": args.max_blocks,
         "thinking": args.thinking,
-        "numerics": NUMERICS_VERSION,
+        "numerics": compared_numerics(NUMERICS_VERSION, sampled=bool(args.temperature)),
+        # as reading.sampling_settings reads it: None at T = 0
+        "sampling": (args.temperature, args.top_p, args.top_k) if args.temperature else None,
     }
     if request.features is None:  # a feature set brings its own prompts and completions
-        key["completions"] = "sglang" if from_sglang else "local-greedy"
+        local = "local-sampled" if args.temperature else "local-greedy"
+        key["completions"] = "sglang" if from_sglang else local
         key["prompts"] = prompts_sha256(request.prompts, args.num_prompts)
     if args.block_size is not None:
         key["block size"] = args.block_size
@@ -54,21 +57,45 @@ def prompts_sha256(path: Path | None, count: int | None) -> str:
 def comparability_warning(
     results_root: Path, request: EvalRequest, from_sglang: bool = False
 ) -> str | None:
-    """What sets the run apart from the largest comparability group of the pulled results
-    (None: nothing that can be told before it runs, or no results yet)."""
+    """What sets the run apart from the largest comparability group of the pulled results,
+    and which group it joins instead (or that it stands apart from all of them); None:
+    nothing that can be told before it runs, or no results yet."""
     pulled = [run for run in load_runs(results_root) if run.results is not None]
     if not pulled:
         return None
-    group = group_runs(pulled, RunResult.key, lambda run: run.run.get("started") or 0)[0]
+    found = group_runs(pulled, RunResult.key, lambda run: run.run.get("started") or 0)
     expected = expected_key(request, from_sglang)
-    names = differing(expected, {name: group.key.get(name) for name in expected})
+    names = _differing(expected, found[0])
     if not names:
         return None
-    details = "; ".join(_difference(name, expected[name], group) for name in names)
+    details = "; ".join(_difference(name, expected[name], found[0]) for name in names)
     return (
-        f"this run will not be comparable with the {len(group.rows)} pulled run(s) of "
-        f"comparability group 1 ({details}); `compare` will show it in a group of its own"
+        f"this run will not be comparable with the {len(found[0].rows)} pulled run(s) of "
+        f"comparability group 1 (key {found[0].id}: {details}); {_joins(expected, found)}"
     )
+
+
+def _differing(expected: dict[str, Any], group: RunGroup[RunResult]) -> list[str]:
+    """The names of `expected` (a partial key) whose values differ from `group`'s."""
+    return differing(expected, {name: group.key.get(name) for name in expected})
+
+
+def _joins(expected: dict[str, Any], found: list[RunGroup[RunResult]]) -> str:
+    """Which pulled group the run will join, in what can be told before it runs, or why it
+    will stand apart (what no pulled run shares with it)."""
+    joined = [group for group in found[1:] if not _differing(expected, group)]
+    if joined:
+        group = joined[0]
+        steps = ", ".join(str(step) for step in sorted({r.step for r in group.rows}))
+        others = f"; {len(joined) - 1} other group(s) match too" if len(joined) > 1 else ""
+        return (
+            f"it joins comparability group {group.number} (key {group.id}, "
+            f"{len(group.rows)} run(s), step(s) {steps}) as far as its options tell: the "
+            f"target and the checkpoint's block size are known once it runs{others}"
+        )
+    unmatched = [name for name in expected if all(name in _differing(expected, g) for g in found)]
+    shared = f"its {', '.join(unmatched)}" if unmatched else "all of its settings together"
+    return f"it will stand apart, a new comparability group: no pulled run has {shared}"
 
 
 def _difference(name: str, value: Any, group: RunGroup[RunResult]) -> str:
@@ -80,4 +107,14 @@ def _difference(name: str, value: Any, group: RunGroup[RunResult]) -> str:
         return (
             f"numerics version {value} vs {theirs} (the harness computes its numbers differently)"
         )
+    if name == "sampling":
+        return f"sampling {_sampling(value)} vs {_sampling(theirs)}"
     return f"{name} {value} vs {theirs}"
+
+
+def _sampling(settings: Any) -> str:
+    """(temperature, top_p, top_k) as people read it; None is greedy."""
+    if settings is None:
+        return "greedy (T 0)"
+    temperature, top_p, top_k = settings
+    return f"T {temperature:g}, top-p {top_p:g}, top-k {top_k}"

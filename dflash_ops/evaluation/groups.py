@@ -1,33 +1,36 @@
 """Comparability groups: runs whose comparability keys are equal, compared among themselves.
 
 The key is one function of a results file (dflash_eval.contract.reading.comparability_key): every
-rule about what must match lives there. Groups are numbered largest first (ties: the group
-holding the most recently started run first), so `--group 1`, the default, is the one most
-runs belong to; one odd run (`--num-prompts 4` once) makes a group of its own instead of
-making the others incomparable.
+rule about what must match lives there, and its short name (`reading.key_id`, 'k3f9a1b2c') is
+what names a group wherever runs leave this tool (exports, JSON, W&B, the report): it stays
+the same however many runs are added. The groups' numbers are display order only, largest
+first (ties: the group holding the most recently started run first), so `--group 1`, the
+default, is the one most runs belong to; one odd run (`--num-prompts 4` once) makes a group
+of its own instead of making the others incomparable.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from dflash_eval.contract.reading import canonical, key_id
 
 Row = TypeVar("Row")
 
 
 @dataclass
 class RunGroup(Generic[Row]):
-    number: int  # 1 = the largest
+    number: int  # display order only: 1 = the largest now
     rows: list[Row]
     key: dict[str, Any]
     differs: list[str] = field(default_factory=list)  # key names unlike the compared group's
 
-
-def canonical(key: dict[str, Any]) -> str:
-    """A key as text that is equal exactly when the keys are (nested dicts included)."""
-    return json.dumps(key, sort_keys=True, default=str)
+    @property
+    def id(self) -> str:
+        """The key's stable short name (reading.key_id)."""
+        return key_id(self.key)
 
 
 def group_runs(
@@ -37,7 +40,7 @@ def group_runs(
     found: dict[str, RunGroup[Row]] = {}
     for row in rows:
         row_key = key(row)
-        found.setdefault(canonical(row_key), RunGroup(0, [], row_key)).rows.append(row)
+        found.setdefault(key_id(row_key), RunGroup(0, [], row_key)).rows.append(row)
     ordered = sorted(
         found.values(),
         key=lambda group: (len(group.rows), max(started(row) for row in group.rows)),

@@ -33,7 +33,7 @@ from dflash_eval.contract.schema_metrics import Interval, Metrics
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate
 from dflash_ops.core.text import check_tag, inert
-from dflash_ops.evaluation import run_ids, training_metrics
+from dflash_ops.evaluation import run_ids, set_anchors, training_metrics
 from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
 from dflash_ops.evaluation.records import RunSummary
 from dflash_ops.evaluation.run_ids import short_ids
@@ -50,6 +50,7 @@ class RunResult:
     run: dict
     results: Results | None  # None for a failed, cancelled or unreadable run
     problem: str | None = None  # why the run's files cannot be used (then results is None)
+    flag: str | None = None  # why its numbers are not comparable whatever its key (set_anchors)
 
     @property
     def step(self) -> int | None:
@@ -87,6 +88,11 @@ class RunResult:
     def key(self) -> dict[str, Any]:
         return reading.comparability_key(self.done)
 
+    @property
+    def key_id(self) -> str:
+        """Its comparability key's short, stable name (reading.key_id)."""
+        return reading.comparability_id(self.done)
+
 
 def load_runs(results_root: Path) -> list[RunResult]:
     """Every fetched run under `results_root`, successful ones with their results. A run
@@ -119,7 +125,8 @@ def load_run(directory: Path) -> RunResult:
         results = read_results(directory / "results.json")
     except ResultsError as exc:
         return RunResult(name, directory, summary, None, str(exc))
-    return RunResult(name, directory, summary, results)
+    flag = set_anchors.flag_of(directory.parent, results, run.host)
+    return RunResult(name, directory, summary, results, flag=flag)
 
 
 def read_results(path: Path) -> Results:
@@ -199,6 +206,8 @@ def compare(
     differences = {
         row.run_id: other.differs for other in found if other is not chosen for row in other.rows
     }
+    for row in (row for row in rows if row.flag):  # flagged whichever group it is in
+        differences[row.run_id] = [*differences.get(row.run_id, []), set_anchors.FLAG]
     budgets = sorted({b for r in rows for b in r.metrics["ddtree"]}, key=int)
     return Comparison(rows, budgets, differences, skipped, found, chosen.number)
 
@@ -214,8 +223,8 @@ def _chosen_group(
     if baseline is not None:
         run_id = run_ids.match([r.run_id for r in rows], baseline, "among the results compared")
         return next(g for g in found if any(r.run_id == run_id for r in g.rows))
-    if number is None:
-        return found[0]
+    if number is None:  # the largest group with a run not flagged
+        return next((g for g in found if not all(r.flag for r in g.rows)), found[0])
     if not 1 <= number <= len(found):
         raise ResultsError(
             f"--group {number}: the selected runs form {len(found)} comparability group(s); "
@@ -229,16 +238,13 @@ def mixed_note(comparison: Comparison) -> str | None:
     if not comparison.mixed:
         return None
     what = sorted({name for names in comparison.differences.values() for name in names})
-    size = len(comparison.group.rows)
+    size, why = len(comparison.group.rows), {**reading.COMPARABILITY_WHY, **set_anchors.WHY}
     return (
         f"{len(comparison.differences)} run(s) differ from comparability group "
         f"{comparison.compared} ({size} run(s)) in {', '.join(what)}: their numbers are not "
         "comparable with that group's"
-        + "".join(
-            f" ({name}: {reading.COMPARABILITY_WHY[name]})"
-            for name in what
-            if name in reading.COMPARABILITY_WHY
-        )
+        + "".join(f" ({name}: {why[name]})" for name in what if name in why)
+        + "".join(f"; {row.run_id}: {row.flag}" for row in comparison.rows if row.flag)
     )
 
 
@@ -251,7 +257,8 @@ def group_lines(comparison: Comparison) -> list[str]:
         more = f" and {len(other.rows) - 4} more" if len(other.rows) > 4 else ""
         lines.append(
             f"group {other.number}: {len(other.rows)} run(s) ({runs}{more}) differ in "
-            f"{', '.join(other.differs)}; compare them with --group {other.number}"
+            f"{', '.join(other.differs)}; compare them with --group {other.number} (key "
+            f"{other.id})"
         )
     return lines
 
@@ -274,7 +281,8 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
         differing = comparison.differences.get(row.run_id)
         records.append(
             {
-                **_identity(row, comparison, ids),
+                **_identity(row, ids),
+                "group": comparison.group_of(row.run_id),
                 "comparable": not differing,
                 "differs": ", ".join(differing) if differing else None,
                 "tau_macro": metrics["tau_macro"],
@@ -294,8 +302,9 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
     return records
 
 
-def _identity(row: RunResult, comparison: Comparison, ids: dict[str, str]) -> dict[str, Any]:
-    """What names a run in a record: ids, training run, step, host, tag, group."""
+def _identity(row: RunResult, ids: dict[str, str]) -> dict[str, Any]:
+    """What names a run in a record: ids, training run, step, host, tag, and the short name
+    of its comparability key (the same in every export, however many runs are added)."""
     return {
         "run_id": row.run_id,
         "short_id": ids[row.run_id],
@@ -303,7 +312,7 @@ def _identity(row: RunResult, comparison: Comparison, ids: dict[str, str]) -> di
         "step": row.step,
         "host": row.run.get("host"),
         "tag": row.tag,
-        "group": comparison.group_of(row.run_id),
+        "comparability_key": row.key_id,
     }
 
 
@@ -410,12 +419,13 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def set_records(comparison: Comparison) -> list[dict[str, Any]]:
     """The tidy form (`fab export`, compare's per-set table): one record per run × prompt
-    set × metric, with its 95 % interval. A run from before intervals gives its overall
-    metrics under ALL_PROMPTS, without bounds."""
+    set × metric, with its 95 % interval and its `comparability_key` (only rows of one key
+    may be put side by side; the groups' display numbers are not in it). A run from before
+    intervals gives its overall metrics under ALL_PROMPTS, without bounds."""
     ids = short_ids(row.run_id for row in comparison.rows)
     records = []
     for row in comparison.rows:
-        common = _identity(row, comparison, ids)
+        common = _identity(row, ids)
         for name, prompts, metric, interval in _set_metrics(row, comparison.budgets):
             low, high = (interval["low"], interval["high"]) if interval else (None, None)
             records.append(

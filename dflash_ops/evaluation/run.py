@@ -32,10 +32,11 @@ from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.core.units import format_bytes
-from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation import jobs, set_anchors
 from dflash_ops.evaluation.request import EvalRequest, sglang_url
 from dflash_ops.evaluation.results import read_results
 from dflash_ops.evaluation.tracking import after_pull
+from dflash_ops.evaluation.verdict import closing_line
 from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
@@ -172,9 +173,11 @@ def conclude(
     staged: StagedCheckpoint | None = None,
     wandb_project: str | None = None,
 ) -> jobs.Run:
-    """Fetch a finished run, show its summary; raise EvalFailed when it has no results, and
-    CheckpointError when the harness read other bytes than staging verified (`staged`). A
-    freshly pulled success gets its training metrics, and goes to W&B (`wandb_project`)."""
+    """Fetch a finished run, show its summary; raise EvalFailed when it has no results,
+    CheckpointError when the harness read other bytes than staging verified (`staged`), and
+    ResultsError when its feature set is not the one the workstation recorded (set_anchors).
+    A freshly pulled success gets its training metrics, goes to W&B (`wandb_project`), and
+    ends with its verdict (verdict.py)."""
     local = jobs.fetch(host, entry, run, inventory.local.results)
     directory = inventory.local.results / run.run_id
     summary = []
@@ -189,11 +192,17 @@ def conclude(
         summary = summary_lines(results)
         if staged is not None:
             _require_staged_bytes(results, staged, directory, run_flag(inventory))
+        flag = set_anchors.flag_of(inventory.local.results, results, host.name)
+        if flag is not None:  # kept, and flagged by compare; no training metrics, no W&B
+            raise ResultsError(f"run {run.run_id}: {flag}")
     reporter.finished(run, summary, local)
     if run.state != "succeeded":
         raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
     if local is not None:
         after_pull(inventory, [run.run_id], reporter.say, wandb_project)
+        last = closing_line(inventory.local.results, run.run_id)
+        if last is not None:  # what to act on
+            reporter.say(last)
     return run
 
 

@@ -9,6 +9,7 @@ bounds the set's size on the host and the set must fit there with the margin (sp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import shlex
@@ -20,6 +21,7 @@ from dflash_ops.core.inventory import FeaturesHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.run import RunReporter, ensure_ready
+from dflash_ops.evaluation.set_anchors import record_made
 from dflash_ops.features.space import check_features_host
 from dflash_ops.features.spec import SET_RECORD, FeatureRequest, set_id
 from dflash_ops.remote.connection import Host
@@ -56,32 +58,39 @@ def extract_features(
         target = _target_identity(host, entry, harness)
         identifier = set_id(request, target["name"], target["fingerprint"])
         path = EvalLayout(entry).feature_set(identifier)
-        record = read_set_record(host, path)
-        if record is not None:
+        found = read_set_record(host, path)
+        computed = found is None
+        if not computed:
             reporter.say(f"{name}: feature set {identifier} already computed ({path})")
-            return FeatureSet(name, identifier, path, record, computed=False)
-        reporter.say(f"{name}: computing feature set {identifier} → {path}")
-        run = _run(host, entry, harness, request, path, reporter, margin_of(inventory))
-        record = read_set_record(host, path)
-        if record is None:
-            raise HostError(
-                name,
-                f"the harness finished but {path}/{SET_RECORD} is missing: the set is not "
-                f"complete. See the run's log (fab eval-logs --id {run.run_id}) and rerun.",
-            )
-        return FeatureSet(name, identifier, path, record, computed=True)
+        else:
+            reporter.say(f"{name}: computing feature set {identifier} → {path}")
+            run = _run(host, entry, harness, request, path, reporter, margin_of(inventory))
+            found = read_set_record(host, path)
+            if found is None:
+                raise HostError(
+                    name,
+                    f"the harness finished but {path}/{SET_RECORD} is missing: the set is not "
+                    f"complete. See the run's log (fab eval-logs --id {run.run_id}) and rerun.",
+                )
+        record, sha256 = found
+        record_made(inventory.local.results, identifier, name, path, sha256, computed=computed)
+        return FeatureSet(name, identifier, path, record, computed)
     finally:
         host.close()
 
 
-def read_set_record(host: Host, path: str) -> dict | None:
-    """A complete set's feature-set.json (None: no complete set at `path`)."""
-    answer = host.run(f"cat -- {shlex.quote(f'{path}/{SET_RECORD}')}", check=False)
+def read_set_record(host: Host, path: str) -> tuple[dict, str] | None:
+    """A complete set's feature-set.json and the sha256 of its bytes (None: no complete set
+    at `path`)."""
     try:
-        record = parse_json(answer.stdout, SET_RECORD) if answer.ok else None
+        data = host.download(f"{path}/{SET_RECORD}")
+    except OSError as exc:
+        raise HostError(host.name, f"cannot read {path}/{SET_RECORD}: {exc}") from None
+    try:
+        record = parse_json(data, SET_RECORD) if data is not None else None
     except RecordError:
         return None
-    return record if isinstance(record, dict) else None
+    return (record, hashlib.sha256(data).hexdigest()) if isinstance(record, dict) else None
 
 
 def _target_identity(host: Host, entry: FeaturesHost, harness: str) -> dict:

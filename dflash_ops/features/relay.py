@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from dflash_ops.core.errors import CheckpointError, TransferError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation.set_anchors import record_relayed
 from dflash_ops.features.extract import FeatureSet
 from dflash_ops.features.space import eval_host_advice, require_room
+from dflash_ops.features.spec import SET_RECORD
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.destination import Destination
@@ -69,10 +71,14 @@ def relay_set(
     planned = [deliver(inventory, payload, dest, quiet) for dest in destinations.values()]
     require_room(planned)  # every short host named before a byte moves
     relayed = []
-    for dest in destinations.values():
+    for name, dest in destinations.items():
         if options.verify:
             _drop_if_corrupt(payload, dest, options.report)
-        relayed.append(deliver(inventory, payload, dest, stage_options))
+        copy = deliver(inventory, payload, dest, stage_options)
+        record = {file.get("name"): file.get("sha256") for file in copy.files}.get(SET_RECORD)
+        if record is not None:  # the anchor of the runs on this host (set_anchors)
+            record_relayed(inventory.local.results, source.set_id, name, record)
+        relayed.append(copy)
     return relayed
 
 

@@ -1,5 +1,6 @@
 """`fab setup-eval-host`: provision an eval host's venv and deploy the harness, idempotently.
 Features hosts (role: features) are provisioned the same way: they run the same harness.
+Several hosts are provisioned at once, each in its own thread.
 
 The host keeps a provision record next to the venv (what was asked for, what got installed,
 with which python and uv). A rerun reads the record, the venv's python and its installed
@@ -20,6 +21,7 @@ from dflash_eval.contract.version import harness_hash
 
 from dflash_ops.core.errors import NotOursError
 from dflash_ops.core.inventory import HarnessHost, Inventory, VenvSpec
+from dflash_ops.core.parallel import on_each_host
 from dflash_ops.provision.harness import (
     HARNESS_SOURCE,
     HarnessDeploy,
@@ -80,18 +82,27 @@ def setup_eval_hosts(
     say: Say = print,
     harness_source: Path = HARNESS_SOURCE,
     existing: str | None = None,
+    *,
+    says: Callable[[str], Say] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
-    """Every eval and features host (or only `name`), one after the other. `existing`: what
-    to do with a venv at venv.path that the tool did not make ("adopt" or "replace")."""
+    """Every eval and features host (or only `name`), all at once (core.parallel: a host that
+    fails stops no other; its error is raised once all have ended). `says(host)`: where
+    that host's progress goes (default: `say`); `on_outcome` is called as each host is done.
+    `existing`: what to do with a venv at venv.path that the tool did not make ("adopt" or
+    "replace")."""
     names = [inventory.harness_host(name)[0]] if name else list(inventory.harness_hosts)
-    outcomes = []
-    for host_name in names:
+
+    def one(host_name: str) -> Outcome:
         host = Host(inventory, host_name)
         try:
-            outcomes.append(setup_eval_host(host, force, say, harness_source, existing))
+            progress = says(host_name) if says else say
+            return setup_eval_host(host, force, progress, harness_source, existing)
         finally:
             host.close()
-    return outcomes
+
+    done = (lambda _, outcome: on_outcome(outcome)) if on_outcome else None
+    return on_each_host(names, one, done)
 
 
 def setup_eval_host(

@@ -105,3 +105,8 @@ class EvalLayout:
     def extracted(checkpoint: str) -> str:
         """Where the optimizer-free copy of a staged checkpoint goes (beside it)."""
         return _join(checkpoint.rpartition("/")[0] or "/", "extracted")
+
+    @staticmethod
+    def exported(checkpoint: str) -> str:
+        """Where the Hugging Face drafter directory of a staged checkpoint goes (beside it)."""
+        return _join(checkpoint.rpartition("/")[0] or "/", "drafter")

@@ -32,7 +32,7 @@ def verify_routes(state_file: Path) -> None:
         if record.get("netns") not in namespaces:
             raise LabError(
                 f"lab namespace {record.get('netns')} of {name} is gone; refusing "
-                f"to connect to {address}. Run `fab lab-up` again."
+                f"to connect to {address}. Run `dflash-lab up` again."
             )
         device = route_device(address)
         if device != record.get("veth"):
@@ -61,12 +61,12 @@ def _lab_state(state_file: Path) -> dict:
         state = json.loads(state_file.read_text())
     except FileNotFoundError:
         raise LabError(
-            f"no lab at {state_file.parent} ({state_file.name} missing); run `fab lab-up`"
+            f"no lab at {state_file.parent} ({state_file.name} missing); run `dflash-lab up`"
         ) from None
     except (OSError, ValueError) as exc:
         raise LabError(
             f"lab state {state_file} is unreadable ({exc}); refusing to connect to "
-            "its addresses. Run `fab lab-down` and `fab lab-up`."
+            "its addresses. Run `dflash-lab down` and `dflash-lab up`."
         ) from None
     return state
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_ops.core.errors import DiskSpaceError, InventoryError
-from dflash_ops.core.inventory import Inventory, TransferSettings
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.transfer_settings import TransferSettings
 from dflash_ops.core.units import format_bytes, parse_size
 
 

@@ -49,8 +49,9 @@ def results() -> None:
 @click.option(
     "--plots",
     type=click.Path(path_type=Path),
-    help="where to write the PNG plots (default: RESULTS/plots)",
+    help="also write the PNG plots, into this directory",
 )
+@click.option("--report", is_flag=True, help="also write the HTML report (RESULTS/report.html)")
 @click.option("--samples", is_flag=True, help="also print each run's decoded drafts")
 @click.option("--run", "training_run", help="only this training run's results")
 @FORMAT
@@ -73,8 +74,10 @@ def compare_command(
     wide: bool,
     group: int | None,
     baseline: str | None,
+    report: bool,
 ) -> None:
-    """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference) + plots."""
+    """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference); writes
+    nothing unless asked (--plots, --report)."""
     from dflash_ops.ui.eval_commands import show_comparison
 
     _guarded(
@@ -90,6 +93,7 @@ def compare_command(
             wide=wide,
             group=group,
             baseline=baseline,
+            with_report=report,
         )
     )
 

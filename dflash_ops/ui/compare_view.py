@@ -17,11 +17,12 @@ from rich.console import Console
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
-from dflash_ops.evaluation import results, training_metrics
+from dflash_ops.evaluation import results, served_records, training_metrics
 from dflash_ops.evaluation.results import Comparison
 from dflash_ops.ui.output import Column, as_csv, as_json, field, render
 
-TITLE = "comparison (τ: accepted tokens per round, macro over prompts; tree: DDTree τ)"
+# τ as the glossary defines it (README.md): what a round commits, its accepted tokens + 1
+TITLE = "comparison (τ: tokens per round, accepted + 1, macro over prompts; tree: DDTree τ)"
 SETS_TITLE = "per prompt set (95 % bootstrap intervals over prompts)"
 EXPORT_FORMATS = {".csv": as_csv, ".json": as_json}
 
@@ -115,6 +116,8 @@ def print_comparison(comparison: Comparison, fmt: str, wide: bool, console: Cons
         return None if record["comparable"] else "red"
 
     render(records, columns, fmt, console=console, title=TITLE, wide=wide, style=flagged)
+    if fmt == "table":
+        console.print(key_line(comparison))
     if not wide:  # the compact per-set table: τ macro of each set
         sets = [record for record in sets if record["metric"] == "tau_macro"]
     if any(record["low"] is not None for record in sets):
@@ -123,10 +126,34 @@ def print_comparison(comparison: Comparison, fmt: str, wide: bool, console: Cons
         render(sets, set_columns(wide), fmt, console=console, title=SETS_TITLE, wide=wide)
 
 
+SERVED_TITLE = "served τ beside CPU τ (SGLang's count: " + served_records.MATCHING + ")"
+
+
+def print_served(rows: list[dict[str, Any]], fmt: str, console: Console) -> None:
+    """`fab compare`'s served table, when served records match its runs (served_records)."""
+    if not rows:
+        return
+    if fmt == "json":
+        console.print(json.dumps({"served": rows}, indent=2), markup=False, soft_wrap=True)
+        return
+    header = served_records.SERVED_HEADER
+    records = [dict(zip(header, cells, strict=True)) for cells in served_records.served_cells(rows)]
+    columns = [Column(title, field(title), keep=len(header) - i) for i, title in enumerate(header)]
+    render(records, columns, fmt, console=console, title=SERVED_TITLE)
+
+
+def key_line(comparison: Comparison) -> str:
+    """Which comparability key the table shows: the name its runs carry in every export."""
+    group = comparison.group
+    of = f" of {len(comparison.groups)}" if len(comparison.groups) > 1 else ""
+    return f"comparability key {group.id}: group {group.number}{of}, {len(group.rows)} run(s)"
+
+
 def group_records(comparison: Comparison) -> list[dict[str, Any]]:
     return [
         {
             "group": group.number,
+            "comparability_key": group.id,
             "compared": group.number == comparison.compared,
             "runs": [row.run_id for row in group.rows],
             "differs": group.differs,

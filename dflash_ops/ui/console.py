@@ -57,6 +57,28 @@ _STATUS_STYLE = {
 }
 
 
+def check_summary(rows: list[Row], title: str) -> Table:
+    """`fab check-hosts` without -v: per host one line for the checks that passed, by name,
+    then each that did not (warn, fail, skipped) with its detail; the facts (info) are left
+    to -v. Short enough for one screen at 80 columns."""
+    table = Table(title=title, title_justify="left", box=None, show_header=False)
+    table.add_column("host", style="bold", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", overflow="fold")
+    for host in dict.fromkeys(row.host for row in rows):
+        own = [row for row in rows if row.host == host]
+        passed = [row.check for row in own if row.status is Status.OK]
+        lines = [(_STATUS_STYLE[Status.OK], escape(", ".join(passed)))] if passed else []
+        lines += [
+            (_STATUS_STYLE[row.status], f"[bold]{escape(row.check)}[/]: {escape(row.detail)}")
+            for row in own
+            if row.status not in (Status.OK, Status.INFO)
+        ]
+        for number, (status, text) in enumerate(lines):
+            table.add_row(shown(host) if number == 0 else "", status, text)
+    return table
+
+
 def check_table(rows: list[Row], title: str) -> Table:
     table = Table(title=title, title_justify="left", show_lines=False)
     table.add_column("host", style="bold")

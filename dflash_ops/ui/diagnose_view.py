@@ -13,10 +13,18 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
-from dflash_ops.evaluation.diagnose import parse_against, run_diagnose, step_trend, trend_line
+from dflash_ops.evaluation.diagnose import (
+    parse_against,
+    plan_diagnose,
+    run_diagnose,
+    step_trend,
+    trend_line,
+)
 from dflash_ops.evaluation.run import TransferProgress
+from dflash_ops.evaluation.served_records import served_findings
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView
+from dflash_ops.ui.plan_view import duration, plan_lines
 
 FORMATS = ("text", "json")
 
@@ -45,6 +53,20 @@ class StderrView:
         errors.print(f"run {shown(run.run_id)}: {run.state}; files in {shown(local_dir)}")
 
 
+def diagnose_plan_lines(part: dict) -> list[str]:
+    """What the diagnosis adds to the eval's plan: its repairs and their time."""
+    if part["repairs"] is None:
+        return [f"  repairs: {part['note']} ({part['prompts']} prompts)"]
+    labels = "; ".join(shown(label) for label in part["labels"])
+    return [
+        f"  repairs: {part['repairs']} × {part['prompts']} prompts = {part['walks']} walks "
+        f"of the candidate: {labels}",
+        f"  diagnose time: ~{duration(part['seconds'])} on {part['threads']} threads, up to "
+        f"~{duration(part['seconds_up_to'])} if a repair is found (the others are then tried "
+        "again on it)",
+    ]
+
+
 def diagnose_command(
     inventory: Inventory,
     *,
@@ -53,11 +75,20 @@ def diagnose_command(
     host: str | None,
     harness_args: list[str],
     output: str,
+    dry_run: bool = False,
 ) -> None:
     if step is None:
         raise OpsError("--step is required: the step of the checkpoint to diagnose")
     if output not in FORMATS:
         raise OpsError(f"--format: expected one of {', '.join(FORMATS)}, got {output!r}")
+    if dry_run:
+        plan = plan_diagnose(inventory, step, parse_against(against), host, harness_args)
+        if output == "json":
+            print(json.dumps({"host": plan.host, "step": plan.step, **plan.harness}, indent=2))
+            return
+        for line in [*plan_lines(plan), *diagnose_plan_lines(plan.harness["diagnose"])]:
+            console.print(line, soft_wrap=True)
+        return
     reporter = LiveView() if output == "text" else StderrView()
     try:
         diagnosis = run_diagnose(
@@ -71,6 +102,7 @@ def diagnose_command(
         )
         raise SystemExit(130) from None
     trend = step_trend(inventory.local.results, inventory.training_run, step)
+    diagnosis["findings"] += served_findings(inventory.local.results, step, diagnosis["findings"])
     if output == "json":
         print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return

@@ -18,18 +18,28 @@ from dflash_ops.core.arguments import one_of, parse_steps
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.text import check_tag
-from dflash_ops.evaluation import figures, jobs, like, results, sweep, training_fetch
+from dflash_ops.evaluation import (
+    figures,
+    jobs,
+    like,
+    results,
+    served_records,
+    sweep,
+    training_fetch,
+)
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
 from dflash_ops.evaluation.harness_options import checked, harness_args
+from dflash_ops.evaluation.host_choice import choose_eval_host
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
 from dflash_ops.evaluation.run import run_eval
+from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
-from dflash_ops.ui.compare_view import export, print_comparison
+from dflash_ops.ui.compare_view import export, print_comparison, print_served
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
 from dflash_ops.ui.output import parse_format
@@ -83,6 +93,10 @@ def run_eval_command(
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
     if steps_of_sweep is None and not latest:
         resolve_step(inventory, step, latest=False)  # a missing step, before anything deploys
+    if steps_of_sweep is None and host is None and len(inventory.eval_hosts) > 1:
+        choice = choose_eval_host(inventory, step)  # the dry run plans where the run would go
+        console.print(f"{choice.name}: {escape(choice.reason)}")
+        host = choice.name
     request = request_from(
         inventory,
         options,
@@ -193,8 +207,10 @@ def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalReques
             "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
         )
         raise SystemExit(130) from None
+    ran = [outcome.run_id for outcome in outcomes.values() if isinstance(outcome, jobs.Run)]
+    found = verdicts(inventory.local.results, ran)
     for step, outcome in sorted(outcomes.items()):
-        console.print(step_line(step, outcome))
+        console.print(step_line(step, outcome, found))
     sweep.require_success(outcomes)
 
 
@@ -257,10 +273,14 @@ def cancel_run(inventory: Inventory, run_id: str | None) -> None:
 
 def fetch_all(inventory: Inventory) -> None:
     """`fab fetch-results`."""
-    pulled = jobs.fetch_finished(
-        inventory,
-        lambda host, run: console.print(f"{host}: pulled {shown(run.run_id)} ({run.state})"),
-    )
+
+    def said(host: str, run: jobs.Run) -> None:
+        console.print(f"{host}: pulled {shown(run.run_id)} ({run.state})")
+        flag = results.load_run(inventory.local.results / run.run_id).flag
+        if flag:
+            console.print(f"[yellow]not comparable[/]: {shown(flag)}")
+
+    pulled = jobs.fetch_finished(inventory, said)
     console.print(
         f"{pulled} run(s) pulled into {shown(inventory.local.results)}"
         if pulled
@@ -287,35 +307,37 @@ def show_comparison(
     group: int | None = None,
     baseline: str | None = None,
     train_metric: str | None = None,
+    with_report: bool = False,
 ) -> results.Comparison:
     """`fab compare` / `dflash-ops results compare`: the runs of one comparability group
     (the largest, `group`, or `baseline`'s) in a table that fits the terminal (`wide`: the
     complete one) or as `fmt`; the other groups, named; per-set results with confidence
-    intervals and whether consecutive steps' overlap; the plots; the HTML report
-    (rewritten, every selected run in it, those of other groups flagged). `allow_mixed`
-    shows the other groups' runs in the table too, flagged. Runs of several training runs
-    are grouped and labelled by run; `training_run` keeps one."""
+    intervals and whether consecutive steps' overlap. It reads only, unless asked: the
+    plots into `plots`, and (`with_report`) the HTML report (rewritten, every selected run
+    in it, those of other groups flagged). `allow_mixed` shows the other groups' runs in
+    the table too, flagged. Runs of several training runs are grouped and labelled by run;
+    `training_run` keeps one."""
     fmt = parse_format(fmt)
     selected = parse_steps(steps)
     every = results.compare(
         results.load_runs(results_root), selected, tag, training_run, group, baseline
     )
-    comparison = every if allow_mixed else every.within()
+    within = every.within()  # nothing left when every run is flagged: show them, flagged
+    comparison = every if allow_mixed or not within.rows else within
     # Anything but the table goes to stdout alone, for a program to read; notes to stderr.
     notes = console if fmt == "table" else errors
     print_comparison(comparison, fmt, wide, console)
+    served = served_records.side_by_side(every.rows, served_records.load_served(results_root))
+    print_served(served, fmt, console if fmt == "table" else errors)
     for line in results.group_lines(every):
         notes.print(f"[yellow]{shown(line)}[/]")
+    for run in (run for run in every.rows if run.flag):
+        notes.print(
+            f"[yellow]not comparable[/] {shown(run.run_id)} ({_step_of(run)}): {shown(run.flag)}"
+        )
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")
-    path = report.write(
-        every,
-        results_root / report.REPORT_NAME,
-        results.mixed_note(every),
-        train_metric,
-        report_diagnosis.pulled(results_root),
-    )
     for note in results.overlap_notes(comparison):
         notes.print(shown(note))
     if samples:
@@ -324,9 +346,20 @@ def show_comparison(
             notes.print(f"[bold]{shown(run.run_id)}[/] ({_step_of(run)}):")
             for line in lines:  # each a line: a newline in a prompt id would fake one
                 notes.print(f"  {shown(line)}")
-    for plot in figures.plot(comparison, plots or results_root / "plots", train_metric):
+    for plot in figures.plot(comparison, plots, train_metric) if plots else []:
         notes.print(f"plot: {shown(plot)}")
-    notes.print(f"report: {shown(path)}")
+    if with_report:
+        path = report.write(
+            every,
+            results_root / report.REPORT_NAME,
+            results.mixed_note(every),
+            train_metric,
+            report_diagnosis.pulled(results_root),
+            served,
+        )
+        notes.print(f"report: {shown(path)}")
+    elif not plots and fmt == "table":
+        notes.print("[dim]plots and the HTML report: add --plots and --report[/]")
     return comparison
 
 
@@ -343,7 +376,7 @@ def export_results(
     training_run: str | None = None,
 ) -> Path:
     """`fab export`: every selected run's per-set metrics, one row per run × prompt set ×
-    metric (with its comparability group), as CSV or JSON."""
+    metric (with its comparability key), as CSV or JSON."""
     comparison = results.compare(
         results.load_runs(results_root), parse_steps(steps), tag, training_run
     )
@@ -371,6 +404,7 @@ def write_report(
         results.mixed_note(comparison),
         train_metric,
         report_diagnosis.pulled(results_root),
+        served_records.side_by_side(pulled, served_records.load_served(results_root)),
     )
     console.print(f"report: {shown(path)}")
     return path

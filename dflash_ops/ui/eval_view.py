@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
@@ -124,7 +124,10 @@ def _short(message: str, width: int = 60) -> str:
 
 
 class PrefixedView:
-    """A run among several (a sweep): plain lines, each prefixed by its host."""
+    """A run among several (a sweep, a watch): plain lines, each prefixed by its host, few
+    enough that a sweep of a few steps fits a screen: what the harness loads, each phase as
+    it completes, the run's end in one line; the verdict (evaluation.verdict) follows it,
+    and `fab eval-status` shows where a run is meanwhile."""
 
     _lock = threading.Lock()
 
@@ -143,8 +146,9 @@ class PrefixedView:
         yield self._milestones
 
     def _milestones(self, label: str, total: int) -> Callable[[RelayState], None]:
-        """A line at half and at all of a transfer (bars would garble interleaved hosts)."""
-        marks = iter((0.5, 1.0))
+        """A line at half of a transfer (bars would garble interleaved hosts; its end is
+        the stage's own 'staged and verified' line)."""
+        marks = iter((0.5,))
         next_mark = [next(marks)]
 
         def advance(state: RelayState) -> None:
@@ -155,16 +159,15 @@ class PrefixedView:
         return advance
 
     def follow(self, run_id: str) -> Callable[[dict], None]:
-        reported: dict[str, int] = {}
+        completed: set[str] = set()
 
         def on_event(event: dict) -> None:
             if event["event"] == "progress":
-                quarter = event["done"] * 4 // max(event["total"], 1)
-                if reported.get(event["phase"]) != quarter:
-                    reported[event["phase"]] = quarter
+                if event["done"] >= event["total"] and event["phase"] not in completed:
+                    completed.add(event["phase"])
                     self.say(
                         f"{shown(PHASES.get(event['phase'], event['phase']))}: "
-                        f"{event['done']}/{event['total']}"
+                        f"{event['done']}/{event['total']} done"
                     )
             elif event["event"] in ("warning", "error"):
                 self.say(f"harness {event['event']}: {shown(event['message'], lines=True)}")
@@ -174,7 +177,9 @@ class PrefixedView:
         return on_event
 
     def finished(self, run: jobs.Run, summary: list[str], local_dir: Path | None) -> None:
-        show_finished(self.say, run, summary, local_dir)
+        """One line: its state (a success's numbers come in the verdict line after it)."""
+        pulled = f"; results pulled to {shown(local_dir)}" if local_dir is not None else ""
+        self.say(state_line(run) + pulled)
 
 
 def show_finished(
@@ -186,13 +191,18 @@ def show_finished(
 ) -> None:
     """The run's state, its headline numbers and where its results are (3 lines); `verbose`:
     every line of the harness's summary."""
-    style = "green" if run.state == "succeeded" else "red"
-    say(f"[{style}]run {shown(run.run_id)} {run.state}[/] (exit code {run.exit_code})")
+    say(state_line(run))
     for line in summary if verbose else summary[:1]:
         say(f"  {escape(line)}")
     more = "; -v for the whole summary" if len(summary) > 1 and not verbose else ""
     if local_dir is not None:
         say(f"results pulled to {shown(local_dir)}{more}")
+
+
+def state_line(run: jobs.Run) -> str:
+    """'run ID succeeded (exit code 0)', coloured by the outcome."""
+    style = "green" if run.state == "succeeded" else "red"
+    return f"[{style}]run {shown(run.run_id)} {run.state}[/] (exit code {run.exit_code})"
 
 
 def run_progress(run: jobs.Run) -> str:
@@ -206,15 +216,20 @@ def run_progress(run: jobs.Run) -> str:
     return ""
 
 
-def step_line(step: int, outcome: jobs.Run | Exception | str) -> str:
-    """One line per step at the end of a sweep or a watch pass: its τ, or why not (an
-    exception, or what to say when the run itself is not known)."""
+def step_line(
+    step: int, outcome: jobs.Run | Exception | str, verdicts: Mapping[str, str] | None = None
+) -> str:
+    """One line per step at the end of a sweep or a watch pass: its verdict (`verdicts`, by
+    run id: evaluation.verdict) or its τ, or why not (an exception, or what to say when the
+    run itself is not known)."""
     if isinstance(outcome, str):
         return f"step {step}: {outcome}"
     if isinstance(outcome, Exception):
         reason = str(outcome).splitlines()[0] if str(outcome) else type(outcome).__name__
         return f"step {step}: [red]failed[/]: {shown(reason)}"
     result = run_progress(outcome) if outcome.state == "succeeded" else outcome.state
+    if outcome.state == "succeeded" and verdicts and outcome.run_id in verdicts:
+        result = verdicts[outcome.run_id]
     where = f"on {shown(outcome.host)} (run {shown(outcome.run_id)})"
     return f"step {step}: {shown(result or outcome.state)} {where}"
 

@@ -121,7 +121,8 @@ COMPARE_HELP = {
     "steps": "only these steps, comma-separated",
     "tag": "only runs with this tag",
     "allow_mixed": "also show the other comparability groups' runs, flagged",
-    "plots": "directory for the PNG plots (default: <results>/plots)",
+    "plots": "also write the PNG plots, into this directory (--plots alone: <results>/plots)",
+    "report": "also write the HTML report (<results>/report.html, as `fab report` does)",
     "samples": "also print each run's decoded drafts next to the target's text",
     "run": "only this training run's results (default: every run's, grouped by run)",
     "format": FORMAT_HELP,
@@ -142,6 +143,8 @@ DIAGNOSE_HELP = {
     "num_prompts": "use the first N prompts (more than exist: an error)",
     "format": "text (default) or json: an object whose findings list is ranked",
     "run": RUN_HELP,
+    "dry_run": "print what it would stage, the repairs it would try on how many prompts, and "
+    "its time estimate; stage, run and write nothing",
 }
 
 

@@ -18,7 +18,7 @@ def plan_lines(plan: HostPlan) -> list[str]:
     lines.append(f"  completions: {_completions(harness['completions'])}")
     lines.append(f"  compute: {_compute(harness)}")
     lines.append(f"  memory: {_memory(harness['target'], harness['host'])}")
-    lines.append(f"  time: {_time(harness['estimate'])}")
+    lines.append(f"  time: {_time(harness['estimate'], harness['host'])}")
     lines += [f"  note: {shown(note)}" for note in plan.notes]
     lines += [f"  [red]problem:[/] {shown(problem)}" for problem in harness["problems"]]
     return lines
@@ -93,15 +93,17 @@ def _memory(target: dict, host: dict) -> str:
     )
 
 
-def _time(estimate: dict) -> str:
+def _time(estimate: dict, host: dict) -> str:
+    """The estimate, with the thread count it assumes (the run's: --threads, the inventory's
+    threads, else the host's physical cores less a reserve) beside the host's cores."""
     phases = ", ".join(f"{name} {seconds:.3g} s" for name, seconds in estimate["phases"].items())
     return (
-        f"estimate ~{_duration(estimate['seconds'])} on {estimate['cores']} threads "
-        f"({estimate['feature_class']}): {phases}"
+        f"estimate ~{duration(estimate['seconds'])} on {estimate['cores']} threads "
+        f"(of {host['cores']} physical cores; {estimate['feature_class']}): {phases}"
     )
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.3g} s"
     if seconds < 7200:

@@ -35,6 +35,7 @@ from dflash_ops.evaluation.results import (
     overlap_notes,
     table_rows,
 )
+from dflash_ops.evaluation.served_records import MATCHING, SERVED_HEADER, served_cells
 from dflash_ops.ui import report_diagnosis, report_facts, report_samples, training_view
 from dflash_ops.ui.report_facts import short
 
@@ -83,10 +84,11 @@ def write(
     mixed: str | None = None,
     training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
+    served: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Render the comparison into `path` (atomically; its directory must exist) and return
     it."""
-    html = render(comparison, mixed, training_metric, diagnoses)
+    html = render(comparison, mixed, training_metric, diagnoses, served)
     return write_atomic(path, html, make_parents=False)
 
 
@@ -102,9 +104,11 @@ def render(
     mixed: str | None = None,
     training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
+    served: list[dict[str, Any]] | None = None,
 ) -> str:
     """The whole HTML document (`training_metric`: the one drawn beside τ, default the first
-    logged; `diagnoses`: those pulled, report_diagnosis.pulled)."""
+    logged; `diagnoses`: those pulled, report_diagnosis.pulled; `served`: served τ beside
+    CPU τ, served_records.side_by_side)."""
     # matplotlib escapes the text it puts into its SVG: the one markup trusted as such.
     built = figures.build(comparison, training_metric)
     charts = {name: Markup(figures.svg_text(f)) for name, f in built.items()}
@@ -125,8 +129,17 @@ def render(
         "provenance": report_facts.provenance(comparison),
         "samples": report_samples.run_samples(comparison.rows),
         "training": training_view.report_section(comparison),
+        "served": _served(served or []),
+        "served_matching": MATCHING,
     }
     return _TEMPLATES.get_template("report.html.j2").render(context) + "\n"
+
+
+def _served(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    flagged = [not row["agree"] for row in rows]
+    return _table(SERVED_HEADER, served_cells(rows), "served", flagged, {"agree", "served run"})
 
 
 def _comparison_table(comparison: Comparison) -> dict[str, Any]:
@@ -158,11 +171,10 @@ def _comparability(comparison: Comparison) -> dict[str, Any]:
     cells = []
     for row in comparison.rows:
         key = row.key()
-        cells.append([row.run_id, str(row.step), *(short(key[name]) for name in names)])
+        cells.append([row.run_id, str(row.step), row.key_id, *(short(key[name]) for name in names)])
     flagged = [row.run_id in comparison.differences for row in comparison.rows]
-    return _table(
-        ["run", "step", *names], cells, "comparability", flagged, text_columns=set(names) | {"run"}
-    )
+    text = set(names) | {"run", "key"}
+    return _table(["run", "step", "key", *names], cells, "comparability", flagged, text)
 
 
 def _diagnosis(section: dict[str, Any]) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def key_numbers(comparison: Comparison) -> list[dict[str, str]]:
         cards.append({"label": "vs reference", "value": ratio(latest), "note": reference})
     flagged = len(comparison.rows) - len(records)
     note = f"{flagged} not comparable (flagged)" if flagged else "all comparable"
+    note += f"; comparability key {comparison.group.id}"
     cards.append({"label": "runs", "value": str(len(comparison.rows)), "note": note})
     return cards
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
+from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.evaluation.watch import PassOutcome, Watch, WatchOptions, parse_interval
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import Host
@@ -63,7 +64,8 @@ class WatchView:
     """Implements dflash_ops.evaluation.watch.WatchReporter with plain, timestamped lines
     (they read well in a terminal, tmux and the journal alike)."""
 
-    def __init__(self) -> None:
+    def __init__(self, results_root: Path | None = None) -> None:
+        self.results_root = results_root  # where the runs are pulled: their verdicts
         self.running: dict[str, str] = {}  # run id → host, for runs started and not finished
         self.launching: dict[str, str] = {}  # run id → host, launched but not confirmed yet
         self.ended: dict[int, jobs.Run] = {}  # step → its run, as runs end (for the pass's lines)
@@ -96,8 +98,12 @@ class WatchView:
         ends = {step: "evaluated" for step in outcome.evaluated}
         ends |= {step: "failed (see above)" for step in outcome.failed}
         ends |= {step: "given up (see above)" for step in outcome.skipped}
+        ended = {step: self.ended.pop(step, None) for step in ends}
+        found = {}
+        if self.results_root is not None:
+            found = verdicts(self.results_root, [run.run_id for run in ended.values() if run])
         for step, otherwise in sorted(ends.items()):
-            self.say("  " + step_line(step, self.ended.pop(step, None) or otherwise))
+            self.say("  " + step_line(step, ended[step] or otherwise, found))
         self.say(f"pass {outcome.number}: {'; '.join(parts)}{after}")
 
 
@@ -116,7 +122,7 @@ def watch_command(
     template = request_from(inventory, options, step=0, host=None)
     warn_if_incomparable(inventory, template)
     timing = WatchOptions(parse_interval(interval), retries, 1 if once else max_passes)
-    view = WatchView()
+    view = WatchView(inventory.local.results)
     url = webhook or os.environ.get(WEBHOOK_ENV)
     hook = Webhook(url, view.say) if url else None
     watch = Watch(inventory, template, view, timing, hook)

@@ -1,6 +1,7 @@
-"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …`, `… plan …`,
-`… diagnose …` and `… served …`: each command's flags (contract/parser.py) handed to the
-package that runs it. The top of the harness's ladder: the one module that sees them all.
+"""Command line: `python -m dflash_eval eval …`, `… features …`, `… extract …`, `… export …`,
+`… served-eval …`, `… plan …`, `… diagnose …` and `… served …`: each command's flags
+(contract/parser.py) handed to the package that runs it. The top of the harness's ladder: the
+one module that sees them all.
 
 Exit status: 0 success; 2 an expected failure (HarnessError: the message says what to do,
 no traceback); 130 interrupted. stdout carries JSON-line events only; people read stderr.
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
             return _diagnose(args, progress)
         if args.command == "served":
             return _served(args, progress)
+        if args.command == "export":
+            return _export(args, progress)
+        if args.command == "served-eval":
+            return _served_eval(args, progress)
         return _extract(args, progress)
     except HarnessError as error:
         progress.event("error", message=str(error))
@@ -109,8 +114,15 @@ def _plan(args: argparse.Namespace, progress: Progress) -> int:
     from dflash_eval.plan.inputs import stdin_inputs
 
     given = stdin_inputs(sys.stdin.read()) if args.inputs_on_stdin else {}
-    plan = make_plan(_eval_options(args, given))
-    progress.say("\n".join(summary_lines(plan)))
+    options = _eval_options(args, given)
+    if args.diagnose:
+        from dflash_eval.diagnose import dry_run
+
+        plan = dry_run.make_diagnose_plan(options)
+        progress.say("\n".join(summary_lines(plan) + dry_run.summary_lines(plan)))
+    else:
+        plan = make_plan(options)
+        progress.say("\n".join(summary_lines(plan)))
     progress.event("plan", plan=plan)
     return 0
 
@@ -130,6 +142,56 @@ def _served(args: argparse.Namespace, progress: Progress) -> int:
     """`fab check-hosts` asks this on the host, which reaches the server."""
     served = check_serves(sys.stdin.read().strip(), args.target)
     progress.event("served", **served.record())
+    return 0
+
+
+def _export(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.drafter.pickle_policy import PicklePolicy
+    from dflash_eval.run.export import ExportOptions, export_drafter
+
+    progress.event("start", command="export", checkpoint=str(args.checkpoint), out=str(args.out))
+    options = ExportOptions(
+        checkpoint=args.checkpoint,
+        target=args.target,
+        out=args.out,
+        drafter_config=args.drafter_config,
+        drafter_profile=args.drafter_profile,
+        block_size=args.block_size,
+        mask_token_id=args.mask_token_id,
+        target_layer_ids=args.target_layer_ids,
+        accept_default=tuple(args.accept_default),
+        pickle_policy=PicklePolicy(tuple(args.safe_globals), args.allow_unsafe_pickle),
+    )
+    summary = export_drafter(options)
+    progress.say(
+        f"Exported {args.checkpoint} → {args.out}: {summary['parameters']} parameters, block "
+        f"size {summary['block_size']}, config from {summary['config_source']}"
+    )
+    progress.event("done", out=str(args.out), summary=summary)
+    return 0
+
+
+def _served_eval(args: argparse.Namespace, progress: Progress) -> int:
+    from dflash_eval.run.served_eval import ServedOptions, run_served
+
+    options = ServedOptions(
+        target=args.target,
+        sglang_url=read_url(args.sglang_url),
+        out=args.out,
+        prompts=args.prompts,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        thinking=args.thinking,
+        block_size=args.num_draft_tokens,
+        drafter=args.drafter,
+        step=args.step,
+        gpus=args.gpus,
+    )
+    served = run_served(options, progress)["served"]
+    macro, pooled = served["tau_macro"], served["tau_pooled"]
+    shown = f"{macro['value']:.3f}" if macro else "n/a"
+    progress.say(f"served τ macro {shown}, pooled {pooled['value']:.3f}" if pooled else shown)
+    progress.event("done", out=str(args.out), served=served)
     return 0
 
 

@@ -150,7 +150,7 @@ def test_a_second_setup_through_sudo_does_nothing(sudo_eval):
 
 
 def test_check_hosts_passes_on_the_provisioned_sudo_host(sudo_eval):
-    done = run_fab(sudo_eval.inventory_path, "check-hosts")
+    done = run_fab(sudo_eval.inventory_path, "check-hosts", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
     output = " ".join(done.stdout.split())
     assert "`sudo -n` works: commands run as root" in output

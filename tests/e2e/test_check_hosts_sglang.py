@@ -34,7 +34,7 @@ def check_hosts(inventory_path: Path, monkeypatch) -> tuple[CompletedProcess, Ro
         return computed[-1]
 
     monkeypatch.setattr(checks, "check_inventory", recorded)
-    done = run_fab(inventory_path, "check-hosts")
+    done = run_fab(inventory_path, "check-hosts", "-v")
     [rows] = computed
     assert [row.host for row in rows if row.check == CHECK] == ["eval"]  # only it has a URL
     row = next(row for row in rows if row.check == CHECK)

@@ -10,6 +10,7 @@ layers rule) is tested without a lab in test_feature_spec.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -45,7 +46,7 @@ from tests.e2e.features_helpers import (
 )
 from tests.sglang_stand_in import started_in
 
-pytestmark = pytest.mark.long(310)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(340)  # seconds with 4 workers: started first
 
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
 
@@ -104,7 +105,7 @@ def test_setup_eval_host_provisions_the_features_host(features_lab, provisioned)
 
 
 def test_check_hosts_checks_the_features_host(features_lab, provisioned):
-    done = run_fab(features_lab.inventory_path, "check-hosts")
+    done = run_fab(features_lab.inventory_path, "check-hosts", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
     # the host's rows: from its name in the host column (the last host) to the table's end
     checks = said(done.stdout.split("│ features ")[1])
@@ -374,6 +375,57 @@ def test_a_tampered_copy_on_the_eval_host_is_refused_at_use(features_lab, extrac
     assert refused.returncode == 1, output
     assert re.search(r"hidden/[0-9a-f]{64}\.safetensors does not match feature-set\.json", output)
     assert "fab extract-features --verify" in output
+    repaired = extract(features_lab, "--verify")
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert digests(copy) == digests(set_dir(features_lab, "features", extracted))
+
+
+def test_a_set_changed_with_its_feature_set_json_on_the_eval_host_flags_the_run(
+    features_lab, extracted
+):
+    """The eval host's copy altered (a hidden-state value) together with its feature-set.json
+    (that file's new sha256): the run finds the set consistent and succeeds, but the
+    feature-set.json it read is not the one the workstation recorded when it relayed the set:
+    the pulled run is flagged not comparable, in run-eval, compare and the report, naming the
+    set, the host, both sha256s and the fix; `--verify` repairs the copy."""
+    inventory_path = features_lab.inventory_path
+    copy = set_dir(features_lab, "eval", extracted)
+    record_file = copy / "feature-set.json"
+    made = hashlib.sha256(record_file.read_bytes()).hexdigest()
+    record = json.loads(record_file.read_bytes())
+    for victim in (copy / "hidden").glob("*.safetensors"):
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0x40
+        victim.write_bytes(bytes(data))
+        record["files"][f"hidden/{victim.name}"]["sha256"] = hashlib.sha256(data).hexdigest()
+    record_file.write_text(json.dumps(record, indent=1) + "\n")
+    changed = hashlib.sha256(record_file.read_bytes()).hexdigest()
+    results_root = load(inventory_path).local.results
+    before = set(results_root.glob("*/results.json"))
+    prompts = ["--prompts", str(features_lab.root / labs.LAB_PROMPTS)]
+    flagged = run_fab(
+        inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
+        "--features", "latest", timeout=900,
+    )  # fmt: skip
+    pulled = [path.parent for path in set(results_root.glob("*/results.json")) - before]
+    try:
+        output = said(flagged.stdout + flagged.stderr)
+        assert flagged.returncode == 1, output
+        assert len(pulled) == 1, output  # the results are kept, flagged
+        features = json.loads((pulled[0] / "results.json").read_text())["features"]
+        assert (features["set"], features["set_sha256"]) == (extracted, changed)
+        named = f"feature set {extracted} on eval: the run read a feature-set.json with sha256"
+        assert named in output and changed[:12] in output and made[:12] in output, output
+        assert "fab extract-features --to eval --verify" in output, output
+        compared = run_fab(inventory_path, "compare", "--report")
+        assert compared.returncode == 0, compared.stdout + compared.stderr
+        notes = said(compared.stdout + compared.stderr)
+        assert f"not comparable {pulled[0].name}" in notes and named in notes, notes
+        report = (results_root / "report.html").read_text()
+        assert "feature set changed" in report and changed[:12] in report
+    finally:
+        for directory in pulled:  # the module's other comparisons never see this run
+            shutil.rmtree(directory)
     repaired = extract(features_lab, "--verify")
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert digests(copy) == digests(set_dir(features_lab, "features", extracted))

@@ -81,3 +81,38 @@ def test_ctrl_c_during_diagnose_detaches_with_the_line_to_follow_it(models_lab, 
         assert jobs.wait_finished(host, entry, run_id, 60).state in ("cancelled", "succeeded")
     finally:
         host.close()
+
+
+def test_a_dry_run_lists_the_repairs_and_their_time_and_runs_nothing(models_lab):
+    staged = run_fab(models_lab.inventory_path, "stage-checkpoint", "--step", "2000")
+    assert staged.returncode == 0, staged.stderr
+    inventory = load(models_lab.inventory_path)
+    host = Host(inventory, "eval")
+    try:
+        before = {r.run_id for r in jobs.list_runs(host, inventory.eval_hosts["eval"])}
+        planned = run_fab(
+            models_lab.inventory_path,
+            "diagnose",
+            "--step",
+            "2000",
+            "--dry-run",
+            "--format",
+            "json",
+            *QUICK,
+        )
+        assert planned.returncode == 0, planned.stderr
+        part = json.loads(planned.stdout)["diagnose"]
+        assert part["repairs"] > 5 and len(part["labels"]) == part["repairs"]
+        assert part["prompts"] == 2 and part["walks"] == 2 * part["repairs"]
+        assert 0 < part["seconds"] < part["seconds_up_to"]
+        shown = run_fab(
+            models_lab.inventory_path, "diagnose", "--step", "2000", "--dry-run", *QUICK
+        )
+        said = " ".join(shown.stdout.split())
+        assert f"repairs: {part['repairs']} × 2 prompts" in said, shown.stdout
+        assert "all target layer ids +1" in said and "diagnose time: ~" in said
+        after = {r.run_id for r in jobs.list_runs(host, inventory.eval_hosts["eval"])}
+        assert after == before  # nothing was launched
+        assert not (inventory.local.results / "diagnose").exists()
+    finally:
+        host.close()

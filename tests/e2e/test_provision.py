@@ -10,6 +10,7 @@ alone or in any order. Disk-full uses its own tiny lab.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -196,6 +197,25 @@ def test_rerun_does_nothing(provisioned):
     assert "eval: nothing to do" in result.stdout
     assert "installing" not in result.stdout and "uploaded" not in result.stdout
     assert provisioned.remote(fingerprint) == before
+
+
+def test_one_hosts_failure_is_reported_under_its_name_and_the_other_host_finishes(provisioned):
+    # A second eval host entry on the same lab host whose venv cannot be made, first in the
+    # inventory: set up together with eval (in parallel), it fails alone; eval's own setup
+    # still ends and is said (one after the other, eval2's error ended the task first).
+    document = yaml.safe_load(provisioned.inventory_path.read_text())
+    hosts = document["hosts"]
+    twin = copy.deepcopy(hosts["eval"])
+    twin["venv"]["path"] = "/proc/dflash-no-venv"
+    document["hosts"] = {"trainer": hosts.pop("trainer"), "eval2": twin, **hosts}
+    path = provisioned.lab.root / "inventory-twin.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = run_fab(path, "setup-eval-host", timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "eval: nothing to do" in result.stdout
+    message = result.stderr.strip()
+    assert message.startswith("error: eval2") and "\n" not in message, message
+    assert "Traceback" not in result.stderr
 
 
 def test_changed_transformers_version_is_upgraded(provisioned):

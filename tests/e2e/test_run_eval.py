@@ -109,6 +109,10 @@ def test_run_eval_end_to_end(inventory_path):
     assert "succeeded (exit code 0)" in result.stdout
     assert "step 2000  τ macro" in result.stdout
     assert "reference drafter τ macro" in result.stdout  # the inventory's reference_drafter
+    last = result.stdout.strip().splitlines()[-1]  # the verdict: τ [CI], change, ratio, key
+    assert re.fullmatch(
+        r"step 2000: τ [\d.]+ \[.+\], first comparable step, [\d.]+× reference, key k\w{8}", last
+    ), last
     [run_file] = pulled(inventory_path)
     results = json.loads((run_file.parent / "results.json").read_text())
     assert results["checkpoint"]["step"] == 2000
@@ -217,7 +221,7 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert "step_6000/checkpoint.pt: already staged" in sweep.stdout
     nothing_new = fab_eval(inventory_path, "run-eval", "--all-new", *QUICK)
     assert "nothing to evaluate: every complete checkpoint has a result" in nothing_new.stdout
-    compared = fab_eval(inventory_path, "compare")
+    compared = fab_eval(inventory_path, "compare", "--plots")
     assert compared.returncode == 0, compared.stderr
     assert "tau_vs_step.png" in compared.stdout
     results = load(inventory_path).local.results

@@ -71,7 +71,7 @@ def test_a_sweep_on_named_sets_gives_per_set_intervals_compare_and_a_report(mode
         assert overall["low"] <= overall["value"] <= overall["high"]
     assert len(list((results_root / "prompt-sets").glob("prompts-*.jsonl"))) == 1
 
-    compared = run_fab(inventory, "compare")
+    compared = run_fab(inventory, "compare", "--report")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "per prompt set (95 % bootstrap intervals over prompts)" in compared.stdout
     assert re.search(r"step 2000 → 6000, gsm8k: τ macro .*: intervals", compared.stdout)

@@ -97,8 +97,10 @@ def test_plan_before_staging_after_staging_and_after_a_run(plan_lab):
     assert "2 completion(s), 2 hidden state(s); loads the target's body" in before_run
     assert "block size 8" in before_run
 
-    ran = run_fab(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *QUICK)
+    # No --host with two eval hosts: the run takes the idle one the dry run names.
+    ran = run_fab(inventory_path, "run-eval", "--step", "2000", *QUICK)
     assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "eval: step 2000 runs here: idle (first in the inventory)" in ran.stdout
     after_run = dry_run(inventory_path, "--step", "2000", "--host", "eval", *QUICK)
     assert "completions 2/2 hit, hidden states 2/2 hit" in after_run
     assert "0 completion(s), 0 hidden state(s); reads only its embedding and head" in after_run
@@ -108,10 +110,13 @@ def test_plan_before_staging_after_staging_and_after_a_run(plan_lab):
     assert "not staged" in other
 
 
-def test_latest_over_every_eval_host(plan_lab):
+def test_latest_plans_on_the_one_host_the_run_would_take_and_says_why(plan_lab):
+    # Two idle eval hosts: the run takes the first (test_plan_before_staging_… runs it), so
+    # its dry run plans there alone, not on both as it once did while the run refused.
     output = dry_run(plan_lab.inventory_path, "--latest", *QUICK)
-    assert "eval: step 4000" in output and "eval2: step 4000" in output
-    assert "dry run: 2 plan(s); nothing was staged, run or written" in output
+    assert "eval: step 4000 runs here: idle (first in the inventory)" in output
+    assert "eval: step 4000" in output and "eval2: step 4000" not in output
+    assert "dry run: 1 plan(s); nothing was staged, run or written" in output
     several = dry_run(plan_lab.inventory_path, "--steps", "2000,4000", "--host", "eval2", *QUICK)
     assert "eval2: step 2000" in several and "eval2: step 4000" in several
 

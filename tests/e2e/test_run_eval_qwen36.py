@@ -1,4 +1,4 @@
-"""`fab run-eval` end to end on the miniature Qwen3.6 target (`lab-up --content qwen3.6`): a
+"""`fab run-eval` end to end on the miniature Qwen3.6 target (`dflash-lab up --content qwen3.6`): a
 vision-language wrapper with hybrid attention, MTP weights and bf16 shards, on a provisioned
 eval host over real SSH; drafters trained on it at steps 2000/4000/6000 and a reference
 drafter with causal sliding-window layers."""

@@ -53,7 +53,7 @@ def test_two_runs_of_one_step_are_evaluated_and_compared_by_run(runs_lab, fab):
     assert pulled["v4", 4000]["sha256"] != pulled["v5", 4000]["sha256"]
     assert "/checkpoints/v5/step_4000/" in pulled["v5", 4000]["path"]
 
-    compared = fab(inventory, "compare", "--format", "json")
+    compared = fab(inventory, "compare", "--format", "json", "--report")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     rows = json.loads(compared.stdout)["runs"]
     assert [(row["training_run"], row["step"]) for row in rows] == [

@@ -5,6 +5,7 @@ beside τ, and each step's W&B record holds τ and the training metrics at that 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -41,8 +42,14 @@ def test_a_sweep_logs_tau_and_training_metrics_by_step(models_lab, tmp_path, mon
 
     swept = run_fab(inventory, "run-eval", "--steps", "2000,4000", "--wandb", "e2e", *QUICK)
     assert swept.returncode == 0, swept.stdout + swept.stderr
-    for step in STEPS:
-        assert f"W&B: step {step} logged to e2e (run dflash-eval-default)" in swept.stdout
+    logged_to = {
+        step: re.findall(
+            rf"W&B: step {step} logged to e2e \(run (dflash-eval-default-k\w+)\)", swept.stdout
+        )
+        for step in STEPS
+    }
+    (first,), (second,) = logged_to.values()
+    assert first == second  # the steps of one training run and key: one W&B run
     assert "training metrics" not in swept.stdout  # both steps were in the log
 
     shown = run_fab(inventory, "compare", "--format", "json")

@@ -474,7 +474,7 @@ STAGES = {
     "polling the trainer": "watching ",
     "staging": "% of ",
     "launching": "staged and verified",
-    "streaming": "drafter: ",
+    "streaming": "target hidden states: ",  # a phase done, the drafter's to come
     "pulling and summarising": "results pulled to",
 }
 

@@ -166,7 +166,7 @@ def test_a_write_denied_to_a_login_without_become_says_so_not_rerun(sudo_lab, tm
 
 @needs_root_and_sudo
 def test_check_hosts_warns_that_pct_needs_root_without_become(sudo_lab, fab, tmp_path):
-    done = fab(without_become(sudo_lab, tmp_path), "check-hosts")
+    done = fab(without_become(sudo_lab, tmp_path), "check-hosts", "-v")
     output = " ".join(done.stdout.split())
     assert "root for pct" in output and "set `become: sudo`" in output
 
@@ -175,7 +175,7 @@ def test_check_hosts_warns_that_pct_needs_root_without_become(sudo_lab, fab, tmp
 def test_check_hosts_reports_missing_sudo_rights_and_the_rule_to_add(sudo_lab, fab):
     sudo_lab.set_sudo_rights(False)
     try:
-        done = fab(sudo_lab.inventory_path, "check-hosts")
+        done = fab(sudo_lab.inventory_path, "check-hosts", "-v")
         staged = fab(sudo_lab.inventory_path, "stage-checkpoint", "--step", str(STEP))
     finally:
         sudo_lab.set_sudo_rights(True)

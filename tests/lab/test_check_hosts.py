@@ -1,13 +1,19 @@
-"""`fab check-hosts` against real lab hosts: green when healthy, red (exit 1) with the reason."""
+"""`fab check-hosts` against real lab hosts: green when healthy, red (exit 1) with the reason;
+a screen's worth without -v, every check's detail with it."""
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 
+from rich.console import Console
+
 from dflash_ops.core.inventory import load
+from dflash_ops.evaluation.served import sglang_rows
 from dflash_ops.remote import checks
 from dflash_ops.remote.checks import Status
+from dflash_ops.ui.console import check_summary
 
 
 def table_row(output: str, check: str) -> str:
@@ -18,7 +24,7 @@ def table_row(output: str, check: str) -> str:
 
 
 def test_healthy_lab_is_all_green(lab, fab):
-    result = fab(lab.inventory_path, "check-hosts")
+    result = fab(lab.inventory_path, "check-hosts", "-v")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all required checks passed" in result.stdout
     assert "FAIL" not in result.stdout
@@ -42,7 +48,7 @@ def test_rows_carry_status_per_host(lab):
 def test_stopped_sshd_is_red(make_lab, fab):
     built = make_lab()
     built.stop_sshd("eval")
-    result = fab(built.inventory_path, "check-hosts")
+    result = fab(built.inventory_path, "check-hosts", "-v")
     assert result.returncode == 1
     assert "required check(s) failed: eval reachable" in result.stderr
     eval_rows = result.stdout.split("│ eval ")[1]
@@ -56,7 +62,7 @@ def test_wrong_known_hosts_entry_is_refused(make_lab, fab):
     eval_address = lines[1].split(" ", 1)[0]
     lines[1] = f"{eval_address} {lines[0].split(' ', 1)[1]}"  # eval's address, trainer's key
     built.known_hosts.write_text("\n".join(lines) + "\n")
-    result = fab(built.inventory_path, "check-hosts")
+    result = fab(built.inventory_path, "check-hosts", "-v")
     assert result.returncode == 1
     assert "failed: eval host key" in result.stderr
     rows = checks.check_inventory(load(built.inventory_path))
@@ -71,15 +77,33 @@ def test_missing_directories_and_stopped_container_are_red(make_lab, fab):
     target = load(built.inventory_path).hosts["eval"].target_model
     shutil.rmtree(target)
     built.set_container_running(False)
-    result = fab(built.inventory_path, "check-hosts")
+    result = fab(built.inventory_path, "check-hosts", "-v")
     assert result.returncode == 1
     assert "trainer container" in result.stderr and "eval target model" in result.stderr
     assert f"{target}: missing" in table_row(result.stdout, "target model")
     assert "status: stopped; start it first" in table_row(result.stdout, "container")
     built.set_container_running(True)
     shutil.rmtree(built.container_path("/workspace/checkpoints"))
-    result = fab(built.inventory_path, "check-hosts")
+    result = fab(built.inventory_path, "check-hosts", "-v")
     assert result.returncode == 1
     assert "missing; fix `checkpoints` in the inventory" in table_row(
         result.stdout, "checkpoints dir"
     )
+
+
+def test_without_v_the_checks_fit_30_lines_at_80_columns_and_name_what_is_not_ok(lab, fab):
+    rows = checks.check_inventory(load(lab.inventory_path), more=[sglang_rows])
+    terminal = io.StringIO()
+    Console(file=terminal, width=80, highlight=False, emoji=False).print(
+        check_summary(rows, f"check-hosts ({lab.inventory_path})")
+    )
+    lines = terminal.getvalue().splitlines()
+    assert len(lines) <= 30 and max(map(len, lines)) <= 80, terminal.getvalue()
+    text = " ".join(terminal.getvalue().split())
+    assert "✓ ok reachable, host key, authenticated, container," in text
+    assert "! warn venv: " in text and "created by `fab setup-eval-host`" in text
+    assert "machine" not in text  # the hosts' facts are -v's
+    result = fab(lab.inventory_path, "check-hosts")
+    assert result.returncode == 0, result.stderr
+    assert "all required checks passed (details: -v)" in result.stdout
+    assert "│" not in result.stdout and len(result.stdout.splitlines()) <= 30

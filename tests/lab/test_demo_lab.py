@@ -86,7 +86,7 @@ def test_an_interrupted_demo_removes_its_own_lab_and_no_other(lab, tmp_path):
     own = labs.load(root / "lab")
     assert is_up(own) and is_up(lab)
     output = "".join(seen) + ctrl_c(demo)
-    assert f"$ fab lab-down --dir {root / 'lab'}" in output
+    assert f"$ dflash-lab down --dir {root / 'lab'}" in output
     assert own.leftovers() == [], output
     assert not root.exists()
     assert is_up(lab), output

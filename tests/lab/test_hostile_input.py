@@ -25,7 +25,7 @@ def changed_inventory(lab, tmp_path, host: str, key: str, value) -> str:
 def test_an_injected_eval_address_is_refused_before_anything_runs(lab, fab, tmp_path):
     marker = tmp_path / "injected"
     hostile = changed_inventory(lab, tmp_path, "eval", "address", INJECTED.format(marker=marker))
-    result = fab(hostile, "check-hosts")
+    result = fab(hostile, "check-hosts", "-v")
     assert result.returncode == 1
     assert "hosts.eval.address: expected a host name" in result.stderr
     assert "Traceback" not in result.stderr
@@ -65,7 +65,7 @@ def test_a_duplicate_key_in_the_inventory_is_refused(lab, fab, tmp_path):
     eval_block = text[text.index("  eval:") : text.index("local:")]
     broken = tmp_path / "inventory.yaml"
     broken.write_text(text.replace(eval_block, eval_block + eval_block.replace("eval:", "eval:")))
-    result = fab(broken, "check-hosts")
+    result = fab(broken, "check-hosts", "-v")
     assert result.returncode == 1
     assert "duplicate key 'eval' (first at line" in result.stderr
     assert "Traceback" not in result.stderr
@@ -74,7 +74,7 @@ def test_a_duplicate_key_in_the_inventory_is_refused(lab, fab, tmp_path):
 def test_an_inventory_that_is_not_utf8_is_one_line(lab, fab, tmp_path):
     broken = tmp_path / "inventory.yaml"
     broken.write_bytes(lab.inventory_path.read_bytes().replace(b"trainer:", b"tr\xe4iner:", 1))
-    result = fab(broken, "check-hosts")
+    result = fab(broken, "check-hosts", "-v")
     assert result.returncode == 1
     assert "expected UTF-8 text, found the byte 0xe4" in result.stderr
     assert "Traceback" not in result.stderr
@@ -107,7 +107,7 @@ def test_a_bad_number_on_the_command_line_is_one_line(lab, fab, task, flag, valu
 )
 def test_a_careless_drafter_profile_is_one_line(lab, fab, tmp_path, drafter, expected):
     broken = changed_inventory(lab, tmp_path, "trainer", "drafter", drafter)
-    result = fab(broken, "check-hosts")
+    result = fab(broken, "check-hosts", "-v")
     assert result.returncode == 1
     assert expected in result.stderr, result.stderr
 

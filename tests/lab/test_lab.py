@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from dflash_lab import lab as labs
+from dflash_lab import network, users
 from dflash_ops.core.errors import LabError
 from dflash_ops.remote.routes import network_namespaces
+from tests.conftest import run_lab
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and tmpfs need root")
 
@@ -99,9 +102,9 @@ def test_second_lab_up_in_the_same_place_is_refused(lab):
         labs.up(labs.LabConfig(root=lab.root))
 
 
-def test_down_leaves_nothing_behind(tmp_path, fab):
+def test_down_leaves_nothing_behind(tmp_path):
     root = tmp_path / "lab"
-    up = fab(None, "lab-up", "--dir", str(root), "--eval-hosts", "2")
+    up = run_lab("up", "--dir", str(root), "--eval-hosts", "2")
     assert up.returncode == 0, up.stderr
     built = labs.load(root)
     assert set(built.state.hosts) == {"trainer", "eval", "eval2"}
@@ -110,13 +113,50 @@ def test_down_leaves_nothing_behind(tmp_path, fab):
     assert sum(item.startswith("mount") for item in everything) == 4
     # A live SSH session must not keep anything alive either.
     session = subprocess.Popen(ssh_argv(built, "eval", "sleep 60"))
-    status = fab(None, "lab-status", "--dir", str(root))
+    status = run_lab("status", "--dir", str(root))
     assert "eval2" in status.stdout and "sshd running" in status.stdout
-    down = fab(None, "lab-down", "--dir", str(root))
+    down = run_lab("down", "--dir", str(root))
     session.wait(timeout=10)
     assert down.returncode == 0, down.stderr
     assert built.leftovers() == []
     assert not any(n.startswith(f"dflab{built.state.slot}-") for n in network_namespaces())
+
+
+def test_a_stale_record_of_the_slot_removes_nothing_of_the_lab_there_now(make_lab, tmp_path):
+    """A lab whose teardown stopped half-way keeps its record; by then a later lab may hold
+    the same slot, and so namespaces, links, user and sudoers file of the same names. Taking
+    the stale record down must leave that lab untouched (it once took a running lab's
+    trainer namespace from under its sshd)."""
+    now = make_lab(sudo_hosts=("eval",))
+    stale_root = tmp_path / "stale"
+    stale_root.mkdir()
+    stale = labs.Lab(dataclasses.replace(now.state, root=str(stale_root), token=STALE_TOKEN))
+    stale.state.save()
+    assert stale.down() == []
+    assert not stale_root.exists()
+    assert set(now.state.namespaces) <= set(network_namespaces())
+    assert all(now.sshd_running(name) for name in now.state.hosts)
+    assert all(Path(file).exists() for file in now.state.files)
+    assert subprocess.run(["id", now.state.users[0]], capture_output=True).returncode == 0
+    assert tcp_from(now, "eval", now.state.hosts["eval"].address).returncode == 0
+
+
+STALE_TOKEN = "0" * 16  # another lab's mark
+
+
+def test_a_slot_whose_login_is_still_there_is_not_chosen():
+    """A lab's user outlives its namespaces when its teardown was cut short: the slot looks
+    free on the network, but a lab that took it could not make its login of the same name
+    (CI once failed four tests that way)."""
+    with network.slot_lock():  # no other lab claims or frees a slot meanwhile
+        slot = network.free_slot(users.slot_in_use)
+        name = f"dflashlab{slot}"
+        subprocess.run(["useradd", "--no-create-home", name], check=True)
+        try:
+            assert network.free_slot(users.slot_in_use) != slot
+            assert network.free_slot() == slot  # only the login tells
+        finally:
+            subprocess.run(["userdel", name], check=True)
 
 
 def test_failed_up_removes_what_it_made(tmp_path):
@@ -193,6 +233,7 @@ BUILD_WHEN_TOLD = """
 import sys
 from pathlib import Path
 from dflash_lab import lab as labs
+from dflash_lab import network, users
 print("ready", flush=True)
 sys.stdin.read()
 built = labs.up(labs.LabConfig(root=Path(sys.argv[1]), eval_disk="16m", checkpoint_size="64k"))

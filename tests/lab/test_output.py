@@ -18,8 +18,6 @@ from click.testing import CliRunner
 from dflash_eval.contract.dtypes import dtype_name
 from dflash_eval.contract.options import BY_NAME, help_text
 from dflash_eval.contract.parser import build_parser
-from dflash_eval.contract.prompts import builtin_prompts, prompts_hash
-from dflash_eval.contract.version import NUMERICS_VERSION
 from rich.console import Console
 
 from dflash_ops.core.arguments import one_of
@@ -40,7 +38,7 @@ from dflash_ops.ui.eval_view import (
     step_line,
 )
 from dflash_ops.ui.staging_view import short_label, transfer_bars
-from tests.schema_samples import results_dict
+from tests.schema_samples import comparable_results, results_dict
 from tests.unit.test_report import pull as pull_with_sets
 
 STAMPS = {2000: "20261201-120301", 4000: "20261201-120355", 6000: "20261202-093012"}
@@ -93,15 +91,17 @@ def test_the_wide_comparison_has_every_column_and_still_fits(pulled):
 
 
 def test_compare_as_json_csv_and_markdown_reads_back(pulled, capsys):
-    show_comparison(pulled, fmt="json", plots=pulled / "plots")
+    show_comparison(pulled, fmt="json", plots=pulled / "plots", with_report=True)
     captured = capsys.readouterr()
     document = json.loads(captured.out)
     assert [run["step"] for run in document["runs"]] == [2000, 4000, 6000]
     assert document["runs"][0]["tau_macro_low"] < document["runs"][0]["tau_macro"]
+    key = document["runs"][0]["comparability_key"]
     assert document["groups"] == [
-        {"group": 1, "compared": True, "runs": [r["run_id"] for r in document["runs"]],
-         "differs": []},
+        {"group": 1, "comparability_key": key, "compared": True,
+         "runs": [r["run_id"] for r in document["runs"]], "differs": []},
     ]  # fmt: skip
+    assert {run["comparability_key"] for run in document["runs"]} == {key}
     assert {r["prompt_set"] for r in document["per_set"]} == {"all prompts", "gsm8k", "humaneval"}
     assert "report: " in captured.err and "report: " not in captured.out
 
@@ -154,7 +154,7 @@ def test_an_export_covers_runs_from_before_intervals(tmp_path):
 
 def test_an_odd_run_gets_a_group_of_its_own_and_is_named(pulled, capsys):
     pull_with_sets(pulled, 8000, 3.5, prompts={"max_new_tokens": 48})
-    comparison = show_comparison(pulled, plots=pulled / "plots")
+    comparison = show_comparison(pulled, plots=pulled / "plots", with_report=True)
     assert [row.step for row in comparison.rows] == [2000, 4000, 6000]  # the largest group
     out = " ".join(capsys.readouterr().out.split())
     assert "group 2: 1 run(s) (step 8000 run-8000) differ in max new tokens" in out
@@ -340,17 +340,6 @@ def test_dtype_aliases_are_normalised_on_both_sides():
     )
     assert args.dtype == "bfloat16"
     assert "bf16" in help_text(BY_NAME["target_dtype"])  # fab and argparse help say so
-
-
-def comparable_results() -> dict:
-    """Results whose key is what a default run of this checkout would record."""
-    outcome = results_dict()
-    outcome["prompts"]["sha256"] = prompts_hash(builtin_prompts())
-    outcome["prompts"]["max_new_tokens"] = 256
-    outcome["options"] = {"max_blocks": None, "thinking": False}
-    outcome["harness"]["numerics_version"] = NUMERICS_VERSION
-    outcome["completions"]["source"] = "local-greedy"
-    return outcome
 
 
 def test_a_run_that_will_not_be_comparable_is_named_before_it_starts(tmp_path):

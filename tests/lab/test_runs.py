@@ -286,7 +286,7 @@ def test_without_own_checkpoints_the_run_is_asked_for_unless_there_is_one(make_l
     listed = fab(one, "list-checkpoints")
     assert listed.returncode == 0, listed.stderr
     assert "(training run v5)" in " ".join(listed.stdout.split()) and "6000" in listed.stdout
-    checked = fab(several, "check-hosts")
+    checked = fab(several, "check-hosts", "-v")
     assert "checkpoints dir (v4)" in checked.stdout and "checkpoints dir (v5)" in checked.stdout
 
 

@@ -36,6 +36,7 @@ def _extract(lab, setdir: Path, **overrides) -> dict:
     options = FeaturesOptions(
         target=lab.target_dir,
         out=setdir,
+        threads=1,
         layers=LAB_LAYERS,
         block_size=LAB_BLOCK,
         prompts=lab.prompts,
@@ -201,7 +202,14 @@ def test_an_interrupted_build_leaves_no_set_and_is_resumed(lab, tmp_path):
         StandIn.generate = made_up_tokens
         resumed = run_features(
             FeaturesOptions(
-                lab.target_dir, setdir, LAB_LAYERS, LAB_BLOCK, lab.prompts, 12, sglang_url=url
+                lab.target_dir,
+                setdir,
+                LAB_LAYERS,
+                LAB_BLOCK,
+                lab.prompts,
+                12,
+                sglang_url=url,
+                threads=1,
             ),
             Progress(quiet=True),
         )

@@ -29,6 +29,7 @@ def _options(lab, setdir: Path, **overrides) -> FeaturesOptions:
     options = FeaturesOptions(
         target=lab.target_dir,
         out=setdir,
+        threads=1,
         layers=[1, 3],
         block_size=8,
         prompts=lab.prompts,

@@ -176,7 +176,7 @@ def test_harness_events_and_step_lines_are_shown_escaped(capsys):
     view = eval_view.PrefixedView("eval")
     on_event = view.follow("run")
     on_event({"event": "warning", "message": f"first line\n{HOSTILE}"})
-    on_event({"event": "progress", "phase": HOSTILE, "done": 1, "total": 4})
+    on_event({"event": "progress", "phase": HOSTILE, "done": 4, "total": 4})  # its end
     on_event({"event": "status", "message": HOSTILE})
     line = eval_view.step_line(2000, OpsError(f"host said {HOSTILE}"))
     eval_view.console.print(line)

@@ -174,7 +174,7 @@ def test_typo_via_fab_is_one_clear_line(tmp_path, fab):
     document["hosts"]["eval"]["wokdir"] = document["hosts"]["eval"].pop("workdir")
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump(document))
-    result = fab(path, "check-hosts")
+    result = fab(path, "check-hosts", "-v")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "hosts.eval.wokdir: unknown key (did you mean 'workdir'?)" in result.stderr

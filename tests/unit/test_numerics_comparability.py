@@ -5,40 +5,32 @@ harness hash, or as version 1 where that hash is a known version-1 harness."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from dflash_eval.contract import reading
 from dflash_eval.contract.schema_check import SchemaError, parse_results
-from dflash_eval.contract.version import NUMERICS_OF_UNVERSIONED, NUMERICS_VERSION
+from dflash_eval.contract.version import (
+    NUMERICS_OF_UNVERSIONED,
+    NUMERICS_VERSION,
+    compared_numerics,
+)
 
 from dflash_ops.evaluation import results
 from dflash_ops.evaluation.foresee import comparability_warning, expected_key
+from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.evaluation.request import EvalRequest
-from tests.schema_samples import results_dict
+from tests.schema_samples import pulled, results_dict, sampled_results_dict
 
 KNOWN_OLD = next(iter(NUMERICS_OF_UNVERSIONED))
 
 
-def outcome(content: str, numerics: int | None) -> dict:
+def outcome(content: str, numerics: int | None, sampled: bool = False) -> dict:
     """Results of a harness with this content hash, recording this numerics version (None:
-    written before the version was recorded)."""
-    made = results_dict()
+    written before the version was recorded), greedy or sampled."""
+    made = sampled_results_dict() if sampled else results_dict()
     made["harness"]["content_sha256"] = content
     if numerics is not None:
         made["harness"]["numerics_version"] = numerics
     return made
-
-
-def pulled(root: Path, runs: dict[str, dict]) -> list[results.RunResult]:
-    for number, (run_id, made) in enumerate(runs.items()):
-        directory = root / run_id
-        directory.mkdir(parents=True)
-        run = {"run_id": run_id, "host": "eval", "state": "succeeded", "started": number}
-        (directory / "run.json").write_text(json.dumps(run))
-        (directory / "results.json").write_text(json.dumps(made))
-    return results.load_runs(root)
 
 
 def groups_of(comparison: results.Comparison) -> list[tuple[list[str], list[str]]]:
@@ -54,13 +46,29 @@ def test_harnesses_of_one_numerics_version_are_comparable_whatever_their_code(tm
 
 def test_a_raised_numerics_version_sets_its_results_apart_and_says_why(tmp_path):
     runs = pulled(
-        tmp_path, {"a": outcome("1" * 64, 1), "b": outcome("1" * 64, 1), "c": outcome("2" * 64, 2)}
+        tmp_path,
+        {
+            "a": outcome("1" * 64, 1, sampled=True),
+            "b": outcome("1" * 64, 1, sampled=True),
+            "c": outcome("2" * 64, 2, sampled=True),
+        },
     )
     comparison = results.compare(runs)
     assert groups_of(comparison) == [(["a", "b"], []), (["c"], ["numerics"])]
     note = results.mixed_note(comparison)
     assert "differ from comparability group 1 (2 run(s)) in numerics" in note
     assert "harness.numerics_version" in note
+
+
+def test_greedy_runs_of_a_version_that_moved_only_sampled_numbers_stay_comparable(tmp_path):
+    runs = pulled(tmp_path, {"v1": outcome("1" * 64, 1), "v2": outcome("2" * 64, 2)})
+    assert groups_of(results.compare(runs)) == [(["v1", "v2"], [])]
+    assert reading.numerics(runs[1].done) == 1
+    later = pulled(tmp_path / "later", {"v2": outcome("2" * 64, 2), "v3": outcome("3" * 64, 3)})
+    assert [rows for rows, _ in groups_of(results.compare(later))] in (
+        [["v2"], ["v3"]],
+        [["v3"], ["v2"]],
+    )
 
 
 def test_results_without_a_version_group_by_their_harness_hash(tmp_path):
@@ -97,10 +105,14 @@ def test_the_numerics_version_is_read_as_the_schema_types_it():
 
 
 def test_a_run_is_foreseen_under_the_numerics_version_of_the_harness_it_deploys(tmp_path):
-    assert expected_key(EvalRequest(step=1))["numerics"] == NUMERICS_VERSION
-    older = outcome("1" * 64, NUMERICS_VERSION - 1)
+    sampled = EvalRequest(step=1, harness_args=harness_args({"temperature": "0.7"}))
+    assert expected_key(sampled)["numerics"] == NUMERICS_VERSION
+    assert expected_key(EvalRequest(step=1))["numerics"] == compared_numerics(
+        NUMERICS_VERSION, sampled=False
+    )
+    older = outcome("1" * 64, NUMERICS_VERSION - 1, sampled=True)
     pulled(tmp_path, {"a": older})
-    warning = comparability_warning(tmp_path, EvalRequest(step=1))
+    warning = comparability_warning(tmp_path, sampled)
     assert (
         f"numerics version {NUMERICS_VERSION} vs {NUMERICS_VERSION - 1} (the harness computes "
         "its numbers differently)"

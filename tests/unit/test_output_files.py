@@ -1,6 +1,7 @@
 """What `--out` (and every other local write) may replace: a regular file, never a device,
 a FIFO, a directory or a symbolic link; a missing directory is named, not made; a full disk
-is one line, with no partial file left and the previous file as it was."""
+is one line, with no partial file left and the previous file as it was. A read command
+(`compare`, in any format) writes nothing unless asked."""
 
 from __future__ import annotations
 
@@ -121,15 +122,16 @@ def _fill(directory: Path) -> None:
         os.close(handle)
 
 
-@pytest.mark.parametrize("task", ["report", "export", "compare"])
-def test_a_full_disk_is_one_line_no_partial_file_and_the_old_file_kept(tiny_disk, task):
+@pytest.mark.parametrize("command", [("report",), ("export",), ("compare", "--report")])
+def test_a_full_disk_is_one_line_no_partial_file_and_the_old_file_kept(tiny_disk, command):
+    task = command[0]
     root = tiny_disk / "results"
     pull(root, 2000, 2.0)
     inventory = _inventory(tiny_disk.parent, root)
     target = root / ("export.csv" if task == "export" else "report.html")
     target.write_text("the previous file\n")
     _fill(tiny_disk)
-    failed = run_fab(inventory, task)
+    failed = run_fab(inventory, *command)
     assert failed.returncode == 1 and "Traceback" not in failed.stderr
     message = failed.stderr.strip()
     assert "\n" not in message and message.startswith(
@@ -146,3 +148,38 @@ def test_any_failed_write_is_an_ops_error_naming_the_path(tmp_path):
     with pytest.raises(OpsError, match=rf"^{target}: could not write it \(Is a directory\)"):
         write_atomic(target, "new\n")
     assert target.read_text() == "old\n"
+
+
+# --- compare reads only: it writes nothing unless asked (--plots [DIR], --report) ----------
+
+
+def _files(root: Path) -> dict[str, float]:
+    return {str(path): path.stat().st_mtime_ns for path in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv", "markdown"])
+def test_compare_in_any_format_writes_nothing(pulled, fmt):
+    root, inventory = pulled
+    before = _files(root)
+    shown = run_fab(inventory, "compare", "--format", fmt)
+    assert shown.returncode == 0, shown.stderr
+    assert _files(root) == before
+    assert "\nreport: " not in shown.stdout + shown.stderr
+    assert "\nplot: " not in shown.stdout + shown.stderr
+
+
+def test_the_table_says_how_to_get_the_plots_and_the_report(pulled):
+    shown = run_fab(pulled[1], "compare")
+    assert "plots and the HTML report: add --plots and --report" in shown.stdout
+
+
+def test_plots_and_report_are_written_when_asked(pulled, tmp_path):
+    root, inventory = pulled
+    asked = run_fab(inventory, "compare", "--format", "json", "--plots", "--report")
+    assert asked.returncode == 0, asked.stderr
+    assert (root / "plots" / "tau_vs_step.png").stat().st_size > 1000
+    assert f"report: {root / 'report.html'}" in asked.stderr
+    assert (root / "report.html").stat().st_size > 1000
+    elsewhere = run_fab(inventory, "compare", "--plots", str(tmp_path))
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert (tmp_path / "tau_vs_step.png").exists()

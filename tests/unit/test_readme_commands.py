@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 
-def _tasks() -> dict[str, set[str]]:
-    """Task name → the long flags it takes."""
-    collection = Collection.from_module(fabfile)
+def _tasks(collection: Collection | None = None) -> dict[str, set[str]]:
+    """Task name → the long flags it takes (of the fabfile, unless another collection)."""
+    collection = collection or Collection.from_module(fabfile)
     flags = {}
     for name in collection.task_names:
         arguments = task_arguments(collection[name])  # never the task's own help dict
@@ -28,19 +28,20 @@ def _tasks() -> dict[str, set[str]]:
     return flags
 
 
-def _commands(text: str) -> list[list[str]]:
-    """Every `fab …` command line in the text's code blocks and backticks (comments off)."""
+def _commands(text: str, program: str = "fab") -> list[list[str]]:
+    """Every `PROGRAM …` command line in the text's code blocks and backticks (comments
+    off)."""
     lines, inside = [], False
     for line in text.splitlines():
         if line.startswith("```"):
             inside = not inside
         elif inside:
             lines.append(line)
-    lines += re.findall(r"`(fab [^`]+)`", text)
+    lines += re.findall(rf"`({program} [^`]+)`", text)
     commands = []
     for line in lines:
         line = line.split("#", 1)[0].strip()
-        if line.startswith("fab ") and "TASK" not in line:
+        if line.startswith(f"{program} ") and "TASK" not in line:
             commands.append(shlex.split(line)[1:])
     return commands
 
@@ -57,6 +58,17 @@ def test_every_fab_command_in_the_readme_names_a_task_and_its_flags():
             flag = word.split("=", 1)[0]
             if flag.startswith("--"):
                 assert flag in tasks[argv[0]], f"README: fab {shlex.join(argv)}: no {flag}"
+
+
+def test_every_lab_command_in_the_readme_names_one_of_the_labs_tasks_and_its_flags():
+    from dflash_lab.tasks import lab_tasks
+
+    tasks = _tasks(lab_tasks())
+    commands = _commands(README.read_text(), "dflash-lab")
+    assert [argv[0] for argv in commands] == ["up", "down"]
+    for argv in commands:
+        flags = {word.split("=", 1)[0] for word in argv[1:] if word.startswith("--")}
+        assert flags <= tasks[argv[0]], f"README: dflash-lab {shlex.join(argv)}"
 
 
 def test_the_readme_states_the_two_ways_in_and_links_only_to_files_that_exist():

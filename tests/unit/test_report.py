@@ -159,7 +159,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
 def test_compare_rewrites_the_report(three_steps, tmp_path):
     from dflash_ops.ui.eval_commands import show_comparison
 
-    show_comparison(three_steps, plots=tmp_path / "plots")
+    show_comparison(three_steps, plots=tmp_path / "plots", with_report=True)
     written = three_steps / report.REPORT_NAME
     assert "run-6000" in written.read_text()
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
@@ -167,7 +167,7 @@ def test_compare_rewrites_the_report(three_steps, tmp_path):
         "tau_by_dataset.png", "tau_vs_step.png",
     ]  # fmt: skip
     pull(three_steps, 8000, 4.0)
-    show_comparison(three_steps, plots=tmp_path / "plots")
+    show_comparison(three_steps, plots=tmp_path / "plots", with_report=True)
     assert "run-8000" in written.read_text()
 
 

@@ -210,7 +210,7 @@ def test_compare_puts_a_pulled_diagnosis_in_the_report(three_steps, tmp_path):
     from dflash_ops.ui.eval_commands import show_comparison
 
     _diagnosis(three_steps, 6000, "diag-6000")
-    show_comparison(three_steps, plots=tmp_path / "plots")
+    show_comparison(three_steps, plots=tmp_path / "plots", with_report=True)
     assert '<section id="diagnosis">' in (three_steps / report.REPORT_NAME).read_text()
 
 

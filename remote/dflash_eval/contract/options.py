@@ -180,7 +180,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "threads",
         "int",
-        "torch CPU threads on the host that runs it (default: torch's)",
+        "torch CPU threads on the host that runs it (default: its physical cores less 2 "
+        "for SGLang and the system; fewer kept back below 8 cores)",
         minimum=1,
         maximum=4096,
         unit="threads",

@@ -1,6 +1,6 @@
-"""The harness's command line as a grammar: `eval`, `features`, `extract`, `plan`, `diagnose`
-and `served`, each with its flags, the run options among them derived from the option table
-(options.py). What each command does is dflash_eval.cli's.
+"""The harness's command line as a grammar: `eval`, `features`, `extract`, `export`,
+`served-eval`, `plan`, `diagnose` and `served`, each with its flags, the run options among
+them derived from the option table (options.py). What each command does is dflash_eval.cli's.
 
 Stdlib only: the workstation parses a run's harness argv with this same parser (its defaults
 included) to tell, before the run, what it will be compared by.
@@ -27,10 +27,26 @@ def _argument_type(option: run_options.Option) -> Callable[[str], object]:
     return convert
 
 
+# Commands that take some of eval's options as eval reads them: `export` those that say which
+# drafter a checkpoint is, `served-eval` those that build the prompts as eval builds them.
+SHARED = {
+    "export": (
+        *("checkpoint", "target", "drafter_config", "block_size", "mask_token_id"),
+        *("target_layer_ids", "drafter_profile", "accept_default", "safe_globals"),
+        "allow_unsafe_pickle",
+    ),
+    "served-eval": ("target", "prompts", "num_prompts", "thinking", "max_new_tokens", "step"),
+}
+
+
 def _add_options(parser: argparse.ArgumentParser, command: str) -> None:
     """The table's options that `command` takes (dflash_eval.contract.options declares each
     once)."""
-    for option in run_options.for_command(command):
+    if command in SHARED:
+        taken = [option for option in run_options.OPTIONS if option.name in SHARED[command]]
+    else:
+        taken = run_options.for_command(command)
+    for option in taken:
         described = run_options.help_text(option)
         if option.kind == "switch":
             parser.add_argument(option.flag, action="store_true", help=described)
@@ -119,6 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--drafter-config", type=Path, help="config.json to write when the checkpoint carries none"
     )
     _add_options(strip, "extract")
+    export = commands.add_parser(
+        "export",
+        help="drafter checkpoint → Hugging Face drafter directory (config.json with "
+        "dflash_config + model.safetensors), its settings resolved as eval resolves them",
+    )
+    _add_options(export, "export")
+    export.add_argument("--out", type=Path, required=True, help="drafter directory to write")
+    _add_progress_flags(export)
+    _add_served_eval_parser(commands)
     _add_plan_parser(commands)
     _add_diagnose_parser(commands)
     served = commands.add_parser(
@@ -128,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     served.add_argument("--target", type=Path, required=True, help="target model directory")
     return parser
+
+
+def _add_served_eval_parser(commands: argparse._SubParsersAction) -> None:
+    """`served-eval`: eval's prompt flags, sent to a running SGLang DFLASH server."""
+    served = commands.add_parser(
+        "served-eval",
+        help="the acceptance length a running SGLang DFLASH server gets on eval's prompts "
+        "(completion tokens / verification steps per request)",
+    )
+    _add_options(served, "served-eval")
+    served.add_argument("--sglang-url", required=True, help="the server (@FILE reads it)")
+    served.add_argument("--out", type=Path, required=True, help="served record JSON to write")
+    served.add_argument(
+        "--num-draft-tokens", type=int, required=True, help="the server's block size (recorded)"
+    )
+    served.add_argument("--drafter", required=True, help="the drafter it serves (recorded)")
+    served.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES it started with (recorded)")
+    _add_progress_flags(served)
 
 
 def _add_diagnose_parser(commands: argparse._SubParsersAction) -> None:
@@ -161,6 +204,12 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         help="read a JSON object from stdin whose keys prompts, drafter_config, "
         "drafter_profile (file contents) and sglang_url stand in for those flags: nothing "
         "needs uploading first",
+    )
+    plan.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="plan a `diagnose` with --reference-drafter as the other drafter: the repairs "
+        "it would try, on how many prompts, and its time",
     )
     # eval's flags that plan does not take, for _eval_options: --out a path that cannot be
     # written (a plan writes nothing), no training run, no feature set.

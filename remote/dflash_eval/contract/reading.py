@@ -5,12 +5,14 @@ the workstation's comparisons. Stdlib only.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
 from dflash_eval.contract.schema import FEATURES_IDENTITY, Results
 from dflash_eval.contract.schema_metrics import Group, Interval, Metrics
-from dflash_eval.contract.version import NUMERICS_OF_UNVERSIONED
+from dflash_eval.contract.version import NUMERICS_OF_UNVERSIONED, compared_numerics
 
 ALL_PROMPTS = "all prompts"  # the name of the group of every prompt (by_dataset.overall)
 
@@ -48,6 +50,30 @@ def comparability_key(results: Results) -> dict[str, Any]:
     return {name: read(results) for name, read in COMPARABILITY.items()}
 
 
+KEY_ID_PREFIX = "k"  # a letter first: CSV readers keep '0123e456' text, not a number
+KEY_ID_DIGITS = 8  # hex digits: distinct for tens of thousands of keys
+
+
+def canonical(key: dict[str, Any]) -> str:
+    """A key as text that is equal exactly when the keys are (nested dicts included)."""
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def key_id(key: dict[str, Any]) -> str:
+    """A comparability key's short, stable name ('k3f9a1b2c'): equal exactly when the keys
+    are. Settings a results file does not have (None) are left out of the hash, so a setting
+    added to COMPARABILITY later leaves the names of earlier results as they were."""
+    present = {name: value for name, value in key.items() if value is not None}
+    digest = hashlib.sha256(canonical(present).encode()).hexdigest()
+    return KEY_ID_PREFIX + digest[:KEY_ID_DIGITS]
+
+
+def comparability_id(results: Results) -> str:
+    """The short name of a results file's comparability key, computed from its settings
+    (so results pulled before the name existed have one too)."""
+    return key_id(comparability_key(results))
+
+
 def sampling_settings(metrics: Metrics) -> tuple[float, float, int] | None:
     """(temperature, top_p, top_k) of a T > 0 run; None at T = 0."""
     found = metrics.get("sampling")
@@ -68,14 +94,15 @@ def attention_rule(results: Results) -> str | None:
 
 
 def numerics(results: Results) -> int | str:
-    """The numerics version the results were computed under. Results written before it was
+    """The numerics version the results are compared under (a greedy run of a version that
+    left greedy numbers as they were counts as the earlier one). Results written before it was
     recorded name only their code (`harness.content_sha256`): a hash checked to compute
     version 1's numbers counts as version 1; any other stays its own key, comparable only
     with results of the very same harness code (what compare keyed on before)."""
     harness = results["harness"]
     version = harness.get("numerics_version")
     if version is not None:
-        return version
+        return compared_numerics(version, sampled=results["metrics"].get("sampling") is not None)
     content = harness["content_sha256"]
     return NUMERICS_OF_UNVERSIONED.get(content, f"unversioned harness {content[:16]}")
 

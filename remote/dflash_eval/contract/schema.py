@@ -347,6 +347,10 @@ class Features(_FeaturesKeys, total=False):
     """Only when the target was split over several GPUs (a features host with `gpus`)."""
     set: str
     """With `--features` only: the feature set's directory name."""
+    set_sha256: str
+    """With `--features` only: the sha256 of the set's `feature-set.json` as this run read
+    it; the workstation compares it with the one it recorded when the set was made or
+    relayed, and flags the run when they differ (docs/features.md)."""
     target_match: Literal["fingerprint", "content"]
     """With `--features` only: `fingerprint` (the set was computed from these very files),
     or `content` (another host's copy: same config, tokenizer, weight names, sizes, headers

@@ -8,7 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dflash_eval.contract.reading import conditional_by_position, format_interval, groups
+from dflash_eval.contract.reading import (
+    comparability_id,
+    conditional_by_position,
+    format_interval,
+    groups,
+)
 from dflash_eval.contract.schema import DRAFTER_SETTINGS, Drafter, Prompts, Results
 from dflash_eval.contract.schema_metrics import PathsInterval
 
@@ -146,6 +151,7 @@ def _provenance_lines(results: Results) -> list[str]:
         f"sha256 {checkpoint['sha256'][:12]}…)",
         f"Target {target['name']} ({target['family']}), "
         f"{results['prompts']['count']} prompts" + _prompt_sets_note(results["prompts"]),
+        f"Comparability key {comparability_id(results)}: compared only with runs of this key",
         f"Drafter: {throughput['blocks']} blocks in {throughput['seconds']} s "
         f"({throughput['blocks_per_s']} blocks/s, {results['host']['torch_threads']} threads); "
         f"total {results['timings_s']['total']:.1f} s",

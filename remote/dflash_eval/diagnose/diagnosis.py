@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,8 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.diagnose import findings, repair_stats, stats
+from dflash_eval.diagnose.repairs import repair_settings, special_tokens
 from dflash_eval.drafter.checkpoint import read_drafter
-from dflash_eval.drafter.config import default_target_layer_ids
 from dflash_eval.drafter.health import NonFiniteWeights
 from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
@@ -42,6 +43,7 @@ from dflash_eval.run import evaluate, inputs, record
 from dflash_eval.run.drafters import ddtree_budgets, load_for_run
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.results import write_results
+from dflash_eval.run.threads import default_threads, host_cores
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
@@ -49,7 +51,6 @@ from dflash_eval.walk.predict import BorrowedHead
 
 DIAGNOSIS_FORMAT = 2  # 2: measured repairs replace scored probes
 REPAIR_WALK = {"budgets": []}  # repairs are judged on vanilla τ
-OTHER = "the other drafter"  # in repair labels
 
 
 @dataclass
@@ -71,8 +72,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     if run.reference_drafter is None:
         raise HarnessError("diagnose needs the drafter to compare with: pass --reference-drafter.")
     started = time.perf_counter()
-    if run.threads:
-        torch.set_num_threads(run.threads)
+    torch.set_num_threads(run.threads or default_threads(host_cores()))
     inputs.check_paths(run)
     prompts = inputs.load_prompts(run)
     timer, warnings = Timer(), []
@@ -169,10 +169,11 @@ def _walk(
     walk_block: int | None = None,
     budgets: list[int] | None = None,
     mask_token_id: int | None = None,
+    is_causal: bool | None = None,
 ) -> Walked:
     """Walk every sequence with this drafter; the keywords change one setting (a repair):
     the feature layers, the block the drafter sees and the slots the walk scores, the mask
-    token of the block's unknown slots."""
+    token of the block's unknown slots, the attention rule of every layer."""
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     mask = config.mask_token_id if mask_token_id is None else mask_token_id
@@ -183,71 +184,46 @@ def _walk(
     budgets = run.ddtree if budgets is None else budgets
     walked = Walked([], [])
     progress.progress(phase, 0, len(sequences))
-    for done, seq in enumerate(sequences, start=1):
-        assert seq.span is not None, "references are made before the walks"
-        features = torch.cat([seq.hidden[i] for i in layer_ids], dim=-1).to(dtype)
-        predictor = stats.CalibratingPredictor(
-            loaded.model,
-            borrowed,
-            seq.tokens,
-            features,
-            seq.span.first_anchor,
-            block_size,
-            max([1, *budgets]),
-            chunk=run.chunk_anchors,
-            last_anchor=seq.span.limit - 1,
-        )
-        walked.walks.append(
-            walk_prompt(predictor, seq.tokens, seq.span, walk_block, budgets, run.max_blocks)
-        )
-        walked.slot_stats.append(predictor.slot_stats)
-        progress.progress(phase, done, len(sequences))
+    with _attention_rule(loaded, is_causal):
+        for done, seq in enumerate(sequences, start=1):
+            assert seq.span is not None, "references are made before the walks"
+            features = torch.cat([seq.hidden[i] for i in layer_ids], dim=-1).to(dtype)
+            predictor = stats.CalibratingPredictor(
+                loaded.model,
+                borrowed,
+                seq.tokens,
+                features,
+                seq.span.first_anchor,
+                block_size,
+                max([1, *budgets]),
+                chunk=run.chunk_anchors,
+                last_anchor=seq.span.limit - 1,
+            )
+            walked.walks.append(
+                walk_prompt(predictor, seq.tokens, seq.span, walk_block, budgets, run.max_blocks)
+            )
+            walked.slot_stats.append(predictor.slot_stats)
+            progress.progress(phase, done, len(sequences))
     return walked
 
 
-def repair_settings(
-    config: Any, other: Any, num_layers: int, vocab_size: int, special_tokens: dict[str, int]
-) -> list[dict[str, Any]]:
-    """One setting changed at a time: the target layer ids (each ±1, all ±1, the default
-    rule's, the other drafter's), the block size (half, double, the other's) and the mask
-    token (the other drafter's, the tokenizer's special tokens); never the candidate's own."""
-    layer_ids = list(config.target_layer_ids)
-    layer_choices: list[tuple[str, list[int]]] = []
-    for index, layer in enumerate(layer_ids):
-        for shift in (-1, 1):
-            moved = [*layer_ids[:index], layer + shift, *layer_ids[index + 1 :]]
-            layer_choices.append((f"target layer id {layer} → {layer + shift}", moved))
-    for shift in (-1, 1):
-        layer_choices.append((f"all target layer ids {shift:+d}", [i + shift for i in layer_ids]))
-    default = default_target_layer_ids(num_layers, len(layer_ids))
-    layer_choices.append(("the default rule's target layer ids", default))
-    layer_choices.append((f"{OTHER}'s target layer ids", list(other.target_layer_ids)))
-    settings, seen = [], {tuple(layer_ids)}
-    for label, ids in layer_choices:
-        fits = len(ids) == len(layer_ids) and all(0 <= i < num_layers for i in ids)
-        if fits and tuple(ids) not in seen:
-            seen.add(tuple(ids))
-            settings.append({"setting": "target_layer_ids", "label": label, "value": ids})
-    block = config.block_size
-    for size in sorted({block // 2, block * 2, other.block_size} - {block}):
-        if size >= 2:
-            label = f"block size {size} (config {block})"
-            settings.append({"setting": "block_size", "label": label, "value": size})
-    masks = {f"{OTHER}'s mask token": other.mask_token_id}
-    masks.update({f"the tokenizer's {name}": token for name, token in special_tokens.items()})
-    tried = {config.mask_token_id}
-    for label, token in masks.items():
-        if token is not None and 0 <= token < vocab_size and token not in tried:
-            tried.add(token)
-            label = f"{label} {token} (config {config.mask_token_id})"
-            settings.append({"setting": "mask_token_id", "label": label, "value": token})
-    return settings
-
-
-def _special_tokens(tokenizer: Any) -> dict[str, int]:
-    names = ("mask_token", "pad_token", "unk_token")
-    found = {name: getattr(tokenizer, f"{name}_id", None) for name in names}
-    return {name.replace("_", " "): token for name, token in found.items() if token is not None}
+@contextmanager
+def _attention_rule(loaded: LoadedDrafter, is_causal: bool | None) -> Iterator[None]:
+    """The drafter's layers under `is_causal` for every layer while held (None: as its
+    config says), as if its config said so; put back after."""
+    if is_causal is None:
+        yield
+        return
+    changed = dataclasses.replace(loaded.config, is_causal=is_causal)
+    attentions = [layer.self_attn for layer in loaded.model.layers]
+    kept = [attention.attention for attention in attentions]
+    try:
+        for index, attention in enumerate(attentions):
+            attention.attention = changed.layer_attention(index)
+        yield
+    finally:
+        for attention, rule in zip(attentions, kept, strict=True):
+            attention.attention = rule
 
 
 def _repairs(
@@ -268,7 +244,7 @@ def _repairs(
         other.config,
         parts.target.shape.num_layers,
         head[0].shape[0],
-        _special_tokens(tokenizer),
+        special_tokens(tokenizer),
     )
     known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
     if not known:  # no prompt gave both drafters a round: nothing to measure a repair on
@@ -292,6 +268,8 @@ def _repairs(
         "min_delta_tau": repair_stats.MIN_DELTA,
         "min_gap_share": repair_stats.MIN_SHARE,
         "alpha": repair_stats.ALPHA,
+        "detectable_sd": repair_stats.detectable_effect(len(known), len(settings)),
+        "prompts_needed": repair_stats.prompts_needed(len(settings)) if settings else None,
         "tried": tried,
         "combined": None,
     }

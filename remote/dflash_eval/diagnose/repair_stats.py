@@ -25,6 +25,9 @@ LEVEL = 0.95
 ALPHA = 0.05
 MIN_DELTA = 0.05  # τ: a smaller change is noise on any real prompt set
 MIN_SHARE = 0.10  # of the gap
+# Below this many standard deviations of a repair's per-prompt change, a prompt set can tell
+# a repair from noise: a set that cannot reach it cannot rule repairs out.
+DETECTABLE_SD = 1.0
 FINDING = "finding"
 NO_EFFECT = "no measurable effect"
 
@@ -223,6 +226,24 @@ def judge(repairs: Sequence[Repair], alpha: float = ALPHA) -> list[Repair]:
         return (repair.verdict != FINDING, -low, -repair.delta_tau.value)
 
     return sorted(judged, key=order)
+
+
+def detectable_effect(prompts: int, repairs: int, alpha: float = ALPHA) -> float | None:
+    """The smallest observed effect, in standard deviations of a repair's per-prompt change,
+    that can be called a finding at all with this many prompts and repairs: the one-sided t
+    at Holm's strictest threshold alpha / repairs, over √prompts. None below two prompts or
+    without repairs (nothing can be judged)."""
+    if prompts < 2 or repairs < 1:
+        return None
+    return t_quantile(1.0 - alpha / repairs, prompts - 1) / math.sqrt(prompts)
+
+
+def prompts_needed(repairs: int, alpha: float = ALPHA, effect: float = DETECTABLE_SD) -> int:
+    """The fewest prompts with which an effect of `effect` standard deviations can count."""
+    prompts = 2
+    while (detectable_effect(prompts, repairs, alpha) or math.inf) > effect:
+        prompts += 1
+    return prompts
 
 
 def as_dict_interval(value: Interval | None) -> dict | None:

@@ -97,7 +97,7 @@ class DrafterConfig:
         """What one drafter layer's queries see, as z-lab's current code (07ebd93) decides."""
         kind = "full_attention" if self.layer_types is None else self.layer_types[layer_index]
         sliding = kind == "sliding_attention"
-        causal = sliding if self.is_causal is None else self.is_causal
+        causal = is_causal_layer(kind, self.is_causal)
         return LayerAttention(kind, causal, self.sliding_window if sliding else None)
 
     def attention_record(self) -> list[LayerAttentionRecord]:
@@ -157,6 +157,12 @@ class DrafterConfig:
             if getattr(self, name) != unset:
                 config["dflash_config"][name] = getattr(self, name)
         return config
+
+
+def is_causal_layer(kind: str, is_causal: bool | None) -> bool:
+    """z-lab's current rule (07ebd93): the config's `is_causal` for every layer when given,
+    else a sliding_attention layer is causal and a full_attention layer is not."""
+    return kind == "sliding_attention" if is_causal is None else is_causal
 
 
 def default_target_layer_ids(num_target_layers: int, count: int) -> list[int]:

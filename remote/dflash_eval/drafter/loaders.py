@@ -26,7 +26,7 @@ from dflash_eval.drafter.model_dflash2 import (
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.drafter.profile import DrafterProfile
 from dflash_eval.drafter.provenance import Offer, Resolved
-from dflash_eval.drafter.settings import choose_settings
+from dflash_eval.drafter.settings import ChosenSettings, choose_settings
 from dflash_eval.target.config import TargetShape
 from dflash_eval.target.model import DTYPES
 
@@ -89,12 +89,7 @@ def load_drafter(
         source, target, config_file, profile, command_line, tuple(accept_default)
     )
     config = chosen.config
-    check_against_target(config, target, f"{chosen.config_source} ({path})")
-    if config.dflash2 is not None:
-        check_fits_target(config, target, f"{chosen.config_source} ({path})")
-        renamed, source.state_dict = reference_key_mapping(source.state_dict, path)
-        source.renamed_parameters += renamed
-    ignored = check_parameters(source.state_dict, config, path)
+    ignored = check_fits(source, chosen, target)
     torch_dtype = DTYPES[chosen.settings["dtype"].value]
     model = build_drafter(config, torch_dtype, drafter_class(config))
     wanted = {k: v.to(torch_dtype) for k, v in source.state_dict.items() if k not in ignored}
@@ -113,6 +108,19 @@ def load_drafter(
         model=model,
         profile=profile,
     )
+
+
+def check_fits(source: DrafterSource, chosen: ChosenSettings, target: TargetShape) -> list[str]:
+    """The chosen config against the target and against the weights' names and shapes, as
+    the run checks before building anything (the dry run checks the same). Returns the
+    borrowed names set aside; a DFlash-2 checkpoint's names are mapped to ours in `source`."""
+    config, path = chosen.config, source.path
+    check_against_target(config, target, f"{chosen.config_source} ({path})")
+    if config.dflash2 is not None:
+        check_fits_target(config, target, f"{chosen.config_source} ({path})")
+        renamed, source.state_dict = reference_key_mapping(source.state_dict, path)
+        source.renamed_parameters += renamed
+    return check_parameters(source.state_dict, config, path)
 
 
 def check_parameters(

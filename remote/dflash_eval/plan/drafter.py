@@ -10,6 +10,7 @@ from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.drafter.checkpoint import BORROWED, read_drafter
+from dflash_eval.drafter.loaders import check_fits
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.drafter.profile import DrafterProfile, read_profile
 from dflash_eval.drafter.settings import choose_settings
@@ -30,6 +31,11 @@ class DrafterFacts:
     parameters: int | None = None
     dtype: str = "float32"
     hidden_size: int | None = None
+    mask_token_id: int | None = None
+    # The attention rule's inputs (diagnose's repairs of it): layer count, kinds, is_causal.
+    num_hidden_layers: int | None = None
+    layer_types: list[str] | None = None
+    is_causal: bool | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -43,6 +49,10 @@ class DrafterFacts:
             "target_layer_ids": self.layer_ids,
             "parameters": self.parameters,
             "dtype": self.dtype,
+            "mask_token_id": self.mask_token_id,
+            "num_hidden_layers": self.num_hidden_layers,
+            "layer_types": self.layer_types,
+            "is_causal": self.is_causal,
         }
 
 
@@ -88,6 +98,7 @@ def _from_checkpoint(
         chosen = choose_settings(
             source, shape, config_file, profile, command_line, tuple(options.accept_default)
         )
+        check_fits(source, chosen, shape)  # the run's own checks, before it builds anything
     except HarnessError as error:
         return DrafterFacts(UNREADABLE, problems=[f"the drafter {path}: {error}"])
     config = chosen.config
@@ -99,6 +110,10 @@ def _from_checkpoint(
         parameters,
         chosen.settings["dtype"].value,
         config.hidden_size,
+        config.mask_token_id,
+        config.num_hidden_layers,
+        list(config.layer_types) if config.layer_types is not None else None,
+        config.is_causal,
     )
 
 
@@ -119,4 +134,19 @@ def _from_profile(options: EvalOptions, profile: DrafterProfile | None) -> Draft
         int(block),
         [int(i) for i in layers],
         dtype=options.dtype or settings.get("dtype") or "float32",
+        mask_token_id=next(
+            (
+                token
+                for token in (
+                    options.mask_token_id,
+                    settings.get("mask_token_id"),
+                    (stated.get("dflash_config") or {}).get("mask_token_id"),
+                )
+                if token is not None  # 0 is a token
+            ),
+            None,
+        ),
+        num_hidden_layers=stated.get("num_hidden_layers"),
+        layer_types=stated.get("layer_types"),
+        is_causal=stated.get("is_causal"),
     )

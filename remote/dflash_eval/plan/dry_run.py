@@ -16,7 +16,6 @@ staged" and so are the cache counts.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from dflash_eval.reference.sglang_server import check_serves
 from dflash_eval.run.inputs import load_prompts
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.results import library_versions, staged_sha256
+from dflash_eval.run.threads import default_threads, host_cores
 from dflash_eval.target.config import TargetConfig, TargetShape, read_target_config
 from dflash_eval.target.features import (
     BYTES_PER_ELEMENT,
@@ -59,7 +59,7 @@ class HostFacts:
 
     memory_available: int | None
     cpu: estimate.CpuInfo
-    cores: int  # CPUs this process may run on
+    cores: int  # physical cores this process may run on (run.threads)
 
     @classmethod
     def read(cls) -> HostFacts:
@@ -69,11 +69,10 @@ class HostFacts:
             except OSError:
                 return ""
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         return cls(
             parse_meminfo(text("/proc/meminfo")),
             estimate.parse_cpuinfo(text("/proc/cpuinfo")),
-            cores or os.cpu_count() or 1,
+            host_cores(),
         )
 
 
@@ -101,7 +100,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     cached = count_cache(options, config, choice, prompts, drafter, reference, completions)
     problems += context_problems(options, prompts, cached, [drafter, reference], config)
     target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
-    threads = options.threads or facts.cores
+    threads = options.threads or default_threads(facts.cores)  # what the run will use
     machine = estimate.Machine(threads, facts.cpu.feature_class)
     phases = _phases(options, target, drafter, reference, cached, shape)
     return {
@@ -427,6 +426,7 @@ def summary_lines(plan: dict[str, Any]) -> list[str]:
         + (f" ({cache['paths']} sampled paths per prompt)" if cache.get("paths", 1) > 1 else ""),
         f"target: {target['parameters']:,} parameters in {target['dtype'] or 'refused'} need "
         f"~{target['memory_needed_bytes'] / 2**30:.2f} GiB; body loads: {target['body_loads']}",
-        f"estimate: ~{guess['seconds']:.0f} s on {guess['cores']} cores ({guess['feature_class']})",
+        f"estimate: ~{guess['seconds']:.0f} s on {guess['cores']} threads of "
+        f"{plan['host']['cores']} physical cores ({guess['feature_class']})",
     ]
     return lines + [f"problem: {problem}" for problem in plan["problems"]]

@@ -163,6 +163,12 @@ class SGLangClient:
     def complete(
         self, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False
     ) -> list[int]:
+        return list(self.generate(prompt_ids, max_new_tokens, ignore_eos)["output_ids"])
+
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False
+    ) -> dict[str, Any]:
+        """SGLang's whole answer to a greedy request (output_ids checked; meta_info as sent)."""
         import requests
 
         request = {
@@ -203,7 +209,7 @@ class SGLangClient:
             ) from None
         if not all(isinstance(token, int) for token in output_ids):
             raise HarnessError(f"SGLang at {self.shown} returned non-integer output_ids.")
-        return list(output_ids)
+        return body
 
 
 def checked_client(url: str, target: Path, say: Callable[[str], None]) -> SGLangClient:

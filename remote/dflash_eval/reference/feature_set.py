@@ -59,6 +59,7 @@ class FeatureSet:
 
     path: Path
     manifest: dict[str, Any]
+    manifest_sha256: str  # of the feature-set.json bytes read: the workstation checks it
 
     @property
     def name(self) -> str:
@@ -69,9 +70,15 @@ class FeatureSet:
         return self.manifest["provenance"]["dtype"]
 
     def features_record(self) -> dict[str, Any]:
-        """results["features"]: where and how the set was computed, and under which name."""
+        """results["features"]: where and how the set was computed, under which name, and
+        the sha256 of the feature-set.json this run read."""
         provenance = {**self.manifest["provenance"], "source": "feature set"}
-        return {**provenance, "fidelity": self.manifest["fidelity"], "set": self.name}
+        return {
+            **provenance,
+            "fidelity": self.manifest["fidelity"],
+            "set": self.name,
+            "set_sha256": self.manifest_sha256,
+        }
 
     def check_fits(
         self,
@@ -183,14 +190,15 @@ def read_feature_set(path: Path) -> FeatureSet:
             "run `fab extract-features` again."
         )
     try:
-        manifest = json.loads(manifest_file.read_text())
+        data = manifest_file.read_bytes()  # hashed as read: the run records what it used
+        manifest = json.loads(data)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise HarnessError(
             f"--features {path}: {MANIFEST} cannot be read ({error}). Remove the set and run "
             "`fab extract-features` again."
         ) from None
     _check_manifest(manifest, manifest_file)
-    return FeatureSet(path, manifest)
+    return FeatureSet(path, manifest, hashlib.sha256(data).hexdigest())
 
 
 def _check_manifest(manifest: Any, where: Path) -> None:

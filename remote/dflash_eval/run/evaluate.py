@@ -44,6 +44,7 @@ from dflash_eval.run.drafters import ddtree_budgets, load_drafters
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.record import DrafterRun
 from dflash_eval.run.results import library_versions, write_results
+from dflash_eval.run.threads import default_threads, host_cores
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource, eval_device
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
@@ -57,8 +58,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
     started = time.perf_counter()
     timer = Timer()
     run_options.check(options)  # before torch is handed any of them
-    if options.threads:
-        torch.set_num_threads(options.threads)
+    torch.set_num_threads(options.threads or default_threads(host_cores()))
     threads = torch.get_num_threads()
     inputs.check_paths(options)
     prompts = inputs.load_prompts(options)

@@ -10,11 +10,10 @@ An existing output directory is replaced only when that record says extract wrot
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
 
 from dflash_eval.contract.errors import HarnessError
@@ -22,25 +21,8 @@ from dflash_eval.contract.weights import EXTRACT_MARKER
 from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.config import from_hf_dict
 from dflash_eval.drafter.pickle_policy import PicklePolicy
+from dflash_eval.run.own_dirs import promote, start_partial
 from dflash_eval.run.results import file_identity, utc_now
-
-PARTIAL_MARKER = ".dflash-extract-partial"  # in a partial copy from its first moment on
-
-
-def _remove_own(path: Path, marker: str, check_only: bool = False) -> None:
-    """Remove an earlier copy of ours at `path` (it holds `marker`); refuse anything else."""
-    if not path.exists() and not path.is_symlink():
-        return
-    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory made ready for the output
-        return
-    if not path.is_dir() or path.is_symlink() or not (path / marker).is_file():
-        raise HarnessError(
-            f"{path} exists and was not written by extract (no {marker} in it); it is left "
-            "as it is. Choose another --out, or move it away yourself."
-        )
-    if not check_only:
-        shutil.rmtree(path)
 
 
 def extract(
@@ -64,20 +46,8 @@ def extract(
         # profile's accept_keys) to judge.
         from_hf_dict(config, f"checkpoint {checkpoint}", accept_keys=None)
     out_dir = Path(out_dir)
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    _remove_own(partial, PARTIAL_MARKER)
-    _remove_own(out_dir, EXTRACT_MARKER, check_only=True)
-    partial.mkdir(parents=True)
-    (partial / PARTIAL_MARKER).touch()
-    tensors = {name: t.contiguous() for name, t in source.state_dict.items()}
-    # safetensors refuses tensors that share storage; clone those.
-    seen: set[int] = set()
-    for name, tensor in tensors.items():
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer in seen:
-            tensors[name] = tensor.clone()
-        seen.add(pointer)
-    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    partial = start_partial(out_dir, EXTRACT_MARKER, "extract")
+    tensors = save_tensors(source.state_dict, partial / "model.safetensors")
     if config is not None:
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     identity = file_identity([Path(checkpoint)])
@@ -94,9 +64,7 @@ def extract(
         "created_at": utc_now(),
     }
     (partial / EXTRACT_MARKER).write_text(json.dumps(provenance, indent=2) + "\n")
-    (partial / PARTIAL_MARKER).unlink()
-    _remove_own(out_dir, EXTRACT_MARKER)
-    os.replace(partial, out_dir)
+    promote(partial, out_dir, EXTRACT_MARKER, "extract")
     size_after = sum(f.stat().st_size for f in out_dir.iterdir())
     return {
         "out": str(out_dir),
@@ -107,3 +75,17 @@ def extract(
         "config_written": config is not None,
         "dropped_entries": source.dropped_entries,
     }
+
+
+def save_tensors(state_dict: dict[str, torch.Tensor], file: Path) -> dict[str, torch.Tensor]:
+    """Write `state_dict` as safetensors (what z-lab publishes); return what was written."""
+    tensors = {name: t.contiguous() for name, t in state_dict.items()}
+    # safetensors refuses tensors that share storage; clone those.
+    seen: set[int] = set()
+    for name, tensor in tensors.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen:
+            tensors[name] = tensor.clone()
+        seen.add(pointer)
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    return tensors

@@ -29,6 +29,7 @@ from dflash_eval.reference.conversation import Conversations
 from dflash_eval.reference.feature_record import features_record
 from dflash_eval.run.inputs import require_writable
 from dflash_eval.run.results import library_versions, utc_now
+from dflash_eval.run.threads import default_threads, host_cores
 from dflash_eval.target.model import load_tokenizer, sha256_file, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource, resolve_device, visible_gpus
 
@@ -55,8 +56,7 @@ class FeaturesOptions:
 def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]:
     """Build the set (or find it already built); the summary for the final event."""
     started = time.perf_counter()
-    if options.threads:
-        torch.set_num_threads(options.threads)
+    torch.set_num_threads(options.threads or default_threads(host_cores()))
     _check_options(options)
     prompts = _load_prompts(options.prompts)
     setdir = Path(options.out)

@@ -24,6 +24,8 @@ def lab() -> LabModels:
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     # Tiny tensors: one thread is fastest and keeps results independent of machine load.
+    # A run sets its own count (its host's cores by default): the tests' runs pass
+    # threads=1, or the suite's parallel workers oversubscribe the cores many times over.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

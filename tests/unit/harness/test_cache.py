@@ -66,6 +66,7 @@ def test_changed_run_inputs_miss_and_unchanged_ones_hit(lab, tmp_path):
             checkpoint=lab.checkpoints[checkpoint_step],
             target=lab.target_dir,
             out=tmp_path / "r.json",
+            threads=1,
             prompts=lab.prompts,
             num_prompts=2,
             max_new_tokens=max_new_tokens,

@@ -94,7 +94,7 @@ def test_plan_reads_every_eval_run_flag_with_the_same_default():
     )
     planned = vars(parser.parse_args(["plan", "--checkpoint", "c", "--target", "t"]))
     assert set(evaluated) - set(planned) == {"progress_file", "quiet"}
-    assert set(planned) - set(evaluated) == {"inputs_on_stdin"}
+    assert set(planned) - set(evaluated) == {"inputs_on_stdin", "diagnose"}
     shared = set(evaluated) & set(planned) - {"command", "out"}
     assert {dest: planned[dest] for dest in shared} == {dest: evaluated[dest] for dest in shared}
 

@@ -14,11 +14,13 @@ import pytest
 from dflash_eval.cli import main
 from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_eval.contract.progress import Progress
-from dflash_eval.diagnose.diagnosis import DiagnoseOptions, repair_settings, run_diagnose
+from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
+from dflash_eval.diagnose.dry_run import make_diagnose_plan
+from dflash_eval.diagnose.repairs import attention_settings, repair_settings
 from dflash_eval.diagnose.stats import paired_difference
 from dflash_eval.run.options import EvalOptions
 
-from dflash_lab.faulty import build_faulty_drafter
+from dflash_lab.faulty import build_faulty_drafter, edited_drafter
 
 from .helpers import (
     diagnose_lab,
@@ -33,12 +35,40 @@ def _diagnose(lab, tmp_path, candidate):
     return diagnose_lab(lab, tmp_path, candidate, lab.checkpoints[6000])
 
 
+def plan_diagnose(lab, root, candidate):
+    """`plan --diagnose` of the same run, which writes nothing."""
+    root.mkdir()
+    options = EvalOptions(
+        checkpoint=candidate,
+        target=lab.target_dir,
+        out=root / "diagnose.json",
+        threads=1,
+        prompts=lab.prompts,
+        max_new_tokens=96,
+        cache_dir=root / "cache",
+        reference_drafter=lab.checkpoints[6000],
+    )
+    plan = make_diagnose_plan(options)
+    assert list(root.iterdir()) == []
+    part = plan["diagnose"]
+    walk = plan["estimate"]["phases"]["drafter"]
+    assert part["walks"] == part["repairs"] * part["prompts"]
+    assert plan["estimate"]["seconds"] + walk * part["repairs"] <= part["seconds"]
+    assert part["seconds"] < part["seconds_up_to"]
+    return part
+
+
 def _repair(diagnosis, label_start):
     return next(r for r in diagnosis["repairs"]["tried"] if r["label"].startswith(label_start))
 
 
 def test_a_drafter_trained_with_block_size_16_but_configured_for_8_is_repaired_by_it(lab, tmp_path):
-    diagnosis = _diagnose(lab, tmp_path, build_faulty_drafter(lab, "block-size"))
+    candidate = build_faulty_drafter(lab, "block-size")
+    planned = plan_diagnose(lab, tmp_path / "plan", candidate)
+    diagnosis = _diagnose(lab, tmp_path, candidate)
+    # The dry run lists exactly the repairs the run tries, on its prompts.
+    assert sorted(planned["labels"]) == sorted(r["label"] for r in diagnosis["repairs"]["tried"])
+    assert planned["prompts"] >= diagnosis["repairs"]["prompts"]
     top = diagnosis["findings"][0]
     assert top["area"] == "repair", summary_lines(diagnosis)
     assert top["title"].startswith("block size 16")
@@ -63,6 +93,20 @@ def test_a_drafter_whose_fc_reads_one_layer_more_than_its_config_names_fails_fir
     assert first["title"] == "fc reads 3 target layers, the config names 2"
     assert "[64, 192]" in first["evidence"] and "[1, 3]" in first["evidence"]
     assert second["area"] == "loading" and "fc.weight" in second["evidence"]
+
+
+def test_a_config_that_turns_the_full_layers_causal_has_that_rule_measured_as_a_repair(
+    lab, tmp_path
+):
+    """The lab's drafters hardly use the later (mask) slots of a block, so the rule moves their
+    τ by less than noise here: the diagnosis must still try it and report the measurement
+    beside the difference, never "not tried"."""
+    diagnosis = _diagnose(lab, tmp_path, edited_drafter(lab, "attention-rule"))
+    repair = _repair(diagnosis, "no layer causal (config: is_causal true)")
+    assert repair["as_other"] is True and repair["tau"] is not None
+    [difference] = [f for f in diagnosis["findings"] if f["title"].startswith("is_causal")]
+    assert "its repair: τ " in difference["evidence"], difference
+    assert "not tried" not in difference["evidence"]
 
 
 def test_a_drafter_trained_on_soft_targets_is_repaired_by_nothing_and_found_flat(lab, tmp_path):
@@ -109,8 +153,9 @@ def test_diagnose_without_a_drafter_to_compare_with_says_so(lab, tmp_path, capsy
 
 
 def test_repairs_change_one_setting_at_a_time_within_the_target():
-    mine = SimpleNamespace(target_layer_ids=[1, 3], block_size=8, mask_token_id=3)
-    other = SimpleNamespace(target_layer_ids=[2, 5], block_size=8, mask_token_id=7)
+    rule = {"num_hidden_layers": 2, "layer_types": None, "is_causal": None}
+    mine = SimpleNamespace(target_layer_ids=[1, 3], block_size=8, mask_token_id=3, **rule)
+    other = SimpleNamespace(target_layer_ids=[2, 5], block_size=8, mask_token_id=7, **rule)
     repairs = repair_settings(mine, other, 6, vocab_size=100, special_tokens={"pad token": 0})
     layer_sets = [p["value"] for p in repairs if p["setting"] == "target_layer_ids"]
     assert [0, 3] in layer_sets and [1, 4] in layer_sets and [2, 4] in layer_sets
@@ -123,6 +168,33 @@ def test_repairs_change_one_setting_at_a_time_within_the_target():
     assert masks == [7, 0]
     beyond = repair_settings(mine, other, 6, vocab_size=5, special_tokens={"pad token": 3})
     assert [p["value"] for p in beyond if p["setting"] == "mask_token_id"] == []
+    # Full layers are not causal by default: only "every layer causal" changes anything.
+    assert [p["value"] for p in repairs if p["setting"] == "is_causal"] == [True]
+
+
+@pytest.mark.parametrize(
+    ("layer_types", "is_causal", "tried"),
+    [
+        (["sliding_attention", "full_attention"], None, [True, False]),
+        (["sliding_attention", "sliding_attention"], None, [False]),
+        (None, True, [False]),
+        (None, False, [True]),
+    ],
+)
+def test_the_attention_rule_is_tried_both_ways_where_it_changes_a_layer(
+    layer_types, is_causal, tried
+):
+    config = SimpleNamespace(
+        target_layer_ids=[1],
+        block_size=4,
+        mask_token_id=0,
+        num_hidden_layers=2,
+        layer_types=layer_types,
+        is_causal=is_causal,
+    )
+    settings = attention_settings(config)
+    assert [p["value"] for p in settings] == tried
+    assert all(p["label"].endswith(")") and "(config: " in p["label"] for p in settings)
 
 
 @pytest.mark.parametrize(
@@ -147,6 +219,7 @@ def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
         checkpoint=candidate,
         target=target,
         out=tmp_path / "diagnose.json",
+        threads=1,
         prompts=lab.prompts,
         max_new_tokens=10,
         target_dtype="bfloat16",

@@ -25,6 +25,7 @@ def test_a_real_diagnosis_is_a_section_of_the_report(lab, tmp_path):
         checkpoint=lab.checkpoints[2000],
         target=lab.target_dir,
         out=pulled / "diagnose.json",
+        threads=1,
         prompts=lab.prompts,
         num_prompts=3,
         max_new_tokens=32,

@@ -3,11 +3,13 @@ runs that find everything cached without loading the target's body."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 import torch
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.reference.feature_set import FORMAT, INPUT_FIELDS, MANIFEST, read_feature_set
 from dflash_eval.target.config import read_target_config
 from dflash_eval.target.features import (
     FIDELITY_MAX_RELATIVE_ERROR,
@@ -215,3 +217,16 @@ def test_run_eval_passes_verify_under_the_harness_flag():
         ["eval", "--checkpoint", "c", "--target", "t", "--out", "o", *argv]
     )
     assert parsed.verify
+
+
+def test_a_run_on_a_feature_set_records_the_sha256_of_the_feature_set_json_it_read(tmp_path):
+    """The workstation checks it against its own record of the set (set_anchors)."""
+    manifest = {name: None for name in INPUT_FIELDS} | {"format": FORMAT, "entries": 0}
+    manifest |= {"provenance": {"host": "gpu"}, "fidelity": {"status": "not needed"}}
+    data = (json.dumps(manifest, indent=1) + "\n").encode()
+    setdir = tmp_path / "tiny-0123456789ab"
+    setdir.mkdir()
+    (setdir / MANIFEST).write_bytes(data)
+    record = read_feature_set(setdir).features_record()
+    assert record["set"] == setdir.name
+    assert record["set_sha256"] == hashlib.sha256(data).hexdigest()

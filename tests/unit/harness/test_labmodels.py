@@ -43,6 +43,7 @@ def test_tau_rises_with_step_and_cache_hits_on_later_runs(lab, tmp_path):
             checkpoint=checkpoint,
             target=lab.target_dir,
             out=tmp_path / f"step_{step}.json",
+            threads=1,
             prompts=lab.prompts,
             max_new_tokens=96,
             cache_dir=tmp_path / "cache",

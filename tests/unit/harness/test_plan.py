@@ -13,7 +13,7 @@ import torch
 from dflash_eval import cli
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
-from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED
+from dflash_eval.plan.drafter import UNKNOWN_UNTIL_STAGED, UNREADABLE
 from dflash_eval.plan.dry_run import HostFacts, make_plan, summary_lines
 from dflash_eval.plan.estimate import (
     ANCHOR_WALK_S,
@@ -180,6 +180,17 @@ def test_memory_and_time_follow_the_host_facts(lab, tmp_path):
     assert threads["estimate"]["cores"] == 3  # --threads is what the run uses
 
 
+def test_the_estimate_assumes_the_threads_the_run_then_uses(lab, tmp_path):
+    many = make_plan(options(lab, tmp_path), facts(cores=45))
+    assert many["host"]["cores"] == 45 and many["host"]["threads"] == 43
+    assert many["estimate"]["cores"] == 43  # 45 physical cores less the reserve
+    chosen = options(lab, tmp_path, num_prompts=1, max_new_tokens=8)
+    here = make_plan(chosen, HostFacts.read())
+    run_eval(chosen, Progress(quiet=True))
+    ran = json.loads(chosen.out.read_text())
+    assert ran["host"]["torch_threads"] == here["estimate"]["cores"] == here["host"]["threads"]
+
+
 def test_the_time_model_is_flops_over_rate_or_bytes_over_bandwidth():
     assert parse_cpuinfo(AVX2_ONLY).processors == 1
     assert parse_cpuinfo(CPUINFO).feature_class == "amx-bf16"
@@ -267,3 +278,14 @@ def test_the_command_reads_its_inputs_from_stdin(lab, tmp_path, monkeypatch, cap
     assert "expected a JSON object" in capsys.readouterr().err
     assert cli.main(["plan", "--checkpoint", "x", "--target", str(tmp_path / "none")]) == 2
     assert "--target" in capsys.readouterr().err
+
+
+def test_a_drafter_whose_weights_do_not_fit_its_config_is_a_problem_before_the_run(lab, tmp_path):
+    """The dry run checks what the run checks before building anything: here an fc that
+    reads 3 target layers while the config names 2 (the run would stop at loading)."""
+    from dflash_lab.faulty import build_faulty_drafter
+
+    plan = make_plan(options(lab, tmp_path, checkpoint=build_faulty_drafter(lab, "fc-width")))
+    assert plan["drafter"]["source"] == UNREADABLE
+    [problem] = [p for p in plan["problems"] if "fc.weight" in p]
+    assert "takes 192 input features" in problem and "K=2 target layers" in problem

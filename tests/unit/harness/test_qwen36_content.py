@@ -1,8 +1,8 @@
-"""The lab's miniature Qwen3.6 target (`fab lab-up --content qwen3.6`, dflash_lab/qwen36.py):
+"""The lab's miniature Qwen3.6 target (`dflash-lab up --content qwen3.6`, dflash_lab/qwen36.py):
 saved as the release is, read as hybrid also when its config states only the interval, loaded
 text-only, and with a reference drafter whose sliding layers are causal.
 
-The content is built once per machine into the lab's model cache, as `lab-up` builds it.
+The content is built once per machine into the lab's model cache, as `dflash-lab up` builds it.
 """
 
 from __future__ import annotations

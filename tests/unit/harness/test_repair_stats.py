@@ -216,3 +216,27 @@ def test_a_judged_repair_is_recorded_with_its_intervals():
     assert recorded["gap_closed"]["value"] == pytest.approx(1.1)
     assert (recorded["p_value"], recorded["verdict"]) == (repair.p_value, repair.verdict)
     assert rs.as_dict_interval(None) is None
+
+
+@pytest.mark.parametrize(
+    ("prompts", "repairs", "expected"),
+    [(8, 1, 1.894579 / math.sqrt(8)), (4, 20, 7.453319 / 2.0), (2, 1, 6.313752 / math.sqrt(2))],
+)
+def test_the_detectable_effect_is_holms_strictest_t_over_root_n(prompts, repairs, expected):
+    # t quantiles from the tables: 0.95 at 7 and 1 df, 0.9975 at 3 df.
+    assert rs.detectable_effect(prompts, repairs) == pytest.approx(expected, rel=1e-5)
+
+
+def test_nothing_is_detectable_below_two_prompts_or_without_repairs():
+    assert rs.detectable_effect(1, 5) is None and rs.detectable_effect(5, 0) is None
+    assert rs.detectable_effect(2, 1) is not None
+
+
+def test_the_prompts_needed_are_the_fewest_that_reach_the_effect():
+    # One repair: 4 prompts need 1.18 SD (t 2.353 / 2), 5 need 0.95 (t 2.132 / √5).
+    assert rs.prompts_needed(1) == 5
+    assert rs.detectable_effect(rs.prompts_needed(20), 20) <= rs.DETECTABLE_SD
+    assert rs.detectable_effect(rs.prompts_needed(20) - 1, 20) > rs.DETECTABLE_SD
+    assert rs.prompts_needed(1, effect=0.5) > rs.prompts_needed(1)
+    assert rs.prompts_needed(1, alpha=0.01) > rs.prompts_needed(1)
+    assert rs.prompts_needed(1, effect=5.0) == 2  # t(0.95, 1 df) 6.31 / √2 = 4.46

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from dflash_eval.contract import schema_check, schema_doc
+from dflash_eval.contract.reading import comparability_id
 from dflash_eval.contract.summary import headline, summary_lines
 
 from tests.schema_samples import LATER_KEYS, SCHEMA_3_KEYS, results_dict, sampled_results_dict
@@ -50,8 +51,10 @@ def test_summary_leads_with_step_and_tau_then_says_what_was_evaluated():
     assert lines[4] == "reference drafter τ macro 3.000 (this run: 0.50× of it)"
     assert lines[5].startswith("Checkpoint /eval/step_2000/checkpoint.pt (1234 bytes, sha256 abab")
     assert lines[6] == "Target tiny (qwen3), 2 prompts"
-    assert lines[7] == "Drafter: 8 blocks in 0.5 s (16.0 blocks/s, 1 threads); total 3.2 s"
-    assert lines[8] == "WARNING: block size 4 differs from the trained 8"
+    key = comparability_id(results_dict(reference=True))
+    assert lines[7] == f"Comparability key {key}: compared only with runs of this key"
+    assert lines[8] == "Drafter: 8 blocks in 0.5 s (16.0 blocks/s, 1 threads); total 3.2 s"
+    assert lines[9] == "WARNING: block size 4 differs from the trained 8"
 
 
 def test_a_sampled_run_summary_says_so_with_its_monte_carlo_interval():

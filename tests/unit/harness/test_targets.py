@@ -40,6 +40,7 @@ def test_qwen3_5_targets_evaluate_end_to_end(lab, tmp_path, wrapper):
             checkpoint=checkpoint,
             target=target_dir,
             out=tmp_path / "results.json",
+            threads=1,
             prompts=lab.prompts,
             num_prompts=2,
             max_new_tokens=10,

@@ -1,0 +1,56 @@
+"""Which eval host runs `fab run-eval --step N` when the inventory has several and `--host`
+names none: the first idle one in inventory order (a host runs one evaluation at a time), and
+why. The run and its dry run both ask here, so the plan names the host the run would use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_ops.core.errors import HostBusy, OpsError
+from dflash_ops.core.inventory import Inventory
+from dflash_ops.evaluation import jobs
+from dflash_ops.remote.connection import Host
+
+
+@dataclass(frozen=True)
+class HostChoice:
+    name: str
+    reason: str  # why this host, for the line the run and the dry run print
+
+
+def choose_eval_host(inventory: Inventory, step: int) -> HostChoice:
+    """The eval host for one run of `step`: the only one, else the first idle one (one SSH
+    round trip per host to list its runs). HostBusy when none is idle."""
+    names = list(inventory.eval_hosts)
+    if len(names) == 1:
+        return HostChoice(names[0], "the only eval host")
+    return pick_idle(names, {name: _unavailable(inventory, name) for name in names}, step)
+
+
+def pick_idle(names: list[str], unavailable: dict[str, str | None], step: int) -> HostChoice:
+    """The first of `names` (inventory order) that `unavailable` maps to None; its reason
+    names what keeps the hosts before it busy."""
+    for name in names:
+        if unavailable[name] is None:
+            passed = [f"{other}: {unavailable[other]}" for other in names[: names.index(name)]]
+            why = f" ({'; '.join(passed)})" if passed else " (first in the inventory)"
+            return HostChoice(name, f"step {step} runs here: idle{why}; --host NAME picks another")
+    raise HostBusy(
+        f"no eval host is free for step {step}: "
+        + "; ".join(f"{name}: {unavailable[name]}" for name in names)
+        + ". Wait for a run to end (`fab eval-status`), or pick a host with --host NAME."
+    )
+
+
+def _unavailable(inventory: Inventory, name: str) -> str | None:
+    """Why `name` cannot take a run now (a run in progress, or the host cannot be asked), or
+    None when it is idle."""
+    host = Host(inventory, name)
+    try:
+        running = [run for run in jobs.list_runs(host, inventory.eval_hosts[name]) if not run.done]
+    except OpsError as error:
+        return f"not asked ({error})"
+    finally:
+        host.close()
+    return f"busy with run {running[0].run_id} (step {running[0].step})" if running else None
