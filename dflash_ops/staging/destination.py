@@ -7,6 +7,7 @@ a named training run's steps are in `{staging}/RUN/step_{N}/`, laid out the same
     {staging}/step_{N}/checkpoint.pt.manifest.json   source host/path, size, mtime, sha256
     {staging}/step_{N}/checkpoint.pt.partial         an unfinished transfer (resumable)
     {staging}/step_{N}/.checkpoint.pt.lock           flock of the stage in progress
+    {staging}/step_{N}/.checkpoint.pt.promoting      the tool's claim while it promotes
     {staging}/step_{N}/checkpoint/                   a directory checkpoint (all its files)
     {staging}/step_{N}/extracted/                    the drafter weights alone (--weights-only)
 
@@ -15,6 +16,10 @@ A set (directory or extracted) is built in `NAME.partial/`: each file is written
 `NAME.partial.jsonl`, so an interrupted stage resumes file by file (and inside the file it
 was writing). When every file verified, the directory is renamed to `NAME` and
 `NAME.manifest.json` written: nothing half-copied ever looks complete.
+
+A copy is replaced only when it is the tool's: it has a manifest, or the claim that promote
+writes first and removes last (so a crash between the rename and the manifest leaves a copy
+the next stage may replace). Anything else at the staged path is the user's and stays.
 
 Reading a destination's state is one round trip; once locked, every further control step
 (state again, a file done, promote) runs through the lock's session.
@@ -27,7 +32,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dflash_ops.core.errors import InventoryError
+from dflash_ops.core.errors import InventoryError, NotOursError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.remote import probes
@@ -69,6 +74,12 @@ class DestinationState:
     partial_size: int | None = None  # file kind: the unfinished transfer
     records: list[dict] = field(default_factory=list)  # set kinds: files verified so far
     sizes: dict[str, int] = field(default_factory=dict)  # set kinds: files in NAME.partial/
+    claimed: bool = False  # promote's claim is there: a copy at the path is the tool's
+
+    @property
+    def ours(self) -> bool:
+        """Nothing is at the staged path, or what is there is the tool's to replace."""
+        return self.final_size is None or self.manifest is not None or self.claimed
 
 
 def _json_dict(text: str) -> dict | None:
@@ -105,6 +116,7 @@ class Destination:
         directory, _, name = path.rpartition("/")
         self.directory = directory or "/"
         self.lock_path = f"{self.directory}/.{name}.lock"
+        self.claim = f"{self.directory}/.{name}.promoting"
 
     def __str__(self) -> str:
         return f"{self.side.name}:{self.path}"
@@ -123,6 +135,7 @@ class Destination:
             "free": probes.free_bytes(self.directory),
         }
         named["final"] = probes.file_stat(self.path)
+        named["claim"] = probes.file_stat(self.claim)
         if self.is_set:
             named["records"] = probes.Probe(
                 f"cat -- {q(self.partial)}.jsonl 2>/dev/null", _json_lines
@@ -147,6 +160,7 @@ class Destination:
             partial.size if partial else None,
             found.get("records", []),
             found.get("sizes", {}),
+            found.get("claim") is not None,
         )
 
     def state_probe(self) -> probes.Probe[DestinationState]:
@@ -157,6 +171,16 @@ class Destination:
         """Manifest, partial(s) and free space: one round trip."""
         probe = self.state_probe()
         return probe.parse(self.side.run(probe.command, check=False).stdout)
+
+    def require_ours(self, state: DestinationState) -> None:
+        """Refuse to stage over what the tool did not put at the staged path."""
+        if not state.ours:
+            raise NotOursError(
+                self.side.name,
+                self.path,
+                "is there with no staging manifest",
+                "Move it away (or point the staging directory elsewhere), then stage again.",
+            )
 
     def matches(self, state: DestinationState, identity: Identity, members: tuple) -> bool:
         if not matches(state.manifest, identity, self.kind, members):
@@ -223,24 +247,32 @@ class Destination:
         return f"rm -f -- {shlex.quote(self.writes_to(member))}"
 
     def promote_command(self, manifest: dict) -> str:
-        """Put the verified copy in place, then its manifest. A set replaces an older copy
-        with two renames, the old manifest removed first: a crash in between leaves no copy
-        that looks staged."""
+        """Put the verified copy in place, then its manifest, under the tool's claim. A set
+        replaces an older copy with two renames, the old manifest removed first: a crash in
+        between leaves no copy that looks staged, and the claim says the copy is the tool's.
+        The command checks again that what it replaces is the tool's (as `require_ours`)."""
         q = shlex.quote
+        path, claim = q(self.path), q(self.claim)
         text = json.dumps(manifest, sort_keys=True)
         tmp = f"{self.manifest}.tmp"
+        mine = (
+            f"{{ {{ [ ! -e {path} ] && [ ! -L {path} ]; }} || [ -e {q(self.manifest)} ] || "
+            f"[ -e {claim} ] || {{ echo {q(f'{self.path} is not a copy dflash-ops staged')} >&2;"
+            f" false; }}; }} && : > {claim} && "
+        )
         write_manifest = (
             f"printf '%s\\n' {q(text)} > {q(tmp)} && sync -- {q(tmp)} && "
             f"mv -f -- {q(tmp)} {q(self.manifest)} && sync -- {q(self.directory)}"
         )
+        release = f"rm -f -- {claim}"
         if not self.is_set:
-            return f"mv -f -- {q(self.partial)} {q(self.path)} && {write_manifest}"
+            return f"{mine}mv -f -- {q(self.partial)} {path} && {write_manifest} && {release}"
         old = f"{self.path}.old"
         return (
-            f"rm -rf -- {q(old)} && rm -f -- {q(self.manifest)} && "
-            f"{{ [ ! -e {q(self.path)} ] || mv -- {q(self.path)} {q(old)}; }} && "
-            f"mv -- {q(self.partial)} {q(self.path)} && sync -- {q(self.path)} && "
-            f"{write_manifest} && rm -rf -- {q(old)} {q(self.partial)}.jsonl"
+            f"{mine}rm -rf -- {q(old)} && rm -f -- {q(self.manifest)} && "
+            f"{{ [ ! -e {path} ] || mv -- {path} {q(old)}; }} && "
+            f"mv -- {q(self.partial)} {path} && sync -- {path} && "
+            f"{write_manifest} && rm -rf -- {q(old)} {q(self.partial)}.jsonl && {release}"
         )
 
 

@@ -338,6 +338,7 @@ def _deliver_started(
         raise CheckpointError(
             f"{dest}: its copy of {identity.source_path} changed while the stage ran; rerun"
         )
+    dest.require_ours(state)
     hops = _plan_hops(payload, dest, state, context)
     if options.dry_run:
         return _result(payload, dest, "", 0, already=False, plan=hops)
@@ -349,6 +350,7 @@ def _deliver_started(
         if dest.matches(state, identity, payload.members):
             options.report(f"{dest}: already staged (by another run)")
             return _result(payload, dest, state.manifest["sha256"], 0, True, hops, state.manifest)
+        dest.require_ours(state)
         todo = _todo(payload, dest, state, options.resume)
         if early is not None and (not todo or todo[0] != (payload.members[0], 0)):
             early.cancel()

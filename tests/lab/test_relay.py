@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.core.errors import DiskSpaceError, HostKeyError, TransferError
+from dflash_ops.core.errors import DiskSpaceError, HostKeyError, NotOursError, TransferError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.staging.stage import StageOptions, stage
@@ -177,6 +177,18 @@ def test_a_concurrent_stage_of_the_same_file_is_refused(small_lab):
     assert result.moved == SIZE
     assert sha256(staged_file(lab)) == sha256(lab.checkpoint_path(4000))
     assert stage(inventory, 4000, options=options())[0].already  # the lock went with it
+
+
+def test_a_file_of_the_users_at_the_staged_path_is_refused_before_any_byte_moves(small_lab):
+    lab, inventory = small_lab
+    users = staged_file(lab)
+    users.parent.mkdir(parents=True, exist_ok=True)
+    users.write_bytes(b"the user's own checkpoint")
+    with pytest.raises(NotOursError, match="no staging manifest") as refused:
+        stage(inventory, 4000, options=options())
+    assert str(refused.value).startswith(f"eval: {users} is there with no staging manifest")
+    assert users.read_bytes() == b"the user's own checkpoint"
+    assert not partial_of(lab).exists()
 
 
 def test_a_source_that_changes_during_the_transfer_is_not_promoted(small_lab):

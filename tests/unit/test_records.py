@@ -61,6 +61,7 @@ def test_a_deep_manifest_counts_as_none_and_the_copy_is_redone():
         "manifest": deep,
         "free": "Avail\n1000\n",
         "final": "missing\n",
+        "claim": "missing\n",
         "partial": "missing\n",
     }
     output = "".join(f"\n@@dflash-ops-section {name}\n{body}" for name, body in sections.items())

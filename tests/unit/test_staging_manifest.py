@@ -55,6 +55,7 @@ def test_a_set_destination_resumes_file_by_file():
         "manifest": "",
         "free": "Avail\n1000000\n",
         "final": "missing\n",
+        "claim": "missing\n",
         "records": '{"name": "config.json", "size": 100, "mtime": 1700000000, '
         '"sha256": "' + "a" * 64 + '"}\n{"name": "torn',
         "sizes": "100 ./config.json\n50 ./model.safetensors.partial\n",
