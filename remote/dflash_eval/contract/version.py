@@ -32,6 +32,7 @@ def compared_numerics(version: int, sampled: bool) -> int:
     """The numerics version under which a run's numbers are compared with others'."""
     return version if sampled else GREEDY_NUMERICS_OF.get(version, version)
 
+
 # Content hashes of harnesses that wrote results before the numerics version was recorded,
 # and whose numbers are version 1's. Each is the harness of a main-line commit from the merge
 # of z-lab 07ebd93's maths (859b7e8, schema 3) to the one before the version (94cd53a),
