@@ -71,13 +71,26 @@ def after_pull(
     wandb_project: str | None = None,
 ) -> None:
     """For freshly pulled successful runs: store their training metrics, then log them to
-    W&B when a project is given."""
+    W&B when a project is given. A run flagged not comparable (set_anchors) gets neither,
+    and its flag is said."""
+    rows = [results.load_run(inventory.local.results / run_id) for run_id in run_ids]
+    run_ids = [row.directory.name for row in rows if not said_if_flagged(row, say)]
     if not run_ids:
         return
     training_fetch.attach(inventory, inventory.local.results, say, only=run_ids)
     if wandb_project:
         for run_id in run_ids:
             log_run(wandb_project, inventory.local.results, run_id, say)
+
+
+def said_if_flagged(row: results.RunResult, say: Callable[[str], None]) -> bool:
+    """Whether a pulled run is flagged not comparable whatever its key; the flag is said."""
+    if row.flag is not None:
+        say(
+            f"[yellow]not comparable[/]: run {escape(row.run_id)}: {escape(row.flag)} (kept; "
+            "left out of comparisons, training metrics and W&B)"
+        )
+    return row.flag is not None
 
 
 def wandb_values(row: results.RunResult) -> dict[str, float]:
@@ -141,7 +154,7 @@ def _mark_sent(project: str, row: results.RunResult) -> None:
 def log_run(project: str, results_root: Path, run_id: str, say: Callable[[str], None]) -> bool:
     """Log one pulled run to W&B; False (and one line said) when it could not be."""
     row = results.load_run(results_root / run_id)
-    if row.results is None:
+    if row.results is None or row.flag is not None:  # flagged: said by the callers
         return False
     try:
         with _ONE_AT_A_TIME:
@@ -163,7 +176,7 @@ def sync(project: str, results_root: Path, say: Callable[[str], None]) -> tuple[
     require_wandb(project)
     sent = failed = 0
     for row in results.load_runs(results_root):
-        if row.results is None or was_sent(project, row):
+        if row.results is None or said_if_flagged(row, say) or was_sent(project, row):
             continue
         if log_run(project, results_root, row.run_id, say):
             sent += 1

@@ -36,6 +36,7 @@ from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
 from dflash_ops.evaluation.run import run_eval
+from dflash_ops.evaluation.tracking import said_if_flagged
 from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
@@ -276,9 +277,7 @@ def fetch_all(inventory: Inventory) -> None:
 
     def said(host: str, run: jobs.Run) -> None:
         console.print(f"{host}: pulled {shown(run.run_id)} ({run.state})")
-        flag = results.load_run(inventory.local.results / run.run_id).flag
-        if flag:
-            console.print(f"[yellow]not comparable[/]: {shown(flag)}")
+        said_if_flagged(results.load_run(inventory.local.results / run.run_id), console.print)
 
     pulled = jobs.fetch_finished(inventory, said)
     console.print(

@@ -5,11 +5,12 @@ named; a set it has no record of flags nothing; compare and its notes show the f
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dflash_ops.core.errors import HostError
-from dflash_ops.evaluation import results, set_anchors
+from dflash_ops.evaluation import results, set_anchors, tracking
 from dflash_ops.evaluation.set_anchors import (
     anchor_file,
     anchor_problem,
@@ -144,3 +145,16 @@ def test_a_damaged_record_flags_the_run_naming_the_file(tmp_path):
     path.write_text("{not json")
     [run] = pulled(tmp_path, {"run": with_set(MADE)})
     assert run.flag is not None and str(path) in run.flag and "cannot be checked" in run.flag
+
+
+def test_a_flagged_run_pulled_by_watch_or_run_eval_is_said_and_sent_nowhere(tmp_path):
+    anchored(tmp_path)
+    pulled(tmp_path, {"tampered": with_set(TAMPERED)})
+    said: list[str] = []
+    # after_pull's inventory: only where the results are (a flagged run reads nothing else)
+    inventory = SimpleNamespace(local=SimpleNamespace(results=tmp_path))
+    tracking.after_pull(inventory, ["tampered"], said.append, wandb_project="drafter-evals")
+    (line,) = said
+    assert line.startswith(f"[yellow]not comparable[/]: run tampered: feature set {SET} on eval")
+    assert TAMPERED[:12] in line and "left out of comparisons, training metrics and W&B" in line
+    assert not (tmp_path / "tampered" / tracking.SENT_FILE).exists()

@@ -21,6 +21,7 @@ from dflash_ops.core.errors import TrackerError
 from dflash_ops.evaluation import results, tracking
 from dflash_ops.evaluation.request import REQUEST_OPTIONS, request_options
 from tests.conftest import REPO, run_fab
+from tests.schema_samples import pulled
 from tests.training_samples import LOGGED, offline_runs, pull
 from tests.unit.test_comparability_key import pull as pull_with_intervals
 
@@ -187,3 +188,14 @@ def test_a_run_w_and_b_refused_is_sent_by_the_next_sync(blocked, offline, monkey
     monkeypatch.setenv("WANDB_DIR", str(offline))
     assert tracking.sync("drafter-evals", root, said.append) == (1, 0)
     assert tracking.sync("drafter-evals", root, said.append) == (0, 0)
+
+
+def test_wandb_sync_passes_over_a_run_flagged_not_comparable_and_says_so(tmp_path, offline):
+    from tests.unit.test_set_anchors import TAMPERED, anchored, with_set
+
+    root = tmp_path / "results"
+    anchored(root)
+    pulled(root, {"tampered": with_set(TAMPERED)})
+    said: list[str] = []
+    assert tracking.sync("drafter-evals", root, said.append) == (0, 0)
+    assert any(line.startswith("[yellow]not comparable[/]: run tampered") for line in said)
