@@ -302,6 +302,15 @@ def fit(runs: dict[str, dict]) -> None:
     print(f"fitted, worst phase: {worst() * 100:.0f} %")
 
 
+def saved_runs(files: list[Path]) -> dict[str, dict]:
+    """The runs of several --save files, each named `FILE-STEM SIZE`."""
+    return {
+        f"{path.stem} {name}": run
+        for path in files
+        for name, run in json.loads(path.read_text()).items()
+    }
+
+
 def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -322,11 +331,13 @@ def main() -> None:
     parser.add_argument(
         "--fit",
         type=Path,
-        help="fit the estimate's constants to a --save file (no run) and print them",
+        nargs="+",
+        help="fit the estimate's constants to --save files together (no run) and print them: "
+        "measure quiet and loaded, and fit both",
     )
     args = parse_args(parser, SMOKE)
     if args.fit:
-        return fit(json.loads(args.fit.read_text()))
+        return fit(saved_runs(args.fit))
     args.earlier = json.loads(args.measured.read_text()) if args.measured else {}
     from dflash_lab.content import MODEL_CACHE
     from dflash_lab.models import build_lab_models
