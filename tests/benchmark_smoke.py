@@ -74,6 +74,8 @@ def _target_scale(out: str) -> None:
     _shows(out, r"^smoke: 0 M parameters \(target in float32\), threads 1,")
     for phase in ("load_target", "completions", "hidden_states", "drafter"):
         _shows(out, rf"^ +{phase}: measured +\d+\.\d\d s wall, .* estimated ")
+    disk = r"reading the weights \(disk-bound, not in the worst phase\): (\d+ %|none counted)"
+    assert re.fullmatch(disk, lines[-2]), out
     assert re.fullmatch(r"estimate vs measured, worst phase: \d+ %", lines[-1]), out
 
 

@@ -8,17 +8,30 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import REPO
 
+# The calibration runs docs/estimate.md reports, quiet and loaded; the worst CPU-bound phase
+# it states for them together.
+SAVED = [
+    "estimate-quiet-1.json",
+    "estimate-quiet-2.json",
+    "estimate-loaded.json",
+    "estimate-measured.json",
+    "estimate-checked.json",
+]
+STATED_WORST = 43
 
-@pytest.mark.parametrize("saved", ["estimate-measured.json", "estimate-checked.json"])
-def test_the_estimate_s_constants_hold_for_the_saved_calibration_runs(saved):
-    """The constants in dflash_eval.plan.estimate against the runs docs/estimate.md reports (the
-    fit's and the check's): a change of a constant that breaks the ±35 % promise fails here."""
-    command = [sys.executable, "benchmarks/target_scale.py", "--fit", f"docs/{saved}"]
+
+def test_the_estimate_s_constants_hold_for_the_saved_calibration_runs():
+    """The constants in dflash_eval.plan.estimate against every run docs/estimate.md reports:
+    a change of a constant that breaks what it states fails here."""
+    files = [f"docs/{saved}" for saved in SAVED]
+    command = [sys.executable, "benchmarks/target_scale.py", "--fit", *files]
     output = subprocess.check_output(command, cwd=REPO, text=True, timeout=120)
-    current = re.match(r"with the current constants, worst phase: (\d+) %", output)
+    current = re.match(r"with the current constants, worst phase: (\d+) %\n", output)
     assert current, output
-    assert int(current[1]) <= 35, output
+    assert int(current[1]) <= STATED_WORST, output
+    assert f"within **±{STATED_WORST} %**" in (REPO / "docs/estimate.md").read_text()
+    assert re.search(
+        r"^reading the weights \(disk-bound, not in the worst phase\): \d+ %$", output, re.M
+    )

@@ -39,7 +39,7 @@ FEATURE_CLASSES: tuple[tuple[str, frozenset[str]], ...] = (
 FLAGS_OF_INTEREST = ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")
 # Sustained GFLOP/s per core, by feature class and dtype (float16 counts as bfloat16): the
 # first guesses (60 float32 for avx512-bf16 …) times FITTED, measured on avx512-bf16 float32.
-FITTED = 0.79
+FITTED = 0.86
 _FIRST_GUESSES: dict[str, dict[str, float]] = {
     "amx-bf16": {"bfloat16": 250.0, "float32": 60.0},
     "avx512-bf16": {"bfloat16": 80.0, "float32": 60.0},
@@ -47,13 +47,13 @@ _FIRST_GUESSES: dict[str, dict[str, float]] = {
     "avx2": {"bfloat16": 8.0, "float32": 25.0},
     "baseline": {"bfloat16": 2.0, "float32": 5.0},
 }
-BANDWIDTH_PER_CORE = 6.3e9  # bytes/s of weights streamed per core in a decode step
+BANDWIDTH_PER_CORE = 7.4e9  # bytes/s of weights streamed per core in a decode step
 BANDWIDTH_MAX = 100e9
 DISK_BYTES_PER_SECOND = 3e9  # a cold read of weights (a first guess: see docs/estimate.md)
 # Fixed costs, whatever the cores (fitted as the rates are):
 DECODE_LAYER_STEP_S = 0.0021  # one decode step through one layer
-FORWARD_LAYER_PASS_S = 0.015  # one sequence's forward through one layer
-ANCHOR_WALK_S = 0.011  # the drafter's walk of one anchor (its block and the DDTree walks)
+FORWARD_LAYER_PASS_S = 0.008  # one sequence's forward through one layer
+ANCHOR_WALK_S = 0.0063  # the drafter's walk of one anchor (its block and the DDTree walks)
 LOAD_START_S = 1.0  # building the target's modules before its weights are read
 
 
