@@ -38,8 +38,9 @@ from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.units import format_bytes, parse_size
 from dflash_ops.remote.connection import Host
 from dflash_ops.staging import relay
+from dflash_ops.staging.delivery import StageOptions
 from dflash_ops.staging.destination import staged_path
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.stage import stage
 
 STEP = 4000
 

@@ -27,7 +27,8 @@ from dflash_ops.evaluation.run import (
     stage_checkpoint,
 )
 from dflash_ops.remote.connection import Host
-from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
+from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions
+from dflash_ops.staging.stage import stage
 
 DIAGNOSE_DIR = "diagnose"  # under the local results directory
 

@@ -22,7 +22,7 @@ from dflash_ops.evaluation.export_pull import pull_export
 from dflash_ops.evaluation.run import RunReporter, drafter_profile, ensure_ready, stage_checkpoint
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.staging.stage import StagedCheckpoint
+from dflash_ops.staging.delivery import StagedCheckpoint
 
 PROFILE_UPLOAD = "export-drafter-profile.json"
 

@@ -24,7 +24,8 @@ from dflash_ops.evaluation.run import drafter_profile, host_defaults_argv, host_
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.staging.stage import HopPlan, StagedCheckpoint, StageOptions, stage
+from dflash_ops.staging.delivery import HopPlan, StagedCheckpoint, StageOptions
+from dflash_ops.staging.stage import stage
 
 
 @dataclass

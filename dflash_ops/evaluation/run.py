@@ -43,9 +43,10 @@ from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.relayed_sets import relayed_set
+from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions
 from dflash_ops.staging.disk import margin_of, space_check
 from dflash_ops.staging.relay import ProgressCallback
-from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
+from dflash_ops.staging.stage import stage
 from dflash_ops.staging.strip import nothing_to_strip
 
 # Makes a progress callback for one transfer from its label and its total bytes.

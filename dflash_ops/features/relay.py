@@ -23,13 +23,13 @@ from dflash_ops.features.space import eval_host_advice, require_room
 from dflash_ops.features.spec import SET_RECORD
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
+from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions, deliver
 from dflash_ops.staging.destination import Destination
 from dflash_ops.staging.manifest import Identity, Member
 from dflash_ops.staging.payload import Payload
 from dflash_ops.staging.relay import ProgressCallback
 from dflash_ops.staging.sides import RemoteSide
 from dflash_ops.staging.sources import TrainerFiles
-from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, deliver
 from dflash_ops.staging.transfer import verify_staged
 
 SET_STEP = 0  # a set has no training step; its manifest's identity records 0

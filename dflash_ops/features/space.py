@@ -20,8 +20,8 @@ from dflash_ops.core.errors import DiskSpaceError
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation.in_memory import harness_event
 from dflash_ops.remote.connection import Host
+from dflash_ops.staging.delivery import StagedCheckpoint
 from dflash_ops.staging.disk import Margin, SpaceCheck, space_check
-from dflash_ops.staging.stage import StagedCheckpoint
 
 CHECK_FLAG = "--check-space"
 

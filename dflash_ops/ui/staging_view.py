@@ -23,10 +23,11 @@ from dflash_ops.core.errors import HostError, InventoryError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.units import format_bytes
 from dflash_ops.staging.catalog import list_checkpoints
+from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions
 from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import ProgressCallback, RelayState
 from dflash_ops.staging.sources import Via
-from dflash_ops.staging.stage import StagedCheckpoint, StageOptions, stage
+from dflash_ops.staging.stage import stage
 from dflash_ops.ui.console import console, shown
 from dflash_ops.ui.output import Column, field, parse_format, render
 

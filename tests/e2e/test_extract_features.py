@@ -28,7 +28,7 @@ from dflash_ops.core.units import format_bytes
 from dflash_ops.features.extract import FeatureSet
 from dflash_ops.features.relay import set_destination, set_payload
 from dflash_ops.remote.layout import EvalLayout
-from dflash_ops.staging.stage import StageOptions, deliver
+from dflash_ops.staging.delivery import StageOptions, deliver
 from tests.conftest import run_fab
 from tests.e2e.features_helpers import (
     DTYPE,

@@ -21,7 +21,8 @@ from dflash_ops.core.errors import InventoryError, TransferError
 from dflash_ops.core.inventory import Inventory, parse
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.remote.connection import Host
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.delivery import StageOptions
+from dflash_ops.staging.stage import stage
 from tests.inventory_documents import minimal_document
 
 STEP = 2000

@@ -26,9 +26,10 @@ from dflash_lab import lab as labs
 from dflash_ops.core.errors import TransferError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.staging.catalog import list_checkpoints
+from dflash_ops.staging.delivery import StageOptions
 from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import RelayState
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.stage import stage
 
 pytestmark = pytest.mark.long(70)  # seconds with 4 workers: started first
 

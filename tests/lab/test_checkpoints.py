@@ -15,7 +15,8 @@ from dflash_ops.core.errors import CheckpointError
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.staging import catalog
 from dflash_ops.staging.catalog import list_checkpoints
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.delivery import StageOptions
+from dflash_ops.staging.stage import stage
 
 
 def sha256(path: Path) -> str:

@@ -23,11 +23,12 @@ from dflash_ops.core.units import MIN_BWLIMIT, parse_bwlimit
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.priority import MARK, NICENESS, announced, low_priority
+from dflash_ops.staging.delivery import StageOptions
 from dflash_ops.staging.pace import Pace
 from dflash_ops.staging.relay import Pipe, RelayState, sink
 from dflash_ops.staging.sides import RemoteSide
 from dflash_ops.staging.sources import TrainerFiles
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.stage import stage
 from tests.inventory_documents import minimal_document
 
 MiB = 1 << 20

@@ -17,7 +17,8 @@ from dflash_ops.core.files import make_dirs, write_atomic
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.evaluation import figures, results
 from dflash_ops.remote.connection import Host
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.delivery import StageOptions
+from dflash_ops.staging.stage import stage
 from dflash_ops.ui import report
 from tests.unit.test_report import pull
 

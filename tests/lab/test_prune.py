@@ -15,7 +15,8 @@ from dflash_ops.features import prune as features_prune
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging import prune
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.delivery import StageOptions
+from dflash_ops.staging.stage import stage
 
 
 def test_parse_staged_reads_default_and_named_runs():

@@ -14,8 +14,9 @@ import pytest
 
 from dflash_ops.core.errors import DiskSpaceError, HostKeyError, NotOursError, TransferError
 from dflash_ops.core.inventory import load as load_inventory
+from dflash_ops.staging.delivery import StageOptions
 from dflash_ops.staging.relay import RelayState
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.stage import stage
 
 SIZE = 8 << 20
 

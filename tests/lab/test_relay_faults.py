@@ -15,7 +15,8 @@ import pytest
 from dflash_lab import sshd
 from dflash_ops.core.errors import TransferError
 from dflash_ops.core.inventory import load as load_inventory
-from dflash_ops.staging.stage import StageOptions, stage
+from dflash_ops.staging.delivery import StageOptions
+from dflash_ops.staging.stage import stage
 
 
 def sha256(path: Path) -> str:
