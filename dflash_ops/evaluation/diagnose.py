@@ -17,15 +17,10 @@ from dflash_ops.core.errors import EvalFailed, HostError, OpsError, ResultsError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, read_json_file
 from dflash_ops.evaluation import jobs, results
+from dflash_ops.evaluation.harness_command import drafter_profile, harness_command
 from dflash_ops.evaluation.plan import HostPlan, plan_host
 from dflash_ops.evaluation.request import EvalRequest
-from dflash_ops.evaluation.run import (
-    RunReporter,
-    drafter_profile,
-    ensure_ready,
-    harness_command,
-    stage_checkpoint,
-)
+from dflash_ops.evaluation.run import RunReporter, ensure_ready, stage_checkpoint
 from dflash_ops.remote.connection import Host
 from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions
 from dflash_ops.staging.stage import stage

@@ -19,7 +19,8 @@ from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.evaluation.export_pull import pull_export
-from dflash_ops.evaluation.run import RunReporter, drafter_profile, ensure_ready, stage_checkpoint
+from dflash_ops.evaluation.harness_command import drafter_profile
+from dflash_ops.evaluation.run import RunReporter, ensure_ready, stage_checkpoint
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.delivery import StagedCheckpoint

@@ -18,9 +18,13 @@ from dataclasses import dataclass, field
 
 from dflash_ops.core.errors import HostError
 from dflash_ops.core.inventory import EvalHost, Inventory
+from dflash_ops.evaluation.harness_command import (
+    drafter_profile,
+    host_defaults_argv,
+    host_inputs_argv,
+)
 from dflash_ops.evaluation.in_memory import harness_event, run_harness
 from dflash_ops.evaluation.request import EvalRequest, sglang_url
-from dflash_ops.evaluation.run import drafter_profile, host_defaults_argv, host_inputs_argv
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout

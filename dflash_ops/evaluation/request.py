@@ -12,7 +12,7 @@ from typing import get_args
 
 from dflash_ops.core.arguments import parse_choice
 from dflash_ops.core.errors import HostError, OpsError
-from dflash_ops.core.inventory import EvalHost, HarnessHost
+from dflash_ops.core.inventory import EvalHost, HarnessHost, Inventory
 from dflash_ops.core.records import check_json_lines
 from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation.dataset_cache import load_set
@@ -176,3 +176,8 @@ def dataset_prompts(
     path = write_prompts(records, directory)
     say(f"prompts: {len(records)} from {sets} → {path}")
     return path
+
+
+def run_flag(inventory: Inventory) -> str:
+    """` --run NAME` for the hints of a named training run's commands ('' for the default)."""
+    return f" --run {inventory.training_run}" if inventory.training_run else ""

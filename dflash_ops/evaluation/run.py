@@ -24,16 +24,21 @@ from dflash_ops.core.errors import (
     CheckpointError,
     EvalFailed,
     HostError,
-    InventoryError,
-    NotOursError,
     ResultsError,
 )
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
-from dflash_ops.core.records import RecordError, parse_json
 from dflash_ops.core.units import format_bytes
 from dflash_ops.evaluation import jobs, set_anchors
-from dflash_ops.evaluation.request import EvalRequest, sglang_url
+from dflash_ops.evaluation.harness_command import (
+    SGLANG_URL_FILE,
+    drafter_profile,
+    harness_command,
+    pickle_args,
+    upload_path,
+)
+from dflash_ops.evaluation.host_extract import extract
+from dflash_ops.evaluation.request import EvalRequest, run_flag, sglang_url
 from dflash_ops.evaluation.results import read_results
 from dflash_ops.evaluation.tracking import after_pull
 from dflash_ops.evaluation.verdict import closing_line
@@ -41,10 +46,8 @@ from dflash_ops.provision.harness import deploy_harness
 from dflash_ops.provision.state import read_state, venv_problem
 from dflash_ops.remote import probes
 from dflash_ops.remote.connection import Host
-from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.remote.relayed_sets import relayed_set
 from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions
-from dflash_ops.staging.disk import margin_of, space_check
 from dflash_ops.staging.relay import ProgressCallback
 from dflash_ops.staging.stage import stage
 from dflash_ops.staging.strip import nothing_to_strip
@@ -52,9 +55,6 @@ from dflash_ops.staging.strip import nothing_to_strip
 # Makes a progress callback for one transfer from its label and its total bytes.
 TransferProgress = Callable[[str, int], ProgressCallback]
 
-EXTRACT_RECORD = "dflash_extract.json"  # what the harness's extract records beside the copy
-NOT_OURS = "@@not-ours"
-SGLANG_URL_FILE = "sglang-url"  # the private upload; its run's wrapper removes it
 
 # Bytes of memory per byte of target weights on disk, when loaded for CPU inference.
 MEMORY_PER_WEIGHT_BYTE = 1.2
@@ -104,7 +104,7 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
                 entry,
                 harness,
                 staged,
-                _pickle_args(request, profile),
+                pickle_args(request, profile),
                 reporter.say,
             )
         run_id = jobs.new_run_id(request.step, name, request.tag, inventory.training_run)
@@ -149,11 +149,6 @@ def run_eval(inventory: Inventory, request: EvalRequest, reporter: RunReporter) 
         return conclude(inventory, host, entry, run, reporter, expected, request.wandb)
     finally:
         host.close()
-
-
-def run_flag(inventory: Inventory) -> str:
-    """` --run NAME` for the hints of a named training run's commands ('' for the default)."""
-    return f" --run {inventory.training_run}" if inventory.training_run else ""
 
 
 def stage_checkpoint(
@@ -275,211 +270,3 @@ def warn_if_short_of_memory(host: Host, entry: EvalHost, say: Callable[[str], No
             f"({format_bytes(int(weights))} on disk) needs about {format_bytes(needed)}. "
             "The run may be killed by the OOM killer."
         )
-
-
-def extract(
-    inventory: Inventory,
-    host: Host,
-    entry: EvalHost,
-    harness: str,
-    staged: StagedCheckpoint,
-    pickle_args: list[str],
-    say: Callable[[str], None],
-) -> str:
-    """Strip optimizer state on the eval host with the harness's `extract`; return the
-    extracted directory to evaluate. A copy is reused only when it was extracted from the
-    bytes staging verified (its record names their sha256): a re-staged step is extracted
-    again, and a staged file that no longer hashes as staged is refused."""
-    checkpoint, out = staged.path, EvalLayout.extracted(staged.path)
-    quoted = shlex.quote(out)
-    made_from = _extracted_from(host, out)
-    if made_from == staged.sha256:
-        say(f"{host.name}: reusing {out} (extracted from sha256 {staged.sha256[:16]}…)")
-        return out
-    if made_from is not None:
-        say(
-            f"{host.name}: {out} was extracted from sha256 {made_from[:16]}…, the staged "
-            f"checkpoint is now {staged.sha256[:16]}…: extracting again"
-        )
-    directory = out.rpartition("/")[0] or "/"
-    free = host.probe(probes.free_bytes(directory))
-    space_check(host.name, directory, free, staged.size, margin_of(inventory), "extract").require()
-    python = shlex.quote(EvalLayout(entry).python)
-    result = host.run(
-        f"cd {shlex.quote(harness)} && {python} -m dflash_eval extract --checkpoint "
-        f"{shlex.quote(checkpoint)} --out {quoted}.tmp {shlex.join(pickle_args)} && "
-        f"rm -rf {quoted} && "
-        f"mv {quoted}.tmp {quoted}",
-        check=False,
-    )
-    if not result.ok:
-        # The harness explains an expected failure in a paragraph on stderr: pass it on whole.
-        raise HostError(
-            host.name,
-            f"extracting {checkpoint} failed: {result.stderr.strip() or 'no error output'}",
-        )
-    if _extracted_from(host, out) != staged.sha256:
-        host.run(f"rm -rf -- {quoted}", check=False)
-        raise CheckpointError(
-            f"{host.name}: {checkpoint} does not hash to the sha256 staging verified "
-            f"({staged.sha256[:16]}…): it changed or is corrupt on disk. Re-stage it: fab "
-            f"stage-checkpoint --step {staged.step}{run_flag(inventory)} --to {host.name} --verify"
-        )
-    say(f"{host.name}: optimizer state stripped → {out}")
-    return out
-
-
-def _extracted_from(host: Host, extracted: str) -> str | None:
-    """The source sha256 an extracted copy records (None: no complete copy there). What stands
-    there without extract's record was not made by the tool: refused, never replaced."""
-    q = shlex.quote(extracted)
-    answer = host.run(
-        f"if [ -f {q}/{EXTRACT_RECORD} ]; then cd {q} && test -f model.safetensors && "
-        f"cat -- {EXTRACT_RECORD}; elif {probes.occupied(extracted)}; then echo {NOT_OURS}; fi",
-        check=False,
-    )
-    if answer.stdout.strip() == NOT_OURS:
-        raise NotOursError(
-            host.name,
-            extracted,
-            f"is where the extracted checkpoint goes, but holds no {EXTRACT_RECORD}",
-            "Move it away (or remove it) yourself, then run again.",
-        )
-    try:
-        record = parse_json(answer.stdout, EXTRACT_RECORD) if answer.ok else None
-    except RecordError:
-        return None
-    source = record.get("source_sha256") if isinstance(record, dict) else None
-    return source if isinstance(source, str) else None
-
-
-def harness_command(
-    host: Host,
-    entry: EvalHost,
-    harness: str,
-    checkpoint: str,
-    run_id: str,
-    request: EvalRequest,
-    profile: dict | None = None,
-    training_run: str | None = None,
-    features: str | None = None,
-    subcommand: str = "eval",
-) -> str:
-    """The harness invocation for the run's wrapper (it runs in the run directory); the
-    training run, when named, is recorded in the results' checkpoint block; `features`: a
-    relayed feature set's directory on the host, used instead of the cache. `subcommand`:
-    `eval` writes results.json; another (`diagnose`) writes SUBCOMMAND.json."""
-    layout = EvalLayout(entry)
-    directory = layout.run(run_id)
-    out = "results.json" if subcommand == "eval" else f"{subcommand}.json"
-    argv = [
-        layout.python,
-        "-m",
-        "dflash_eval",
-        subcommand,
-        "--checkpoint",
-        checkpoint,
-        "--target",
-        entry.target_model,
-        "--out",
-        f"{directory}/{out}",
-        "--step",
-        str(request.step),
-        "--cache-dir",
-        layout.cache,
-        *(["--training-run", training_run] if training_run else []),
-    ]
-    argv += host_inputs_argv(host, entry, request)
-    if features:
-        argv += ["--features", features]
-    uploads = _uploads(entry, request, profile, sglang_url(request, host.name, entry))
-    if uploads:
-        host.run(f"mkdir -p {shlex.quote(layout.runs)}")
-    for flag, data, name, private in uploads:
-        remote = upload_path(entry, name, run_id)
-        host.upload(data, remote, private=private)
-        argv += [flag, f"@{remote}" if flag == "--sglang-url" else remote]
-    argv += host_defaults_argv(entry, request, profile) + request.harness_args
-    return f"env PYTHONPATH={shlex.quote(harness)} {shlex.join(argv)}"
-
-
-def host_inputs_argv(host: Host, entry: EvalHost, request: EvalRequest) -> list[str]:
-    """The reference drafter the inventory names for this host, when asked for; refuses
-    --reference that the host's inventory entry cannot serve."""
-    if not request.reference:
-        return []
-    if not entry.reference_drafter:
-        raise HostError(
-            host.name, "--reference needs `reference_drafter` for this host in the inventory"
-        )
-    return ["--reference-drafter", entry.reference_drafter]
-
-
-def host_defaults_argv(entry: EvalHost, request: EvalRequest, profile: dict | None) -> list[str]:
-    """The host's thread count and the profile's target dtype, unless the command line
-    gives its own."""
-    argv = []
-    if entry.threads and "--threads" not in request.harness_args:
-        argv += ["--threads", str(entry.threads)]
-    target_dtype = (profile or {}).get("target_dtype")
-    if target_dtype and "--target-dtype" not in request.harness_args:
-        argv += ["--target-dtype", target_dtype]
-    return argv
-
-
-def upload_path(entry: EvalHost, name: str, run_id: str) -> str:
-    """Where the run's uploaded file `name` lives on the host (beside the run directories)."""
-    return f"{EvalLayout(entry).runs}/.{name}-{run_id}"
-
-
-def _uploads(
-    entry: EvalHost, request: EvalRequest, profile: dict | None, url: str | None
-) -> list[tuple[str, bytes, str, bool]]:
-    """(harness flag, content, file name, private) of each file the run needs on the host.
-    The SGLang URL goes through a private file: it may carry credentials, which must not
-    reach argv, `ps`, the run's recorded command or its log. It comes last: an upload that
-    fails before it leaves no credentials on the host (the run's wrapper removes them)."""
-    uploads = []
-    if request.prompts is not None:
-        uploads.append(("--prompts", request.prompts.read_bytes(), "prompts.jsonl", False))
-    if request.drafter_config is not None:
-        config = request.drafter_config.read_bytes()
-        uploads.append(("--drafter-config", config, "drafter-config.json", False))
-    if profile is not None:
-        harness_profile = {k: v for k, v in profile.items() if k != "target_dtype"}
-        data = json.dumps(harness_profile, indent=2).encode()
-        uploads.append(("--drafter-profile", data, "drafter-profile.json", False))
-    if url is not None:
-        uploads.append(("--sglang-url", url.encode(), SGLANG_URL_FILE, True))
-    return uploads
-
-
-def _pickle_args(request: EvalRequest, profile: dict | None) -> list[str]:
-    """The pickle policy of the run's own evaluation, for `extract` to read the same file."""
-    args = request.harness_args
-    names = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--safe-globals"]
-    names += (profile or {}).get("safe_globals", [])
-    unsafe = ["--allow-unsafe-pickle"] if "--allow-unsafe-pickle" in args else []
-    return (["--safe-globals", ",".join(names)] if names else []) + unsafe
-
-
-def drafter_profile(inventory: Inventory) -> dict | None:
-    """The inventory's drafter profile as the harness reads it (its config file inlined)."""
-    spec = inventory.trainer.drafter
-    if spec is None:
-        return None
-    profile = spec.model_dump(exclude_none=True, exclude={"config_file"})
-    if spec.config_file is not None:
-        path = inventory.path.parent / spec.config_file
-        key = f"hosts.{inventory.trainer_name}"
-        run = inventory.training_run
-        if run and inventory.trainer.runs[run].drafter is not None:
-            key += f".runs.{run}"  # the run's own profile (for_run put it in the trainer's)
-        try:
-            profile["config"] = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise InventoryError(
-                f"{inventory.path}: {key}.drafter.config_file: cannot read {path} as JSON "
-                f"({exc}); fix the path or the file"
-            ) from None
-    return profile

@@ -26,7 +26,8 @@ from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.sglang_launch import SglangLaunch
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.export import export_on_host
-from dflash_ops.evaluation.run import RunReporter, drafter_profile, ensure_ready, stage_checkpoint
+from dflash_ops.evaluation.harness_command import drafter_profile
+from dflash_ops.evaluation.run import RunReporter, ensure_ready, stage_checkpoint
 from dflash_ops.remote import sglang_launch
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout

@@ -41,9 +41,9 @@ from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation import jobs, sweep
-from dflash_ops.evaluation.request import EvalRequest
+from dflash_ops.evaluation.request import EvalRequest, run_flag
 from dflash_ops.evaluation.results import load_runs, read_results
-from dflash_ops.evaluation.run import RunReporter, run_flag
+from dflash_ops.evaluation.run import RunReporter
 from dflash_ops.evaluation.tracking import after_pull
 from dflash_ops.evaluation.webhook import Webhook
 from dflash_ops.remote.connection import each_eval_host

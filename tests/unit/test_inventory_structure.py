@@ -11,7 +11,7 @@ import yaml
 
 from dflash_ops.core import inventory
 from dflash_ops.core.errors import InventoryError
-from dflash_ops.evaluation.run import drafter_profile
+from dflash_ops.evaluation.harness_command import drafter_profile
 from tests.inventory_documents import minimal_document
 
 
