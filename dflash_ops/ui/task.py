@@ -1,5 +1,11 @@
 """The decorator that makes a Fabric task out of a library call.
 
+A task that passes harness options on names its task in the harness's option table
+(dflash_eval.contract.options): each option the table gives that task becomes one of its flags
+(the table's help and kind; unset by default, which means the harness's default), and the
+task's body receives them together as `harness_options`. So a new harness option is one table
+entry (plus its consumer in the harness): no task lists the options by hand.
+
 Expected failures (`OpsError`) become one clear message on stderr and exit status 1, without a
 traceback; Ctrl-C exits 130 quietly; anything else keeps its traceback (it is a bug).
 """
@@ -17,6 +23,9 @@ from invoke.exceptions import Exit, ParseError
 from invoke.parser import Argument
 
 from dflash_ops.core.errors import OpsError
+from dflash_ops.evaluation.harness_options import task_help
+
+HARNESS_OPTIONS = "harness_options"  # the body's parameter that receives them
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
 # The numeric harness options the tasks pass on, by keyword (dflash_eval.contract.options).
@@ -134,12 +143,36 @@ class _OpsTask(Task):
         ]
 
 
-def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
-    """`@task` with OpsError handling; an `inventory` parameter gets its standard help."""
+def with_harness_options(signature: inspect.Signature, harness: str) -> inspect.Signature:
+    """The task's signature as invoke reads it: the body's own parameters, then each option
+    of the table's task `harness`, unset (a switch off)."""
+    own = [p for p in signature.parameters.values() if p.name != HARNESS_OPTIONS]
+    taken = {p.name for p in own}
+    added = [
+        inspect.Parameter(
+            option.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=False if option.kind == "switch" else None,
+        )
+        for option in table.for_task(harness)
+        if option.name not in taken  # the task's own parameter of that name wins
+    ]
+    return signature.replace(parameters=[*own, *added])
+
+
+def ops_task(
+    help: dict[str, str] | None = None, harness: str | None = None, **task_options
+) -> Callable:
+    """`@task` with OpsError handling; an `inventory` parameter gets its standard help.
+    `harness`: the option table's task whose options the task takes (module docstring)."""
 
     def decorate(body: Callable) -> Callable:
+        names = [option.name for option in table.for_task(harness)] if harness else []
+
         @functools.wraps(body)
         def run(*args, **kwargs):
+            if harness is not None:
+                kwargs[HARNESS_OPTIONS] = {name: kwargs.pop(name) for name in names}
             try:
                 if args and (ignored := ignored_core_flags(args[0])):
                     raise OpsError(
@@ -157,8 +190,14 @@ def ops_task(help: dict[str, str] | None = None, **task_options) -> Callable:
             except KeyboardInterrupt:
                 raise Exit("interrupted", code=130) from None
 
+        if harness is not None:
+            run.__signature__ = with_harness_options(inspect.signature(body), harness)  # type: ignore[attr-defined]
         takes_inventory = "inventory" in inspect.signature(body).parameters
-        helps = {**({"inventory": INVENTORY_HELP} if takes_inventory else {}), **(help or {})}
+        helps = {
+            **({"inventory": INVENTORY_HELP} if takes_inventory else {}),
+            **(task_help(harness) if harness else {}),
+            **(help or {}),
+        }
         # Long flags only: invoke's automatic one-letter flags (-h for --host…) confuse more
         # than they save.
         return task(help=helps, auto_shortflags=False, klass=_OpsTask, **task_options)(run)
