@@ -12,11 +12,18 @@ or the key's name (or an unambiguous start of it) to keep whatever the other gro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from dflash_eval.contract.reading import KEY_ID_PREFIX, canonical, key_id
+from dflash_eval.contract.reading import (
+    KEY_ID_PREFIX,
+    canonical,
+    comparability_key,
+    key_id,
+)
+from dflash_eval.contract.schema import Results
 
 from dflash_ops.core.arguments import MAX_COUNT, parse_count
 from dflash_ops.core.errors import OpsError, ResultsError
@@ -35,6 +42,13 @@ class RunGroup(Generic[Row]):
     def id(self) -> str:
         """The key's stable short name (reading.key_id)."""
         return key_id(self.key)
+
+
+def key_fields(results: Results) -> dict[str, Any]:
+    """A results file's comparability key as it leaves this tool (W&B, the watch's webhook):
+    its short name, and the settings it names as JSON values."""
+    key = comparability_key(results)
+    return {"comparability_key": key_id(key), "comparability": json.loads(canonical(key))}
 
 
 def group_runs(

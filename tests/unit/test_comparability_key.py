@@ -1,6 +1,7 @@
 """The comparability key's short name (reading.key_id): one hash of exactly the settings in
-reading.COMPARABILITY, computed from a results file; in compare's records, the export and
-the report; stable as runs are added, unlike the groups' display numbers. The guide's
+reading.COMPARABILITY, computed from a results file; in compare's records, the export, the
+report and the watch's webhook; stable as runs are added, unlike the groups' display
+numbers, so `compare --group KEY` picks the same runs however many are added. The guide's
 pandas recipe, run on an export that holds runs which may not be compared, gives only
 numbers that some run produced."""
 
@@ -22,6 +23,8 @@ from dflash_eval.walk.by_dataset import intervals
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import results
+from dflash_ops.evaluation.watch import results_news
+from dflash_ops.evaluation.webhook import chat_text
 from dflash_ops.ui import cli, report, report_facts
 from dflash_ops.ui.compare_view import group_records
 from dflash_ops.ui.eval_commands import export_results, show_comparison
@@ -281,3 +284,15 @@ def test_a_key_no_group_has_is_one_line_listing_the_keys_and_their_runs(two_keys
         show_comparison(root, group=typed)
     assert str(refused.value).startswith(expected.format(long=long, short=short))
     assert "\n" not in str(refused.value)
+
+
+def test_the_watch_webhook_payload_names_the_key_and_its_settings():
+    outcome = sampled_results_dict()
+    news = results_news(outcome)
+    assert news["comparability_key"] == reading.comparability_id(outcome)
+    assert news["comparability"]["max new tokens"] == outcome["prompts"]["max_new_tokens"]
+    assert news["comparability"]["sampling"] == list(reading.sampling_settings(outcome["metrics"]))
+    assert json.loads(json.dumps(news)) == news  # posted as JSON as it is
+    line = chat_text({"source": "dflash-ops watch", "step": 4000, "event": "evaluated", **news})
+    assert line.startswith("dflash-ops watch: step 4000 evaluated: τ ")
+    assert line.endswith(f"(comparability key {news['comparability_key']})")
