@@ -140,6 +140,10 @@ def test_hosts_all_plans_and_runs_the_step_on_every_eval_host(plan_lab):
     results = load(inventory_path).local.results
     pulled = [json.loads(path.read_text()) for path in results.glob("*/run.json")]
     assert sorted((run["step"], run["host"]) for run in pulled) == [(4000, "eval"), (4000, "eval2")]
+    # --like repeats one of them; with --hosts all, on each host, not on the liked run's alone
+    (liked,) = [run["run_id"] for run in pulled if run["host"] == "eval2"]
+    again = dry_run(inventory_path, "--like", liked, "--hosts", "all")
+    assert "eval: step 4000" in again and "dry run: 2 plan(s)" in again
 
 
 def broken_inventory(inventory_path: Path, tmp_path: Path, **eval_settings) -> Path:
