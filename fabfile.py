@@ -123,6 +123,7 @@ def run_eval(
     steps=None,
     all_new=False,
     host=None,
+    hosts=None,
     num_prompts=None,
     max_new_tokens=None,
     max_blocks=None,
@@ -169,29 +170,27 @@ def run_eval(
     from dflash_ops.ui.eval_commands import like_command, run_eval_command
 
     options = {**request_options(locals()), "via": "pull" if pull else via}
-    shown = {"detach": detach, "dry_run": dry_run, "verbose": verbose}
+    both = {"detach": detach, "dry_run": dry_run, "verbose": verbose, "host": host, "hosts": hosts}
     if like:
         return like_command(
             with_bwlimit(load_inventory(inventory), bwlimit),
             like,
             run=run,
             step=parse_step(step),
-            host=host,
             options=options,
             features=features,
             refused={"--steps": steps, "--latest": latest, "--all-new": all_new},
-            **shown,
+            **both,
         )
     run_eval_command(
         with_bwlimit(load_inventory(inventory).for_run(run), bwlimit),
         step=parse_step(step),
         steps=steps,
         all_new=all_new,
-        host=host,
         options=options,
         latest=latest,
         features=features,
-        **shown,
+        **both,
     )
 
 
@@ -308,7 +307,7 @@ def compare(
         inv.require_run(run),
         fmt=format,
         wide=wide,
-        group=parse_count("--group", group, minimum=1, maximum=MAX_COUNT),
+        group=group,
         baseline=baseline,
         train_metric=train_metric,
         with_report=report,

@@ -1,6 +1,7 @@
 """Which eval host runs `fab run-eval --step N` when the inventory has several and `--host`
 names none: the first idle one in inventory order (a host runs one evaluation at a time), and
 why. The run and its dry run both ask here, so the plan names the host the run would use.
+`--hosts all` (or a comma list of names) runs the step on each of several hosts instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dflash_ops.core.errors import HostBusy, OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
+
+ALL_HOSTS = "all"  # `--hosts all`: every eval host
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,35 @@ def choose_eval_host(inventory: Inventory, step: int) -> HostChoice:
     if len(names) == 1:
         return HostChoice(names[0], "the only eval host")
     return pick_idle(names, {name: _unavailable(inventory, name) for name in names}, step)
+
+
+def named_eval_hosts(
+    inventory: Inventory, host: str | None, hosts: str | None, sweep: bool
+) -> list[str] | None:
+    """The eval hosts `--hosts` names (`all`: every one, in inventory order; else a comma
+    list), None when it is not given; refused beside `--host`, or beside a sweep's flags
+    (a sweep already spreads its steps over every eval host)."""
+    if hosts is None:
+        return None
+    if host is not None:
+        raise OpsError("--host and --hosts exclude each other: pass one of them")
+    if sweep:
+        raise OpsError(
+            "--hosts runs one step on each named host: pass --step N (or --latest); a sweep "
+            "(--steps, --all-new) already spreads its steps over every eval host"
+        )
+    known = list(inventory.eval_hosts)
+    if hosts.strip() == ALL_HOSTS:
+        return known
+    names = list(dict.fromkeys(name.strip() for name in hosts.split(",") if name.strip()))
+    unknown = [name for name in names if name not in known]
+    if not names or unknown:
+        what = f"no eval host named {', '.join(map(repr, unknown))}" if unknown else "no name"
+        raise OpsError(
+            f"--hosts {hosts!r}: {what}; pass '{ALL_HOSTS}' or a comma list of the eval "
+            f"hosts: {', '.join(known)}"
+        )
+    return names
 
 
 def pick_idle(names: list[str], unavailable: dict[str, str | None], step: int) -> HostChoice:

@@ -48,11 +48,15 @@ def plan_runs(
     request: EvalRequest,
     steps: list[int],
     on_plan: Callable[[HostPlan], None],
+    hosts: list[str] | None = None,
 ) -> list[HostPlan]:
-    """Plan `request` for each step on each eval host (only `request.host` when given),
-    calling `on_plan` as each is known. Raises the first host's error after planning the
-    others (HostError: unreachable, venv not ready, target missing, the harness refused)."""
-    names = [inventory.eval_host(request.host)[0]] if request.host else list(inventory.eval_hosts)
+    """Plan `request` for each step on each eval host (only `request.host` when given, only
+    `hosts` when given), calling `on_plan` as each is known. Raises the first host's error
+    after planning the others (HostError: unreachable, venv not ready, target missing, the
+    harness refused)."""
+    names = hosts or (
+        [inventory.eval_host(request.host)[0]] if request.host else list(inventory.eval_hosts)
+    )
     plans: list[HostPlan] = []
     failures: list[HostError] = []
     for step in steps:

@@ -34,7 +34,7 @@ from dflash_ops.core.errors import ResultsError
 from dflash_ops.core.records import RecordError, read_json_file, validate
 from dflash_ops.core.text import check_tag, inert
 from dflash_ops.evaluation import run_ids, set_anchors, training_metrics
-from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against
+from dflash_ops.evaluation.groups import RunGroup, group_runs, mark_against, pick_group
 from dflash_ops.evaluation.records import RunSummary
 from dflash_ops.evaluation.run_ids import short_ids
 
@@ -176,13 +176,13 @@ def compare(
     steps: list[int] | None = None,
     tag: str | None = None,
     training_run: str | None = None,
-    group: int | None = None,
+    group: int | str | None = None,
     baseline: str | None = None,
 ) -> Comparison:
     """The successful runs (optionally of some steps / one tag / one training run), grouped
     by training run, split into comparability groups (dflash_ops.evaluation.groups); the
-    runs outside the compared group (`group`, else the one holding run `baseline`, else the
-    largest) are listed with what differs."""
+    runs outside the compared group (`group`: its number or key, else the one holding run
+    `baseline`, else the largest) are listed with what differs."""
     check_tag(tag)
     selected = [
         r
@@ -215,22 +215,17 @@ def compare(
 def _chosen_group(
     found: list[RunGroup[RunResult]],
     rows: list[RunResult],
-    number: int | None,
+    group: int | str | None,
     baseline: str | None,
 ) -> RunGroup[RunResult]:
-    if number is not None and baseline is not None:
+    if group is not None and baseline is not None:
         raise ResultsError("--group and --baseline both choose the group: pass one of them")
     if baseline is not None:
         run_id = run_ids.match([r.run_id for r in rows], baseline, "among the results compared")
         return next(g for g in found if any(r.run_id == run_id for r in g.rows))
-    if number is None:  # the largest group with a run not flagged
+    if group is None:  # the largest group with a run not flagged
         return next((g for g in found if not all(r.flag for r in g.rows)), found[0])
-    if not 1 <= number <= len(found):
-        raise ResultsError(
-            f"--group {number}: the selected runs form {len(found)} comparability group(s); "
-            f"pass 1 to {len(found)} (compare lists them)"
-        )
-    return found[number - 1]
+    return pick_group(found, group)
 
 
 def mixed_note(comparison: Comparison) -> str | None:

@@ -1,5 +1,6 @@
 """Sweeps (`fab run-eval --steps A,B,…` or `--all-new`): which steps to evaluate, and
-evaluating them across every eval host in parallel, one run per host at a time.
+evaluating them across every eval host in parallel, one run per host at a time; and one step
+on several named hosts at once (`fab run-eval --step N --hosts all`), by the same workers.
 
 Each run is one `run_eval` (dflash_ops.evaluation.run), shown through its host's
 `RunReporter`; nothing here imports a view.
@@ -23,6 +24,7 @@ from dflash_ops.staging.catalog import list_checkpoints
 from dflash_ops.staging.destination import staged_status
 
 Outcomes = dict[int, jobs.Run | Exception]  # per step: its run, or why it failed
+Work = tuple[int, str | None]  # a step, and the host it must run on (None: any host)
 
 
 def choose_steps(
@@ -66,6 +68,38 @@ def run_sweep(
     its host's thread), so a caller can record progress before the whole sweep is over. A
     host that another run holds hands its step back to the others and takes no more; a step
     no host could take ends as that HostBusy."""
+    work = [(step, None) for step in steps]
+    names = list(inventory.eval_hosts)
+    ended = _run_work(inventory, work, names, template, reporters, stop, on_outcome)
+    return {step: outcome for (step, _), outcome in ended.items()}
+
+
+def run_on_hosts(
+    inventory: Inventory,
+    step: int,
+    names: list[str],
+    template: EvalRequest,
+    reporters: Callable[[str], RunReporter],
+) -> dict[str, jobs.Run | Exception]:
+    """Evaluate `step` on each of the eval hosts `names` in parallel, the same request on
+    each; per host, its run or why it failed (HostBusy when another run holds it)."""
+    work = [(step, name) for name in names]
+    ended = _run_work(inventory, work, names, template, reporters)
+    return {name: outcome for (_, name), outcome in ended.items() if name is not None}
+
+
+def _run_work(
+    inventory: Inventory,
+    work: list[Work],
+    names: list[str],
+    template: EvalRequest,
+    reporters: Callable[[str], RunReporter],
+    stop: threading.Event | None = None,
+    on_outcome: Callable[[int, jobs.Run | Exception], None] | None = None,
+) -> dict[Work, jobs.Run | Exception]:
+    """Run `work` on the hosts `names`, one thread and one run at a time per host (see
+    run_sweep); work that a busy host handed back and no host retook ends as HostBusy."""
+    steps = {step for step, _ in work}
     infos = [info for info in list_checkpoints(inventory) if info.step in steps]
     staged = {
         name: {
@@ -73,56 +107,58 @@ def run_sweep(
             for step, state in staged_status(inventory, name, infos).items()
             if state == "staged"
         }
-        for name in inventory.eval_hosts
+        for name in names
     }
-    pending = list(steps)
+    pending = list(work)
     taking = threading.Lock()
-    outcomes: Outcomes = {}
-    waiting: dict[int, HostBusy] = {}  # steps handed back by a busy host, not retaken
+    outcomes: dict[Work, jobs.Run | Exception] = {}
+    waiting: dict[Work, HostBusy] = {}  # handed back by a busy host, not retaken
 
-    def next_step(name: str) -> int | None:
+    def next_work(name: str) -> Work | None:
         with taking:
-            if not pending or (stop is not None and stop.is_set()):
+            mine = [item for item in pending if item[1] in (None, name)]
+            if not mine or (stop is not None and stop.is_set()):
                 return None
-            step = next((s for s in pending if s in staged[name]), pending[0])
-            pending.remove(step)
-            return step
+            item = next((item for item in mine if item[0] in staged[name]), mine[0])
+            pending.remove(item)
+            return item
 
     def worker(name: str) -> None:
         reporter = reporters(name)
-        while (step := next_step(name)) is not None:
+        while (item := next_work(name)) is not None:
+            step = item[0]
             try:
                 request = replace(template, step=step, host=name)
-                outcomes[step] = run_eval(inventory, request, reporter)
-                waiting.pop(step, None)
+                outcomes[item] = run_eval(inventory, request, reporter)
+                waiting.pop(item, None)
             except HostBusy as busy:
                 # The step is not at fault: another host may take it; this one takes no more.
                 reporter.say(f"[yellow]step {step} waits:[/] {escape(str(busy))}")
                 with taking:
-                    pending.insert(0, step)
-                    waiting[step] = busy
+                    pending.insert(0, item)
+                    waiting[item] = busy
                 return
             except OpsError as exc:
                 # the error quotes what a host said: text, not markup
                 reporter.say(f"[red]step {step} failed:[/] {escape(str(exc))}")
-                outcomes[step] = exc
+                outcomes[item] = exc
             if on_outcome is not None:
-                on_outcome(step, outcomes[step])
+                on_outcome(step, outcomes[item])
 
     # Daemon threads: Ctrl-C ends the sweep here; runs already started go on on their hosts.
     threads = [
         threading.Thread(target=worker, args=(name,), name=f"eval-{name}", daemon=True)
-        for name in inventory.eval_hosts
+        for name in names
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    for step in pending:
-        if step in waiting:  # every host that could take it was busy
-            outcomes[step] = waiting[step]
+    for item in pending:
+        if item in waiting:  # every host that could take it was busy
+            outcomes[item] = waiting[item]
             if on_outcome is not None:
-                on_outcome(step, waiting[step])
+                on_outcome(item[0], waiting[item])
     return outcomes
 
 

@@ -27,7 +27,6 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from dflash_eval.contract import reading
 from dflash_eval.contract.reading import groups
 from rich.markup import escape
 
@@ -36,6 +35,7 @@ from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation import results, training_fetch, training_metrics
+from dflash_ops.evaluation.groups import key_fields
 
 WANDB_DIR = "wandb"  # under the results directory
 SENT_FILE = "wandb.json"  # in a run's directory: where it was sent
@@ -193,9 +193,7 @@ def _log(project: str, results_root: Path, row: results.RunResult) -> None:
     config: dict[str, Any] = {
         "training_run": row.training_run,
         "tag": row.tag,
-        "comparability_key": row.key_id,
-        # the settings it names, as JSON values
-        "comparability": json.loads(reading.canonical(row.key())),
+        **key_fields(row.done),
     }
     name = row.training_run or "default"
     run = wandb.init(

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dflash_eval.contract.reading import overall_interval
+from dflash_eval.contract.schema import Results
 from rich.markup import escape
 
 from dflash_ops.core.arguments import parse_number
@@ -41,6 +42,7 @@ from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation import jobs, sweep
+from dflash_ops.evaluation.groups import key_fields
 from dflash_ops.evaluation.request import EvalRequest, run_flag
 from dflash_ops.evaluation.results import load_runs, read_results
 from dflash_ops.evaluation.run import RunReporter
@@ -312,15 +314,9 @@ class Watch:
         payload = {**self._payload("evaluated", step), "run_id": run.run_id, "host": run.host}
         results_file = self.inventory.local.results / run.run_id / "results.json"
         try:
-            results = read_results(results_file)
+            return {**payload, **results_news(read_results(results_file))}
         except ResultsError:
             return payload  # the news goes out without numbers rather than not at all
-        payload["tau_macro"] = results["metrics"]["tau_macro"]
-        interval = overall_interval(results)  # where the harness computed intervals
-        if interval:
-            payload["tau_macro"] = interval["value"]
-            payload["tau_macro_ci"] = [interval["low"], interval["high"]]
-        return payload
 
     def _payload(self, event: str, step: int) -> dict:
         return {
@@ -338,6 +334,17 @@ class Watch:
     def _notify(self, payload: dict) -> None:
         if self.webhook is not None:
             self.webhook.post(payload)
+
+
+def results_news(results: Results) -> dict:
+    """What the webhook says of a run's results: τ (its interval, where the harness computed
+    intervals) and the comparability key it joins, with the settings the key names."""
+    news = {"tau_macro": results["metrics"]["tau_macro"], **key_fields(results)}
+    interval = overall_interval(results)
+    if interval:
+        news["tau_macro"] = interval["value"]
+        news["tau_macro_ci"] = [interval["low"], interval["high"]]
+    return news
 
 
 def _steps(steps: list[int]) -> str:

@@ -52,7 +52,8 @@ def check_url(url: str) -> str:
 
 
 def chat_text(payload: dict) -> str:
-    """The payload as one line: what happened to which step, and τ or the error."""
+    """The payload as one line: what happened to which step, and τ (and its comparability
+    key) or the error."""
     run = f" (training run {payload['training_run']})" if payload.get("training_run") else ""
     line = f"{payload.get('source', 'dflash-ops')}: step {payload.get('step')}{run} "
     line += str(payload.get("event", "update"))
@@ -63,6 +64,8 @@ def chat_text(payload: dict) -> str:
         line += f": τ {tau:.3f}"
         if isinstance(interval, list) and all(isinstance(v, int | float) for v in interval):
             line += f" [{interval[0]:.3f}, {interval[1]:.3f}]"
+    if payload.get("comparability_key"):
+        line += f" (comparability key {payload['comparability_key']})"
     if payload.get("attempts"):
         line += f" after {payload['attempts']} attempt(s)"
     if payload.get("error"):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from dflash_ops.core.arguments import MAX_COUNT
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.text import inert
 from dflash_ops.ui.output import FORMATS
@@ -58,8 +57,7 @@ def results() -> None:
 @click.option("--wide", is_flag=True, help="every column (default: a compact table)")
 @click.option(
     "--group",
-    type=click.IntRange(min=1, max=MAX_COUNT),
-    help="compare this comparability group (default 1)",
+    help="compare this comparability group: its number (default 1) or key (k3f9a1b2c)",
 )
 @click.option("--baseline", help="compare the group of this run (id or unique part)")
 def compare_command(
@@ -72,7 +70,7 @@ def compare_command(
     training_run: str | None,
     fmt: str,
     wide: bool,
-    group: int | None,
+    group: str | None,
     baseline: str | None,
     report: bool,
 ) -> None:

@@ -7,7 +7,7 @@ Exit statuses: OpsError → 1 (ops_task / the click CLI); Ctrl-C while following
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ from dflash_ops.evaluation import (
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
+from dflash_ops.evaluation.groups import parse_group
 from dflash_ops.evaluation.harness_options import checked, harness_args
-from dflash_ops.evaluation.host_choice import choose_eval_host
+from dflash_ops.evaluation.host_choice import choose_eval_host, named_eval_hosts
 from dflash_ops.evaluation.jobs import Detached
 from dflash_ops.evaluation.plan import HostPlan, plan_runs
 from dflash_ops.evaluation.request import EvalRequest, build_request, sglang_url
@@ -74,12 +75,16 @@ def run_eval_command(
     dry_run: bool = False,
     features: str | None = None,
     verbose: bool = False,
+    hosts: str | None = None,
 ) -> None:
-    """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts;
-    with `dry_run`, only their plan (nothing staged, run or written). `options`: the
-    request's options from the task's flags (run.request_options); `verbose`: the whole
-    summary of a single run."""
+    """`fab run-eval`: one step in the foreground, or a sweep over several steps/hosts, or
+    one step on each of `hosts` (`all` or a comma list); with `dry_run`, only their plan
+    (nothing staged, run or written). `options`: the request's options from the task's
+    flags (run.request_options); `verbose`: the whole summary of a single run."""
     one_of(("--step", step), ("--steps", steps), ("--latest", latest), ("--all-new", all_new))
+    names = named_eval_hosts(inventory, host, hosts, sweep=bool(steps or all_new))
+    if names is not None and len(names) == 1:  # one host named: a plain run there
+        host, names = names[0], None
     harness = options.get("harness_options")
     if isinstance(harness, Mapping):  # a bad value is one line before a step or host is asked
         checked(harness)
@@ -94,7 +99,7 @@ def run_eval_command(
     steps_of_sweep = sweep.choose_steps(inventory, step, parse_steps(steps), all_new)
     if steps_of_sweep is None and not latest:
         resolve_step(inventory, step, latest=False)  # a missing step, before anything deploys
-    if steps_of_sweep is None and host is None and len(inventory.eval_hosts) > 1:
+    if steps_of_sweep is None and host is None and not names and len(inventory.eval_hosts) > 1:
         choice = choose_eval_host(inventory, step)  # the dry run plans where the run would go
         console.print(f"{choice.name}: {escape(choice.reason)}")
         host = choice.name
@@ -109,7 +114,9 @@ def run_eval_command(
     if not dry_run:
         warn_if_incomparable(inventory, request)
     if dry_run:
-        _show_plans(inventory, request, steps_of_sweep or [request.step])
+        _show_plans(inventory, request, steps_of_sweep or [request.step], names)
+    elif names:
+        _evaluate_on_hosts(inventory, names, request)
     elif steps_of_sweep is None:
         _evaluate_one(inventory, request, verbose)
     else:
@@ -152,7 +159,7 @@ def like_command(
     chosen |= like.fetch_files(inventory, found, wanted, inventory.local.results / PROMPT_SETS_DIR)
     if not own_prompts and not (features or found.features):
         like.require_same_prompts(found, pulled, chosen.get("prompts"))
-    if host is None and found.host in inventory.eval_hosts:
+    if host is None and not rest.get("hosts") and found.host in inventory.eval_hosts:
         host = found.host
     repeated = harness_args(chosen["harness_options"])
     console.print(
@@ -200,22 +207,48 @@ def _evaluate_sweep(inventory: Inventory, steps: list[int], template: EvalReques
     console.print(
         f"sweep: steps {', '.join(map(str, steps))} over {', '.join(inventory.eval_hosts)}"
     )
-    try:
-        outcomes = sweep.run_sweep(inventory, steps, template, PrefixedView)
-    except KeyboardInterrupt:
-        console.print(
-            "\n[yellow]sweep interrupted[/]: runs already started go on on their "
-            "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
-        )
-        raise SystemExit(130) from None
-    ran = [outcome.run_id for outcome in outcomes.values() if isinstance(outcome, jobs.Run)]
-    found = verdicts(inventory.local.results, ran)
+    outcomes, found = _in_parallel(
+        inventory, "sweep", lambda: sweep.run_sweep(inventory, steps, template, PrefixedView)
+    )
     for step, outcome in sorted(outcomes.items()):
         console.print(step_line(step, outcome, found))
     sweep.require_success(outcomes)
 
 
-def _show_plans(inventory: Inventory, request: EvalRequest, steps: list[int]) -> None:
+def _evaluate_on_hosts(inventory: Inventory, names: list[str], request: EvalRequest) -> None:
+    step = request.step
+    console.print(f"step {step} on {len(names)} hosts: {', '.join(names)}")
+    outcomes, found = _in_parallel(
+        inventory, "runs", lambda: sweep.run_on_hosts(inventory, step, names, request, PrefixedView)
+    )
+    for name in names:  # a run's line names its host; a failure's does not
+        line = step_line(step, outcomes[name], found)
+        console.print(line if isinstance(outcomes[name], jobs.Run) else f"{name}: {line}")
+    failed = [name for name in names if isinstance(outcomes[name], Exception)]
+    if failed:
+        raise OpsError(f"step {step} failed on {', '.join(failed)} (see above)")
+
+
+def _in_parallel(
+    inventory: Inventory, what: str, start: Callable[[], Mapping[Any, jobs.Run | Exception]]
+) -> tuple[Mapping[Any, jobs.Run | Exception], Mapping[str, str]]:
+    """The outcomes of runs on several hosts at once (`start`), and the verdicts of those
+    that ran; Ctrl-C leaves the runs going on their hosts."""
+    try:
+        outcomes = start()
+    except KeyboardInterrupt:
+        console.print(
+            f"\n[yellow]{what} interrupted[/]: runs already started go on on their "
+            "hosts; `fab eval-status` shows them, `fab fetch-results` pulls them"
+        )
+        raise SystemExit(130) from None
+    ran = [outcome.run_id for outcome in outcomes.values() if isinstance(outcome, jobs.Run)]
+    return outcomes, verdicts(inventory.local.results, ran)
+
+
+def _show_plans(
+    inventory: Inventory, request: EvalRequest, steps: list[int], hosts: list[str] | None
+) -> None:
     if not steps:
         console.print("nothing to plan: every complete checkpoint has a result")
         return
@@ -224,7 +257,7 @@ def _show_plans(inventory: Inventory, request: EvalRequest, steps: list[int]) ->
         for line in plan_lines(plan):
             console.print(line)
 
-    plans = plan_runs(inventory, request, steps, show)
+    plans = plan_runs(inventory, request, steps, show, hosts)
     console.print(f"dry run: {len(plans)} plan(s); nothing was staged, run or written")
 
 
@@ -303,23 +336,23 @@ def show_comparison(
     *,
     fmt: str = "table",
     wide: bool = False,
-    group: int | None = None,
+    group: int | str | None = None,
     baseline: str | None = None,
     train_metric: str | None = None,
     with_report: bool = False,
 ) -> results.Comparison:
     """`fab compare` / `dflash-ops results compare`: the runs of one comparability group
-    (the largest, `group`, or `baseline`'s) in a table that fits the terminal (`wide`: the
-    complete one) or as `fmt`; the other groups, named; per-set results with confidence
-    intervals and whether consecutive steps' overlap. It reads only, unless asked: the
-    plots into `plots`, and (`with_report`) the HTML report (rewritten, every selected run
-    in it, those of other groups flagged). `allow_mixed` shows the other groups' runs in
-    the table too, flagged. Runs of several training runs are grouped and labelled by run;
-    `training_run` keeps one."""
+    (the largest, `group`: its number or key as typed, or `baseline`'s) in a table that
+    fits the terminal (`wide`: the complete one) or as `fmt`; the other groups, named;
+    per-set results with confidence intervals and whether consecutive steps' overlap. It
+    reads only, unless asked: the plots into `plots`, and (`with_report`) the HTML report
+    (rewritten, every selected run in it, those of other groups flagged). `allow_mixed`
+    shows the other groups' runs in the table too, flagged. Runs of several training runs
+    are grouped and labelled by run; `training_run` keeps one."""
     fmt = parse_format(fmt)
     selected = parse_steps(steps)
     every = results.compare(
-        results.load_runs(results_root), selected, tag, training_run, group, baseline
+        results.load_runs(results_root), selected, tag, training_run, parse_group(group), baseline
     )
     within = every.within()  # nothing left when every run is flagged: show them, flagged
     comparison = every if allow_mixed or not within.rows else within

@@ -71,7 +71,9 @@ RUN_EVAL_HELP = {
     "bwlimit": BWLIMIT_HELP,
     "steps": "several steps, comma-separated: spread over all eval hosts in parallel",
     "all_new": "every complete checkpoint without a successful result yet (a sweep)",
-    "host": "eval host (default: the only one)",
+    "host": "eval host (default: the only one, else the first idle one, said with why)",
+    "hosts": "run the step on each of these eval hosts at once: 'all' or a comma list of "
+    "names (the dry run plans each); not with --host or a sweep",
     "drafter_config": "local DFlash config.json for checkpoints that carry none (uploaded)",
     "reference": "also evaluate the inventory's reference_drafter on the same states",
     "prompts": "local JSONL prompts file (uploaded with the run)",
@@ -127,8 +129,8 @@ COMPARE_HELP = {
     "run": "only this training run's results (default: every run's, grouped by run)",
     "format": FORMAT_HELP,
     "wide": "every column (default: a compact table that fits the terminal)",
-    "group": "compare this comparability group (default 1, the largest; compare lists them); "
-    + span(1, MAX_COUNT),
+    "group": "compare this comparability group: its number (default 1, the largest; compare "
+    "lists them; " + span(1, MAX_COUNT) + ") or its key (k3f9a1b2c, or its first digits)",
     "baseline": "compare the group of this run (its id or any unique part of it)",
     "train_metric": TRAIN_METRIC_HELP,
 }

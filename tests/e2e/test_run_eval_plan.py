@@ -1,10 +1,13 @@
 """`fab run-eval --dry-run` on a lab with a tiny target and provisioned eval hosts: the plan
 before staging, after staging and after a real run (cache hits 0/n, then n/n), over several
-hosts, with clear errors, and nothing written anywhere by the plan itself."""
+hosts (and `--hosts all`, planned and run on each), with clear errors, and nothing written
+anywhere by the plan itself."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import shlex
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from dflash_ops.remote.connection import Host
 from tests.conftest import run_fab
 from tests.e2e.conftest import hidden_steps
 
-pytestmark = pytest.mark.long(300)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(330)  # seconds with 4 workers: started first
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 
@@ -119,6 +122,28 @@ def test_latest_plans_on_the_one_host_the_run_would_take_and_says_why(plan_lab):
     assert "dry run: 1 plan(s); nothing was staged, run or written" in output
     several = dry_run(plan_lab.inventory_path, "--steps", "2000,4000", "--host", "eval2", *QUICK)
     assert "eval2: step 2000" in several and "eval2: step 4000" in several
+
+
+def test_hosts_all_plans_and_runs_the_step_on_every_eval_host(plan_lab):
+    inventory_path = plan_lab.inventory_path
+    planned = dry_run(inventory_path, "--step", "4000", "--hosts", "all", *QUICK)
+    assert "eval: step 4000" in planned and "eval2: step 4000" in planned
+    assert "dry run: 2 plan(s)" in planned and "runs here: idle" not in planned
+    ran = run_fab(inventory_path, "run-eval", "--step", "4000", "--hosts", "all", *QUICK)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "step 4000 on 2 hosts: eval, eval2" in ran.stdout
+    for host in ("eval", "eval2"):  # a run on each, its lines prefixed, then its end line
+        assert f"{host:>8} │ " in ran.stdout
+        assert re.search(
+            rf"^step 4000: τ .* on {host} \(run \S+-step4000-{host}-", ran.stdout, re.M
+        )
+    results = load(inventory_path).local.results
+    pulled = [json.loads(path.read_text()) for path in results.glob("*/run.json")]
+    assert sorted((run["step"], run["host"]) for run in pulled) == [(4000, "eval"), (4000, "eval2")]
+    # --like repeats one of them; with --hosts all, on each host, not on the liked run's alone
+    (liked,) = [run["run_id"] for run in pulled if run["host"] == "eval2"]
+    again = dry_run(inventory_path, "--like", liked, "--hosts", "all")
+    assert "eval: step 4000" in again and "dry run: 2 plan(s)" in again
 
 
 def broken_inventory(inventory_path: Path, tmp_path: Path, **eval_settings) -> Path:

@@ -26,6 +26,7 @@ from dflash_ops.core.errors import WatchError
 from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import build_request
+from dflash_ops.evaluation.results import load_runs
 from dflash_ops.evaluation.watch import (
     Watch,
     WatchOptions,
@@ -263,10 +264,13 @@ def test_new_checkpoints_are_evaluated_once_as_they_appear(e2e_lab, trainer, hoo
 
     posts = hook.received()
     assert sorted(post["step"] for post in posts) == [2000, 4000, 6000]
+    keys = {row.run_id: row.key_id for row in load_runs(load(e2e_lab.inventory_path).local.results)}
     for post in posts:
         assert post["event"] == "evaluated" and post["tau_macro"] > 0
         assert post["run_id"] == state["evaluated"][str(post["step"])]
         assert post["failures"] == {}
+        assert post["comparability_key"] == keys[post["run_id"]]  # as compare shows it
+        assert post["comparability"]["max new tokens"] == int(QUICK_OPTIONS["max_new_tokens"])
 
     # A restart (the real task) re-runs nothing; nor does one without its state file: the
     # successful local results count.

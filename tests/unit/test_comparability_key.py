@@ -1,26 +1,33 @@
 """The comparability key's short name (reading.key_id): one hash of exactly the settings in
-reading.COMPARABILITY, computed from a results file; in compare's records, the export and
-the report; stable as runs are added, unlike the groups' display numbers. The guide's
+reading.COMPARABILITY, computed from a results file; in compare's records, the export, the
+report and the watch's webhook; stable as runs are added, unlike the groups' display
+numbers, so `compare --group KEY` picks the same runs however many are added. The guide's
 pandas recipe, run on an export that holds runs which may not be compared, gives only
 numbers that some run produced."""
 
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from dflash_eval.contract import reading
 from dflash_eval.contract.summary import summary_lines
 from dflash_eval.walk.by_dataset import intervals
 
+from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation import results
-from dflash_ops.ui import report, report_facts
+from dflash_ops.evaluation.watch import results_news
+from dflash_ops.evaluation.webhook import chat_text
+from dflash_ops.ui import cli, report, report_facts
 from dflash_ops.ui.compare_view import group_records
-from dflash_ops.ui.eval_commands import export_results
+from dflash_ops.ui.eval_commands import export_results, show_comparison
 from tests.schema_samples import results_dict, sampled_results_dict
 from tests.unit.test_report import per_prompt
 
@@ -206,3 +213,86 @@ def test_the_harness_summary_names_the_key():
     outcome = results_dict()
     line = f"Comparability key {reading.comparability_id(outcome)}: compared only with runs"
     assert any(entry.startswith(line) for entry in summary_lines(outcome))
+
+
+# --- compare --group KEY ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_keys(tmp_path) -> tuple[Path, str, str]:
+    """Three 256-token runs (group 1) and two 96-token ones (group 2): the results and the
+    two keys, long then short."""
+    root = tmp_path / "results"
+    for step in (2000, 4000):
+        pull(root, f"short-{step}", step, prompts={"max_new_tokens": 96})
+    for step in (2000, 4000, 6000):
+        pull(root, f"long-{step}", step, prompts={"max_new_tokens": 256})
+    ids = {row.run_id: row.key_id for row in results.load_runs(root)}
+    return root, ids["long-2000"], ids["short-2000"]
+
+
+SHORT_RUNS = {"short-2000", "short-4000"}
+
+
+def test_group_by_key_or_its_start_compares_that_keys_runs_in_every_format(two_keys, capsys):
+    root, _, short = two_keys
+    for typed in (short, short[:4].upper()):  # the whole name, or its start in any case
+        show_comparison(root, group=typed, fmt="json")
+        document = json.loads(capsys.readouterr().out)
+        assert {run["run_id"] for run in document["runs"]} == SHORT_RUNS
+        assert {run["comparability_key"] for run in document["runs"]} == {short}
+        assert {row["run_id"] for row in document["per_set"]} == SHORT_RUNS
+    show_comparison(root, group=short, fmt="csv")
+    assert {row["run_id"] for row in csv.DictReader(io.StringIO(capsys.readouterr().out))} == (
+        SHORT_RUNS
+    )
+    for wide in (False, True):
+        show_comparison(root, group=short, wide=wide, samples=True)
+        table = capsys.readouterr().out
+        assert f"comparability key {short}: group 2 of 2, 2 run(s)" in table
+        assert "short-4000 (step 4000):" in table and "long-2000 (step" not in table
+    compared = show_comparison(root, group=short, with_report=True)
+    assert {row.run_id for row in compared.rows} == SHORT_RUNS  # what --plots draws
+    (runs,) = [c for c in report_facts.key_numbers(compared) if c["label"] == "runs"]
+    assert runs["note"].endswith(f"comparability key {short}")
+    assert f"comparability key {short}" in (root / report.REPORT_NAME).read_text()
+
+
+def test_the_results_cli_takes_a_key_too(two_keys):
+    root, long, _ = two_keys
+    args = ["results", "compare", "--results", str(root), "--format", "json", "--group", long]
+    answer = CliRunner().invoke(cli.main, args)
+    assert answer.exit_code == 0, answer.output
+    runs = json.loads(answer.stdout)["runs"]
+    assert {run["run_id"] for run in runs} == {"long-2000", "long-4000", "long-6000"}
+
+
+@pytest.mark.parametrize(
+    ("typed", "expected"),
+    [
+        ("kzz", "--group kzz: no comparability key of the selected runs starts so; their keys: "
+         "{long} (3 run(s)), {short} (2 run(s))"),
+        ("k", "--group k: 2 keys start so ({long} (3 run(s)), {short} (2 run(s))); type more"),
+        ("3", "--group 3: the selected runs form 2 comparability group(s); pass 1 to 2"),
+        ("x1", "--group 'x1': expected a group's number (1 = the largest; compare lists them) "
+         "or its comparability key (k3f9a1b2c, or its first digits)"),
+    ],
+)  # fmt: skip
+def test_a_key_no_group_has_is_one_line_listing_the_keys_and_their_runs(two_keys, typed, expected):
+    root, long, short = two_keys
+    with pytest.raises(OpsError) as refused:
+        show_comparison(root, group=typed)
+    assert str(refused.value).startswith(expected.format(long=long, short=short))
+    assert "\n" not in str(refused.value)
+
+
+def test_the_watch_webhook_payload_names_the_key_and_its_settings():
+    outcome = sampled_results_dict()
+    news = results_news(outcome)
+    assert news["comparability_key"] == reading.comparability_id(outcome)
+    assert news["comparability"]["max new tokens"] == outcome["prompts"]["max_new_tokens"]
+    assert news["comparability"]["sampling"] == list(reading.sampling_settings(outcome["metrics"]))
+    assert json.loads(json.dumps(news)) == news  # posted as JSON as it is
+    line = chat_text({"source": "dflash-ops watch", "step": 4000, "event": "evaluated", **news})
+    assert line.startswith("dflash-ops watch: step 4000 evaluated: τ ")
+    assert line.endswith(f"(comparability key {news['comparability_key']})")
