@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_eval.contract.options import DIAGNOSE, EXTRACT_FEATURES, RUN_EVAL, WATCH
+
 from dflash_ops.core.arguments import (
     MAX_COUNT,
     MAX_RETRIES,
@@ -18,13 +20,13 @@ from dflash_ops.core.arguments import (
 )
 from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.core.inventory import with_bwlimit
-from dflash_ops.evaluation.harness_options import DIAGNOSE_OPTIONS, FEATURES_OPTIONS, harness_args
-from dflash_ops.evaluation.harness_options import pick as pick_harness_options
+from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.ui.fab_help import (
     COMPARE_HELP,
     DIAGNOSE_HELP,
     FEATURES_HELP,
     PRUNE_HELP,
+    REQUEST_FLAGS,
     RUN_EVAL_HELP,
     RUN_HELP,
     RUN_ID_HELP,
@@ -35,7 +37,7 @@ from dflash_ops.ui.fab_help import (
 from dflash_ops.ui.host_tasks import check_hosts, deploy_harness, setup_eval_host  # noqa: F401
 from dflash_ops.ui.output import FORMAT_HELP
 from dflash_ops.ui.served_tasks import export_drafter, served_eval  # noqa: F401
-from dflash_ops.ui.task import ops_task
+from dflash_ops.ui.task import harness_flags, ops_task
 
 
 @ops_task(help={"run": RUN_HELP, "format": FORMAT_HELP, "wide": "every column, however wide"})
@@ -112,50 +114,17 @@ def prune(
     )
 
 
-@ops_task(help=RUN_EVAL_HELP)
+@ops_task(help=RUN_EVAL_HELP, groups=(harness_flags(RUN_EVAL), REQUEST_FLAGS))
 def run_eval(
     c,
     step=None,
     latest=False,
-    via="stream",
     pull=False,
     bwlimit=None,
     steps=None,
     all_new=False,
     host=None,
     hosts=None,
-    num_prompts=None,
-    max_new_tokens=None,
-    max_blocks=None,
-    block_size=None,
-    ddtree=None,
-    threads=None,
-    drafter_config=None,
-    mask_token_id=None,
-    target_layer_ids=None,
-    accept_default=None,
-    dtype=None,
-    target_dtype=None,
-    safe_globals=None,
-    allow_unsafe_pickle=False,
-    no_cache=False,
-    chunk_anchors=None,
-    per_block=False,
-    verify=False,
-    reference=False,
-    prompts=None,
-    dataset=None,
-    thinking=None,
-    temperature=None,
-    top_p=None,
-    top_k=None,
-    seed=None,
-    samples=None,
-    paths=None,
-    device=None,
-    completions=None,
-    strip_optimizer=False,
-    tag=None,
     detach=False,
     dry_run=False,
     features=None,
@@ -163,13 +132,16 @@ def run_eval(
     inventory=None,
     run=None,
     verbose=False,
-    wandb=None,
+    harness_options=None,
+    request_options=None,
 ):
     """Stage, run the harness detached on the eval host, stream progress, pull results."""
-    from dflash_ops.evaluation.request import request_options
+    from dflash_ops.evaluation.request import request_options as request
     from dflash_ops.ui.eval_commands import like_command, run_eval_command
 
-    options = {**request_options(locals()), "via": "pull" if pull else via}
+    options = request(harness_options, request_options)
+    if pull:
+        options["via"] = "pull"
     both = {"detach": detach, "dry_run": dry_run, "verbose": verbose, "host": host, "hosts": hosts}
     if like:
         return like_command(
@@ -194,24 +166,18 @@ def run_eval(
     )
 
 
-@ops_task(help=FEATURES_HELP)
+@ops_task(help=FEATURES_HELP, groups=(harness_flags(EXTRACT_FEATURES),))
 def extract_features(
     c,
     on=None,
     prompts=None,
     dataset=None,
-    num_prompts=None,
-    max_new_tokens=None,
     layers=None,
-    block_size=None,
-    thinking=None,
-    target_dtype=None,
     device=None,
-    completions=None,
-    threads=None,
     to=None,
     verify=False,
     inventory=None,
+    harness_options=None,
 ):
     """Compute the target's completions and hidden states on the features host; relay them."""
     from dflash_ops.ui.features_commands import extract_features_command
@@ -221,8 +187,7 @@ def extract_features(
         on=on,
         prompts=prompts,
         dataset=dataset,
-        # run-eval's options, as run-eval's (its --verify is another: picked by name here)
-        harness_options=pick_harness_options(locals(), FEATURES_OPTIONS),
+        harness_options=harness_options,
         layers=layers,
         device=device,
         to=to,
@@ -356,18 +321,17 @@ def report(c, steps=None, tag=None, out=None, inventory=None, run=None, train_me
     write_report(inv.local.results, steps, tag, out_path, inv.require_run(run), train_metric)
 
 
-@ops_task(help=DIAGNOSE_HELP)
+@ops_task(help=DIAGNOSE_HELP, groups=(harness_flags(DIAGNOSE),))
 def diagnose(
     c,
     step=None,
     against="reference",
     host=None,
-    num_prompts=None,
-    max_new_tokens=None,
     format="text",
     inventory=None,
     run=None,
     dry_run=False,
+    harness_options=None,
 ):
     """Why is this drafter worse? Ranked findings, each with evidence and what to check next."""
     from dflash_ops.ui.diagnose_view import diagnose_command
@@ -377,13 +341,13 @@ def diagnose(
         step=parse_step(step),
         against=str(against),
         host=host,
-        harness_args=harness_args(pick_harness_options(locals(), DIAGNOSE_OPTIONS)),
+        harness_args=harness_args(harness_options),
         output=format,
         dry_run=dry_run,
     )
 
 
-@ops_task(help=WATCH_HELP)
+@ops_task(help=WATCH_HELP, groups=(harness_flags(WATCH), REQUEST_FLAGS))
 def watch(
     c,
     interval="10m",
@@ -391,44 +355,13 @@ def watch(
     once=False,
     max_passes=None,
     webhook=None,
-    tag=None,
-    num_prompts=None,
-    max_new_tokens=None,
-    max_blocks=None,
-    block_size=None,
-    ddtree=None,
-    threads=None,
-    drafter_config=None,
-    mask_token_id=None,
-    target_layer_ids=None,
-    accept_default=None,
-    dtype=None,
-    target_dtype=None,
-    safe_globals=None,
-    allow_unsafe_pickle=False,
-    no_cache=False,
-    chunk_anchors=None,
-    per_block=False,
-    reference=False,
-    prompts=None,
-    completions=None,
-    strip_optimizer=False,
-    via="stream",
-    dataset=None,
-    thinking=None,
-    temperature=None,
-    top_p=None,
-    top_k=None,
-    seed=None,
-    samples=None,
-    paths=None,
-    device=None,
     inventory=None,
     run=None,
-    wandb=None,
+    harness_options=None,
+    request_options=None,
 ):
     """Follow training: evaluate each new complete checkpoint, every --interval, until Ctrl-C."""
-    from dflash_ops.evaluation.request import request_options
+    from dflash_ops.evaluation.request import request_options as request
     from dflash_ops.ui.watch_view import watch_command
 
     watch_command(
@@ -440,5 +373,5 @@ def watch(
             "--max-passes", max_passes, minimum=1, maximum=MAX_COUNT, unit="passes"
         ),
         webhook=webhook,
-        options=request_options(locals()),
+        options=request(harness_options, request_options),
     )

@@ -17,7 +17,7 @@ from dflash_ops.core.records import check_json_lines
 from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets, prompt_records, write_prompts
-from dflash_ops.evaluation.harness_options import checked, harness_args, pick
+from dflash_ops.evaluation.harness_options import checked, harness_args
 from dflash_ops.evaluation.tracking import require_wandb
 from dflash_ops.staging.sources import Via
 
@@ -41,24 +41,24 @@ class EvalRequest:
 
 
 # build_request's keywords that `fab run-eval` and `fab watch` take from their command line
-# as they are, beside the harness's own options (harness_options.OPTIONS).
-REQUEST_OPTIONS = (
-    "prompts",
-    "dataset",
-    "drafter_config",
-    "reference",
-    "strip_optimizer",
-    "tag",
-    "via",
-    "wandb",
-)
+# as they are, beside the harness's own options, each unset (ui.fab_help.REQUEST_FLAGS).
+REQUEST_OPTIONS: dict[str, object] = {
+    "prompts": None,
+    "dataset": None,
+    "drafter_config": None,
+    "reference": False,
+    "strip_optimizer": False,
+    "tag": None,
+    "via": "stream",
+    "wandb": None,
+}
 
 
-def request_options(values: Mapping[str, object]) -> dict[str, object]:
-    """build_request's keywords among a task's keyword values: `harness_options` and those of
-    REQUEST_OPTIONS (`fab run-eval`'s and `fab watch`'s are the same: one list, here)."""
-    chosen = {name: values[name] for name in REQUEST_OPTIONS if name in values}
-    return {"harness_options": pick(values), **chosen}
+def request_options(
+    harness_options: Mapping[str, object], chosen: Mapping[str, object]
+) -> dict[str, object]:
+    """build_request's keywords from a task's harness options and its REQUEST_OPTIONS."""
+    return {"harness_options": dict(harness_options), **chosen}
 
 
 def build_request(

@@ -1,15 +1,15 @@
 """The help of the fab tasks' flags that are not harness options (those come with their help
-from the harness's option table: harness_options.task_help), kept here so that fabfile.py
-holds the tasks themselves."""
+from the harness's option table: ui.task.harness_flags), and the flags run-eval and watch
+share (REQUEST_FLAGS), kept here so that fabfile.py holds the tasks themselves."""
 
 from __future__ import annotations
 
 from dflash_eval.contract.numbers import span
-from dflash_eval.contract.options import DIAGNOSE, EXTRACT_FEATURES, RUN_EVAL, WATCH
 
 from dflash_ops.core.arguments import MAX_COUNT, MAX_RETRIES
-from dflash_ops.evaluation.harness_options import task_help
+from dflash_ops.evaluation.request import REQUEST_OPTIONS
 from dflash_ops.ui.output import FORMAT_HELP
+from dflash_ops.ui.task import FlagGroup
 
 RUN_HELP = (
     "training run (the trainer's `runs` in the inventory); default: the trainer's own "
@@ -94,15 +94,18 @@ RUN_EVAL_HELP = {
     "WANDB_* settings apply, e.g. WANDB_MODE=offline)",
     "like": "repeat a pulled run (its id, short id or any unique part): its step, prompts "
     "and every option, with the current harness; flags given beside it override",
-    **task_help(RUN_EVAL),
 }
+
+# run-eval's options of the run's request that `fab watch` passes on to every run alike.
+REQUEST_FLAGS = FlagGroup(
+    "request_options", REQUEST_OPTIONS, {name: RUN_EVAL_HELP[name] for name in REQUEST_OPTIONS}
+)
 
 
 FEATURES_HELP = {
     "on": "features host to compute on (default: the only one)",
     "prompts": "local JSONL prompts file (default: the harness's built-in prompts)",
     "dataset": RUN_EVAL_HELP["dataset"],
-    **task_help(EXTRACT_FEATURES),
     "num_prompts": "with --dataset: draw N prompts from each set",
     "layers": "target layers to keep, comma-separated, e.g. 1,9,17 (default: the "
     "trainer's drafter profile)",
@@ -141,7 +144,6 @@ DIAGNOSE_HELP = {
     "against": "the drafter to hold it to: 'reference' (the eval host's reference_drafter, "
     "default) or another step",
     "host": "eval host (default: the only one)",
-    **task_help(DIAGNOSE),
     "num_prompts": "use the first N prompts (more than exist: an error)",
     "format": "text (default) or json: an object whose findings list is ranked",
     "run": RUN_HELP,
@@ -150,16 +152,8 @@ DIAGNOSE_HELP = {
 }
 
 
-# run-eval's own options that `fab watch` passes on to every run, with run-eval's help (the
-# harness's options it passes on are the table's: task_help(WATCH)).
-WATCH_RUN_OPTIONS = (
-    "drafter_config", "reference", "prompts", "strip_optimizer", "via", "dataset", "run",
-    "wandb",
-)  # fmt: skip
-
 WATCH_HELP = {
-    **{name: RUN_EVAL_HELP[name] for name in WATCH_RUN_OPTIONS},
-    **task_help(WATCH),
+    "run": RUN_HELP,
     "interval": "time between looks at the trainer, e.g. 90s, 10m, 1h; at most a week "
     "(default 10m)",
     "retries": "further attempts of a failed step, one per pass, before it is skipped; "

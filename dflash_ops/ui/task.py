@@ -1,10 +1,10 @@
 """The decorator that makes a Fabric task out of a library call.
 
-A task that passes harness options on names its task in the harness's option table
-(dflash_eval.contract.options): each option the table gives that task becomes one of its flags
-(the table's help and kind; unset by default, which means the harness's default), and the
-task's body receives them together as `harness_options`. So a new harness option is one table
-entry (plus its consumer in the harness): no task lists the options by hand.
+Flags that several tasks take alike are declared once, as a FlagGroup: each becomes one of
+the task's parameters (with the group's help), and the task's body receives the group's
+values together as one dict. The harness options are such groups, read from the harness's
+option table (dflash_eval.contract.options: `harness_flags`), so a new harness option is one
+table entry (plus its consumer in the harness): no task lists the options by hand.
 
 Expected failures (`OpsError`) become one clear message on stderr and exit status 1, without a
 traceback; Ctrl-C exits 130 quietly; anything else keeps its traceback (it is a bug).
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from dflash_eval.contract import options as table
 from dflash_eval.contract.errors import HarnessError
@@ -24,8 +25,6 @@ from invoke.parser import Argument
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation.harness_options import task_help
-
-HARNESS_OPTIONS = "harness_options"  # the body's parameter that receives them
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
 # The numeric harness options the tasks pass on, by keyword (dflash_eval.contract.options).
@@ -143,36 +142,58 @@ class _OpsTask(Task):
         ]
 
 
-def with_harness_options(signature: inspect.Signature, harness: str) -> inspect.Signature:
-    """The task's signature as invoke reads it: the body's own parameters, then each option
-    of the table's task `harness`, unset (a switch off)."""
-    own = [p for p in signature.parameters.values() if p.name != HARNESS_OPTIONS]
-    taken = {p.name for p in own}
+@dataclass(frozen=True)
+class FlagGroup:
+    """Flags several tasks take alike: each name of `defaults` becomes a parameter of a task
+    that takes the group (unless the task declares its own of that name), with `help`; the
+    task's body receives their values as one dict, its parameter `into`."""
+
+    into: str
+    defaults: Mapping[str, object]
+    help: Mapping[str, str]
+
+    def names(self, own: Mapping[str, object]) -> list[str]:
+        """The group's flags a task with these own parameters takes from it."""
+        return [name for name in self.defaults if name not in own]
+
+
+def harness_flags(task: str) -> FlagGroup:
+    """The harness options the option table gives `task`, received as `harness_options`;
+    unset (a switch off) means the harness's default, which only the table states."""
+    options = table.for_task(task)
+    unset = {option.name: False if option.kind == "switch" else None for option in options}
+    return FlagGroup("harness_options", unset, task_help(task))
+
+
+def _signature(body: Callable, groups: tuple[FlagGroup, ...]) -> inspect.Signature:
+    """The task's signature as invoke reads it: the body's own parameters, then its groups'."""
+    signature = inspect.signature(body)
+    into = {group.into for group in groups}
+    own = {n: p for n, p in signature.parameters.items() if n not in into}
     added = [
         inspect.Parameter(
-            option.name,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=False if option.kind == "switch" else None,
+            name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=group.defaults[name]
         )
-        for option in table.for_task(harness)
-        if option.name not in taken  # the task's own parameter of that name wins
+        for group in groups
+        for name in group.names(own)
     ]
-    return signature.replace(parameters=[*own, *added])
+    return signature.replace(parameters=[*own.values(), *added])
 
 
 def ops_task(
-    help: dict[str, str] | None = None, harness: str | None = None, **task_options
+    help: dict[str, str] | None = None, groups: tuple[FlagGroup, ...] = (), **task_options
 ) -> Callable:
-    """`@task` with OpsError handling; an `inventory` parameter gets its standard help.
-    `harness`: the option table's task whose options the task takes (module docstring)."""
+    """`@task` with OpsError handling; an `inventory` parameter gets its standard help; each
+    of `groups` adds its flags (module docstring). `help` has the last word."""
 
     def decorate(body: Callable) -> Callable:
-        names = [option.name for option in table.for_task(harness)] if harness else []
+        own = inspect.signature(body).parameters
+        taken = [(group, group.names(own)) for group in groups]
 
         @functools.wraps(body)
         def run(*args, **kwargs):
-            if harness is not None:
-                kwargs[HARNESS_OPTIONS] = {name: kwargs.pop(name) for name in names}
+            for group, names in taken:  # a flag not given (a call from code): unset
+                kwargs[group.into] = {n: kwargs.pop(n, group.defaults[n]) for n in names}
             try:
                 if args and (ignored := ignored_core_flags(args[0])):
                     raise OpsError(
@@ -190,12 +211,11 @@ def ops_task(
             except KeyboardInterrupt:
                 raise Exit("interrupted", code=130) from None
 
-        if harness is not None:
-            run.__signature__ = with_harness_options(inspect.signature(body), harness)  # type: ignore[attr-defined]
-        takes_inventory = "inventory" in inspect.signature(body).parameters
+        if groups:
+            run.__signature__ = _signature(body, groups)  # type: ignore[attr-defined]
         helps = {
-            **({"inventory": INVENTORY_HELP} if takes_inventory else {}),
-            **(task_help(harness) if harness else {}),
+            **({"inventory": INVENTORY_HELP} if "inventory" in own else {}),
+            **{name: text for group in groups for name, text in group.help.items()},
             **(help or {}),
         }
         # Long flags only: invoke's automatic one-letter flags (-h for --host…) confuse more

@@ -1,7 +1,8 @@
 """The harness's option table (dflash_eval.contract.options) is the one declaration of each run
 option: the harness's flags, EvalOptions, the workstation's checks and argv, and the fab tasks'
-parameters and help all agree with it. A fab task's signature stays explicit (invoke reads
-it), so these tests pin it to the table: an option added to one and not the other fails here."""
+parameters and help all agree with it. A fab task's harness flags are made from the table
+(ui.task.harness_flags, through the signature invoke reads); these tests pin what invoke sees
+to the table."""
 
 from __future__ import annotations
 
@@ -138,3 +139,30 @@ def test_the_argv_the_workstation_sends_means_the_same_run_to_the_harness():
         "float32",
     )
     assert options.cache_dir is None and options.per_block is False
+
+
+def test_a_new_table_entry_is_a_flag_of_the_tasks_that_take_it_and_reaches_their_body(
+    monkeypatch,
+):
+    """What adding a harness option asks of the workstation: the table entry, nothing else."""
+    from fabric import Config
+    from invoke import Context
+
+    from dflash_ops.ui.task import harness_flags, ops_task
+
+    extra = table.Option("draft_note", "text", "a note kept with the run", tasks=(table.RUN_EVAL,))
+    monkeypatch.setattr(table, "OPTIONS", (*table.OPTIONS, extra))
+    received: dict = {}
+
+    @ops_task(groups=(harness_flags(table.RUN_EVAL),))
+    def probe(c, step=None, harness_options=None):
+        received.update(step=step, **harness_options)
+
+    arguments = task_arguments(probe)
+    assert arguments["draft_note"].help == table.help_text(extra)
+    assert "harness_options" not in arguments and "step" in arguments
+    probe(Context(config=Config()), step="7", draft_note="kept")
+    assert received["step"] == "7" and received["draft_note"] == "kept"
+    assert received["max_new_tokens"] is None  # unset: the harness's default
+    watch_like = ops_task(groups=(harness_flags(table.WATCH),))(lambda c, harness_options=None: 0)
+    assert "draft_note" not in task_arguments(watch_like)

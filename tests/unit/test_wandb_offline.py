@@ -109,7 +109,7 @@ def test_run_eval_and_watch_take_the_request_options_with_one_help(task):
     assert parameters["wandb"].default is None
     assert task.help["wandb"] == fabfile.run_eval.help["wandb"]
     assert "Weights & Biases" in task.help["wandb"]
-    assert request_options({"wandb": "p", "tag": None})["wandb"] == "p"
+    assert request_options({}, {"wandb": "p", "tag": None})["wandb"] == "p"
 
 
 def test_runs_that_may_not_be_compared_go_to_w_and_b_runs_of_their_own(tmp_path, offline):
