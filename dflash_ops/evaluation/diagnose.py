@@ -9,11 +9,13 @@ behind them: dflash_eval/contract/diagnose_summary.py reads it for the terminal 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dflash_ops.core.errors import EvalFailed, HostError, OpsError, ResultsError
+from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
 from dflash_ops.core.records import RecordError, read_json_file
 from dflash_ops.evaluation import jobs, results
@@ -21,6 +23,7 @@ from dflash_ops.evaluation.harness_command import drafter_profile, harness_comma
 from dflash_ops.evaluation.plan import HostPlan, plan_host
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.run import RunReporter, ensure_ready, stage_checkpoint
+from dflash_ops.evaluation.served_records import served_findings
 from dflash_ops.remote.connection import Host
 from dflash_ops.staging.delivery import StagedCheckpoint, StageOptions
 from dflash_ops.staging.stage import stage
@@ -86,7 +89,8 @@ def run_diagnose(
         reporter.finished(run, [], local)
         if run.state != "succeeded":
             raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
-        return read_diagnosis(inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json")
+        pulled = inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json"
+        return with_served_findings(pulled, read_diagnosis(pulled), inventory.local.results, step)
     finally:
         host.close()
 
@@ -128,6 +132,19 @@ def _other_drafter(
 
 def _named(against: str | int) -> str:
     return "reference" if against == "reference" else f"step {against}"
+
+
+def with_served_findings(
+    pulled: Path, diagnosis: dict[str, Any], results_root: Path, step: int
+) -> dict[str, Any]:
+    """The diagnosis with a finding for each served record of `step` that disagrees with the
+    CPU τ (served_records), written into the pulled diagnose.json too: the report and any
+    later reader see every finding, not only this terminal."""
+    served = served_findings(results_root, step, diagnosis["findings"])
+    if served:
+        diagnosis["findings"] += served
+        write_atomic(pulled, json.dumps(diagnosis, indent=2) + "\n")
+    return diagnosis
 
 
 def read_diagnosis(path: Path) -> dict[str, Any]:

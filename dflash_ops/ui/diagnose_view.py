@@ -21,7 +21,6 @@ from dflash_ops.evaluation.diagnose import (
     trend_line,
 )
 from dflash_ops.evaluation.run import TransferProgress
-from dflash_ops.evaluation.served_records import served_findings
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView
 from dflash_ops.ui.plan_view import duration, plan_lines
@@ -102,7 +101,6 @@ def diagnose_command(
         )
         raise SystemExit(130) from None
     trend = step_trend(inventory.local.results, inventory.training_run, step)
-    diagnosis["findings"] += served_findings(inventory.local.results, step, diagnosis["findings"])
     if output == "json":
         print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return

@@ -78,3 +78,28 @@ def test_served_tau_stands_beside_the_cpu_tau_and_a_disagreement_is_a_finding(tm
     assert "SGLang's count" in shown and "≠ no" in shown and "a-agrees" in shown
     html = report.render(results.compare([cpu], None, None, None), served=side)
     assert "Served τ beside CPU τ" in html and "zlab-07ebd93" in html
+
+
+def test_a_disagreement_is_written_into_the_pulled_diagnosis(tmp_path):
+    from dflash_ops.evaluation.diagnose import read_diagnosis, with_served_findings
+
+    pull(tmp_path, 4000, 2.5)
+    [cpu] = results.load_runs(tmp_path)
+    served(
+        tmp_path, "b-disagrees", 4000, served_records.in_sglangs_count(cpu.done)["tau_macro"] + 1
+    )
+    pulled = tmp_path / "diagnose" / "run-1" / "diagnose.json"
+    pulled.parent.mkdir(parents=True)
+    own = {"rank": 1, "area": "config", "title": "block_size differs"}
+    pulled.write_text(json.dumps({"findings": [own], "candidate": {"tau_macro": 2.5}}))
+    shown = with_served_findings(pulled, read_diagnosis(pulled), tmp_path, 4000)
+    kept = read_diagnosis(pulled)
+    assert kept == shown and kept["candidate"] == {"tau_macro": 2.5}
+    assert [f["title"] for f in kept["findings"]] == [
+        "block_size differs",
+        "served and CPU τ disagree: features or numerics differ",
+    ]
+    assert kept["findings"][1]["rank"] == 2 and "b-disagrees" in kept["findings"][1]["evidence"]
+    before = pulled.read_bytes()
+    assert with_served_findings(pulled, read_diagnosis(pulled), tmp_path, 2000) == kept
+    assert pulled.read_bytes() == before  # no served record of that step: nothing written
