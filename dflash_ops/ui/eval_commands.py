@@ -19,6 +19,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation import (
+    compare_rows,
     figures,
     jobs,
     like,
@@ -370,7 +371,7 @@ def show_comparison(
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")
-    for note in results.overlap_notes(comparison):
+    for note in compare_rows.overlap_notes(comparison):
         notes.print(shown(note))
     if samples:
         for run in comparison.rows:
