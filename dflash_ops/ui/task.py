@@ -27,12 +27,12 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation.harness_options import task_help
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
-# The numeric harness options the tasks pass on, by keyword (dflash_eval.contract.options).
-NUMBERS = {
-    option.name: option
-    for option in table.OPTIONS
-    if option.tasks and option.kind in ("int", "float")
-}
+
+
+def _numbers() -> dict[str, table.Option]:
+    """The numeric harness options the tasks pass on, by keyword, as the table has them when
+    a task's flags are made."""
+    return {o.name: o for o in table.OPTIONS if o.tasks and o.kind in ("int", "float")}
 
 
 class _Flag(Argument):
@@ -119,15 +119,16 @@ class _OpsTask(Task):
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        numbers = _numbers()
         return [
             _NumberArgument(
-                NUMBERS[argument.name],
+                numbers[argument.name],
                 names=argument.names,
                 default=argument.default,
                 help=argument.help,
                 attr_name=argument.attr_name,
             )
-            if argument.name in NUMBERS
+            if argument.name in numbers
             else _Flag(
                 names=argument.names,
                 kind=argument.kind,
