@@ -95,3 +95,19 @@ def parse_served(value: Any) -> ServedResults:
         )
     check(value, ServedResults, "served")
     return cast(ServedResults, value)
+
+
+def served_key(record: ServedResults) -> dict[str, Any]:
+    """What two served records must share to be compared (their comparability key): the
+    kind, the server's target, algorithm, block size and SGLang version (another version is
+    another count), and every request setting. The drafter's directory is left out: each
+    step's export is its own, and steps are what a served table compares."""
+    server = record["server"]
+    return {
+        "kind": KIND,
+        "target": server["target"],
+        "algorithm": server["algorithm"],
+        "num_draft_tokens": server["num_draft_tokens"],
+        "version": server["version"],
+        **record["settings"],
+    }
