@@ -1,6 +1,6 @@
 """The served record: the acceptance length SGLang itself got with a drafter (`served-eval`),
 as TypedDicts. Its own kind: a served τ is comparable only with served runs of the same
-settings (target, drafter, block size, prompts, max_new_tokens, thinking), and with the CPU τ
+settings (served_key: target, block size, SGLang version, request settings), and with the CPU τ
 of the same prompts in SGLang's count (docs/served.md). Stdlib only.
 
 SGLang's count (sgl-project/sglang at 001067fffe33,
