@@ -18,7 +18,9 @@ from rich.console import Console
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.evaluation import compare_rows, served_records, training_metrics
+from dflash_ops.evaluation.groups import RunGroup
 from dflash_ops.evaluation.results import Comparison
+from dflash_ops.evaluation.served_records import ServedRun
 from dflash_ops.ui.output import Column, as_csv, as_json, field, render
 
 # τ as the glossary defines it (README.md): what a round commits, its accepted tokens + 1
@@ -144,6 +146,37 @@ def print_served(rows: list[dict[str, Any]], fmt: str, console: Console) -> None
     records = [dict(zip(header, cells, strict=True)) for cells in served_records.served_cells(rows)]
     columns = [Column(title, field(title), keep=len(header) - i) for i, title in enumerate(header)]
     render(records, columns, fmt, console=console, title=SERVED_TITLE)
+
+
+def print_served_groups(groups: list[RunGroup[ServedRun]], fmt: str, console: Console) -> None:
+    """`fab compare`'s served runs among themselves: a table per comparability group of
+    served records (served_records.served_groups), its steps in order."""
+    if not groups:
+        return
+    if fmt == "json":
+        found = [
+            {
+                "group": group.number,
+                "comparability_key": group.id,
+                "settings": group.key,
+                "runs": [{"run": item.run_id, **item.record["served"]} for item in group.rows],
+            }
+            for group in groups
+        ]
+        console.print(json.dumps({"served_groups": found}, indent=2), markup=False, soft_wrap=True)
+        return
+    header = served_records.SERVED_RUNS_HEADER
+    columns = [Column(title, field(title), keep=len(header) - i) for i, title in enumerate(header)]
+    for group in groups:
+        key = group.key
+        title = (
+            f"served runs, key {group.id} (group {group.number} of {len(groups)}): "
+            f"{key['target']}, B={key['num_draft_tokens']}, {key['prompts']} prompts, "
+            f"max_new_tokens {key['max_new_tokens']}, thinking {'on' if key['thinking'] else 'off'}"
+        )
+        cells = served_records.served_run_cells(group)
+        records = [dict(zip(header, row, strict=True)) for row in cells]
+        render(records, columns, fmt, console=console, title=title)
 
 
 def key_line(comparison: Comparison) -> str:
