@@ -166,19 +166,20 @@ def harness_flags(task: str) -> FlagGroup:
     return FlagGroup("harness_options", unset, task_help(task))
 
 
-def _signature(body: Callable, groups: tuple[FlagGroup, ...]) -> inspect.Signature:
-    """The task's signature as invoke reads it: the body's own parameters, then its groups'."""
+def _signature(body: Callable, taken: list[tuple[FlagGroup, list[str]]]) -> inspect.Signature:
+    """The task's signature as invoke reads it: the body's own parameters (less the dicts its
+    groups fill), then the flags it takes from each group."""
     signature = inspect.signature(body)
-    into = {group.into for group in groups}
-    own = {n: p for n, p in signature.parameters.items() if n not in into}
+    into = {group.into for group, _ in taken}
+    own = [p for name, p in signature.parameters.items() if name not in into]
     added = [
         inspect.Parameter(
             name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=group.defaults[name]
         )
-        for group in groups
-        for name in group.names(own)
+        for group, names in taken
+        for name in names
     ]
-    return signature.replace(parameters=[*own.values(), *added])
+    return signature.replace(parameters=[*own, *added])
 
 
 def ops_task(
@@ -213,7 +214,7 @@ def ops_task(
                 raise Exit("interrupted", code=130) from None
 
         if groups:
-            run.__signature__ = _signature(body, groups)  # type: ignore[attr-defined]
+            run.__signature__ = _signature(body, taken)  # type: ignore[attr-defined]
         helps = {
             **({"inventory": INVENTORY_HELP} if "inventory" in own else {}),
             **{name: text for group in groups for name, text in group.help.items()},
