@@ -1,6 +1,7 @@
-"""The rows behind `fab compare` and `fab export`: each run of a comparison as a record (JSON,
-CSV, export rows, W&B) and as table cells, per run and per prompt set, and the notes on
-consecutive steps whose intervals overlap. What is compared, and with what, is results.py's.
+"""The rows behind `fab compare` and `fab export`: each run of a comparison as a record
+(compare_records: JSON, CSV, export rows, W&B) and as table cells, per run and per prompt
+set, and the notes on consecutive steps whose intervals overlap. What is compared, and with
+what, is results.py's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dflash_eval.contract.reading import groups
 from dflash_eval.contract.schema_metrics import Interval
 
 from dflash_ops.evaluation import training_metrics
+from dflash_ops.evaluation.compare_records import RunRecord, SetRecord
 from dflash_ops.evaluation.results import Comparison, RunResult
 from dflash_ops.evaluation.run_ids import short_ids
 
@@ -22,9 +24,9 @@ TRAINING_RUN = "training run"  # the column shown when some row belongs to a nam
 DEFAULT_RUN = "-"  # how that column shows the trainer's own checkpoints
 
 
-def run_records(comparison: Comparison) -> list[dict[str, Any]]:
-    """One record per compared run: plain values (None where a run has none), the keys of
-    `fab compare --format json|csv`; the tables format them (`table_rows`, the UI's)."""
+def run_records(comparison: Comparison) -> list[RunRecord]:
+    """One record per compared run (None where a run has none): what `fab compare --format
+    json|csv` writes (RunRecord.flat), and what the tables format (`table_rows`, the UI's)."""
     block = max(row.metrics["block_size"] for row in comparison.rows)
     positions = [k for k in POSITIONS_SHOWN if k < block]
     ids = short_ids(row.run_id for row in comparison.rows)
@@ -39,31 +41,30 @@ def run_records(comparison: Comparison) -> list[dict[str, Any]]:
         reference = row.done["reference"]
         differing = comparison.differences.get(row.run_id)
         records.append(
-            {
+            RunRecord(
                 **_identity(row, ids),
-                "group": comparison.group_of(row.run_id),
-                "comparable": not differing,
-                "differs": ", ".join(differing) if differing else None,
-                "tau_macro": metrics["tau_macro"],
-                "has_interval": interval is not None,
-                "tau_macro_low": interval["low"] if interval else None,
-                "tau_macro_high": interval["high"] if interval else None,
-                "tau_pooled": metrics["tau_pooled"],
-                **{f"tree_{b}": tau for b, tau in trees.items()},
-                "best_tree": trees[best] if best else None,
-                "best_tree_budget": int(best) if best else None,
-                **{f"acc_{k}": per_position.get(k) for k in positions},
-                "reference_tau": reference["metrics"]["tau_macro"] if reference else None,
-                "vs_reference": (row.done["comparison"] or {}).get("tau_macro"),
-                **training_metrics.record_values(row.training, trained),
-            }
+                group=comparison.group_of(row.run_id),
+                comparable=not differing,
+                differs=", ".join(differing) if differing else None,
+                tau_macro=metrics["tau_macro"],
+                has_interval=interval is not None,
+                tau_macro_low=interval["low"] if interval else None,
+                tau_macro_high=interval["high"] if interval else None,
+                tau_pooled=metrics["tau_pooled"],
+                trees=trees,
+                best_tree=trees[best] if best else None,
+                best_tree_budget=int(best) if best else None,
+                acceptance={k: per_position.get(k) for k in positions},
+                reference_tau=reference["metrics"]["tau_macro"] if reference else None,
+                vs_reference=(row.done["comparison"] or {}).get("tau_macro"),
+                training={name: row.training.get(name) for name in trained},
+            )
         )
     return records
 
 
 def _identity(row: RunResult, ids: dict[str, str]) -> dict[str, Any]:
-    """What names a run in a record: ids, training run, step, host, tag, and the short name
-    of its comparability key (the same in every export, however many runs are added)."""
+    """A record's RunIdentity fields for `row`."""
     return {
         "run_id": row.run_id,
         "short_id": ids[row.run_id],
@@ -75,29 +76,34 @@ def _identity(row: RunResult, ids: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def table_columns(comparison: Comparison) -> list[tuple[str, Callable[[dict], str]]]:
+Show = Callable[[RunRecord], str]  # a column's cell text, from a run record
+
+
+def table_columns(comparison: Comparison) -> list[tuple[str, Show]]:
     """The complete comparison table (`--wide`, the report): each column's title and how it
     shows a run record."""
     rows = comparison.rows
     block = max(row.metrics["block_size"] for row in rows)
     with_intervals = any(row.done.get("by_dataset") for row in rows)
-    columns: list[tuple[str, Callable[[dict], str]]] = [("run", lambda r: r["run_id"])]
+    columns: list[tuple[str, Show]] = [("run", lambda r: r.run_id)]
     if any(row.training_run for row in rows):
-        columns.append((TRAINING_RUN, lambda r: r["training_run"] or DEFAULT_RUN))
+        columns.append((TRAINING_RUN, lambda r: r.training_run or DEFAULT_RUN))
     columns += [
-        ("step", lambda r: str(r["step"])),
-        ("host", lambda r: r["host"] or "?"),
-        ("τ macro", _shown("tau_macro")),
-        ("τ pooled", _shown("tau_pooled")),
+        ("step", lambda r: str(r.step)),
+        ("host", lambda r: r.host or "?"),
+        ("τ macro", lambda r: number(r.tau_macro)),
+        ("τ pooled", lambda r: number(r.tau_pooled)),
     ]
     if with_intervals:
-        columns.append(("τ macro 95% CI", lambda r: bounds_of(r, "tau_macro")))
-    columns += [(f"tree-{b}", _shown(f"tree_{b}")) for b in comparison.budgets]
-    columns += [(f"acc@{k}", _shown(f"acc_{k}")) for k in POSITIONS_SHOWN if k < block]
+        columns.append(("τ macro 95% CI", tau_bounds))
+    columns += [(f"tree-{b}", lambda r, b=b: number(r.trees[b])) for b in comparison.budgets]
+    columns += [
+        (f"acc@{k}", lambda r, k=k: number(r.acceptance[k])) for k in POSITIONS_SHOWN if k < block
+    ]
     if any(row.done["reference"] for row in rows):
-        columns += [("ref τ", _shown("reference_tau")), ("vs ref", ratio)]
-    columns += training_metrics.columns(row.training for row in rows)
-    columns.append(("comparable", lambda r: "≠ " + r["differs"] if r["differs"] else "yes"))
+        columns += [("ref τ", lambda r: number(r.reference_tau)), ("vs ref", ratio)]
+    columns += training_columns(comparison)
+    columns.append(("comparable", lambda r: "≠ " + r.differs if r.differs else "yes"))
     return columns
 
 
@@ -108,21 +114,26 @@ def table_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     return [title for title, _ in columns], cells
 
 
-def _shown(key: str) -> Callable[[dict], str]:
-    return lambda record: number(record.get(key))
+def training_columns(comparison: Comparison) -> list[tuple[str, Show]]:
+    """A column per training field any of the runs logged (training_metrics)."""
+    fields = training_metrics.fields_of(row.training for row in comparison.rows)
+    return [
+        (name, lambda r, name=name: training_metrics.shown(r.training[name])) for name in fields
+    ]
 
 
-def ratio(record: dict) -> str:
+def ratio(record: RunRecord) -> str:
     """The run's τ macro over its reference drafter's."""
-    return f"{record['vs_reference']:.2f}×" if record.get("vs_reference") else "-"
+    return f"{record.vs_reference:.2f}×" if record.vs_reference else "-"
 
 
-def bounds_of(record: dict, key: str) -> str:
-    """A run record's interval of `key` as '[low, high]' ('-': none recorded)."""
-    low, high = record.get(f"{key}_low"), record.get(f"{key}_high")
-    if not record.get("has_interval"):
+def tau_bounds(record: RunRecord) -> str:
+    """A run record's τ macro interval as '[low, high]' ('-': none recorded)."""
+    if not record.has_interval:
         return "-"
-    return "[1 unit]" if low is None else f"[{low:.3f}, {high:.3f}]"
+    if record.tau_macro_low is None:
+        return "[1 unit]"
+    return f"[{record.tau_macro_low:.3f}, {record.tau_macro_high:.3f}]"
 
 
 def number(value: float | None) -> str:
@@ -176,7 +187,7 @@ def dataset_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     return header, cells
 
 
-def set_records(comparison: Comparison) -> list[dict[str, Any]]:
+def set_records(comparison: Comparison) -> list[SetRecord]:
     """The tidy form (`fab export`, compare's per-set table): one record per run × prompt
     set × metric, with its 95 % interval and its `comparability_key` (only rows of one key
     may be put side by side; the groups' display numbers are not in it). A run from before
@@ -188,15 +199,15 @@ def set_records(comparison: Comparison) -> list[dict[str, Any]]:
         for name, prompts, metric, interval in _set_metrics(row, comparison.budgets):
             low, high = (interval["low"], interval["high"]) if interval else (None, None)
             records.append(
-                {
+                SetRecord(
                     **common,
-                    "prompt_set": name,
-                    "prompts": prompts,
-                    "metric": metric,
-                    "value": interval["value"] if interval else None,
-                    "low": low,
-                    "high": high,
-                }
+                    prompt_set=name,
+                    prompts=prompts,
+                    metric=metric,
+                    value=interval["value"] if interval else None,
+                    low=low,
+                    high=high,
+                )
             )
     return records
 

@@ -7,12 +7,12 @@ training run and comparability key (reading.key_id; and tag) is one W&B run in P
 resumed by a stable id, so runs that may not be compared never share a curve; the training
 step is its x axis (`training_step`, so steps logged out of order — a sweep, a re-run —
 still land where they belong): `eval/*` holds τ with its interval and the headline metrics
-of compare's records (compare_rows.run_records), `sets/<prompt set>/*` τ of each prompt set with
-its interval, `train/*` the training run's own metrics at that step. A run sent is recorded
-in its directory (SENT_FILE), so a sync sends only what was not sent yet. W&B reads its own
-settings from the environment (WANDB_MODE=offline, WANDB_DIR, …); its files go under
-`<results>/wandb` unless WANDB_DIR says otherwise. A W&B failure is one line: the evaluation
-and its results never depend on it.
+of compare's records (compare_records.RunRecord.evaluated), `sets/<prompt set>/*` τ of each
+prompt set with its interval, `train/*` the training run's own metrics at that step. A run
+sent is recorded in its directory (SENT_FILE), so a sync sends only what was not sent yet.
+W&B reads its own settings from the environment (WANDB_MODE=offline, WANDB_DIR, …); its
+files go under `<results>/wandb` unless WANDB_DIR says otherwise. A W&B failure is one line:
+the evaluation and its results never depend on it.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from dflash_ops.core.errors import TrackerError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
-from dflash_ops.evaluation import compare_rows, results, training_fetch, training_metrics
+from dflash_ops.evaluation import compare_rows, results, training_fetch
 from dflash_ops.evaluation.groups import key_fields
 
 WANDB_DIR = "wandb"  # under the results directory
 SENT_FILE = "wandb.json"  # in a run's directory: where it was sent
 STEP_METRIC = "training_step"
 SET_METRICS = ("tau_macro", "tau_pooled")  # logged per prompt set, with their intervals
-# compare's record keys that name a run rather than measure it
-_IDENTITY = {"step", "group", "best_tree_budget"}
+# compare's evaluated keys that name a run's group or a setting rather than measure it
+_IDENTITY = {"group", "best_tree_budget"}
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # wandb keeps one active run per process: runs of a sweep's hosts are logged one at a time.
 _ONE_AT_A_TIME = threading.Lock()
@@ -99,13 +99,13 @@ def wandb_values(row: results.RunResult) -> dict[str, float]:
     `train/<field>` for its training metrics; the step as STEP_METRIC."""
     record = compare_rows.run_records(results.compare([row]))[0]
     values: dict[str, float] = {STEP_METRIC: float(row.step or 0)}
-    for key, value in record.items():
+    for key, value in record.evaluated().items():
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if key.startswith(training_metrics.KEY_PREFIX) and value is not None:
-            # "nan", "inf" as float: W&B takes non-finite values
-            values["train/" + key.removeprefix(training_metrics.KEY_PREFIX)] = float(value)
-        elif numeric and key not in _IDENTITY and math.isfinite(value):
+        if numeric and key not in _IDENTITY and math.isfinite(value):
             values[f"eval/{key}"] = float(value)
+    for name, logged in record.training.items():
+        if logged is not None:  # "nan", "inf" as float: W&B takes non-finite values
+            values["train/" + name] = float(logged)
     for name, group in groups(row.done).items():
         prefix = "sets/" + name.replace("/", "_")
         for metric in SET_METRICS:

@@ -9,19 +9,18 @@ fetch-results`) from its training run's metrics log (dflash_ops.evaluation.train
      "values": {"loss": 1.93, "train_acc": 0.41}}
 
 A value is a float, or "nan" / "inf" / "-inf" for a non-finite one (training_log.stored).
-In compare's records each field is the key `train.<field>`.
+Compare's records carry each field (compare_records: the key `train.<field>` in JSON and CSV).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation.training_log import Value
 
 TRAINING_FILE = "training.json"
-KEY_PREFIX = "train."
 
 
 class LogSource(Record):
@@ -59,21 +58,6 @@ def values_of(directory: Path) -> dict[str, Value]:
 def fields_of(values: Iterable[dict[str, Value]]) -> list[str]:
     """Every field any of the runs has, in first-seen order."""
     return list(dict.fromkeys(field for run in values for field in run))
-
-
-def record_values(values: dict[str, Value], fields: list[str]) -> dict[str, Value | None]:
-    """A run's training metrics as compare's record keys (None where it has none)."""
-    return {KEY_PREFIX + field: values.get(field) for field in fields}
-
-
-def columns(values: Iterable[dict[str, Value]]) -> list[tuple[str, Callable[[dict], str]]]:
-    """A table column per training field any of the runs has: its title and how it shows a
-    compare record."""
-    return [(field, _cell(KEY_PREFIX + field)) for field in fields_of(values)]
-
-
-def _cell(key: str) -> Callable[[dict], str]:
-    return lambda record: shown(record.get(key))
 
 
 def shown(value: Value | None) -> str:

@@ -17,11 +17,12 @@ from rich.console import Console
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
-from dflash_ops.evaluation import compare_rows, served_records, training_metrics
+from dflash_ops.evaluation import compare_rows, served_records
+from dflash_ops.evaluation.compare_records import RunRecord, SetRecord
 from dflash_ops.evaluation.groups import RunGroup
 from dflash_ops.evaluation.results import Comparison
 from dflash_ops.evaluation.served_records import ServedRun
-from dflash_ops.ui.output import Column, as_csv, as_json, field, render
+from dflash_ops.ui.output import Column, as_csv, as_json, field, render, text
 
 # τ as the glossary defines it (README.md): what a round commits, its accepted tokens + 1
 TITLE = "comparison (τ: tokens per round, accepted + 1, macro over prompts; tree: DDTree τ)"
@@ -29,52 +30,50 @@ SETS_TITLE = "per prompt set (95 % bootstrap intervals over prompts)"
 EXPORT_FORMATS = {".csv": as_csv, ".json": as_json}
 
 
-def _tau_with_interval(record: dict[str, Any]) -> str:
-    if record["tau_macro"] is None:
+def _tau_with_interval(record: RunRecord) -> str:
+    if record.tau_macro is None:
         return "-"
-    bounds = compare_rows.bounds_of(record, "tau_macro")
-    return f"{record['tau_macro']:.3f}" + ("" if bounds == "-" else f" {bounds}")
+    bounds = compare_rows.tau_bounds(record)
+    return f"{record.tau_macro:.3f}" + ("" if bounds == "-" else f" {bounds}")
 
 
-def _best_tree(record: dict[str, Any]) -> str:
-    if record["best_tree"] is None:
+def _best_tree(record: RunRecord) -> str:
+    if record.best_tree is None:
         return "-"
-    return f"{record['best_tree']:.3f} @{record['best_tree_budget']}"
+    return f"{record.best_tree:.3f} @{record.best_tree_budget}"
 
 
-def compact_columns(comparison: Comparison) -> list[Column]:
+def compact_columns(comparison: Comparison) -> list[Column[RunRecord]]:
     """The default table's columns; `keep` orders what a narrow terminal loses first."""
     rows = comparison.rows
-    columns = [Column("step", field("step"), keep=9, right=True)]
+    columns = [Column("step", lambda r: text(r.step), keep=9, right=True)]
     if any(row.training_run for row in rows):
-        columns.append(
-            Column("run", lambda r: r["training_run"] or compare_rows.DEFAULT_RUN, keep=5)
-        )
+        columns.append(Column("run", lambda r: r.training_run or compare_rows.DEFAULT_RUN, keep=5))
     columns += [
-        Column("host", field("host"), keep=2),
-        Column("id", field("short_id"), keep=8),
+        Column("host", lambda r: text(r.host), keep=2),
+        Column("id", lambda r: r.short_id, keep=8),
         Column("τ [95% CI]", _tau_with_interval, keep=10, right=True),
     ]
     if comparison.budgets:
         columns.append(Column("best tree", _best_tree, keep=7, right=True))
     columns.append(
-        Column("acc@1", lambda r: compare_rows.number(r.get("acc_1")), keep=6, right=True)
+        Column("acc@1", lambda r: compare_rows.number(r.acceptance.get(1)), keep=6, right=True)
     )
     if any(row.done["reference"] for row in rows):
         columns.append(Column("vs ref", compare_rows.ratio, keep=4, right=True))
     # the training run's own metrics at the step, beside τ (training_metrics)
-    trained = training_metrics.columns(row.training for row in rows)
+    trained = compare_rows.training_columns(comparison)
     columns += [Column(title, show, keep=4, right=True) for title, show in trained]
     if comparison.mixed:
         columns.append(Column("comparable", _comparable, keep=3))
     return columns
 
 
-def _comparable(record: dict[str, Any]) -> str:
-    return "yes" if record["comparable"] else f"≠ {record['differs']}"
+def _comparable(record: RunRecord) -> str:
+    return "yes" if record.comparable else f"≠ {record.differs}"
 
 
-def wide_columns(comparison: Comparison) -> list[Column]:
+def wide_columns(comparison: Comparison) -> list[Column[RunRecord]]:
     """Every column of the complete table (the report's)."""
     left = ("run", compare_rows.TRAINING_RUN, "host", "comparable")
     return [
@@ -83,25 +82,25 @@ def wide_columns(comparison: Comparison) -> list[Column]:
     ]
 
 
-def set_columns(wide: bool) -> list[Column]:
+def set_columns(wide: bool) -> list[Column[SetRecord]]:
     columns = [
-        Column("step", field("step"), keep=9, right=True),
-        Column("id", field("short_id"), keep=8),
-        Column("prompt set", field("prompt_set"), keep=10),
-        Column("prompts", field("prompts"), keep=3, right=True),
+        Column("step", lambda r: text(r.step), keep=9, right=True),
+        Column("id", lambda r: r.short_id, keep=8),
+        Column("prompt set", lambda r: r.prompt_set, keep=10),
+        Column("prompts", lambda r: text(r.prompts), keep=3, right=True),
     ]
     if wide:
-        columns.append(Column("metric", field("metric")))
+        columns.append(Column("metric", lambda r: r.metric))
     columns.append(Column("value [95% CI]", _value_with_interval, keep=10, right=True))
     return columns
 
 
-def _value_with_interval(record: dict[str, Any]) -> str:
-    if record["value"] is None:
+def _value_with_interval(record: SetRecord) -> str:
+    if record.value is None:
         return "-"
-    if record["low"] is None:
-        return f"{record['value']:.3f}"
-    return f"{record['value']:.3f} [{record['low']:.3f}, {record['high']:.3f}]"
+    if record.low is None:
+        return f"{record.value:.3f}"
+    return f"{record.value:.3f} [{record.low:.3f}, {record.high:.3f}]"
 
 
 def print_comparison(comparison: Comparison, fmt: str, wide: bool, console: Console) -> None:
@@ -110,23 +109,27 @@ def print_comparison(comparison: Comparison, fmt: str, wide: bool, console: Cons
     records = compare_rows.run_records(comparison)
     sets = compare_rows.set_records(comparison)
     if fmt == "json":
-        document = {"runs": records, "groups": group_records(comparison), "per_set": sets}
+        document = {
+            "runs": [record.flat() for record in records],
+            "groups": group_records(comparison),
+            "per_set": [record.flat() for record in sets],
+        }
         console.print(json.dumps(document, indent=2), markup=False, soft_wrap=True)
         return
     if fmt == "csv":
-        render(records, [], fmt, console=console)
+        render([record.flat() for record in records], [], fmt, console=console)
         return
     columns = wide_columns(comparison) if wide else compact_columns(comparison)
 
-    def flagged(record: dict[str, Any]) -> str | None:
-        return None if record["comparable"] else "red"
+    def flagged(record: RunRecord) -> str | None:
+        return None if record.comparable else "red"
 
     render(records, columns, fmt, console=console, title=TITLE, wide=wide, style=flagged)
     if fmt == "table":
         console.print(key_line(comparison))
     if not wide:  # the compact per-set table: τ macro of each set
-        sets = [record for record in sets if record["metric"] == "tau_macro"]
-    if any(record["low"] is not None for record in sets):
+        sets = [record for record in sets if record.metric == "tau_macro"]
+    if any(record.low is not None for record in sets):
         if fmt == "markdown":
             console.print()
         render(sets, set_columns(wide), fmt, console=console, title=SETS_TITLE, wide=wide)
@@ -206,6 +209,6 @@ def export(comparison: Comparison, out: Path) -> int:
         raise OpsError(
             f"--out {out}: expected a .csv or .json file name, found suffix {out.suffix!r}"
         )
-    records = compare_rows.set_records(comparison)
+    records = [record.flat() for record in compare_rows.set_records(comparison)]
     write_atomic(out, write(records, []), make_parents=False)
     return len(records)

@@ -3,9 +3,10 @@ Markdown (`--format`).
 
 A command builds its output as records (dicts of plain values: numbers stay numbers, a
 missing value is None) and the Columns that show them to people. JSON and CSV carry every
-key of the records as it is; the table and Markdown show the columns' text. The table
-leaves out the least important columns, naming them below it, until it fits the console's
-width; a `wide` table keeps them all and wraps its cells instead.
+key of the records as it is; the table and Markdown show the columns' text, so for those a
+record may be any value its columns read (compare's typed records). The table leaves out
+the least important columns, naming them below it, until it fits the console's width; a
+`wide` table keeps them all and wraps its cells instead.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rich import box
 from rich.console import Console
@@ -31,18 +32,23 @@ FORMATS = ("table", "json", "csv", "markdown")
 FORMAT_HELP = "output as table (default), json, csv or markdown"
 
 
-Show = Callable[[dict[str, Any]], str]
+R = TypeVar("R")  # a record: a dict of plain values, or a typed record its columns read
 
 
-def field(key: str) -> Show:
+def text(value: object) -> str:
+    """A plain value as a cell's text ('-' when missing)."""
+    return "-" if value is None else str(value)
+
+
+def field(key: str) -> Callable[[dict[str, Any]], str]:
     """A record's `key` as text ('-' when missing)."""
-    return lambda record: "-" if record.get(key) is None else str(record[key])
+    return lambda record: text(record.get(key))
 
 
 @dataclass(frozen=True)
-class Column:
+class Column(Generic[R]):
     title: str
-    show: Show  # the cell's text, from the whole record
+    show: Callable[[R], str]  # the cell's text, from the whole record
     keep: int = 0  # the narrower the terminal, the more of the lowest `keep` are left out
     right: bool = False  # numbers are right-aligned
 
@@ -52,16 +58,17 @@ def parse_format(value: str | None) -> str:
 
 
 def render(
-    records: Sequence[dict[str, Any]],
-    columns: Sequence[Column],
+    records: Sequence[R],
+    columns: Sequence[Column[R]],
     fmt: str,
     *,
     console: Console,
     title: str = "",
     wide: bool = False,
-    style: Callable[[dict[str, Any]], str | None] = lambda record: None,
+    style: Callable[[R], str | None] = lambda record: None,
 ) -> None:
-    """Print `records` in `fmt` on `console`. `style(record)`: a rich style for a table row."""
+    """Print `records` in `fmt` on `console` (json and csv: dicts). `style(record)`: a rich
+    style for a table row."""
     if fmt in ("json", "csv", "markdown"):
         # Never wrapped, never marked up: what a program reads back is what was written.
         plain = {"json": as_json, "csv": as_csv, "markdown": as_markdown}[fmt]
@@ -86,7 +93,7 @@ def as_csv(records: Sequence[dict[str, Any]], columns: Sequence[Column] = ()) ->
     return out.getvalue()
 
 
-def as_markdown(records: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+def as_markdown(records: Sequence[R], columns: Sequence[Column[R]]) -> str:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(inert(cell).replace("|", "\\|") for cell in cells) + " |"
 
@@ -97,17 +104,17 @@ def as_markdown(records: Sequence[dict[str, Any]], columns: Sequence[Column]) ->
 
 
 def fitted_table(
-    records: Sequence[dict[str, Any]],
-    columns: Sequence[Column],
+    records: Sequence[R],
+    columns: Sequence[Column[R]],
     console: Console,
     title: str = "",
     wide: bool = False,
-    style: Callable[[dict[str, Any]], str | None] = lambda record: None,
+    style: Callable[[R], str | None] = lambda record: None,
 ) -> Table:
     """The columns, fewer until the table fits the console; a `wide` table wraps its cells
     instead of losing columns."""
     shown = list(columns)
-    hidden: list[Column] = []
+    hidden: list[Column[R]] = []
     while True:
         table = _table(records, shown, title, style, wrap=wide)
         if wide or len(shown) <= 1 or _natural_width(table, console) <= console.width:
@@ -133,10 +140,10 @@ UNBOUNDED = 100_000
 
 
 def _table(
-    records: Sequence[dict[str, Any]],
-    columns: Sequence[Column],
+    records: Sequence[R],
+    columns: Sequence[Column[R]],
     title: str,
-    style: Callable[[dict[str, Any]], str | None],
+    style: Callable[[R], str | None],
     wrap: bool,
 ) -> Table:
     table = Table(

@@ -13,6 +13,7 @@ from typing import Any
 
 from dflash_eval.contract import reading
 
+from dflash_ops.evaluation.compare_records import RunRecord
 from dflash_ops.evaluation.compare_rows import number, ratio, run_records
 from dflash_ops.evaluation.results import Comparison, RunResult
 
@@ -34,44 +35,43 @@ EPOCH_FACTS = {"run.started", "run.finished"}  # epoch seconds in run.json
 
 def key_numbers(comparison: Comparison) -> list[dict[str, str]]:
     """The card at the top: the latest comparable run's numbers, each with a short note."""
-    records = [r for r in run_records(comparison) if r["comparable"]]
+    records = [r for r in run_records(comparison) if r.comparable]
     if not records:
         return []
     latest = records[-1]
     cards = [
         {
-            "label": f"τ macro, step {latest['step']}",
-            "value": number(latest["tau_macro"]),
+            "label": f"τ macro, step {latest.step}",
+            "value": number(latest.tau_macro),
             "note": _interval_note(latest),
         }
     ]
-    earlier = [r for r in records if r["step"] != latest["step"]]
+    earlier = [r for r in records if r.step != latest.step]
     if earlier:
         before = earlier[-1]
-        change = _difference(latest["tau_macro"], before["tau_macro"])
+        change = _difference(latest.tau_macro, before.tau_macro)
         cards.append(
             {
-                "label": f"change from step {before['step']}",
+                "label": f"change from step {before.step}",
                 "value": change,
-                "note": _overlap_note(comparison, latest["run_id"], before["run_id"]),
+                "note": _overlap_note(comparison, latest.run_id, before.run_id),
             }
         )
-    if latest["best_tree"] is not None:
-        budget = latest["best_tree_budget"]
+    if latest.best_tree is not None:
+        budget = latest.best_tree_budget
         cards.append(
             {
                 "label": "best DDTree τ",
-                "value": number(latest["best_tree"]),
+                "value": number(latest.best_tree),
                 "note": f"tree budget b = {budget}",
             }
         )
-    if latest.get("acc_1") is not None:
+    first_slot = latest.acceptance.get(1)
+    if first_slot is not None:
         note = "P(the first drafted token is right)"
-        cards.append(
-            {"label": "acceptance at slot 1", "value": number(latest["acc_1"]), "note": note}
-        )
-    if latest["vs_reference"]:
-        reference = f"reference drafter τ {number(latest['reference_tau'])}"
+        cards.append({"label": "acceptance at slot 1", "value": number(first_slot), "note": note})
+    if latest.vs_reference:
+        reference = f"reference drafter τ {number(latest.reference_tau)}"
         cards.append({"label": "vs reference", "value": ratio(latest), "note": reference})
     flagged = len(comparison.rows) - len(records)
     note = f"{flagged} not comparable (flagged)" if flagged else "all comparable"
@@ -80,12 +80,12 @@ def key_numbers(comparison: Comparison) -> list[dict[str, str]]:
     return cards
 
 
-def _interval_note(record: dict[str, Any]) -> str:
-    if not record["has_interval"]:
+def _interval_note(record: RunRecord) -> str:
+    if not record.has_interval:
         return "no confidence interval recorded"
-    if record["tau_macro_low"] is None:
+    if record.tau_macro_low is None:
         return "one prompt: no interval"
-    return f"95 % CI [{record['tau_macro_low']:.3f}, {record['tau_macro_high']:.3f}]"
+    return f"95 % CI [{record.tau_macro_low:.3f}, {record.tau_macro_high:.3f}]"
 
 
 def _difference(now: float | None, before: float | None) -> str:

@@ -158,7 +158,9 @@ def test_a_group_is_chosen_by_number_or_by_a_run_of_it(tmp_path):
 def test_run_records_carry_plain_values_and_short_ids(tmp_path):
     pull(tmp_path, "20261201-120000-step2000-eval-ab12", 2000, results_dict(budgets=("4", "8")))
     pull(tmp_path, "20261201-130000-step4000-eval-cd34", 4000, results_dict(reference=True))
-    records = compare_rows.run_records(results.compare(results.load_runs(tmp_path)))
+    records = [
+        r.flat() for r in compare_rows.run_records(results.compare(results.load_runs(tmp_path)))
+    ]
     first, second = records
     assert (first["short_id"], first["step"], first["group"]) == ("ab12", 2000, 1)
     assert first["best_tree"] == max(first["tree_4"], first["tree_8"])

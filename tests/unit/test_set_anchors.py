@@ -116,7 +116,7 @@ def test_compare_flags_a_run_on_a_changed_set_and_leaves_it_out(tmp_path):
     comparison = results.compare(runs)
     assert [group.number for group in comparison.groups] == [1]  # same key: one group
     assert comparison.differences == {"tampered": [set_anchors.FLAG]}
-    records = {r["run_id"]: r for r in compare_rows.run_records(comparison)}
+    records = {r.run_id: r.flat() for r in compare_rows.run_records(comparison)}
     assert records["tampered"]["comparable"] is False
     assert records["tampered"]["differs"] == "feature set changed"
     assert records["good"]["comparable"] and records["old"]["comparable"]
