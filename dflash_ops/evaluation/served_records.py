@@ -349,7 +349,7 @@ def served_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
 def judged_by(row: dict[str, Any]) -> str:
     """Which test judged a row, in a few words."""
     if row["test"] == OVERLAP:
-        return "intervals overlap? (no per-prompt values)"
+        return "interval overlap (no per-prompt values)"
     return f"paired t, {row['paired_prompts']} prompts, |Δ| ≥ {MIN_EFFECT}"
 
 

@@ -156,7 +156,8 @@ def _served(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not rows:
         return None
     flagged = [not row["agree"] for row in rows]
-    return _table(SERVED_HEADER, served_cells(rows), "served", flagged, {"agree", "served run"})
+    text = {"agree", "test", "served run"}
+    return _table(SERVED_HEADER, served_cells(rows), "served-beside-cpu", flagged, text)
 
 
 def _served_groups(groups: list[RunGroup[ServedRun]]) -> list[dict[str, Any]]:

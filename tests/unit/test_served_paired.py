@@ -136,7 +136,7 @@ def test_compare_and_diagnose_say_which_test_found_the_disagreement(tmp_path):
         "≠ no",
         "paired t, 24 prompts, |Δ| ≥ 0.05",
     ]
-    assert cells[1][4:7] == ["–", "yes", "intervals overlap? (no per-prompt values)"]
+    assert cells[1][4:7] == ["–", "yes", "interval overlap (no per-prompt values)"]
     [finding] = served_records.served_findings(tmp_path, 4000, [])
     assert "a-paired" in finding["evidence"]
     assert "paired over 24 prompts, served − CPU = +0.100 [+0.09" in finding["evidence"]

@@ -5,6 +5,7 @@ report and is a finding of `fab diagnose`."""
 from __future__ import annotations
 
 import json
+import re
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -236,11 +237,12 @@ def test_the_report_shows_served_beside_cpu_and_served_runs_by_their_own_key(tmp
     parser = _Tables()
     parser.feed(html)
     tables = parser.tables
-    assert tables["served"] == [served_records.SERVED_HEADER, *served_records.served_cells(side)]
-    [beside] = tables["served"][1:]
+    header, *rows = tables["served-beside-cpu"]
+    assert header == served_records.SERVED_HEADER and rows == served_records.served_cells(side)
+    [beside] = rows
     assert beside[0] == "4000" and beside[-3:] == [
         "yes",
-        "intervals overlap? (no per-prompt values)",
+        "interval overlap (no per-prompt values)",
         "s-4000",
     ]
     assert beside[3] == f"{counted['value'] + 0.01:.3f} [{counted['value'] - 0.04:.3f}, " + (
@@ -260,3 +262,5 @@ def test_the_report_shows_served_beside_cpu_and_served_runs_by_their_own_key(tmp
     ]
     assert tables["served-group-2"][1][-1] == "s-<script>alert(1)<script>&"
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;&amp;" in html
+    anchors = re.findall(r' id="(served[^"]*)"', html)  # the section and each table its own
+    assert sorted(anchors) == ["served", "served-beside-cpu", "served-group-1", "served-group-2"]
