@@ -217,7 +217,7 @@ def check_served(
     from dflash_eval.cli import main as harness
 
     from dflash_lab.models import build_lab_models
-    from dflash_ops.evaluation.served_records import in_sglangs_count, overlap
+    from dflash_ops.evaluation.served_records import agreement, in_sglangs_count, verdict
 
     lab = build_lab_models(models or workdir / "lab-models")
     step, drafter = max(lab.checkpoints), workdir / "drafter"
@@ -253,16 +253,16 @@ def check_served(
     cpu_out = workdir / "served-cpu.json"
     checkpoint = ["--checkpoint", str(lab.checkpoints[step])]
     harness(["eval", *checkpoint, *target, "--out", str(cpu_out), *prompts, "--ddtree", "4"])
-    counted = in_sglangs_count(json.loads(cpu_out.read_text()))
-    macro = json.loads(out.read_text())["served"]["tau_macro"]
+    cpu_results, record = json.loads(cpu_out.read_text()), json.loads(out.read_text())
+    counted, macro = in_sglangs_count(cpu_results), record["served"]["tau_macro"]
     if counted is None or macro is None:
         return ["served: FAILED: no verification step (the server did not speculate)"]
     cpu = counted["tau_macro"]
-    agree = overlap(macro, cpu)  # the rule compare and diagnose apply
+    judged = agreement(cpu_results, record, cpu, macro)  # the rule compare and diagnose apply
     return [
         f"served: SGLang DFLASH τ macro {macro['value']:.4f} [{macro['low']}, {macro['high']}] "
         f"against the CPU's {cpu['value']:.4f} [{cpu['low']}, {cpu['high']}] in SGLang's "
-        f"count: {'ok' if agree else 'DIFFERS'}"
+        f"count, {verdict(judged)}: {'ok' if judged['agree'] else 'DIFFERS'}"
     ]
 
 

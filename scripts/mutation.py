@@ -98,7 +98,7 @@ INVENTORY_TESTS = (
 )
 TARGETS = (
     Target("metrics", "remote/dflash_eval/walk/metrics.py", (f"{HARNESS}/test_metrics.py",)),
-    Target("t interval", "remote/dflash_eval/walk/student.py", (f"{HARNESS}/test_student.py",)),
+    Target("t interval", "remote/dflash_eval/contract/student.py", (f"{HARNESS}/test_student.py",)),
     Target(
         "repair stats",
         "remote/dflash_eval/diagnose/repair_stats.py",

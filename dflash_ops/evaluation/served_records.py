@@ -9,8 +9,14 @@ completion tokens − 1. So the CPU figure in SGLang's count is, per prompt,
 completion_tokens · tau_capped / (completion_tokens − 1) (rounds_capped = (completion − 1) /
 tau_capped); macro over prompts, pooled Σ completion / Σ rounds, each with the interval the
 served τ has (the bootstrap over conversations, computed alike). At T = 0 on the same prompts
-it equals the served τ unless features or numerics differ (docs/served.md); two 95 %
-intervals that do not overlap are a disagreement.
+it equals the served τ unless features or numerics differ (docs/served.md).
+
+Whether they agree is a paired test: both sides are exact per prompt, so the per-prompt
+differences served − CPU (matched by prompt id) carry no sampling noise of their own; their
+mean over prompts gets the Student-t interval of contract/student.py (conversations as
+units), and the two disagree when it excludes 0 and the mean is at least MIN_EFFECT. Records
+without per-prompt values to pair fall back to the overlap of the two 95 % intervals, a more
+lenient test, and say so.
 """
 
 from __future__ import annotations
@@ -26,12 +32,16 @@ from dflash_eval.contract.bootstrap import Bootstrap
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.schema import Results
 from dflash_eval.contract.schema_served import ServedResults, parse_served, served_key
+from dflash_eval.contract.student import ratio_interval
 
 from dflash_ops.evaluation.groups import RunGroup, group_runs
 from dflash_ops.evaluation.results import RunResult, load_runs
 
 SERVED_DIR = "served"  # under local.results
 MATCHING = "the CPU harness's zlab-07ebd93 rounds, the prefill's token counted (SGLang's count)"
+MIN_EFFECT = 0.05  # τ: a smaller mean served − CPU difference is not called a disagreement
+PAIRED = "paired"  # the per-prompt differences' t interval
+OVERLAP = "overlap"  # no per-prompt values to pair: the two intervals' overlap
 
 
 @dataclass(frozen=True)
@@ -68,11 +78,8 @@ def in_sglangs_count(results: Results) -> dict[str, dict[str, float | None]] | N
     same resamples, seed and level), a ratio of per-conversation sums as `served-eval`
     computes it (None: no prompt has a round)."""
     units: dict[str, list[tuple[int, float]]] = {}
-    for row in results["per_prompt"]:
-        if row["tau_capped"] and row["completion_tokens"] > 1:
-            rounds = (row["completion_tokens"] - 1) / row["tau_capped"]
-            key = row.get("conversation") or row["id"]
-            units.setdefault(key, []).append((row["completion_tokens"], rounds))
+    for row, tokens, rounds in _counted(results):
+        units.setdefault(_unit(row), []).append((tokens, rounds))
     if not units:
         return None
     groups = list(units.values())
@@ -86,6 +93,68 @@ def in_sglangs_count(results: Results) -> dict[str, dict[str, float | None]] | N
     return {
         "tau_macro": ratio(lambda row: (row[0] / row[1], 1)),
         "tau_pooled": ratio(lambda row: row),
+    }
+
+
+def _counted(results: Results) -> list[tuple[Mapping[str, Any], int, float]]:
+    """Each CPU prompt with a round: its row, its completion tokens and its rounds in SGLang's
+    count (those of `zlab-07ebd93`: the committed tokens, completion − 1, over τ capped)."""
+    return [
+        (row, row["completion_tokens"], (row["completion_tokens"] - 1) / row["tau_capped"])
+        for row in results["per_prompt"]
+        if row["tau_capped"] and row["completion_tokens"] > 1
+    ]
+
+
+def _unit(row: Mapping[str, Any]) -> str:
+    """The prompt's conversation (its first turn's id; its own id for a single turn)."""
+    return row.get("conversation") or row["id"]
+
+
+def paired_difference(results: Results, served: ServedResults) -> dict[str, Any] | None:
+    """Served τ − the CPU τ in SGLang's count, prompt by prompt (matched by id, both with a
+    round), as a mean over the prompts with the Student-t interval of contract/student.py
+    (conversations as units, whose turns are not independent); None when no prompt pairs."""
+    cpu = {row["id"]: tokens / rounds for row, tokens, rounds in _counted(results)}
+    units: dict[str, list[float]] = {}
+    for row in served["per_prompt"]:
+        if row["tau"] is not None and row["id"] in cpu:
+            units.setdefault(_unit(row), []).append(row["tau"] - cpu[row["id"]])
+    if not units:
+        return None
+    differences = list(units.values())
+    interval = ratio_interval([sum(d) for d in differences], [len(d) for d in differences])
+    assert interval is not None  # every unit holds a prompt
+    return {**interval, "prompts": sum(map(len, differences)), "units": len(differences)}
+
+
+def agreement(
+    results: Results,
+    served: ServedResults,
+    cpu_macro: dict[str, float | None],
+    served_macro: dict[str, float | None],
+) -> dict[str, Any]:
+    """Whether served and CPU τ agree, and by which test (`test`): paired per prompt (they
+    disagree when the difference's 95 % interval excludes 0 and |mean| >= MIN_EFFECT), or,
+    without per-prompt values to pair, the overlap of the two macro intervals; with the
+    paired difference (`delta_*`, None without one) and how many prompts it pairs."""
+    delta = paired_difference(results, served)
+    if delta is None:
+        return {
+            "agree": overlap(cpu_macro, served_macro),
+            "test": OVERLAP,
+            **dict.fromkeys(("delta_tau", "delta_low", "delta_high")),
+            "paired_prompts": 0,
+        }
+    low, high = delta["low"], delta["high"]
+    excludes_zero = low is not None and high is not None and (low > 0 or high < 0)
+    return {
+        "agree": not (excludes_zero and abs(delta["value"]) >= MIN_EFFECT),
+        "test": PAIRED,
+        "delta_tau": delta["value"],
+        "delta_low": low,
+        "delta_high": high,
+        "paired_prompts": delta["prompts"],
     }
 
 
@@ -146,14 +215,14 @@ def side_by_side(runs: list[RunResult], served: list[ServedRun]) -> list[dict[st
                 "served_tau_macro": macro["value"],
                 "served_low": macro["low"],
                 "served_high": macro["high"],
-                "agree": overlap(cpu_macro, dict(macro)),
+                **agreement(cpu.done, record, cpu_macro, dict(macro)),
             }
         )
     return rows
 
 
 def disagreement_finding(row: dict[str, Any], rank: int) -> dict[str, Any]:
-    """diagnose's finding for a row whose CPU and served intervals do not overlap."""
+    """diagnose's finding for a row whose served and CPU τ disagree, saying by which test."""
     return {
         "rank": rank,
         "area": "served",
@@ -161,7 +230,7 @@ def disagreement_finding(row: dict[str, Any], rank: int) -> dict[str, Any]:
         "evidence": (
             f"step {row['step']}: SGLang served τ {shown(row, 'served')} (run "
             f"{row['served_run']}), the CPU harness {shown(row, 'cpu')} in SGLang's count (run "
-            f"{row['cpu_run']}, same prompts and settings): the 95 % intervals do not overlap"
+            f"{row['cpu_run']}, same prompts and settings): {verdict(row)}"
         ),
         "check_next": (
             "compare the target's features on the GPU with the CPU's (fab extract-features on "
@@ -169,6 +238,34 @@ def disagreement_finding(row: dict[str, Any], rank: int) -> dict[str, Any]:
             "config SGLang read (fab export-drafter's config.json)"
         ),
     }
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """The test a side-by-side row was judged by, and what it found, as a sentence."""
+    if row["test"] == OVERLAP:
+        found = "do not overlap" if not row["agree"] else "overlap"
+        return (
+            f"the two 95 % intervals {found} (the records carry no per-prompt values to pair, "
+            "so the lenient overlap test was used)"
+        )
+    found = (
+        f"it excludes 0 and reaches the minimum effect of {MIN_EFFECT} τ"
+        if not row["agree"]
+        else f"within the noise or under the minimum effect of {MIN_EFFECT} τ"
+    )
+    return (
+        f"paired over {row['paired_prompts']} prompts, served − CPU = {delta_shown(row)} "
+        f"(Student-t 95 %): {found}"
+    )
+
+
+def delta_shown(row: dict[str, Any]) -> str:
+    """The mean per-prompt difference served − CPU with its interval, signed ("–": none)."""
+    if row["delta_tau"] is None:
+        return "–"
+    low, high = row["delta_low"], row["delta_high"]
+    bounds = "" if low is None or high is None else f" [{low:+.3f}, {high:+.3f}]"
+    return f"{row['delta_tau']:+.3f}{bounds}"
 
 
 def with_bounds(interval: Mapping[str, float | None] | None) -> str:
@@ -195,6 +292,16 @@ SERVED_RUNS_HEADER = [
 ]
 
 
+def group_title(group: RunGroup[ServedRun], groups: int) -> str:
+    """A served group's heading: its key's id and the settings its runs share."""
+    key = group.key
+    return (
+        f"served runs, key {group.id} (group {group.number} of {groups}): "
+        f"{key['target']}, B={key['num_draft_tokens']}, {key['prompts']} prompts, "
+        f"max_new_tokens {key['max_new_tokens']}, thinking {'on' if key['thinking'] else 'off'}"
+    )
+
+
 def served_run_cells(group: RunGroup[ServedRun]) -> list[list[str]]:
     """One served group's runs as text, under SERVED_RUNS_HEADER, by step."""
     return [
@@ -214,7 +321,9 @@ SERVED_HEADER = [
     "CPU τ (live loop)",
     "CPU τ in SGLang's count [95% CI]",
     "served τ [95% CI]",
+    "served − CPU per prompt [95% CI]",
     "agree",
+    "test",
     "served run",
 ]
 
@@ -228,18 +337,27 @@ def served_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
             f"{row['cpu_tau_macro']:.3f}",
             shown(row, "cpu"),
             shown(row, "served"),
+            delta_shown(row),
             "yes" if row["agree"] else "≠ no",
+            judged_by(row),
             row["served_run"],
         ]
         for row in rows
     ]
 
 
+def judged_by(row: dict[str, Any]) -> str:
+    """Which test judged a row, in a few words."""
+    if row["test"] == OVERLAP:
+        return "interval overlap (no per-prompt values)"
+    return f"paired t, {row['paired_prompts']} prompts, |Δ| ≥ {MIN_EFFECT}"
+
+
 def served_findings(
     results_root: Path, step: int, findings: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """`fab diagnose`'s finding for each served record of `step` whose served τ and the CPU τ
-    of the same settings disagree (their intervals do not overlap), ranked after `findings`."""
+    of the same settings disagree (`agreement`), ranked after `findings`."""
     rows = side_by_side(load_runs(results_root), load_served(results_root))
     wrong = [row for row in rows if row["step"] == step and not row["agree"]]
     return [disagreement_finding(row, len(findings) + i) for i, row in enumerate(wrong, 1)]

@@ -171,14 +171,9 @@ def print_served_groups(groups: list[RunGroup[ServedRun]], fmt: str, console: Co
     header = served_records.SERVED_RUNS_HEADER
     columns = [Column(title, field(title), keep=len(header) - i) for i, title in enumerate(header)]
     for group in groups:
-        key = group.key
-        title = (
-            f"served runs, key {group.id} (group {group.number} of {len(groups)}): "
-            f"{key['target']}, B={key['num_draft_tokens']}, {key['prompts']} prompts, "
-            f"max_new_tokens {key['max_new_tokens']}, thinking {'on' if key['thinking'] else 'off'}"
-        )
         cells = served_records.served_run_cells(group)
         records = [dict(zip(header, row, strict=True)) for row in cells]
+        title = served_records.group_title(group, len(groups))
         render(records, columns, fmt, console=console, title=title)
 
 

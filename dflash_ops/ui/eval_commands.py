@@ -367,8 +367,9 @@ def show_comparison(
     print_comparison(comparison, fmt, wide, console)
     served_runs = served_records.load_served(results_root)
     served = served_records.side_by_side(every.rows, served_runs)
+    served_groups = served_records.served_groups(served_runs)
     print_served(served, fmt, console if fmt == "table" else errors)
-    print_served_groups(served_records.served_groups(served_runs), fmt, notes)
+    print_served_groups(served_groups, fmt, notes)
     for line in results.group_lines(every):
         notes.print(f"[yellow]{shown(line)}[/]")
     for run in (run for run in every.rows if run.flag):
@@ -396,6 +397,7 @@ def show_comparison(
             train_metric,
             report_diagnosis.pulled(results_root),
             served,
+            served_groups,
         )
         notes.print(f"report: {shown(path)}")
     elif not plots and fmt == "table":
@@ -438,13 +440,15 @@ def write_report(
     `train_metric`: the training metric drawn beside τ."""
     pulled = results.load_runs(results_root)
     comparison = results.compare(pulled, parse_steps(steps), tag, training_run)
+    served_runs = served_records.load_served(results_root)
     path = report.write(
         comparison,
         out or results_root / report.REPORT_NAME,
         results.mixed_note(comparison),
         train_metric,
         report_diagnosis.pulled(results_root),
-        served_records.side_by_side(pulled, served_records.load_served(results_root)),
+        served_records.side_by_side(pulled, served_runs),
+        served_records.served_groups(served_runs),
     )
     console.print(f"report: {shown(path)}")
     return path

@@ -3,11 +3,13 @@
 Everything is inside the file (figures as inline SVG, styles inline, no script, no link to
 anything): it can be mailed, archived or opened offline. It opens with the key numbers of
 the latest comparable run and a table of contents; then τ vs step with 95 % confidence
-intervals, the comparison table with its comparability flags, the per-prompt-set table and
-whether consecutive steps' intervals overlap, the acceptance-length histogram, per-position
-acceptance and DDTree τ by budget (with intervals), the pulled `fab diagnose` results of the
-runs' checkpoints, the provenance facts that differ between runs (the shared ones folded:
-report_facts.py) and the decoded samples with the accepted prefix marked (report_samples.py).
+intervals, the comparison table with its comparability flags, served τ beside CPU τ per step
+and the served runs among themselves by their own comparability key (served_records), the
+per-prompt-set table and whether consecutive steps' intervals overlap, the acceptance-length
+histogram, per-position acceptance and DDTree τ by budget (with intervals), the pulled
+`fab diagnose` results of the runs' checkpoints, the provenance facts that differ between
+runs (the shared ones folded: report_facts.py) and the decoded samples with the accepted
+prefix marked (report_samples.py).
 Runs of other comparability groups are shown, flagged, and left out of the figures.
 `fab compare` rewrites it too.
 
@@ -34,8 +36,18 @@ from dflash_ops.evaluation.compare_rows import (
     overlap_notes,
     table_rows,
 )
+from dflash_ops.evaluation.groups import RunGroup
 from dflash_ops.evaluation.results import Comparison
-from dflash_ops.evaluation.served_records import MATCHING, SERVED_HEADER, served_cells
+from dflash_ops.evaluation.served_records import (
+    MATCHING,
+    MIN_EFFECT,
+    SERVED_HEADER,
+    SERVED_RUNS_HEADER,
+    ServedRun,
+    group_title,
+    served_cells,
+    served_run_cells,
+)
 from dflash_ops.ui import report_diagnosis, report_facts, report_samples, training_view
 from dflash_ops.ui.report_facts import short
 
@@ -85,10 +97,11 @@ def write(
     training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
     served: list[dict[str, Any]] | None = None,
+    served_groups: list[RunGroup[ServedRun]] | None = None,
 ) -> Path:
     """Render the comparison into `path` (atomically; its directory must exist) and return
     it."""
-    html = render(comparison, mixed, training_metric, diagnoses, served)
+    html = render(comparison, mixed, training_metric, diagnoses, served, served_groups)
     return write_atomic(path, html, make_parents=False)
 
 
@@ -105,10 +118,12 @@ def render(
     training_metric: str | None = None,
     diagnoses: list[tuple[str, dict[str, Any] | str]] | None = None,
     served: list[dict[str, Any]] | None = None,
+    served_groups: list[RunGroup[ServedRun]] | None = None,
 ) -> str:
     """The whole HTML document (`training_metric`: the one drawn beside τ, default the first
     logged; `diagnoses`: those pulled, report_diagnosis.pulled; `served`: served τ beside
-    CPU τ, served_records.side_by_side)."""
+    CPU τ, served_records.side_by_side; `served_groups`: the served runs among themselves,
+    served_records.served_groups)."""
     # matplotlib escapes the text it puts into its SVG: the one markup trusted as such.
     built = figures.build(comparison, training_metric)
     charts = {name: Markup(figures.svg_text(f)) for name, f in built.items()}
@@ -130,7 +145,9 @@ def render(
         "samples": report_samples.run_samples(comparison.rows),
         "training": training_view.report_section(comparison),
         "served": _served(served or []),
+        "served_groups": _served_groups(served_groups or []),
         "served_matching": MATCHING,
+        "served_min_effect": MIN_EFFECT,
     }
     return _TEMPLATES.get_template("report.html.j2").render(context) + "\n"
 
@@ -139,7 +156,25 @@ def _served(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not rows:
         return None
     flagged = [not row["agree"] for row in rows]
-    return _table(SERVED_HEADER, served_cells(rows), "served", flagged, {"agree", "served run"})
+    text = {"agree", "test", "served run"}
+    return _table(SERVED_HEADER, served_cells(rows), "served-beside-cpu", flagged, text)
+
+
+def _served_groups(groups: list[RunGroup[ServedRun]]) -> list[dict[str, Any]]:
+    """Each served group's title and its runs' table, as `fab compare` prints them."""
+    return [
+        {
+            "title": group_title(group, len(groups)),
+            "table": _table(
+                SERVED_RUNS_HEADER,
+                served_run_cells(group),
+                f"served-group-{group.number}",
+                [False] * len(group.rows),
+                {"served run"},
+            ),
+        }
+        for group in groups
+    ]
 
 
 def _comparison_table(comparison: Comparison) -> dict[str, Any]:

@@ -31,3 +31,5 @@ def test_the_served_check_drives_an_sglang_launch_to_the_cpu_tau(tmp_path):
         port = probe.getsockname()[1]
     [line] = gpu_check.check_served(str(python), tmp_path, MODEL_CACHE, port)
     assert line.startswith("served: SGLang DFLASH τ macro ") and line.endswith(": ok"), line
+    # The record's prompts pair with the CPU run's by id: the paired test judged it.
+    assert "paired over 4 prompts, served − CPU = " in line, line

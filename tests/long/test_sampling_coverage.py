@@ -3,7 +3,7 @@ prompt, each with the exact E[τ | path] the harness computes, is the world; the
 mean over prompts of the pool's per-prompt means (the live loop's mean, up to the pool's own
 noise: test_sampling_unbiased.py shows that the mean of E[τ | path] over paths is the live
 loop's). Many replicate runs draw `PATHS` paths per prompt from the pool: the Student-t
-interval (walk/student.py) must hold the truth about 95 % of the times, and the interval the
+interval (contract/student.py) must hold the truth about 95 % of the times, and the interval the
 harness gave before --paths (a percentile bootstrap over prompts of one path each) must not,
 so that this test can fail. docs/sampling.md gives the figure measured against the live loop
 directly, with fresh paths and the live loop's own many-seed means."""
@@ -17,8 +17,8 @@ import statistics
 import pytest
 from dflash_eval.contract.bootstrap import Bootstrap
 from dflash_eval.contract.prompts import read_prompts_jsonl
+from dflash_eval.contract.student import PathValue, prompt_interval
 from dflash_eval.reference.completions import encode_prompt
-from dflash_eval.walk.student import PathValue, prompt_interval
 
 from tests.unit.harness.sampling_parts import lab_parts, path_expectation
 

@@ -5,6 +5,9 @@ report and is a finding of `fab diagnose`."""
 from __future__ import annotations
 
 import json
+import re
+from html import unescape
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,18 @@ from dflash_ops.ui.compare_view import print_served
 from tests.unit.test_report import pull
 
 
-def served(root: Path, run_id: str, step: int, value: float, **settings) -> None:
+def served(
+    root: Path,
+    run_id: str,
+    step: int,
+    value: float,
+    *,
+    rows: list[dict] | None = None,
+    macro: dict | None = None,
+    target: str = "/models/tiny",
+    **settings,
+) -> None:
+    """A pulled served record: τ `value` ± 0.05 (or the `macro` interval), `rows` per prompt."""
     record = {
         "kind": "dflash-served-results",
         "schema_version": 1,
@@ -25,7 +39,7 @@ def served(root: Path, run_id: str, step: int, value: float, **settings) -> None
             "algorithm": "DFLASH",
             "num_draft_tokens": 4,
             "drafter": "/eval/step/drafter",
-            "target": "/models/tiny",
+            "target": target,
             "version": "0.0.0-stand-in",
             "gpus": "0",
         },
@@ -38,13 +52,13 @@ def served(root: Path, run_id: str, step: int, value: float, **settings) -> None
             **settings,
         },
         "served": {
-            "tau_macro": {"value": value, "low": value - 0.05, "high": value + 0.05},
+            "tau_macro": macro or {"value": value, "low": value - 0.05, "high": value + 0.05},
             "tau_pooled": {"value": value, "low": value - 0.05, "high": value + 0.05},
             "completion_tokens": 48,
             "verify_steps": 10,
             "convention": "sglang: completion_tokens / spec_verify_ct",
         },
-        "per_prompt": [],
+        "per_prompt": rows or [],
         "created_at": "2026-12-01T00:00:00+00:00",
     }
     directory = root / "served" / run_id
@@ -175,3 +189,78 @@ def test_compare_shows_served_runs_among_themselves_by_their_own_key(tmp_path, c
     assert "s-6000" in table and "s-4000-long" in table and "s-2000-think" in table
     show_comparison(tmp_path, fmt="json")
     assert json.loads(capsys.readouterr().out)["runs"]  # stdout: the comparison alone
+
+
+class _Tables(HTMLParser):
+    """The text of every cell of each table with an id, row by row (the header row first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.rows: list[list[str]] | None = None
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table" and dict(attrs).get("id"):
+            self.rows = self.tables.setdefault(dict(attrs)["id"] or "", [])
+        elif tag == "tr" and self.rows is not None:
+            self.rows.append([])
+        elif tag in ("td", "th") and self.rows is not None:
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self.rows is not None and self.cell is not None:
+            self.rows[-1].append("".join(self.cell))
+            self.cell = None
+        elif tag == "table":
+            self.rows = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def test_the_report_shows_served_beside_cpu_and_served_runs_by_their_own_key(tmp_path):
+    from dflash_ops.ui.eval_commands import write_report
+
+    pull(tmp_path, 4000, 2.5)
+    [cpu] = results.load_runs(tmp_path)
+    counted = served_records.in_sglangs_count(cpu.done)["tau_macro"]
+    served(tmp_path, "s-4000", 4000, counted["value"] + 0.01)
+    served(tmp_path, "s-6000", 6000, 3.25)
+    hostile = "<script>alert(1)</script>&"
+    served(tmp_path, f"s-{hostile.replace('/', '')}", 2000, 2.0, target=hostile)
+    served_runs = served_records.load_served(tmp_path)
+    side = served_records.side_by_side([cpu], served_runs)
+    groups = served_records.served_groups(served_runs)
+    html = write_report(tmp_path).read_text()
+    parser = _Tables()
+    parser.feed(html)
+    tables = parser.tables
+    header, *rows = tables["served-beside-cpu"]
+    assert header == served_records.SERVED_HEADER and rows == served_records.served_cells(side)
+    [beside] = rows
+    assert beside[0] == "4000" and beside[-3:] == [
+        "yes",
+        "interval overlap (no per-prompt values)",
+        "s-4000",
+    ]
+    assert beside[3] == f"{counted['value'] + 0.01:.3f} [{counted['value'] - 0.04:.3f}, " + (
+        f"{counted['value'] + 0.06:.3f}]"
+    )
+    assert [row.run_id for row in groups[0].rows] == ["s-4000", "s-6000"]
+    for group in groups:
+        rows = tables[f"served-group-{group.number}"]
+        assert rows == [served_records.SERVED_RUNS_HEADER, *served_records.served_run_cells(group)]
+        assert served_records.group_title(group, 2) in unescape(html)
+    assert tables["served-group-1"][2] == [
+        "6000",
+        "3.250 [3.200, 3.300]",
+        "3.250 [3.200, 3.300]",
+        "10",
+        "s-6000",
+    ]
+    assert tables["served-group-2"][1][-1] == "s-<script>alert(1)<script>&"
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;&amp;" in html
+    anchors = re.findall(r' id="(served[^"]*)"', html)  # the section and each table its own
+    assert sorted(anchors) == ["served", "served-beside-cpu", "served-group-1", "served-group-2"]

@@ -32,9 +32,9 @@ from dflash_eval.contract.schema_metrics import (
     SamplingRecord,
     TauBlock,
 )
+from dflash_eval.contract.student import PathValue, prompt_interval
 from dflash_eval.walk.metrics import TAU_CONVENTION, Span
 from dflash_eval.walk.sampling import Sampling, generator, stream_seed
-from dflash_eval.walk.student import PathValue, prompt_interval
 
 if TYPE_CHECKING:
     from dflash_eval.walk.predict import SampledPredictor
@@ -269,7 +269,7 @@ def summarize_sampled(
 ) -> Metrics:
     """The metrics block at T > 0 (schema_metrics.Metrics): the T = 0 block's keys, holding
     expectations given the sampled paths (counts per prompt set: summed over prompts,
-    averaged over paths), and the `sampling` block with the interval (student.py).
+    averaged over paths), and the `sampling` block with the interval (contract/student.py).
 
     units: each walk's (prompt id, conversation id)."""
     main = [w.main for w in walks]

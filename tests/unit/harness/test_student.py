@@ -1,4 +1,4 @@
-"""The T > 0 interval (walk/student.py): Student's t in closed form against its tables, the
+"""The T > 0 interval (contract/student.py): Student's t in closed form against its tables, the
 ratio interval against the textbook t interval and a hand computation, and the record built
 from a run's paths (prompt means, conversations as units, the too-few warning)."""
 
@@ -9,7 +9,7 @@ import random
 import statistics
 
 import pytest
-from dflash_eval.walk.student import (
+from dflash_eval.contract.student import (
     METHOD,
     MIN_UNITS,
     PathValue,

@@ -1,4 +1,6 @@
 """The interval of τ at T > 0: Student-t over prompt means (stdlib only; docs/sampling.md).
+In the contract because the workstation uses the same t interval: served τ against CPU τ,
+paired per prompt (dflash_ops/evaluation/served_records.py, docs/served.md).
 
 Each prompt is walked along `--paths` sampled completions; each path gives the exact expected
 τ given that path (sampled.py). A prompt's mean over its paths is an unbiased estimate of the
