@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dflash_eval.contract.bootstrap import Bootstrap
@@ -173,9 +173,13 @@ def overlap(one: dict[str, float | None], other: dict[str, float | None]) -> boo
 
 
 def same_settings(results: Results, served: ServedResults) -> bool:
+    """The CPU run and the served record measured the same thing. The target is compared by
+    its directory's name: the GPU host and the eval host may keep it under other paths, but a
+    served record of another model must never be paired with a CPU run."""
     prompts, settings = results["prompts"], served["settings"]
     return (
-        prompts["sha256"] == settings["prompts_sha256"]
+        PurePosixPath(served["server"]["target"]).name == results["target"]["name"]
+        and prompts["sha256"] == settings["prompts_sha256"]
         and prompts["max_new_tokens"] == settings["max_new_tokens"]
         and (prompts.get("thinking", "off") == "on") == settings["thinking"]
         and results["metrics"]["block_size"] == served["server"]["num_draft_tokens"]

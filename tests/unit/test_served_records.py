@@ -76,6 +76,7 @@ def test_served_tau_stands_beside_the_cpu_tau_and_a_disagreement_is_a_finding(tm
     served(tmp_path, "a-agrees", 4000, counted["tau_macro"]["value"] + 0.01)
     served(tmp_path, "b-disagrees", 4000, counted["tau_macro"]["high"] + 1.0)
     served(tmp_path, "c-other-budget", 4000, 9.0, max_new_tokens=256)  # not comparable
+    served(tmp_path, "d-other-model", 4000, 9.0, target="/gpu/models/other")  # not comparable
     side = served_records.side_by_side([cpu], served_records.load_served(tmp_path))
     assert [(row["served_run"], row["agree"]) for row in side] == [
         ("a-agrees", True),
