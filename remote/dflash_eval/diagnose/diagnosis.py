@@ -114,6 +114,9 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     sides["candidate"]["training_run"] = run.training_run
     base = stats.per_prompt_tau(sides["candidate"].pop("_walks"))
     theirs = stats.per_prompt_tau(sides["other"].pop("_walks"))
+    with timer.phase("feature_reliance"):
+        for role, loaded, taus in (("candidate", candidate, base), ("other", other, theirs)):
+            sides[role]["feature_reliance"] = _feature_reliance(loaded, parts, head, run, taus)
     with timer.phase("repairs"):
         repairs = _repairs(
             options, candidate, other, parts, head, tokenizer, (base, theirs), progress
@@ -170,10 +173,12 @@ def _walk(
     budgets: list[int] | None = None,
     mask_token_id: int | None = None,
     is_causal: bool | None = None,
+    blind: bool = False,
 ) -> Walked:
     """Walk every sequence with this drafter; the keywords change one setting (a repair):
     the feature layers, the block the drafter sees and the slots the walk scores, the mask
-    token of the block's unknown slots, the attention rule of every layer."""
+    token of the block's unknown slots, the attention rule of every layer; `blind`: the
+    target features zeroed (what the drafter makes of its block alone)."""
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     mask = config.mask_token_id if mask_token_id is None else mask_token_id
@@ -188,6 +193,8 @@ def _walk(
         for done, seq in enumerate(sequences, start=1):
             assert seq.span is not None, "references are made before the walks"
             features = torch.cat([seq.hidden[i] for i in layer_ids], dim=-1).to(dtype)
+            if blind:
+                features = torch.zeros_like(features)
             predictor = stats.CalibratingPredictor(
                 loaded.model,
                 borrowed,
@@ -205,6 +212,20 @@ def _walk(
             walked.slot_stats.append(predictor.slot_stats)
             progress.progress(phase, done, len(sequences))
     return walked
+
+
+def _feature_reliance(
+    loaded: LoadedDrafter,
+    parts: record.RunParts,
+    head: tuple[torch.Tensor, torch.Tensor],
+    run: EvalOptions,
+    taus: list[float | None],
+) -> dict[str, Any]:
+    """How much of its τ a drafter owes to the target features: its per-prompt τ minus its
+    τ with the features zeroed (mean and 95 % half-width), in the repairs' τ convention."""
+    quiet = Progress(quiet=True)
+    walked = _walk(loaded, parts.sequences, head, run, quiet, "blind", **REPAIR_WALK, blind=True)
+    return stats.paired_difference(taus, stats.per_prompt_tau(walked.walks))
 
 
 @contextmanager

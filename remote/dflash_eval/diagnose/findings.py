@@ -8,7 +8,8 @@ Each finding: `area`, `title`, `evidence` (with its numbers) and `check_next`. T
    repair tried, and at least the minimum effect), by the lower bound of the share of the gap
    each closes; such a finding carries `delta_tau` and `gap_closed` (value, low, high);
 3. the training-side signatures, each with its number: features outside the fidelity bounds,
-   flat, under-confident slots (a soft-target loss);
+   flat, under-confident slots (a soft-target loss), a drafter that hardly reads its features
+   (zeroing them costs it far less τ than the other: noisy training features);
 4. when repairs were tried and none closes the gap: that fact, with the largest Δτ measured
    (with no signature above it: the drafter is less trained, or differs in its training);
    then the rest of the evidence: over-confidence, near misses, untrained modules, where in
@@ -27,6 +28,7 @@ from dflash_eval.diagnose.repair_stats import DETECTABLE_SD, FINDING
 from dflash_eval.diagnose.signatures import (
     calibration,
     context_slope,
+    feature_reliance,
     features,
     flat_slots,
     gap_opening,
@@ -246,6 +248,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     repairs,
     features,
     flat_slots,
+    feature_reliance,
     nothing_repairs,
     calibration,
     weight_health,

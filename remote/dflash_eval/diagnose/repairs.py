@@ -30,9 +30,9 @@ def repair_settings(
     special_tokens: dict[str, int],
 ) -> list[dict[str, Any]]:
     """One setting changed at a time: the target layer ids (each ±1, all ±1, the default
-    rule's, the other drafter's), the block size (half, double, the other's), the mask token
-    (the other drafter's, the tokenizer's special tokens) and the attention rule (every layer
-    causal, or none); never the candidate's own."""
+    rule's, the other drafter's, the loss layer as the last), the block size (half, double,
+    the other's), the mask token (the other drafter's, the tokenizer's special tokens) and the
+    attention rule (every layer causal, or none); never the candidate's own."""
     layer_ids = list(config.target_layer_ids)
     layer_choices: list[tuple[str, list[int]]] = []
     for index, layer in enumerate(layer_ids):
@@ -44,6 +44,10 @@ def repair_settings(
     default = default_target_layer_ids(num_layers, len(layer_ids))
     layer_choices.append(("the default rule's target layer ids", default))
     layer_choices.append((f"{OTHER}'s target layer ids", list(other.target_layer_ids)))
+    # A drafter trained with the loss layer (the one the target's logits come from) among its
+    # feature layers, under a config that names the usual ones.
+    loss_layer = [*layer_ids[:-1], num_layers - 1]
+    layer_choices.append((f"the loss layer {num_layers - 1} as the last target layer", loss_layer))
     settings, seen = [], {tuple(layer_ids)}
     for label, ids in layer_choices:
         fits = len(ids) == len(layer_ids) and all(0 <= i < num_layers for i in ids)

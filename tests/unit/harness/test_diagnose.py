@@ -160,6 +160,9 @@ def test_repairs_change_one_setting_at_a_time_within_the_target():
     layer_sets = [p["value"] for p in repairs if p["setting"] == "target_layer_ids"]
     assert [0, 3] in layer_sets and [1, 4] in layer_sets and [2, 4] in layer_sets
     assert [2, 5] in layer_sets  # the other drafter's
+    # the loss layer (the target's last, 5) in place of the last id: an fc trained on it
+    loss = next(p for p in repairs if p["label"].startswith("the loss layer"))
+    assert loss["value"] == [1, 5] and loss["label"] == "the loss layer 5 as the last target layer"
     assert all(0 <= i < 6 for ids in layer_sets for i in ids)
     assert [1, 3] not in layer_sets  # the configured ids are the base, not a repair
     assert len(layer_sets) == len({tuple(ids) for ids in layer_sets})
