@@ -57,26 +57,3 @@ def test_a_drafter_configured_for_layers_it_was_not_trained_on_is_repaired_by_th
         assert shifted["gap_closed"]["value"] > 0.5
     else:
         assert shifted["gap_closed"] is None and shifted["delta_tau"]["value"] > 0.1
-
-
-def test_a_drafter_trained_with_the_loss_layer_among_its_features_is_repaired_by_it(
-    context_lab, tmp_path
-):
-    candidate = build_faulty_drafter(context_lab, "loss-layer")
-    reference = context_lab.checkpoints[DRAFTER_STEP]
-    diagnosis = diagnose_lab(context_lab, tmp_path, candidate, reference)
-    top = diagnosis["findings"][0]
-    assert top["area"] == "repair", summary_lines(diagnosis)
-    assert top["title"].startswith("the loss layer 5"), summary_lines(diagnosis)
-    assert "target_layer_ids = [1, 5]" in top["evidence"]
-    assert top["gap_closed"]["low"] > 0.5, summary_lines(diagnosis)
-
-
-def test_a_drafter_trained_on_noisy_features_is_found_to_hardly_read_them(context_lab, tmp_path):
-    candidate = build_faulty_drafter(context_lab, "feature-noise")
-    reference = context_lab.checkpoints[DRAFTER_STEP]
-    diagnosis = diagnose_lab(context_lab, tmp_path, candidate, reference)
-    top = diagnosis["findings"][0]
-    assert top["area"] == "features", summary_lines(diagnosis)
-    assert "hardly reads its target features" in top["title"]
-    assert not [f for f in diagnosis["findings"] if f["area"] == "repair" and f.get("setting")]
