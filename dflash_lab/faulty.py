@@ -12,8 +12,9 @@ Each fault is a training recipe plus what its checkpoint then claims (the config
   2 (mean top-1 probability 0.9999, so that fault changes nothing here); at 8 its mean top-1
   is 0.33, about as flat as a real target's at 2, so the lab uses 8;
 - fc-width: trained on three target layers 1,3,5 (`fc` is 3·H wide); its config names two;
-- feature-noise: trained on target features with Gaussian noise added (σ = 4 times their
-  standard deviation; at 1 the noise only regularises: τ no lower than the reference's);
+- feature-noise: trained on target features with Gaussian noise added (σ = 16 times their
+  standard deviation; at 1 the noise only regularises, at 4 it still reads them 0.83 as much
+  as the reference does, and neither is measurably behind it);
   eval feeds clean ones. No setting repairs it: its signature is that zeroing the features
   costs it far less τ than the reference;
 - loss-layer: `fc` trained over layers 1,5, where 5 is the target's last (the loss layer, whose
@@ -79,9 +80,9 @@ FAULTS = {
     # Both on the context lab: the main lab's drafters use no features, so neither fault
     # changes anything there.
     "feature-noise": Fault(
-        Training(feature_noise=4.0),
+        Training(feature_noise=16.0),
         {},
-        "trained on target features with Gaussian noise of 4 times their standard deviation",
+        "trained on target features with Gaussian noise of 16 times their standard deviation",
         step=CONTEXT_STEP,
     ),
     "loss-layer": Fault(
