@@ -248,8 +248,10 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     repairs,
     features,
     flat_slots,
-    feature_reliance,
     nothing_repairs,
+    # After "nothing repairs": a less-trained step (the main lab's step 2000) reads its
+    # features less too, and must keep "no setting change" first.
+    feature_reliance,
     calibration,
     weight_health,
     gap_opening,
