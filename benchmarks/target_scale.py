@@ -35,6 +35,7 @@ import math
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +97,7 @@ SIZES = {
     "150m": Size(1024, 2816, 12, 8, 2, 128, 8, 16, 64),
     "600m": Size(1536, 4096, 20, 12, 2, 128, 8, 16, 128),
 }
-SMOKE = {"sizes": "smoke", "prompts": 1, "max_new_tokens": 4, "threads": 1}
+SMOKE = {"sizes": "smoke", "prompts": 1, "max_new_tokens": 4, "threads": 1, "repeat": 1}
 
 
 def build_target(directory: Path, size: Size, tokenizer_dir: Path) -> int:
@@ -189,20 +190,42 @@ def measure(name: str, size: Size, args: argparse.Namespace, work: Path, models)
         "--num-prompts", str(args.prompts),
         "--max-new-tokens", str(args.max_new_tokens),
         "--threads", str(args.threads),
-        "--cache-dir", str(work / name / "cache"),
         "--ddtree", "4,8",
     ]  # fmt: skip
-    events, _ = harness("plan", flags)
+
+    def empty_cache(repeat: int) -> list[str]:
+        return ["--cache-dir", str(work / name / f"cache-{repeat}")]
+
+    events, _ = harness("plan", [*flags, *empty_cache(0)])
     [plan] = [event["plan"] for event in events if event["event"] == "plan"]
     run = {"parameters": parameters, "estimate": plan["estimate"], "dtype": plan["target"]["dtype"]}
     if name in args.earlier:
         run.update({key: args.earlier[name][key] for key in ("measured", "cpu_seconds", "uptime")})
     else:
-        _, cpu = harness("eval", [*flags, "--out", str(work / name / "results.json")])
-        results = json.loads((work / name / "results.json").read_text())
-        run.update(measured=results["timings_s"], cpu_seconds=cpu, uptime=uptime())
+        repeats = []
+        for repeat in range(args.repeat):  # each with an empty cache
+            out = work / name / f"results-{repeat}.json"
+            _, cpu = harness("eval", [*flags, *empty_cache(repeat), "--out", str(out)])
+            repeats.append((json.loads(out.read_text())["timings_s"], cpu))
+        run.update(median_of(repeats), uptime=uptime())
     shutil.rmtree(work / name)  # the largest target is GBs
     return run
+
+
+def median_of(repeats: list[tuple[dict[str, float], float]]) -> dict:
+    """Repeated runs of one size as one: each phase's median wall time, and CPU seconds at the
+    median share (so `share` reads the typical run's), with every repeat kept."""
+    phases = {phase for timings, _ in repeats for phase in timings}
+    measured = {
+        phase: statistics.median(timings.get(phase, 0.0) for timings, _ in repeats)
+        for phase in sorted(phases)
+    }
+    shares = statistics.median(cpu / timings["total"] for timings, cpu in repeats)
+    return {
+        "measured": measured,
+        "cpu_seconds": shares * measured["total"],
+        "repeats": [{"measured": timings, "cpu_seconds": cpu} for timings, cpu in repeats],
+    }
 
 
 def share(run: dict) -> float:
@@ -335,6 +358,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="eval runs per size, each phase's median kept (one run's phases vary by ~20 %%)",
+    )
     parser.add_argument("--save", type=Path, help="write each size's measurements to this JSON")
     parser.add_argument(
         "--measured",

@@ -217,7 +217,7 @@ def check_served(
     from dflash_eval.cli import main as harness
 
     from dflash_lab.models import build_lab_models
-    from dflash_ops.evaluation.served_records import in_sglangs_count
+    from dflash_ops.evaluation.served_records import in_sglangs_count, overlap
 
     lab = build_lab_models(models or workdir / "lab-models")
     step, drafter = max(lab.checkpoints), workdir / "drafter"
@@ -257,11 +257,12 @@ def check_served(
     macro = json.loads(out.read_text())["served"]["tau_macro"]
     if counted is None or macro is None:
         return ["served: FAILED: no verification step (the server did not speculate)"]
-    expected, found = counted["tau_macro"], macro["value"]
-    within = macro["low"] is None or macro["low"] <= expected <= macro["high"]
+    cpu = counted["tau_macro"]
+    agree = overlap(macro, cpu)  # the rule compare and diagnose apply
     return [
-        f"served: SGLang DFLASH τ macro {found:.4f} [{macro['low']}, {macro['high']}] against "
-        f"the CPU's {expected:.4f} in SGLang's count: {'ok' if within else 'DIFFERS'}"
+        f"served: SGLang DFLASH τ macro {macro['value']:.4f} [{macro['low']}, {macro['high']}] "
+        f"against the CPU's {cpu['value']:.4f} [{cpu['low']}, {cpu['high']}] in SGLang's "
+        f"count: {'ok' if agree else 'DIFFERS'}"
     ]
 
 

@@ -10,7 +10,7 @@ task in the table and are not taken here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from dflash_eval.contract import options as table
 from dflash_eval.contract.errors import HarnessError
@@ -18,10 +18,6 @@ from dflash_eval.contract.option_rules import check_together
 
 from dflash_ops.core.errors import OpsError
 
-# run-eval's harness options, by the tasks' keyword names (fab watch takes the same ones).
-OPTIONS = tuple(option.name for option in table.for_task(table.RUN_EVAL))
-FEATURES_OPTIONS = tuple(option.name for option in table.for_task(table.EXTRACT_FEATURES))
-DIAGNOSE_OPTIONS = tuple(option.name for option in table.for_task(table.DIAGNOSE))
 PASSED = {
     option.name: option for option in table.OPTIONS if option.tasks
 }  # what any task passes on
@@ -30,12 +26,6 @@ PASSED = {
 def task_help(task: str) -> dict[str, str]:
     """The fab help of the harness options that `task` takes (the harness's own help)."""
     return {option.name: table.help_text(option) for option in table.for_task(task)}
-
-
-def pick(values: Mapping[str, object], names: Iterable[str] = OPTIONS) -> dict[str, object]:
-    """The harness options among a task's keyword values (`fab run-eval`'s and `fab watch`'s
-    share them); `names`: only these (a task that takes a few of them)."""
-    return {name: values[name] for name in names if name in values}
 
 
 def checked(values: Mapping[str, object]) -> dict[str, object]:

@@ -80,7 +80,7 @@ def build_request(
     say: Callable[[str], None] = lambda message: None,
 ) -> EvalRequest:
     """The request behind `fab run-eval`'s flags. `harness_options` are the harness's own
-    options by run-eval's names (harness_options.OPTIONS); unset ones are not passed.
+    options by run-eval's names (the table's, for_task(RUN_EVAL)); unset ones are not passed.
 
     `dataset` names prompt sets (dflash_ops.evaluation.datasets): they are built here, into
     a prompts file in `prompt_sets_dir` that is uploaded like --prompts, and num_prompts

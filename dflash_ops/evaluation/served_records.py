@@ -7,22 +7,27 @@ completion's first token (from the prefill) included, the steps those of z-lab's
 the CPU harness's `zlab-07ebd93` convention (`metrics.capped`), whose committed tokens are the
 completion tokens − 1. So the CPU figure in SGLang's count is, per prompt,
 completion_tokens · tau_capped / (completion_tokens − 1) (rounds_capped = (completion − 1) /
-tau_capped); macro over prompts, pooled Σ completion / Σ rounds. At T = 0 on the same prompts
-it equals the served τ unless features or numerics differ (docs/served.md); a CPU figure
-outside the served τ's 95 % interval is a disagreement.
+tau_capped); macro over prompts, pooled Σ completion / Σ rounds, each with the interval the
+served τ has (the bootstrap over conversations, computed alike). At T = 0 on the same prompts
+it equals the served τ unless features or numerics differ (docs/served.md); two 95 %
+intervals that do not overlap are a disagreement.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.contract.bootstrap import Bootstrap
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.schema import Results
-from dflash_eval.contract.schema_served import ServedResults, parse_served
+from dflash_eval.contract.schema_served import ServedResults, parse_served, served_key
 
+from dflash_ops.evaluation.groups import RunGroup, group_runs
 from dflash_ops.evaluation.results import RunResult, load_runs
 
 SERVED_DIR = "served"  # under local.results
@@ -46,19 +51,56 @@ def load_served(results_root: Path) -> list[ServedRun]:
     return found
 
 
-def in_sglangs_count(results: Results) -> dict[str, float] | None:
-    """The CPU τ of a run in SGLang's count: macro and pooled (None: no prompt has a round)."""
-    rows = [
-        (row["completion_tokens"], (row["completion_tokens"] - 1) / row["tau_capped"])
-        for row in results["per_prompt"]
-        if row["tau_capped"] and row["completion_tokens"] > 1
-    ]
-    if not rows:
+def served_groups(served: list[ServedRun]) -> list[RunGroup[ServedRun]]:
+    """The served records split by their own comparability key (schema_served.served_key):
+    served runs are compared only among themselves, largest group first, by step."""
+    ordered = sorted(served, key=lambda item: (item.record["step"] or 0, item.run_id))
+    return group_runs(
+        ordered,
+        lambda item: served_key(item.record),
+        lambda item: datetime.fromisoformat(item.record["created_at"]).timestamp(),
+    )
+
+
+def in_sglangs_count(results: Results) -> dict[str, dict[str, float | None]] | None:
+    """The CPU τ of a run in SGLang's count, macro and pooled, each with the interval the
+    served τ has: the percentile bootstrap over conversations (contract/bootstrap.py, the
+    same resamples, seed and level), a ratio of per-conversation sums as `served-eval`
+    computes it (None: no prompt has a round)."""
+    units: dict[str, list[tuple[int, float]]] = {}
+    for row in results["per_prompt"]:
+        if row["tau_capped"] and row["completion_tokens"] > 1:
+            rounds = (row["completion_tokens"] - 1) / row["tau_capped"]
+            key = row.get("conversation") or row["id"]
+            units.setdefault(key, []).append((row["completion_tokens"], rounds))
+    if not units:
         return None
+    groups = list(units.values())
+    bootstrap = Bootstrap(len(groups))
+
+    def ratio(part: Callable[[tuple[int, float]], tuple[float, float]]) -> dict[str, float | None]:
+        found = bootstrap.ratio_of_parts(groups, part)
+        assert found is not None  # every unit has a round
+        return found.as_dict()
+
     return {
-        "tau_macro": sum(tokens / rounds for tokens, rounds in rows) / len(rows),
-        "tau_pooled": sum(t for t, _ in rows) / sum(r for _, r in rows),
+        "tau_macro": ratio(lambda row: (row[0] / row[1], 1)),
+        "tau_pooled": ratio(lambda row: row),
     }
+
+
+def overlap(one: dict[str, float | None], other: dict[str, float | None]) -> bool:
+    """Whether two intervals (value, low, high) agree: they overlap; where one has no
+    bounds (a single conversation), its value lies in the other's."""
+
+    def bounds(interval: dict[str, float | None]) -> tuple[float, float]:
+        value, low, high = interval["value"], interval["low"], interval["high"]
+        assert value is not None
+        return (value, value) if low is None or high is None else (low, high)
+
+    (low, high), (other_low, other_high) = bounds(one), bounds(other)
+    unbounded = one["low"] is None and other["low"] is None
+    return unbounded or (low <= other_high and other_low <= high)
 
 
 def same_settings(results: Results, served: ServedResults) -> bool:
@@ -91,35 +133,35 @@ def side_by_side(runs: list[RunResult], served: list[ServedRun]) -> list[dict[st
         macro = record["served"]["tau_macro"]
         if counted is None or macro is None:
             continue
-        low, high = macro["low"], macro["high"]
-        agree = low is None or high is None or low <= counted["tau_macro"] <= high
+        cpu_macro = counted["tau_macro"]
         rows.append(
             {
                 "step": record["step"],
                 "cpu_run": cpu.run_id,
                 "served_run": item.run_id,
                 "cpu_tau_macro": cpu.metrics["tau_macro"],
-                "cpu_tau_sglang_count": counted["tau_macro"],
+                "cpu_tau_sglang_count": cpu_macro["value"],
+                "cpu_low": cpu_macro["low"],
+                "cpu_high": cpu_macro["high"],
                 "served_tau_macro": macro["value"],
-                "served_low": low,
-                "served_high": high,
-                "agree": agree,
+                "served_low": macro["low"],
+                "served_high": macro["high"],
+                "agree": overlap(cpu_macro, dict(macro)),
             }
         )
     return rows
 
 
 def disagreement_finding(row: dict[str, Any], rank: int) -> dict[str, Any]:
-    """diagnose's finding for a row whose CPU figure lies outside the served interval."""
+    """diagnose's finding for a row whose CPU and served intervals do not overlap."""
     return {
         "rank": rank,
         "area": "served",
         "title": "served and CPU τ disagree: features or numerics differ",
         "evidence": (
-            f"step {row['step']}: SGLang served τ {row['served_tau_macro']:.3f} "
-            f"[{row['served_low']:.3f}, {row['served_high']:.3f}] (run {row['served_run']}), "
-            f"the CPU harness {row['cpu_tau_sglang_count']:.3f} in SGLang's count (run "
-            f"{row['cpu_run']}, same prompts and settings)"
+            f"step {row['step']}: SGLang served τ {shown(row, 'served')} (run "
+            f"{row['served_run']}), the CPU harness {shown(row, 'cpu')} in SGLang's count (run "
+            f"{row['cpu_run']}, same prompts and settings): the 95 % intervals do not overlap"
         ),
         "check_next": (
             "compare the target's features on the GPU with the CPU's (fab extract-features on "
@@ -129,10 +171,48 @@ def disagreement_finding(row: dict[str, Any], rank: int) -> dict[str, Any]:
     }
 
 
+def with_bounds(interval: Mapping[str, float | None] | None) -> str:
+    """An interval record as text: its value, then its bounds where it has them."""
+    if interval is None:
+        return "–"
+    low, high = interval["low"], interval["high"]
+    bounds = "" if low is None or high is None else f" [{low:.3f}, {high:.3f}]"
+    return f"{interval['value']:.3f}{bounds}"
+
+
+def shown(row: dict[str, Any], side: str) -> str:
+    """A side's τ in SGLang's count with its interval ("cpu" or "served")."""
+    value = row["cpu_tau_sglang_count" if side == "cpu" else "served_tau_macro"]
+    return with_bounds({"value": value, "low": row[f"{side}_low"], "high": row[f"{side}_high"]})
+
+
+SERVED_RUNS_HEADER = [
+    "step",
+    "served τ macro [95% CI]",
+    "served τ pooled [95% CI]",
+    "verification steps",
+    "served run",
+]
+
+
+def served_run_cells(group: RunGroup[ServedRun]) -> list[list[str]]:
+    """One served group's runs as text, under SERVED_RUNS_HEADER, by step."""
+    return [
+        [
+            "–" if item.record["step"] is None else str(item.record["step"]),
+            with_bounds(item.record["served"]["tau_macro"]),
+            with_bounds(item.record["served"]["tau_pooled"]),
+            str(item.record["served"]["verify_steps"]),
+            item.run_id,
+        ]
+        for item in group.rows
+    ]
+
+
 SERVED_HEADER = [
     "step",
     "CPU τ (live loop)",
-    "CPU τ in SGLang's count",
+    "CPU τ in SGLang's count [95% CI]",
     "served τ [95% CI]",
     "agree",
     "served run",
@@ -142,17 +222,12 @@ SERVED_HEADER = [
 def served_cells(rows: list[dict[str, Any]]) -> list[list[str]]:
     """The side-by-side rows as text, under SERVED_HEADER (terminal and report alike)."""
 
-    def interval(row: dict[str, Any]) -> str:
-        low, high = row["served_low"], row["served_high"]
-        bounds = "" if low is None or high is None else f" [{low:.3f}, {high:.3f}]"
-        return f"{row['served_tau_macro']:.3f}{bounds}"
-
     return [
         [
             str(row["step"]),
             f"{row['cpu_tau_macro']:.3f}",
-            f"{row['cpu_tau_sglang_count']:.3f}",
-            interval(row),
+            shown(row, "cpu"),
+            shown(row, "served"),
             "yes" if row["agree"] else "≠ no",
             row["served_run"],
         ]
@@ -164,7 +239,7 @@ def served_findings(
     results_root: Path, step: int, findings: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """`fab diagnose`'s finding for each served record of `step` whose served τ and the CPU τ
-    of the same settings disagree beyond the served interval, ranked after `findings`."""
+    of the same settings disagree (their intervals do not overlap), ranked after `findings`."""
     rows = side_by_side(load_runs(results_root), load_served(results_root))
     wrong = [row for row in rows if row["step"] == step and not row["agree"]]
     return [disagreement_finding(row, len(findings) + i) for i, row in enumerate(wrong, 1)]

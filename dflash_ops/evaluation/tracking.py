@@ -7,7 +7,7 @@ training run and comparability key (reading.key_id; and tag) is one W&B run in P
 resumed by a stable id, so runs that may not be compared never share a curve; the training
 step is its x axis (`training_step`, so steps logged out of order — a sweep, a re-run —
 still land where they belong): `eval/*` holds τ with its interval and the headline metrics
-of compare's records (results.run_records), `sets/<prompt set>/*` τ of each prompt set with
+of compare's records (compare_rows.run_records), `sets/<prompt set>/*` τ of each prompt set with
 its interval, `train/*` the training run's own metrics at that step. A run sent is recorded
 in its directory (SENT_FILE), so a sync sends only what was not sent yet. W&B reads its own
 settings from the environment (WANDB_MODE=offline, WANDB_DIR, …); its files go under
@@ -34,7 +34,7 @@ from dflash_ops.core.errors import TrackerError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
-from dflash_ops.evaluation import results, training_fetch, training_metrics
+from dflash_ops.evaluation import compare_rows, results, training_fetch, training_metrics
 from dflash_ops.evaluation.groups import key_fields
 
 WANDB_DIR = "wandb"  # under the results directory
@@ -97,7 +97,7 @@ def wandb_values(row: results.RunResult) -> dict[str, float]:
     """The numbers a pulled run sends to W&B: `eval/<key>` for τ, its interval and the
     headline metrics, `sets/<prompt set>/<metric>[_low|_high]` for τ of each prompt set,
     `train/<field>` for its training metrics; the step as STEP_METRIC."""
-    record = results.run_records(results.compare([row]))[0]
+    record = compare_rows.run_records(results.compare([row]))[0]
     values: dict[str, float] = {STEP_METRIC: float(row.step or 0)}
     for key, value in record.items():
         numeric = isinstance(value, int | float) and not isinstance(value, bool)

@@ -17,8 +17,10 @@ from rich.console import Console
 
 from dflash_ops.core.errors import OpsError
 from dflash_ops.core.files import write_atomic
-from dflash_ops.evaluation import results, served_records, training_metrics
+from dflash_ops.evaluation import compare_rows, served_records, training_metrics
+from dflash_ops.evaluation.groups import RunGroup
 from dflash_ops.evaluation.results import Comparison
+from dflash_ops.evaluation.served_records import ServedRun
 from dflash_ops.ui.output import Column, as_csv, as_json, field, render
 
 # τ as the glossary defines it (README.md): what a round commits, its accepted tokens + 1
@@ -30,7 +32,7 @@ EXPORT_FORMATS = {".csv": as_csv, ".json": as_json}
 def _tau_with_interval(record: dict[str, Any]) -> str:
     if record["tau_macro"] is None:
         return "-"
-    bounds = results.bounds_of(record, "tau_macro")
+    bounds = compare_rows.bounds_of(record, "tau_macro")
     return f"{record['tau_macro']:.3f}" + ("" if bounds == "-" else f" {bounds}")
 
 
@@ -45,7 +47,9 @@ def compact_columns(comparison: Comparison) -> list[Column]:
     rows = comparison.rows
     columns = [Column("step", field("step"), keep=9, right=True)]
     if any(row.training_run for row in rows):
-        columns.append(Column("run", lambda r: r["training_run"] or results.DEFAULT_RUN, keep=5))
+        columns.append(
+            Column("run", lambda r: r["training_run"] or compare_rows.DEFAULT_RUN, keep=5)
+        )
     columns += [
         Column("host", field("host"), keep=2),
         Column("id", field("short_id"), keep=8),
@@ -53,9 +57,11 @@ def compact_columns(comparison: Comparison) -> list[Column]:
     ]
     if comparison.budgets:
         columns.append(Column("best tree", _best_tree, keep=7, right=True))
-    columns.append(Column("acc@1", lambda r: results.number(r.get("acc_1")), keep=6, right=True))
+    columns.append(
+        Column("acc@1", lambda r: compare_rows.number(r.get("acc_1")), keep=6, right=True)
+    )
     if any(row.done["reference"] for row in rows):
-        columns.append(Column("vs ref", results.ratio, keep=4, right=True))
+        columns.append(Column("vs ref", compare_rows.ratio, keep=4, right=True))
     # the training run's own metrics at the step, beside τ (training_metrics)
     trained = training_metrics.columns(row.training for row in rows)
     columns += [Column(title, show, keep=4, right=True) for title, show in trained]
@@ -70,10 +76,10 @@ def _comparable(record: dict[str, Any]) -> str:
 
 def wide_columns(comparison: Comparison) -> list[Column]:
     """Every column of the complete table (the report's)."""
-    left = ("run", results.TRAINING_RUN, "host", "comparable")
+    left = ("run", compare_rows.TRAINING_RUN, "host", "comparable")
     return [
         Column(title, show, right=title not in left)
-        for title, show in results.table_columns(comparison)
+        for title, show in compare_rows.table_columns(comparison)
     ]
 
 
@@ -101,8 +107,8 @@ def _value_with_interval(record: dict[str, Any]) -> str:
 def print_comparison(comparison: Comparison, fmt: str, wide: bool, console: Console) -> None:
     """The runs' table and their per-set results, in `fmt` (one JSON document for json;
     CSV: the runs only, `fab export` writes the per-set table)."""
-    records = results.run_records(comparison)
-    sets = results.set_records(comparison)
+    records = compare_rows.run_records(comparison)
+    sets = compare_rows.set_records(comparison)
     if fmt == "json":
         document = {"runs": records, "groups": group_records(comparison), "per_set": sets}
         console.print(json.dumps(document, indent=2), markup=False, soft_wrap=True)
@@ -142,6 +148,37 @@ def print_served(rows: list[dict[str, Any]], fmt: str, console: Console) -> None
     render(records, columns, fmt, console=console, title=SERVED_TITLE)
 
 
+def print_served_groups(groups: list[RunGroup[ServedRun]], fmt: str, console: Console) -> None:
+    """`fab compare`'s served runs among themselves: a table per comparability group of
+    served records (served_records.served_groups), its steps in order."""
+    if not groups:
+        return
+    if fmt == "json":
+        found = [
+            {
+                "group": group.number,
+                "comparability_key": group.id,
+                "settings": group.key,
+                "runs": [{"run": item.run_id, **item.record["served"]} for item in group.rows],
+            }
+            for group in groups
+        ]
+        console.print(json.dumps({"served_groups": found}, indent=2), markup=False, soft_wrap=True)
+        return
+    header = served_records.SERVED_RUNS_HEADER
+    columns = [Column(title, field(title), keep=len(header) - i) for i, title in enumerate(header)]
+    for group in groups:
+        key = group.key
+        title = (
+            f"served runs, key {group.id} (group {group.number} of {len(groups)}): "
+            f"{key['target']}, B={key['num_draft_tokens']}, {key['prompts']} prompts, "
+            f"max_new_tokens {key['max_new_tokens']}, thinking {'on' if key['thinking'] else 'off'}"
+        )
+        cells = served_records.served_run_cells(group)
+        records = [dict(zip(header, row, strict=True)) for row in cells]
+        render(records, columns, fmt, console=console, title=title)
+
+
 def key_line(comparison: Comparison) -> str:
     """Which comparability key the table shows: the name its runs carry in every export."""
     group = comparison.group
@@ -169,6 +206,6 @@ def export(comparison: Comparison, out: Path) -> int:
         raise OpsError(
             f"--out {out}: expected a .csv or .json file name, found suffix {out.suffix!r}"
         )
-    records = results.set_records(comparison)
+    records = compare_rows.set_records(comparison)
     write_atomic(out, write(records, []), make_parents=False)
     return len(records)

@@ -19,6 +19,7 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation import (
+    compare_rows,
     figures,
     jobs,
     like,
@@ -41,7 +42,12 @@ from dflash_ops.evaluation.tracking import said_if_flagged
 from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.staging.catalog import resolve_step
 from dflash_ops.ui import report, report_diagnosis
-from dflash_ops.ui.compare_view import export, print_comparison, print_served
+from dflash_ops.ui.compare_view import (
+    export,
+    print_comparison,
+    print_served,
+    print_served_groups,
+)
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
 from dflash_ops.ui.output import parse_format
@@ -359,8 +365,10 @@ def show_comparison(
     # Anything but the table goes to stdout alone, for a program to read; notes to stderr.
     notes = console if fmt == "table" else errors
     print_comparison(comparison, fmt, wide, console)
-    served = served_records.side_by_side(every.rows, served_records.load_served(results_root))
+    served_runs = served_records.load_served(results_root)
+    served = served_records.side_by_side(every.rows, served_runs)
     print_served(served, fmt, console if fmt == "table" else errors)
+    print_served_groups(served_records.served_groups(served_runs), fmt, notes)
     for line in results.group_lines(every):
         notes.print(f"[yellow]{shown(line)}[/]")
     for run in (run for run in every.rows if run.flag):
@@ -370,7 +378,7 @@ def show_comparison(
     for run in every.skipped:
         why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
         notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")
-    for note in results.overlap_notes(comparison):
+    for note in compare_rows.overlap_notes(comparison):
         notes.print(shown(note))
     if samples:
         for run in comparison.rows:

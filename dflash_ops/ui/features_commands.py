@@ -40,7 +40,7 @@ def extract_features_command(
 ) -> FeatureSet:
     """`fab extract-features`: the set for these inputs on the features host, then on every
     eval host named by `to` (default: all). `harness_options`: the harness options it takes
-    (harness_options.FEATURES_OPTIONS), by run-eval's names and checked as run-eval's."""
+    (the table's, for_task(EXTRACT_FEATURES)), by run-eval's names and checked as run-eval's."""
     targets = [name.strip() for name in to.split(",") if name.strip()] if to else None
     for name in targets or []:
         inventory.eval_host(name)  # a typo fails before an hour of extraction

@@ -28,13 +28,13 @@ from markupsafe import Markup
 
 from dflash_ops.core.files import write_atomic
 from dflash_ops.evaluation import figures
-from dflash_ops.evaluation.results import (
+from dflash_ops.evaluation.compare_rows import (
     TRAINING_RUN,
-    Comparison,
     dataset_rows,
     overlap_notes,
     table_rows,
 )
+from dflash_ops.evaluation.results import Comparison
 from dflash_ops.evaluation.served_records import MATCHING, SERVED_HEADER, served_cells
 from dflash_ops.ui import report_diagnosis, report_facts, report_samples, training_view
 from dflash_ops.ui.report_facts import short

@@ -13,7 +13,8 @@ from typing import Any
 
 from dflash_eval.contract import reading
 
-from dflash_ops.evaluation.results import Comparison, RunResult, number, ratio, run_records
+from dflash_ops.evaluation.compare_rows import number, ratio, run_records
+from dflash_ops.evaluation.results import Comparison, RunResult
 
 # Results blocks shown as each run's provenance, in this order (bulky lists are summarised).
 PROVENANCE_BLOCKS = (

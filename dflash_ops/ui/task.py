@@ -27,12 +27,12 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.evaluation.harness_options import task_help
 
 INVENTORY_HELP = "inventory file (default: $DFLASH_INVENTORY, else ./inventory.yaml)"
-# The numeric harness options the tasks pass on, by keyword (dflash_eval.contract.options).
-NUMBERS = {
-    option.name: option
-    for option in table.OPTIONS
-    if option.tasks and option.kind in ("int", "float")
-}
+
+
+def _numbers() -> dict[str, table.Option]:
+    """The numeric harness options the tasks pass on, by keyword, as the table has them when
+    a task's flags are made."""
+    return {o.name: o for o in table.OPTIONS if o.tasks and o.kind in ("int", "float")}
 
 
 class _Flag(Argument):
@@ -119,15 +119,16 @@ class _OpsTask(Task):
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        numbers = _numbers()
         return [
             _NumberArgument(
-                NUMBERS[argument.name],
+                numbers[argument.name],
                 names=argument.names,
                 default=argument.default,
                 help=argument.help,
                 attr_name=argument.attr_name,
             )
-            if argument.name in NUMBERS
+            if argument.name in numbers
             else _Flag(
                 names=argument.names,
                 kind=argument.kind,
@@ -165,19 +166,20 @@ def harness_flags(task: str) -> FlagGroup:
     return FlagGroup("harness_options", unset, task_help(task))
 
 
-def _signature(body: Callable, groups: tuple[FlagGroup, ...]) -> inspect.Signature:
-    """The task's signature as invoke reads it: the body's own parameters, then its groups'."""
+def _signature(body: Callable, taken: list[tuple[FlagGroup, list[str]]]) -> inspect.Signature:
+    """The task's signature as invoke reads it: the body's own parameters (less the dicts its
+    groups fill), then the flags it takes from each group."""
     signature = inspect.signature(body)
-    into = {group.into for group in groups}
-    own = {n: p for n, p in signature.parameters.items() if n not in into}
+    into = {group.into for group, _ in taken}
+    own = [p for name, p in signature.parameters.items() if name not in into]
     added = [
         inspect.Parameter(
             name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=group.defaults[name]
         )
-        for group in groups
-        for name in group.names(own)
+        for group, names in taken
+        for name in names
     ]
-    return signature.replace(parameters=[*own.values(), *added])
+    return signature.replace(parameters=[*own, *added])
 
 
 def ops_task(
@@ -212,7 +214,7 @@ def ops_task(
                 raise Exit("interrupted", code=130) from None
 
         if groups:
-            run.__signature__ = _signature(body, groups)  # type: ignore[attr-defined]
+            run.__signature__ = _signature(body, taken)  # type: ignore[attr-defined]
         helps = {
             **({"inventory": INVENTORY_HELP} if "inventory" in own else {}),
             **{name: text for group in groups for name, text in group.help.items()},

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_ops.evaluation import training_metrics
-from dflash_ops.evaluation.results import Comparison, RunResult, number
+from dflash_ops.evaluation.compare_rows import number
+from dflash_ops.evaluation.results import Comparison, RunResult
 
 
 def report_section(comparison: Comparison) -> dict[str, Any] | None:

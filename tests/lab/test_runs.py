@@ -17,7 +17,7 @@ import yaml
 from dflash_lab import lab as labs
 from dflash_ops.core import inventory as inventories
 from dflash_ops.core.errors import InventoryError
-from dflash_ops.evaluation import figures, results
+from dflash_ops.evaluation import compare_rows, figures, results
 from dflash_ops.evaluation.watch import WatchState
 from dflash_ops.staging.destination import staged_path
 from tests.inventory_documents import minimal_document
@@ -175,7 +175,7 @@ def test_compare_keeps_two_runs_of_one_step_apart_and_labelled(tmp_path):
     pull(tmp_path, "b", 4000, "v4", 1.6)
     pull(tmp_path, "c", 2000, "v4", 1.2)
     comparison = results.compare(results.load_runs(tmp_path))
-    header, cells = results.table_rows(comparison)
+    header, cells = compare_rows.table_rows(comparison)
     assert header[:4] == ["run", "training run", "step", "host"]
     assert [[*row[:3], row[4]] for row in cells] == [
         ["c", "v4", "2000", "1.200"],
@@ -190,7 +190,7 @@ def test_compare_keeps_two_runs_of_one_step_apart_and_labelled(tmp_path):
 
 def test_the_default_run_s_table_is_unchanged(tmp_path):
     pull(tmp_path, "a", 2000, None, 1.2)
-    header, cells = results.table_rows(results.compare(results.load_runs(tmp_path)))
+    header, cells = compare_rows.table_rows(results.compare(results.load_runs(tmp_path)))
     assert header[:3] == ["run", "step", "host"] and cells[0][:2] == ["a", "2000"]
 
 

@@ -15,9 +15,9 @@ import random
 import statistics
 
 import pytest
+from dflash_eval.contract.bootstrap import Bootstrap
 from dflash_eval.contract.prompts import read_prompts_jsonl
 from dflash_eval.reference.completions import encode_prompt
-from dflash_eval.walk.bootstrap import Bootstrap
 from dflash_eval.walk.student import PathValue, prompt_interval
 
 from tests.unit.harness.sampling_parts import lab_parts, path_expectation

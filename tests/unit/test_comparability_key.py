@@ -22,7 +22,7 @@ from dflash_eval.contract.summary import summary_lines
 from dflash_eval.walk.by_dataset import intervals
 
 from dflash_ops.core.errors import OpsError
-from dflash_ops.evaluation import results
+from dflash_ops.evaluation import compare_rows, results
 from dflash_ops.evaluation.watch import results_news
 from dflash_ops.evaluation.webhook import chat_text
 from dflash_ops.ui import cli, report, report_facts
@@ -143,7 +143,7 @@ def test_records_exports_and_the_report_carry_the_key_and_it_does_not_shift(tmp_
     pull(root, "short-6000", 6000, prompts={"max_new_tokens": 96})
     after = results.compare(results.load_runs(root))
     assert [g.id for g in after.groups] == [short, long]
-    records = {r["run_id"]: r for r in results.run_records(after.within())}
+    records = {r["run_id"]: r for r in compare_rows.run_records(after.within())}
     assert records["short-2000"]["comparability_key"] == short
     assert [g["comparability_key"] for g in group_records(after)] == [short, long]
 

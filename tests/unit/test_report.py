@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from dflash_eval.walk.by_dataset import acceptance_counts, intervals
 
-from dflash_ops.evaluation import results
+from dflash_ops.evaluation import compare_rows, results
 from dflash_ops.ui import report
 from tests.schema_samples import results_dict
 
@@ -107,15 +107,15 @@ def three_steps(tmp_path) -> Path:
 
 def test_compare_gives_intervals_per_set_and_says_which_steps_overlap(three_steps):
     comparison = results.compare(results.load_runs(three_steps))
-    header, cells = results.table_rows(comparison)
+    header, cells = compare_rows.table_rows(comparison)
     assert header[5] == "τ macro 95% CI" and re.fullmatch(r"\[\d\.\d{3}, \d\.\d{3}\]", cells[0][5])
-    header, cells = results.dataset_rows(comparison)
+    header, cells = compare_rows.dataset_rows(comparison)
     assert header[:6] == [
         "run", "step", "prompt set", "prompts", "τ macro [95% CI]", "τ pooled [95% CI]",
     ]  # fmt: skip
     assert [row[2] for row in cells[:3]] == ["all prompts", "gsm8k", "humaneval"]
     assert re.fullmatch(r"\d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\]", cells[1][4])
-    notes = results.overlap_notes(comparison)
+    notes = compare_rows.overlap_notes(comparison)
     assert len(notes) == 6  # two pairs of steps × (all prompts, gsm8k, humaneval)
     assert all("do not overlap" in note for note in notes if note.startswith("step 2000 → 4000"))
     assert all("intervals overlap" in note for note in notes if note.startswith("step 4000"))
@@ -131,8 +131,8 @@ def test_results_without_intervals_show_none(tmp_path):
         (directory / "run.json").write_text(json.dumps({"run_id": directory.name, "step": step}))
         (directory / "results.json").write_text(json.dumps(outcome))
     comparison = results.compare(results.load_runs(root))
-    assert results.dataset_rows(comparison)[1] == []
-    assert results.overlap_notes(comparison) == []
+    assert compare_rows.dataset_rows(comparison)[1] == []
+    assert compare_rows.overlap_notes(comparison) == []
     assert "No run carries confidence intervals" in report.render(comparison)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ops.evaluation import figures, results
+from dflash_ops.evaluation import compare_rows, figures, results
 from dflash_ops.ui import report, report_diagnosis
 from dflash_ops.ui.report_facts import duration, readable, utc
 from tests.unit.test_report import headless_chromium, needs_chromium, pull, shoot
@@ -49,7 +49,7 @@ def test_the_report_opens_with_the_latest_runs_key_numbers_and_contents(three_st
     values = re.findall(r'<div class="value">(.*?)</div>', cards.group(1))
     assert values[0] == f"{latest:.3f}"
     assert "intervals overlap" in cards.group(1)  # 4000 → 6000 is within the noise
-    best = results.run_records(_comparison(three_steps))[-1]
+    best = compare_rows.run_records(_comparison(three_steps))[-1]
     assert values[2] == f"{best['best_tree']:.3f}"
     assert f"tree budget b = {best['best_tree_budget']}" in cards.group(1)
     contents = re.search(r'<nav class="toc">.*?</nav>', text, re.S).group(0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dflash_ops.evaluation import results
+from dflash_ops.evaluation import compare_rows, results
 from dflash_ops.ui import report
 from tests.unit.test_report import headless_chromium, needs_chromium, pull
 
@@ -34,9 +34,9 @@ def readers_accept(run: Path) -> bool:
         if not mine or mine[0].results is None:
             return False
         comparison = results.compare(loaded)
-        results.table_rows(comparison)
-        results.dataset_rows(comparison)
-        results.overlap_notes(comparison)
+        compare_rows.table_rows(comparison)
+        compare_rows.dataset_rows(comparison)
+        compare_rows.overlap_notes(comparison)
     except (TypeError, ValueError, KeyError, results.ResultsError):
         return False
     return True

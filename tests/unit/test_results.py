@@ -10,7 +10,7 @@ import pytest
 from dflash_eval.contract import schema
 
 from dflash_ops.core.errors import OpsError
-from dflash_ops.evaluation import results
+from dflash_ops.evaluation import compare_rows, results
 from tests.schema_samples import results_dict, sampled_results_dict
 
 
@@ -46,7 +46,7 @@ def test_table_reads_each_run_through_the_schema(tmp_path):
     assert [run.step for run in runs] == [2000, 4000, 6000]
     comparison = results.compare(runs)
     assert results.mixed_note(comparison) is None
-    header, cells = results.table_rows(comparison)
+    header, cells = compare_rows.table_rows(comparison)
     assert header == [
         "run", "step", "host", "τ macro", "τ pooled", "tree-4", "tree-8",
         "acc@1", "acc@2", "ref τ", "vs ref", "comparable",
@@ -70,7 +70,7 @@ def test_runs_that_differ_in_what_shapes_the_numbers_are_flagged_against_the_lar
     assert "1 run(s) differ from comparability group 1 (2 run(s)) in max new tokens" in (
         results.mixed_note(comparison)
     )
-    _, cells = results.table_rows(comparison)
+    _, cells = compare_rows.table_rows(comparison)
     assert [row[-1] for row in cells] == ["yes", "yes", "≠ max new tokens"]
     assert [row.run_id for row in comparison.within().rows] == ["a", "b"]
     (line,) = results.group_lines(comparison)
@@ -87,7 +87,7 @@ def test_sampled_runs_read_and_compare_only_at_the_same_sampling_settings(tmp_pa
     assert "1 run(s) differ from comparability group 1 (2 run(s)) in sampling" in (
         results.mixed_note(comparison) or ""
     )
-    _, cells = results.table_rows(comparison)
+    _, cells = compare_rows.table_rows(comparison)
     assert [row[-1] for row in cells] == ["≠ sampling", "yes", "yes"]
 
 
@@ -158,7 +158,7 @@ def test_a_group_is_chosen_by_number_or_by_a_run_of_it(tmp_path):
 def test_run_records_carry_plain_values_and_short_ids(tmp_path):
     pull(tmp_path, "20261201-120000-step2000-eval-ab12", 2000, results_dict(budgets=("4", "8")))
     pull(tmp_path, "20261201-130000-step4000-eval-cd34", 4000, results_dict(reference=True))
-    records = results.run_records(results.compare(results.load_runs(tmp_path)))
+    records = compare_rows.run_records(results.compare(results.load_runs(tmp_path)))
     first, second = records
     assert (first["short_id"], first["step"], first["group"]) == ("ab12", 2000, 1)
     assert first["best_tree"] == max(first["tree_4"], first["tree_8"])

@@ -58,9 +58,9 @@ def test_served_tau_stands_beside_the_cpu_tau_and_a_disagreement_is_a_finding(tm
     counted = served_records.in_sglangs_count(cpu.done)
     rows = cpu.done["per_prompt"]
     expected = sum(r["completion_tokens"] * r["tau"] / (r["completion_tokens"] - 1) for r in rows)
-    assert counted["tau_macro"] == pytest.approx(expected / len(rows))
-    served(tmp_path, "a-agrees", 4000, counted["tau_macro"] + 0.01)
-    served(tmp_path, "b-disagrees", 4000, counted["tau_macro"] + 1.0)
+    assert counted["tau_macro"]["value"] == pytest.approx(expected / len(rows))
+    served(tmp_path, "a-agrees", 4000, counted["tau_macro"]["value"] + 0.01)
+    served(tmp_path, "b-disagrees", 4000, counted["tau_macro"]["high"] + 1.0)
     served(tmp_path, "c-other-budget", 4000, 9.0, max_new_tokens=256)  # not comparable
     side = served_records.side_by_side([cpu], served_records.load_served(tmp_path))
     assert [(row["served_run"], row["agree"]) for row in side] == [
@@ -86,7 +86,10 @@ def test_a_disagreement_is_written_into_the_pulled_diagnosis(tmp_path):
     pull(tmp_path, 4000, 2.5)
     [cpu] = results.load_runs(tmp_path)
     served(
-        tmp_path, "b-disagrees", 4000, served_records.in_sglangs_count(cpu.done)["tau_macro"] + 1
+        tmp_path,
+        "b-disagrees",
+        4000,
+        served_records.in_sglangs_count(cpu.done)["tau_macro"]["high"] + 1,
     )
     pulled = tmp_path / "diagnose" / "run-1" / "diagnose.json"
     pulled.parent.mkdir(parents=True)
@@ -103,3 +106,72 @@ def test_a_disagreement_is_written_into_the_pulled_diagnosis(tmp_path):
     before = pulled.read_bytes()
     assert with_served_findings(pulled, read_diagnosis(pulled), tmp_path, 2000) == kept
     assert pulled.read_bytes() == before  # no served record of that step: nothing written
+
+
+def cpu_results(*rows: tuple[str, int, float]) -> dict:
+    """Per-prompt rows (conversation, completion tokens, τ capped) as a CPU run holds them."""
+    return {
+        "per_prompt": [
+            {"id": f"p{i}", "conversation": talk, "completion_tokens": tokens, "tau_capped": tau}
+            for i, (talk, tokens, tau) in enumerate(rows)
+        ]
+    }
+
+
+def test_the_cpu_figure_in_sglangs_count_carries_the_served_kind_of_interval():
+    # 11 tokens at τ capped 2.5: 4 rounds, 2.75 in SGLang's count; 9 at 4.0: 2 rounds, 4.5.
+    counted = served_records.in_sglangs_count(cpu_results(("a", 11, 2.5), ("b", 9, 4.0)))
+    # Two conversations: each resample is one of them twice, or both; the 95 % interval
+    # reaches the two ends.
+    assert counted["tau_macro"] == {"value": 3.625, "low": 2.75, "high": 4.5}
+    assert counted["tau_pooled"] == pytest.approx({"value": 20 / 6, "low": 2.75, "high": 4.5})
+    alike = served_records.in_sglangs_count(cpu_results(("a", 11, 2.5), ("b", 11, 2.5)))
+    assert alike["tau_macro"] == {"value": 2.75, "low": 2.75, "high": 2.75}
+    # Two turns of one conversation are one unit, as the served τ counts them: no bounds.
+    one = served_records.in_sglangs_count(cpu_results(("a", 11, 2.5), ("a", 9, 4.0)))
+    assert one["tau_macro"] == {"value": 3.625, "low": None, "high": None}
+    assert served_records.in_sglangs_count(cpu_results(("a", 1, 1.0))) is None
+
+
+@pytest.mark.parametrize(
+    ("served_interval", "agree"),
+    [
+        ({"value": 3.1, "low": 3.0, "high": 3.2}, True),  # inside the CPU interval
+        ({"value": 4.7, "low": 4.4, "high": 5.0}, True),  # CPU value outside, intervals overlap
+        ({"value": 4.7, "low": 4.6, "high": 4.8}, False),  # beyond both intervals
+        ({"value": 2.0, "low": 1.5, "high": 2.7}, False),
+        ({"value": 4.4, "low": None, "high": None}, True),  # one conversation: its value inside
+        ({"value": 4.6, "low": None, "high": None}, False),
+    ],
+)
+def test_served_and_cpu_agree_when_their_intervals_overlap(served_interval, agree):
+    cpu = {"value": 3.625, "low": 2.75, "high": 4.5}
+    assert served_records.overlap(cpu, served_interval) is agree
+    assert served_records.overlap(served_interval, cpu) is agree
+    unbounded = {"value": 3.625, "low": None, "high": None}
+    assert served_records.overlap(unbounded, {**served_interval, "low": None, "high": None})
+
+
+def test_compare_shows_served_runs_among_themselves_by_their_own_key(tmp_path, capsys):
+    from dflash_ops.ui.eval_commands import show_comparison
+
+    pull(tmp_path, 4000, 2.5)
+    served(tmp_path, "s-6000", 6000, 3.25)
+    served(tmp_path, "s-4000", 4000, 2.75)
+    served(tmp_path, "s-4000-long", 4000, 9.0, max_new_tokens=256)  # another key
+    served(tmp_path, "s-2000-think", 2000, 1.5, thinking=True)  # another key
+    groups = served_records.served_groups(served_records.load_served(tmp_path))
+    assert [item.run_id for item in groups[0].rows] == ["s-4000", "s-6000"]
+    assert sorted(len(group.rows) for group in groups) == [1, 1, 2]
+    assert len({group.id for group in groups}) == 3
+    assert groups[0].key["max_new_tokens"] == 24 and "drafter" not in groups[0].key
+    assert served_records.served_run_cells(groups[0]) == [
+        ["4000", "2.750 [2.700, 2.800]", "2.750 [2.700, 2.800]", "10", "s-4000"],
+        ["6000", "3.250 [3.200, 3.300]", "3.250 [3.200, 3.300]", "10", "s-6000"],
+    ]
+    show_comparison(tmp_path)
+    table = capsys.readouterr().out
+    assert f"served runs, key {groups[0].id} (group 1 of 3)" in table
+    assert "s-6000" in table and "s-4000-long" in table and "s-2000-think" in table
+    show_comparison(tmp_path, fmt="json")
+    assert json.loads(capsys.readouterr().out)["runs"]  # stdout: the comparison alone

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dflash_ops.core.errors import HostError
-from dflash_ops.evaluation import results, set_anchors, tracking
+from dflash_ops.evaluation import compare_rows, results, set_anchors, tracking
 from dflash_ops.evaluation.set_anchors import (
     anchor_file,
     anchor_problem,
@@ -116,7 +116,7 @@ def test_compare_flags_a_run_on_a_changed_set_and_leaves_it_out(tmp_path):
     comparison = results.compare(runs)
     assert [group.number for group in comparison.groups] == [1]  # same key: one group
     assert comparison.differences == {"tampered": [set_anchors.FLAG]}
-    records = {r["run_id"]: r for r in results.run_records(comparison)}
+    records = {r["run_id"]: r for r in compare_rows.run_records(comparison)}
     assert records["tampered"]["comparable"] is False
     assert records["tampered"]["differs"] == "feature set changed"
     assert records["good"]["comparable"] and records["old"]["comparable"]

@@ -1,6 +1,6 @@
 """The served record: the acceptance length SGLang itself got with a drafter (`served-eval`),
 as TypedDicts. Its own kind: a served τ is comparable only with served runs of the same
-settings (target, drafter, block size, prompts, max_new_tokens, thinking), and with the CPU τ
+settings (served_key: target, block size, SGLang version, request settings), and with the CPU τ
 of the same prompts in SGLang's count (docs/served.md). Stdlib only.
 
 SGLang's count (sgl-project/sglang at 001067fffe33,
@@ -95,3 +95,19 @@ def parse_served(value: Any) -> ServedResults:
         )
     check(value, ServedResults, "served")
     return cast(ServedResults, value)
+
+
+def served_key(record: ServedResults) -> dict[str, Any]:
+    """What two served records must share to be compared (their comparability key): the
+    kind, the server's target, algorithm, block size and SGLang version (another version is
+    another count), and every request setting. The drafter's directory is left out: each
+    step's export is its own, and steps are what a served table compares."""
+    server = record["server"]
+    return {
+        "kind": KIND,
+        "target": server["target"],
+        "algorithm": server["algorithm"],
+        "num_draft_tokens": server["num_draft_tokens"],
+        "version": server["version"],
+        **record["settings"],
+    }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.contract.bootstrap import Bootstrap
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
 from dflash_eval.contract.prompts import Prompt, prompts_hash
@@ -30,7 +31,6 @@ from dflash_eval.reference.conversation import Conversations
 from dflash_eval.run.inputs import load_prompts
 from dflash_eval.run.results import utc_now
 from dflash_eval.target.model import load_tokenizer
-from dflash_eval.walk.bootstrap import Bootstrap
 from dflash_eval.walk.by_dataset import conversations
 
 CONVENTION = "sglang: completion_tokens / spec_verify_ct"
@@ -120,10 +120,7 @@ def served_tau(rows: list[ServedPrompt]) -> ServedTau:
     bootstrap = Bootstrap(len(units))
 
     def ratio(part: Any) -> Any:
-        pairs = [[part(row) for row in unit] for unit in units]
-        found = bootstrap.ratio(
-            [sum(a for a, _ in unit) for unit in pairs], [sum(b for _, b in unit) for unit in pairs]
-        )
+        found = bootstrap.ratio_of_parts(units, part)
         return found.as_dict() if found else None
 
     return ServedTau(

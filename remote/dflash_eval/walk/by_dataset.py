@@ -10,7 +10,7 @@ rounds are left out, as in `metrics`:
 - conditional acceptance per block position: Σ hits / Σ trials over the prompts.
 
 Units resampled are conversations (a multi-turn conversation's turns travel together): each
-statistic is a ratio of per-conversation sums (bootstrap.py).
+statistic is a ratio of per-conversation sums (contract/bootstrap.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dflash_eval.contract.bootstrap import LEVEL, RESAMPLES, SEED, Bootstrap
 from dflash_eval.contract.schema_metrics import Acceptance, ByDataset, Group, Interval, PromptRow
-from dflash_eval.walk.bootstrap import LEVEL, RESAMPLES, SEED, Bootstrap
 
 Row = PromptRow
 
@@ -85,11 +85,7 @@ def conversations(rows: Sequence[Row]) -> list[list[Row]]:
 
 def _statistics(bootstrap: Bootstrap, units: list[list[Row]], budgets: list[str]) -> dict[str, Any]:
     def ratio(part: Callable[[Row], tuple[float, float]]) -> Interval | None:
-        parts = [[part(row) for row in unit] for unit in units]
-        found = bootstrap.ratio(
-            [sum(above for above, _ in unit) for unit in parts],
-            [sum(below for _, below in unit) for unit in parts],
-        )
+        found = bootstrap.ratio_of_parts(units, part)
         return found.as_dict() if found else None
 
     positions = max(

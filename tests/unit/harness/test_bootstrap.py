@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from dflash_eval.walk.bootstrap import Bootstrap, quantile
+from dflash_eval.contract.bootstrap import Bootstrap, quantile
 
 
 def population(size: int, seed: int) -> list[tuple[float, int]]:

@@ -322,3 +322,16 @@ def test_a_bad_dflash2_config_stops_by_name(files, target, tmp_path, edit, expec
     directory = save_hf_dir(tmp_path / "bad", config, hf_names(files.weights))
     with pytest.raises(HarnessError, match=expected):
         load_drafter(directory, target.shape)
+
+
+def test_exporting_a_dflash2_drafter_is_refused_in_one_line_and_writes_nothing(
+    lab, files, tmp_path
+):
+    from dflash_eval.run.export import ExportOptions, export_drafter
+
+    out = tmp_path / "drafter"
+    with pytest.raises(HarnessError) as refused:
+        export_drafter(ExportOptions(files.hf_dir, lab.target_dir, out))
+    assert "DFlash-2" in str(refused.value) and "SGLang" in str(refused.value)
+    assert "\n" not in str(refused.value) and not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no partial directory either

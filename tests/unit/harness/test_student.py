@@ -147,7 +147,7 @@ def test_the_interval_covers_at_its_level_where_the_percentile_bootstrap_did_not
     """Skewed path values around prompt means spread like the audit's fixture, 6 prompts and
     4 paths: the t interval covers the prompts' true mean ~95 % of the time; the old
     percentile bootstrap over one path per prompt clearly less."""
-    from dflash_eval.walk.bootstrap import Bootstrap
+    from dflash_eval.contract.bootstrap import Bootstrap
 
     rng = random.Random(7)
     centres = [1.3, 1.45, 1.5, 1.6, 1.75, 1.9]

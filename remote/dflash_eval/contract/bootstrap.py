@@ -23,6 +23,9 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+Item = TypeVar("Item")
 
 RESAMPLES = 2000
 SEED = 0
@@ -75,6 +78,16 @@ class Bootstrap:
             return sum(map(numerators.__getitem__, indices)) / below if below else None
 
         return self.interval(statistic)
+
+    def ratio_of_parts(
+        self, units: Sequence[Sequence[Item]], part: Callable[[Item], tuple[float, float]]
+    ) -> Interval | None:
+        """`ratio` of per-unit sums: `part` gives each item's (numerator, denominator)."""
+        parts = [[part(item) for item in unit] for unit in units]
+        return self.ratio(
+            [sum(above for above, _ in unit) for unit in parts],
+            [sum(below for _, below in unit) for unit in parts],
+        )
 
 
 def quantile(ordered: Sequence[float], q: float) -> float:
