@@ -71,7 +71,7 @@ CASES = {
     "mask-token": Case(_edit("mask-token"), _repair_of("mask_token_id")),
     "less-trained": Case(
         lambda lab: (lab.checkpoints[2000], lab.checkpoints[6000]),
-        lambda f: f["title"].startswith("no setting change closes the gap"),
+        lambda f: f["title"].startswith("less trained: "),
     ),
     "block-size-trained": Case(_trained("block-size"), _repair_of("block_size")),
     "soft-target": Case(_trained("soft-target"), lambda f: f["area"] == "calibration"),
@@ -85,7 +85,7 @@ CASES = {
     ),
     "feature-noise": Case(
         _context("feature-noise"),
-        lambda f: f["area"] == "features" and "hardly reads" in f["title"],
+        lambda f: f["area"] == "features" and "gains less from the target features" in f["title"],
         lab="context",
     ),
 }

@@ -17,7 +17,6 @@ from dflash_ops.evaluation.diagnose import (
     parse_against,
     plan_diagnose,
     run_diagnose,
-    step_trend,
     trend_line,
 )
 from dflash_ops.evaluation.run import TransferProgress
@@ -100,7 +99,7 @@ def diagnose_command(
             "its diagnose.json stays in that run's directory there"
         )
         raise SystemExit(130) from None
-    trend = step_trend(inventory.local.results, inventory.training_run, step)
+    trend = diagnosis.get("step_trend")
     if output == "json":
         print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return

@@ -114,13 +114,15 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     sides["candidate"]["training_run"] = run.training_run
     base = stats.per_prompt_tau(sides["candidate"].pop("_walks"))
     theirs = stats.per_prompt_tau(sides["other"].pop("_walks"))
-    with timer.phase("feature_reliance"):
-        for role, loaded, taus in (("candidate", candidate, base), ("other", other, theirs)):
-            sides[role]["feature_reliance"] = _feature_reliance(loaded, parts, head, run, taus)
+    with timer.phase("blind"):
+        blind = [_blind_taus(loaded, parts, head, run) for loaded in (candidate, other)]
+    for role, taus, without in (("candidate", base, blind[0]), ("other", theirs, blind[1])):
+        sides[role]["feature_reliance"] = stats.paired_difference(taus, without)
     with timer.phase("repairs"):
         repairs = _repairs(
             options, candidate, other, parts, head, tokenizer, (base, theirs), progress
         )
+    repairs["features"] = _feature_share((base, theirs), blind, repairs["tried"])
     diagnosis = {
         "format": DIAGNOSIS_FORMAT,
         "against": options.against,
@@ -214,18 +216,41 @@ def _walk(
     return walked
 
 
-def _feature_reliance(
+def _blind_taus(
     loaded: LoadedDrafter,
     parts: record.RunParts,
     head: tuple[torch.Tensor, torch.Tensor],
     run: EvalOptions,
-    taus: list[float | None],
-) -> dict[str, Any]:
-    """How much of its τ a drafter owes to the target features: its per-prompt τ minus its
-    τ with the features zeroed (mean and 95 % half-width), in the repairs' τ convention."""
+) -> list[float | None]:
+    """The drafter's per-prompt τ with the target features zeroed (what it makes of its
+    block alone), in the repairs' τ convention."""
     quiet = Progress(quiet=True)
     walked = _walk(loaded, parts.sequences, head, run, quiet, "blind", **REPAIR_WALK, blind=True)
-    return stats.paired_difference(taus, stats.per_prompt_tau(walked.walks))
+    return stats.per_prompt_tau(walked.walks)
+
+
+def _feature_share(
+    taus: tuple[list[float | None], list[float | None]],
+    blind: list[list[float | None]],
+    tried: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The share of the gap the target features account for: the candidate as if it gained
+    from its features what the other drafter gains from them (its τ without them plus the
+    other's gain), measured per prompt as a repair is and judged within the repairs' family.
+    None when no prompt gave all four walks a round."""
+    rows = [r for r in zip(*taus, *blind, strict=True) if None not in r]
+    if not rows:
+        return None
+    base, theirs, base_blind, their_blind = (list(column) for column in zip(*rows, strict=True))
+    read_as_theirs = [b + t - o for b, t, o in zip(base_blind, theirs, their_blind, strict=True)]
+    measured = repair_stats.measure("features", base, read_as_theirs, theirs)
+    judged = repair_stats.judge_within(measured, [r["p_value"] for r in tried])
+    return {
+        "prompts": len(rows),
+        "tau": _mean(read_as_theirs),
+        "tau_blind": {"candidate": _mean(base_blind), "other": _mean(their_blind)},
+        **repair_stats.as_dict(judged),
+    }
 
 
 @contextmanager

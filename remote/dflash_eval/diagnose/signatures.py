@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_eval.diagnose.finding import Finding, finding
-from dflash_eval.diagnose.repair_stats import MIN_DELTA
 from dflash_eval.target.features import judge
 
 # Calibration: a slot is flat when its accuracy exceeds its mean top-1 probability by this.
@@ -21,9 +20,6 @@ NORM_RATIO = 3.0
 # A scale of an RMSNorm still this close to its initial ones has not been trained.
 UNTRAINED_NORM = 1e-6
 GAP_OPENS = 0.1  # per-slot conditional acceptance below the other's by this much
-# A drafter reads its features less than the other when zeroing them costs it at most this
-# share of what it costs the other.
-FEATURE_RELIANCE = 0.5
 
 
 def non_finite(diagnosis: dict[str, Any]) -> list[Finding]:
@@ -116,31 +112,6 @@ def flat_slots(diagnosis: dict[str, Any]) -> list[Finding]:
             f"{diagnosis['against']}",
             "check the training loss: hard cross-entropy on the target's tokens, not KL to "
             "a softened (temperature > 1) target distribution",
-        )
-    ]
-
-
-def feature_reliance(diagnosis: dict[str, Any]) -> list[Finding]:
-    """The feature-noise signature: zeroing the target features costs the other drafter a
-    measurable τ and the candidate far less: it learnt to read them little."""
-    mine = diagnosis["candidate"].get("feature_reliance")
-    theirs = diagnosis["other"].get("feature_reliance")
-    if not mine or not theirs:
-        return []
-    lost, other_lost = mine["mean"], theirs["mean"]
-    if other_lost - theirs["half_width"] < MIN_DELTA or lost > FEATURE_RELIANCE * other_lost:
-        return []
-    return [
-        finding(
-            "features",
-            "the candidate hardly reads its target features: trained on noisy features?",
-            f"zeroing the target features costs the candidate τ {lost:+.2f} ± "
-            f"{mine['half_width']:.2f} and {diagnosis['against']} τ {other_lost:+.2f} ± "
-            f"{theirs['half_width']:.2f} (95 %, over {theirs['prompts']} prompts): it owes "
-            f"{max(lost, 0.0) / other_lost:.0%} as much of its τ to them",
-            "check the training run's features: noise or dropout added to the target's hidden "
-            "states (an augmentation left on), features from other layers or positions; an "
-            "earlier step that has not yet learnt to read them does the same",
         )
     ]
 

@@ -246,3 +246,19 @@ def test_a_candidate_with_nan_weights_is_named_so_not_as_a_strict_load_failure(l
     first = diagnosis["findings"][0]
     assert first["title"] == "the candidate's weights hold NaN or inf", summary_lines(diagnosis)
     assert "norm.weight" in first["evidence"] and "non-finite" in first["evidence"]
+
+
+def test_an_earlier_step_of_the_same_run_is_called_less_trained_with_no_setting_claim(
+    lab, tmp_path
+):
+    diagnosis = _diagnose(lab, tmp_path, lab.checkpoints[2000])
+    first = diagnosis["findings"][0]
+    assert first["area"] == "training", summary_lines(diagnosis)
+    assert first["title"].startswith("less trained: step 2000 is an earlier step of a run")
+    gap = diagnosis["gap"]
+    assert gap["mean"] - gap["half_width"] > 0.5  # the lab's 2000 is far behind its 6000
+    claims = [f for f in diagnosis["findings"] if f.get("setting") or f["area"] == "configuration"]
+    assert claims == [], summary_lines(diagnosis)
+    # at its floor (τ 1.03) the share of the gap in the features would only restate the gap
+    assert diagnosis["repairs"]["tau_candidate"] < 1.05
+    assert not [f for f in diagnosis["findings"] if f["area"] == "features"]
