@@ -56,9 +56,13 @@ def diagnose_plan_lines(part: dict) -> list[str]:
     if part["repairs"] is None:
         return [f"  repairs: {part['note']} ({part['prompts']} prompts)"]
     labels = "; ".join(shown(label) for label in part["labels"])
+    skipped = [
+        f"  not tried: {shown(s['label'])} ({shown(s['why'])})" for s in part.get("not_tried", [])
+    ]
     return [
         f"  repairs: {part['repairs']} × {part['prompts']} prompts = {part['walks']} walks "
         f"of the candidate: {labels}",
+        *skipped,
         f"  diagnose time: ~{duration(part['seconds'])} on {part['threads']} threads, up to "
         f"~{duration(part['seconds_up_to'])} if a repair is found (the others are then tried "
         "again on it)",

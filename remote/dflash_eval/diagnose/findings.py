@@ -159,6 +159,17 @@ def _delta(repair: dict[str, Any]) -> str:
     return f"τ {_interval(repair['delta_tau'])}{share}"
 
 
+def _fix(repair: dict[str, Any]) -> str:
+    """What to do about a repair that closes the gap."""
+    if repair["setting"] == "features_dtype":
+        return (
+            f"evaluate with {repair['value']} features: omit --target-dtype (or free memory "
+            "for it), or compute them on a features host (fab extract-features) as training did"
+        )
+    setting, value = repair["setting"], repair["value"]
+    return f"check the training run's {setting}; if it was {value}, fix the config"
+
+
 def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     """The repairs that close the gap, in the order judged (the lower bound of the share)."""
     summary = diagnosis.get("repairs") or {}
@@ -172,8 +183,7 @@ def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
                 f"{_delta(repair)} on {summary['prompts']} prompts (95 % intervals, paired; "
                 f"significant after Holm's correction over {len(tried)} repairs, p = "
                 f"{repair['p_value']:.2g}); {repair['setting']} = {repair['value']}",
-                f"check the training run's {repair['setting']}; if it was {repair['value']}, "
-                "fix the config",
+                _fix(repair),
                 setting=repair["setting"],
                 delta_tau=repair["delta_tau"],
                 gap_closed=repair["gap_closed"],
@@ -327,6 +337,8 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
             f"first run again with at least {summary['prompts_needed']} prompts "
             f"(--num-prompts); then, if still nothing: {check_next}"
         )
+    for skipped in summary.get("not_tried", []):
+        evidence += f"; not tried: {skipped['label']} ({skipped['why']})"
     title = f"no setting change closes the gap ({len(tried)} repairs tried)"
     return [finding("repair", title, evidence, check_next)]
 

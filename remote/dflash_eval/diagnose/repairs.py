@@ -1,6 +1,6 @@
-"""The repairs a diagnosis tries: one setting of the candidate's config changed at a time.
-Torch-free, so that `plan --diagnose` can count them (and estimate their time) without
-loading anything."""
+"""The repairs a diagnosis tries: one setting of the candidate's config changed at a time,
+and the target features in float32 where the run's are not. Torch-free, so that
+`plan --diagnose` can count them (and estimate their time) without loading anything."""
 
 from __future__ import annotations
 
@@ -85,6 +85,16 @@ def attention_settings(config: Settings, other: Settings | None = None) -> list[
             setting = {"setting": "is_causal", "label": label, "value": value}
             settings.append({**setting, "as_other": changed == theirs})
     return settings
+
+
+def dtype_settings(features_dtype: str, drifts: bool) -> list[dict[str, Any]]:
+    """The target features in float32 when the run's are in another dtype and `drifts` (a
+    linear-attention layer feeds them: on CPU their bf16 features drift from the ones the
+    drafter was trained on; a plain target's are the same in either dtype)."""
+    if features_dtype == "float32" or not drifts:
+        return []
+    label = f"target features in float32 (the run's: {features_dtype})"
+    return [{"setting": "features_dtype", "label": label, "value": "float32"}]
 
 
 def _kinds(config: Settings) -> list[str]:

@@ -16,9 +16,11 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_eval.contract.progress import Progress
 from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
 from dflash_eval.diagnose.dry_run import make_diagnose_plan
-from dflash_eval.diagnose.repairs import attention_settings, repair_settings
+from dflash_eval.diagnose.repairs import attention_settings, dtype_settings, repair_settings
 from dflash_eval.diagnose.stats import paired_difference
 from dflash_eval.run.options import EvalOptions
+from dflash_eval.target.features import float32_shortfall
+from safetensors import safe_open
 
 from dflash_lab.faulty import build_faulty_drafter, edited_drafter
 
@@ -29,6 +31,7 @@ from .helpers import (
     save_training_checkpoint,
     small_config,
 )
+from .test_plan import facts as plan_facts
 
 
 def _diagnose(lab, tmp_path, candidate):
@@ -233,6 +236,46 @@ def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
     top = diagnosis["findings"][0]
     assert top["area"] == "features", summary_lines(diagnosis)
     assert top["title"] == "bfloat16 features of a linear-attention target on CPU"
+    # ... and float32 features are tried as a repair, measured like any other
+    label = "target features in float32 (the run's: bfloat16)"
+    [tried] = [r for r in diagnosis["repairs"]["tried"] if r["setting"] == "features_dtype"]
+    assert tried["label"] == label and tried["delta_tau"]["low"] is not None
+    assert diagnosis["repairs"]["not_tried"] == []
+    stored = {_stored_dtype(path) for path in (tmp_path / "cache" / "hidden").iterdir()}
+    assert stored == {"torch.bfloat16", "torch.float32"}  # the repair read float32 ones
+    # the dry run plans it, or says why not where float32 weights do not fit
+    roomy = make_diagnose_plan(options, plan_facts())["diagnose"]
+    assert label in roomy["labels"] and roomy["not_tried"] == []
+    tight = make_diagnose_plan(options, plan_facts(available_kb=1))["diagnose"]
+    assert label not in tight["labels"]
+    [skipped] = tight["not_tried"]
+    assert skipped["label"] == label and "this host has 0.0 GiB available" in skipped["why"]
+    assert roomy["seconds"] > tight["seconds"]
+
+
+def _stored_dtype(entry) -> str:
+    with safe_open(str(entry), "pt") as stored:
+        return json.loads(stored.metadata()["key"])["target_dtype"]
+
+
+def test_float32_features_are_a_repair_only_where_the_runs_drift_with_their_dtype():
+    assert dtype_settings("float32", drifts=True) == []
+    assert dtype_settings("bfloat16", drifts=False) == []  # a plain Qwen3's are the same
+    [setting] = dtype_settings("bfloat16", drifts=True)
+    assert setting == {
+        "setting": "features_dtype",
+        "label": "target features in float32 (the run's: bfloat16)",
+        "value": "float32",
+    }
+
+
+def test_float32_weights_fit_with_their_margin_or_the_shortfall_says_how_much():
+    gib = 2**30
+    assert float32_shortfall("bfloat16", 10 * gib, 23 * gib) is None  # 10 × 2 × 1.1 = 22
+    assert float32_shortfall("bfloat16", 10 * gib, 21 * gib) == (
+        "float32 weights need about 22.0 GiB; this host has 21.0 GiB available"
+    )
+    assert "this host has unknown available" in float32_shortfall("float32", gib, None)
 
 
 def test_a_candidate_with_nan_weights_is_named_so_not_as_a_strict_load_failure(lab, tmp_path):
