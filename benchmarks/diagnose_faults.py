@@ -53,6 +53,14 @@ def _trained(fault: str, against: int = 6000) -> Callable[[Any], tuple[Path, Pat
     return lambda lab: (build_faulty_drafter(lab, fault), lab.checkpoints[against])
 
 
+def _context(fault: str) -> Callable[[Any], tuple[Path, Path]]:
+    """A fault trained on the context lab, held to that lab's own drafter."""
+    from dflash_lab.context_models import DRAFTER_STEP
+    from dflash_lab.faulty import build_faulty_drafter
+
+    return lambda lab: (build_faulty_drafter(lab, fault), lab.checkpoints[DRAFTER_STEP])
+
+
 CASES = {
     "block-size-down": Case(_edit("block-size-down"), _repair_of("block_size")),
     # Drafting 16 slots with the lab's B = 8 drafter raises its τ (3.90 vs 3.34): there is no
@@ -63,21 +71,25 @@ CASES = {
     "mask-token": Case(_edit("mask-token"), _repair_of("mask_token_id")),
     "less-trained": Case(
         lambda lab: (lab.checkpoints[2000], lab.checkpoints[6000]),
-        lambda f: f["title"].startswith("no setting change closes the gap"),
+        lambda f: f["title"].startswith("less trained: "),
     ),
     "block-size-trained": Case(_trained("block-size"), _repair_of("block_size")),
     "soft-target": Case(_trained("soft-target"), lambda f: f["area"] == "calibration"),
     "fc-width": Case(_trained("fc-width"), lambda f: f["title"].startswith("fc reads 3")),
-    "layer-ids": Case(lambda lab: _layer_ids(lab), _repair_of("target_layer_ids"), lab="context"),
+    "layer-ids": Case(_context("layer-ids"), _repair_of("target_layer_ids"), lab="context"),
+    # The repair that names the loss layer [1, 5], not merely some change of the layer ids.
+    "loss-layer": Case(
+        _context("loss-layer"),
+        lambda f: _repair_of("target_layer_ids")(f) and "the loss layer" in f["title"],
+        lab="context",
+    ),
+    "feature-noise": Case(
+        _context("feature-noise"),
+        lambda f: f["area"] == "features" and "gains less from the target features" in f["title"],
+        lab="context",
+    ),
 }
 SMOKE_FAULTS = "block-size-down,mask-token"
-
-
-def _layer_ids(lab: Any) -> tuple[Path, Path]:
-    from dflash_lab.context_models import DRAFTER_STEP
-    from dflash_lab.faulty import build_faulty_drafter
-
-    return build_faulty_drafter(lab, "layer-ids"), lab.checkpoints[DRAFTER_STEP]
 
 
 def diagnose(lab: Any, case: Case, root: Path, prompts: int, tokens: int) -> dict[str, Any]:

@@ -11,7 +11,14 @@ Each fault is a training recipe plus what its checkpoint then claims (the config
   greedy token: flat, under-confident slots. The lab target is near one-hot at temperature
   2 (mean top-1 probability 0.9999, so that fault changes nothing here); at 8 its mean top-1
   is 0.33, about as flat as a real target's at 2, so the lab uses 8;
-- fc-width: trained on three target layers 1,3,5 (`fc` is 3·H wide); its config names two.
+- fc-width: trained on three target layers 1,3,5 (`fc` is 3·H wide); its config names two;
+- feature-noise: trained on target features with Gaussian noise added (σ = 16 times their
+  standard deviation; at 1 the noise only regularises, at 4 it still reads them 0.83 as much
+  as the reference does, and neither is measurably behind it);
+  eval feeds clean ones. No setting repairs it: its signature is that zeroing the features
+  costs it far less τ than the reference;
+- loss-layer: `fc` trained over layers 1,5, where 5 is the target's last (the loss layer, whose
+  output the logits come from); its config names 1,3. Repaired by the loss layer as the last id.
 
 Config edits are a copy of the lab's own step-6000 drafter with one value of its config (and
 training args) changed, as a user who edits a config by hand would leave it (`EDITS`):
@@ -69,6 +76,20 @@ FAULTS = {
         {"target_layer_ids": [1, 3]},
         "fc trained over target layers [1, 3, 5], config names [1, 3]",
         step=40,  # one real step: the fault is in the shapes, not in what was learnt
+    ),
+    # Both on the context lab: the main lab's drafters use no features, so neither fault
+    # changes anything there.
+    "feature-noise": Fault(
+        Training(feature_noise=16.0),
+        {},
+        "trained on target features with Gaussian noise of 16 times their standard deviation",
+        step=CONTEXT_STEP,
+    ),
+    "loss-layer": Fault(
+        Training(layer_ids=(1, 5)),
+        {"target_layer_ids": [1, 3]},
+        "fc trained over target layers [1, 5] (5: the loss layer), config names [1, 3]",
+        step=CONTEXT_STEP,
     ),
 }
 

@@ -84,6 +84,9 @@ class Training:
     # and the window of the sliding ones.
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
+    # Gaussian noise added to the target features the drafter is trained on, as a fraction of
+    # their standard deviation (a training-side bug: eval feeds clean features).
+    feature_noise: float | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,9 @@ def train_drafter(
     with torch.no_grad():
         out = target(sequences, output_hidden_states=True)
     features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)  # [S, T, K·H]
+    if training.feature_noise:
+        noise = torch.randn(features.shape, generator=generator)
+        features = features + training.feature_noise * features.std() * noise
     config = _drafter_config(target, tokenizer, layer_ids, training)
     drafter = DFlashDrafter(config)
     for parameter in drafter.parameters():

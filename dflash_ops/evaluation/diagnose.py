@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash_eval.contract import reading
+
 from dflash_ops.core.errors import EvalFailed, HostError, OpsError, ResultsError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import EvalHost, Inventory
@@ -90,7 +92,9 @@ def run_diagnose(
         if run.state != "succeeded":
             raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
         pulled = inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json"
-        return with_served_findings(pulled, read_diagnosis(pulled), inventory.local.results, step)
+        trend = step_trend(inventory.local.results, inventory.training_run, step)
+        diagnosis = with_trend(pulled, read_diagnosis(pulled), trend, step)
+        return with_served_findings(pulled, diagnosis, inventory.local.results, step)
     finally:
         host.close()
 
@@ -134,6 +138,20 @@ def _named(against: str | int) -> str:
     return "reference" if against == "reference" else f"step {against}"
 
 
+def with_trend(
+    pulled: Path, diagnosis: dict[str, Any], trend: dict[str, Any] | None, step: int
+) -> dict[str, Any]:
+    """The diagnosis with τ by step of the candidate's training run (`step_trend`'s), ranked
+    first as "less trained" when it rises measurably after the step, written into the pulled
+    diagnose.json too: the report and any later reader see it, not only this terminal."""
+    diagnosis["step_trend"] = trend
+    less_trained = trend_finding(trend, step, diagnosis["findings"]) if trend else None
+    if less_trained is not None:
+        diagnosis["findings"] = ranked_with(diagnosis["findings"], less_trained)
+    write_atomic(pulled, json.dumps(diagnosis, indent=2) + "\n")
+    return diagnosis
+
+
 def with_served_findings(
     pulled: Path, diagnosis: dict[str, Any], results_root: Path, step: int
 ) -> dict[str, Any]:
@@ -160,23 +178,64 @@ def read_diagnosis(path: Path) -> dict[str, Any]:
 
 def step_trend(results_root: Path, training_run: str | None, step: int) -> dict[str, Any] | None:
     """τ by step over the runs already pulled for the candidate's training run (its largest
-    comparable group, the latest run of each step): when no repair closes a gap, whether τ
-    still rises after the candidate's step says "an earlier step of a run still improving".
-    None: fewer than two steps pulled, or none after the candidate's."""
+    comparable group, the latest run of each step), with each step's 95 % interval where its
+    run has one: when no repair closes a gap, whether τ still rises after the candidate's step
+    says "an earlier step of a run still improving". None: fewer than two steps pulled, or
+    none after the candidate's."""
     try:
         comparison = results.compare(results.load_runs(results_root), training_run=training_run)
     except ResultsError:
         return None
-    by_step = {row.step: row.metrics["tau_macro"] for row in comparison.within().rows if row.step}
+    rows = {row.step: row for row in comparison.within().rows if row.step}
+    by_step = {s: row.metrics["tau_macro"] for s, row in rows.items()}
     later = {s: tau for s, tau in by_step.items() if s > step}
     if len(by_step) < 2 or not later or step not in by_step:
         return None
     best = max(later, key=later.get)
+    intervals = {s: reading.overall_interval(row.done) for s, row in sorted(rows.items())}
     return {
         "taus": dict(sorted(by_step.items())),
+        "intervals": {s: [i["low"], i["high"]] if i else None for s, i in intervals.items()},
         "rises": later[best] > by_step[step],
         "best_later_step": best,
     }
+
+
+def trend_finding(
+    trend: dict[str, Any], step: int, findings: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """ "Less trained", when no setting change closes the gap and a later step's τ interval of
+    the same training run lies wholly above the candidate's; None otherwise (a rise within the
+    intervals is not evidence, and a candidate that does not load or holds NaN is not merely
+    behind)."""
+    if any(f.get("setting") or f["area"] in ("loading", "weights") for f in findings):
+        return None
+    later = trend["best_later_step"]
+    mine, theirs = trend["intervals"].get(step), trend["intervals"].get(later)
+    if not trend["rises"] or mine is None or theirs is None or None in (*mine, *theirs):
+        return None
+    if theirs[0] <= mine[1]:
+        return None
+    taus = trend["taus"]
+    return {
+        "area": "training",
+        "title": (
+            f"less trained: step {step} is an earlier step of a run that is still improving "
+            f"(τ {taus[step]:.2f} → {taus[later]:.2f} at step {later})"
+        ),
+        "evidence": (
+            f"the pulled runs of this training run (one comparable group): step {step} τ "
+            f"{taus[step]:.2f} [{mine[0]:.2f}, {mine[1]:.2f}], step {later} τ "
+            f"{taus[later]:.2f} [{theirs[0]:.2f}, {theirs[1]:.2f}] (95 %): the intervals do "
+            "not overlap, and no setting change closes the gap"
+        ),
+        "check_next": "train on, or evaluate a later step; fab compare shows τ by step",
+    }
+
+
+def ranked_with(findings: list[dict[str, Any]], first: dict[str, Any]) -> list[dict[str, Any]]:
+    """`first` ranked first, the findings after it renumbered."""
+    return [{**f, "rank": rank} for rank, f in enumerate([first, *findings], start=1)]
 
 
 def trend_line(trend: dict[str, Any], step: int) -> str:

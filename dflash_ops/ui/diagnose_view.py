@@ -17,7 +17,6 @@ from dflash_ops.evaluation.diagnose import (
     parse_against,
     plan_diagnose,
     run_diagnose,
-    step_trend,
     trend_line,
 )
 from dflash_ops.evaluation.run import TransferProgress
@@ -57,9 +56,13 @@ def diagnose_plan_lines(part: dict) -> list[str]:
     if part["repairs"] is None:
         return [f"  repairs: {part['note']} ({part['prompts']} prompts)"]
     labels = "; ".join(shown(label) for label in part["labels"])
+    skipped = [
+        f"  not tried: {shown(s['label'])} ({shown(s['why'])})" for s in part.get("not_tried", [])
+    ]
     return [
         f"  repairs: {part['repairs']} × {part['prompts']} prompts = {part['walks']} walks "
         f"of the candidate: {labels}",
+        *skipped,
         f"  diagnose time: ~{duration(part['seconds'])} on {part['threads']} threads, up to "
         f"~{duration(part['seconds_up_to'])} if a repair is found (the others are then tried "
         "again on it)",
@@ -100,7 +103,7 @@ def diagnose_command(
             "its diagnose.json stays in that run's directory there"
         )
         raise SystemExit(130) from None
-    trend = step_trend(inventory.local.results, inventory.training_run, step)
+    trend = diagnosis.get("step_trend")
     if output == "json":
         print(json.dumps({**report_section(diagnosis), "step_trend": trend}, indent=2))
         return

@@ -33,7 +33,7 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.diagnose import findings, repair_stats, stats
-from dflash_eval.diagnose.repairs import repair_settings, special_tokens
+from dflash_eval.diagnose.repairs import dtype_settings, repair_settings, special_tokens
 from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.health import NonFiniteWeights
 from dflash_eval.drafter.loaders import LoadedDrafter
@@ -44,6 +44,7 @@ from dflash_eval.run.drafters import ddtree_budgets, load_for_run
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.results import write_results
 from dflash_eval.run.threads import default_threads, host_cores
+from dflash_eval.target.features import float32_shortfall, weight_bytes
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
@@ -114,10 +115,15 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     sides["candidate"]["training_run"] = run.training_run
     base = stats.per_prompt_tau(sides["candidate"].pop("_walks"))
     theirs = stats.per_prompt_tau(sides["other"].pop("_walks"))
+    with timer.phase("blind"):
+        blind = [_blind_taus(loaded, parts, head, run) for loaded in (candidate, other)]
+    for role, taus, without in (("candidate", base, blind[0]), ("other", theirs, blind[1])):
+        sides[role]["feature_reliance"] = stats.paired_difference(taus, without)
     with timer.phase("repairs"):
         repairs = _repairs(
             options, candidate, other, parts, head, tokenizer, (base, theirs), progress
         )
+    repairs["features"] = _feature_share((base, theirs), blind, repairs["tried"])
     diagnosis = {
         "format": DIAGNOSIS_FORMAT,
         "against": options.against,
@@ -170,10 +176,12 @@ def _walk(
     budgets: list[int] | None = None,
     mask_token_id: int | None = None,
     is_causal: bool | None = None,
+    blind: bool = False,
 ) -> Walked:
     """Walk every sequence with this drafter; the keywords change one setting (a repair):
     the feature layers, the block the drafter sees and the slots the walk scores, the mask
-    token of the block's unknown slots, the attention rule of every layer."""
+    token of the block's unknown slots, the attention rule of every layer; `blind`: the
+    target features zeroed (what the drafter makes of its block alone)."""
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
     mask = config.mask_token_id if mask_token_id is None else mask_token_id
@@ -188,6 +196,8 @@ def _walk(
         for done, seq in enumerate(sequences, start=1):
             assert seq.span is not None, "references are made before the walks"
             features = torch.cat([seq.hidden[i] for i in layer_ids], dim=-1).to(dtype)
+            if blind:
+                features = torch.zeros_like(features)
             predictor = stats.CalibratingPredictor(
                 loaded.model,
                 borrowed,
@@ -205,6 +215,43 @@ def _walk(
             walked.slot_stats.append(predictor.slot_stats)
             progress.progress(phase, done, len(sequences))
     return walked
+
+
+def _blind_taus(
+    loaded: LoadedDrafter,
+    parts: record.RunParts,
+    head: tuple[torch.Tensor, torch.Tensor],
+    run: EvalOptions,
+) -> list[float | None]:
+    """The drafter's per-prompt τ with the target features zeroed (what it makes of its
+    block alone), in the repairs' τ convention."""
+    quiet = Progress(quiet=True)
+    walked = _walk(loaded, parts.sequences, head, run, quiet, "blind", **REPAIR_WALK, blind=True)
+    return stats.per_prompt_tau(walked.walks)
+
+
+def _feature_share(
+    taus: tuple[list[float | None], list[float | None]],
+    blind: list[list[float | None]],
+    tried: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The share of the gap the target features account for: the candidate as if it gained
+    from its features what the other drafter gains from them (its τ without them plus the
+    other's gain), measured per prompt as a repair is and judged within the repairs' family.
+    None when no prompt gave all four walks a round."""
+    rows = [r for r in zip(*taus, *blind, strict=True) if None not in r]
+    if not rows:
+        return None
+    base, theirs, base_blind, their_blind = (list(column) for column in zip(*rows, strict=True))
+    read_as_theirs = [b + t - o for b, t, o in zip(base_blind, theirs, their_blind, strict=True)]
+    measured = repair_stats.measure("features", base, read_as_theirs, theirs)
+    judged = repair_stats.judge_within(measured, [r["p_value"] for r in tried])
+    return {
+        "prompts": len(rows),
+        "tau": _mean(read_as_theirs),
+        "tau_blind": {"candidate": _mean(base_blind), "other": _mean(their_blind)},
+        **repair_stats.as_dict(judged),
+    }
 
 
 @contextmanager
@@ -246,16 +293,24 @@ def _repairs(
         head[0].shape[0],
         special_tokens(tokenizer),
     )
+    source, layers = parts.target, _layers_read(settings, config)
+    float32, not_tried = _float32_features(source, layers)
+    settings += float32
     known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
     if not known:  # no prompt gave both drafters a round: nothing to measure a repair on
         settings = []
     base, theirs = ([t[i] for i in known] for t in taus)
-    layers = sorted({i for p in settings if p["setting"] == "target_layer_ids" for i in p["value"]})
-    sequences = _with_layers(parts, sorted({*layers, *config.target_layer_ids}), options)
+    sequences = {source.dtype_choice.name: _with_layers(parts, layers, options)}
     quiet = Progress(quiet=True)
 
     def repaired(changes: dict[str, Any]) -> list[float]:
-        walked = _walk(candidate, sequences, head, run, quiet, "repair", **REPAIR_WALK, **changes)
+        dtype = changes.get("features_dtype", source.dtype_choice.name)
+        if dtype not in sequences:  # computed once, when a repair first asks for them
+            sequences[dtype] = _with_layers(parts, layers, options, dtype)
+        kept = {k: v for k, v in changes.items() if k != "features_dtype"}
+        walked = _walk(
+            candidate, sequences[dtype], head, run, quiet, "repair", **REPAIR_WALK, **kept
+        )
         every = stats.per_prompt_tau(walked.walks)
         return [every[i] for i in known]
 
@@ -271,11 +326,34 @@ def _repairs(
         "detectable_sd": repair_stats.detectable_effect(len(known), len(settings)),
         "prompts_needed": repair_stats.prompts_needed(len(settings)) if settings else None,
         "tried": tried,
+        "not_tried": not_tried,
         "combined": None,
     }
     if tried and tried[0]["verdict"] == repair_stats.FINDING:
         summary["combined"] = _combined(tried[0], settings, base, theirs, repaired, progress)
     return summary
+
+
+def _float32_features(
+    source: TargetSource, layers: list[int]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The repair "target features in float32", where the run's drift with their dtype: to
+    try, or not tried (with why) when the target's float32 weights do not fit in the memory
+    the run's own dtype choice measured."""
+    float32 = dtype_settings(source.dtype_choice.name, source.config.drifts_up_to(layers))
+    if not float32:
+        return [], []
+    saved = source.config.saved_dtype
+    shortfall = float32_shortfall(saved, weight_bytes(source.path), source.available_bytes)
+    if shortfall is None:
+        return float32, []
+    return [], [{**setting, "why": shortfall} for setting in float32]
+
+
+def _layers_read(settings: list[dict[str, Any]], config: Any) -> list[int]:
+    """Every target layer the candidate or a repair of its layer ids reads."""
+    moved = {i for s in settings if s["setting"] == "target_layer_ids" for i in s["value"]}
+    return sorted({*moved, *config.target_layer_ids})
 
 
 def _changes(setting: dict[str, Any]) -> dict[str, Any]:
@@ -285,7 +363,7 @@ def _changes(setting: dict[str, Any]) -> dict[str, Any]:
         return {"layer_ids": value}
     if name == "block_size":
         return {"block_size": value, "walk_block": value}
-    return {name: value}
+    return {name: value}  # the mask token, the attention rule, the features' dtype
 
 
 def _judged(
@@ -339,14 +417,16 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _with_layers(
-    parts: record.RunParts, layers: list[int], options: DiagnoseOptions
+    parts: record.RunParts, layers: list[int], options: DiagnoseOptions, dtype: str | None = None
 ) -> list[pipeline.Sequence]:
-    """The run's sequences with the hidden states of every layer a repair reads: from the
-    cache, else computed by a fresh target (the run's own was released after its phase)."""
+    """The run's sequences with the hidden states of every layer a repair reads, in the run's
+    dtype or `dtype`: from the cache, else computed by a fresh target (the run's own was
+    released after its phase)."""
     sequences = [dataclasses.replace(seq, hidden={}) for seq in parts.sequences]
     quiet = Progress(quiet=True)
-    lookup = dataclasses.replace(parts.lookup, layer_ids=layers)
-    source = TargetSource(options.run.target, options.run.target_dtype, Timer(), quiet)
+    source = TargetSource(options.run.target, dtype or options.run.target_dtype, Timer(), quiet)
+    shared = {**parts.lookup.shared_key, "target_dtype": str(source.dtype)}
+    lookup = dataclasses.replace(parts.lookup, layer_ids=layers, shared_key=shared)
     pipeline.hidden_states(sequences, lookup, source, quiet)
     return sequences
 

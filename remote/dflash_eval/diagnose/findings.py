@@ -8,22 +8,28 @@ Each finding: `area`, `title`, `evidence` (with its numbers) and `check_next`. T
    repair tried, and at least the minimum effect), by the lower bound of the share of the gap
    each closes; such a finding carries `delta_tau` and `gap_closed` (value, low, high);
 3. the training-side signatures, each with its number: features outside the fidelity bounds,
-   flat, under-confident slots (a soft-target loss);
+   flat, under-confident slots (a soft-target loss), the other drafter a later step of the
+   candidate's own run (less trained) or an earlier one (the run got worse), a gain from the
+   target features (τ with them minus τ without) smaller than the other's that accounts for
+   most of the gap (noisy training features);
 4. when repairs were tried and none closes the gap: that fact, with the largest Δτ measured
    (with no signature above it: the drafter is less trained, or differs in its training);
-   then the rest of the evidence: over-confidence, near misses, untrained modules, where in
-   the block and in the completion the gap opens, one prompt set;
+   then the rest of the evidence: a smaller gain from the features that accounts for part of
+   the gap, over-confidence, near misses, untrained modules, where in the block and in the
+   completion the gap opens, one prompt set;
 5. configuration differences from the other drafter, each with what its repair measured;
 6. no measurable gap.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from dflash_eval.diagnose.finding import Finding, finding
-from dflash_eval.diagnose.repair_stats import DETECTABLE_SD, FINDING
+from dflash_eval.diagnose.repair_stats import DETECTABLE_SD, FINDING, MIN_DELTA
 from dflash_eval.diagnose.signatures import (
     calibration,
     context_slope,
@@ -34,6 +40,11 @@ from dflash_eval.diagnose.signatures import (
     prompt_sets,
     weight_health,
 )
+
+# A gain from the features that accounts for at least this share of the gap (its lower bound)
+# comes before "no setting change closes the gap": the gap is mostly in what they give.
+MOST_OF_THE_GAP = 0.5
+STEP = re.compile(r"(?:step|checkpoint)[_-]?\d+")  # a step's directory, as drafter/checkpoint.py
 
 
 def rank(diagnosis: dict[str, Any]) -> list[Finding]:
@@ -148,6 +159,17 @@ def _delta(repair: dict[str, Any]) -> str:
     return f"τ {_interval(repair['delta_tau'])}{share}"
 
 
+def _fix(repair: dict[str, Any]) -> str:
+    """What to do about a repair that closes the gap."""
+    if repair["setting"] == "features_dtype":
+        return (
+            f"evaluate with {repair['value']} features: omit --target-dtype (or free memory "
+            "for it), or compute them on a features host (fab extract-features) as training did"
+        )
+    setting, value = repair["setting"], repair["value"]
+    return f"check the training run's {setting}; if it was {value}, fix the config"
+
+
 def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     """The repairs that close the gap, in the order judged (the lower bound of the share)."""
     summary = diagnosis.get("repairs") or {}
@@ -161,8 +183,7 @@ def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
                 f"{_delta(repair)} on {summary['prompts']} prompts (95 % intervals, paired; "
                 f"significant after Holm's correction over {len(tried)} repairs, p = "
                 f"{repair['p_value']:.2g}); {repair['setting']} = {repair['value']}",
-                f"check the training run's {repair['setting']}; if it was {repair['value']}, "
-                "fix the config",
+                _fix(repair),
                 setting=repair["setting"],
                 delta_tau=repair["delta_tau"],
                 gap_closed=repair["gap_closed"],
@@ -188,6 +209,104 @@ def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
             ),
         )
     return found
+
+
+def same_run(diagnosis: dict[str, Any]) -> list[Finding]:
+    """The other drafter is another step of the candidate's own training run and no setting
+    change closes the gap: the gap is what training did between the two steps (on, when the
+    other is later: an earlier step of a run still improving; back, when it is earlier)."""
+    mine, theirs, gap = diagnosis["candidate"], diagnosis["other"], diagnosis["gap"]
+    if any(r["verdict"] == FINDING for r in _repairs(diagnosis)) or not _behind(gap):
+        return []
+    steps = mine.get("step"), theirs.get("step")
+    run = _run_directory(mine["checkpoint"])
+    if None in steps or steps[0] == steps[1] or run is None:
+        return []
+    if run != _run_directory(theirs["checkpoint"]):
+        return []
+    mine_step, their_step = steps
+    measured = (
+        f"{diagnosis['against']} is step {their_step} of the candidate's own training run "
+        f"({run}); τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over "
+        f"{gap['prompts']} prompts, and no setting change closes it"
+    )
+    if their_step > mine_step:
+        return [
+            finding(
+                "training",
+                f"less trained: step {mine_step} is an earlier step of a run that is still "
+                f"improving (step {their_step} is ahead by τ {gap['mean']:+.2f})",
+                measured,
+                "train on, or evaluate a later step; fab compare shows τ across the run's steps",
+            )
+        ]
+    return [
+        finding(
+            "training",
+            f"the run got worse: step {mine_step} is behind its own earlier step {their_step} "
+            f"by τ {gap['mean']:+.2f}",
+            measured,
+            f"read the training metrics between steps {their_step} and {mine_step} (loss "
+            "spikes, the learning-rate schedule, the data); until then, use the earlier step",
+        )
+    ]
+
+
+def _run_directory(checkpoint: str) -> PurePath | None:
+    """The directory that holds a checkpoint's step directory (`RUN/step_N/checkpoint.pt`,
+    `RUN/checkpoint-N/`): one training run's steps share it, as the trainer and the staging
+    lay them out. None when no part of the path names a step."""
+    path = PurePath(checkpoint)
+    return next((part.parent for part in (path, *path.parents) if STEP.fullmatch(part.name)), None)
+
+
+def _features_read_less(diagnosis: dict[str, Any], most: bool) -> list[Finding]:
+    """The candidate gains less τ from the target features than the other drafter does (a
+    drafter trained on noisy features learnt to read them little), measured as the share of
+    the gap that gain accounts for; `most`: only when that share is at least MOST_OF_THE_GAP
+    (it then comes before "no setting change"), else only when it is less. Not for a
+    candidate at its floor (τ within MIN_DELTA of 1): the share would only restate the gap."""
+    summary = diagnosis.get("repairs") or {}
+    measured = summary.get("features")
+    if not measured or measured["verdict"] != FINDING or measured["gap_closed"] is None:
+        return []
+    if summary["tau_candidate"] - 1.0 < MIN_DELTA:  # at its floor it gains nothing from anything
+        return []
+    low = measured["gap_closed"]["low"]
+    if most != (low is not None and low >= MOST_OF_THE_GAP):
+        return []
+    mine = diagnosis["candidate"]["feature_reliance"]
+    theirs = diagnosis["other"]["feature_reliance"]
+    against, tried = diagnosis["against"], len(_repairs(diagnosis)) + 1
+    blind = measured["tau_blind"]
+    return [
+        finding(
+            "features",
+            f"the candidate gains less from the target features than {against}: "
+            f"{_interval(measured['gap_closed'], percent=True)} of the gap",
+            f"zeroing the target features costs the candidate τ {mine['mean']:+.2f} ± "
+            f"{mine['half_width']:.2f} and {against} τ {theirs['mean']:+.2f} ± "
+            f"{theirs['half_width']:.2f} (without them: τ {blind['candidate']:.2f} and "
+            f"{blind['other']:.2f}); the candidate with {against}'s gain from them: "
+            f"{_delta(measured)} on {measured['prompts']} prompts (95 % intervals, paired; "
+            f"significant after Holm's correction over {tried} measurements, p = "
+            f"{measured['p_value']:.2g})",
+            "check the training run's features: noise or dropout on the target's hidden "
+            "states, features from other layers or positions; an earlier step that has not "
+            "yet learnt to read them shows the same (compare τ across its steps)",
+            delta_tau=measured["delta_tau"],
+            gap_closed=measured["gap_closed"],
+            repairs_tried=tried,
+        )
+    ]
+
+
+def features_read_less(diagnosis: dict[str, Any]) -> list[Finding]:
+    return _features_read_less(diagnosis, most=True)
+
+
+def features_read_less_in_part(diagnosis: dict[str, Any]) -> list[Finding]:
+    return _features_read_less(diagnosis, most=False)
 
 
 def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
@@ -218,6 +337,8 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
             f"first run again with at least {summary['prompts_needed']} prompts "
             f"(--num-prompts); then, if still nothing: {check_next}"
         )
+    for skipped in summary.get("not_tried", []):
+        evidence += f"; not tried: {skipped['label']} ({skipped['why']})"
     title = f"no setting change closes the gap ({len(tried)} repairs tried)"
     return [finding("repair", title, evidence, check_next)]
 
@@ -246,7 +367,10 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     repairs,
     features,
     flat_slots,
+    same_run,
+    features_read_less,
     nothing_repairs,
+    features_read_less_in_part,
     calibration,
     weight_health,
     gap_opening,

@@ -16,6 +16,7 @@ as the candidate and the other drafter. Per prompt i: `base_i` (the candidate's 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -226,6 +227,14 @@ def judge(repairs: Sequence[Repair], alpha: float = ALPHA) -> list[Repair]:
         return (repair.verdict != FINDING, -low, -repair.delta_tau.value)
 
     return sorted(judged, key=order)
+
+
+def judge_within(measured: Repair, family: Sequence[float], alpha: float = ALPHA) -> Repair:
+    """One more measurement judged as a repair, with Holm's correction over the family of
+    p-values already tried and its own."""
+    rejected = holm([*family, measured.p_value], alpha)[-1]
+    verdict = FINDING if rejected and _large_enough(measured) else NO_EFFECT
+    return dataclasses.replace(measured, verdict=verdict)
 
 
 def detectable_effect(prompts: int, repairs: int, alpha: float = ALPHA) -> float | None:

@@ -1,6 +1,6 @@
-"""The repairs a diagnosis tries: one setting of the candidate's config changed at a time.
-Torch-free, so that `plan --diagnose` can count them (and estimate their time) without
-loading anything."""
+"""The repairs a diagnosis tries: one setting of the candidate's config changed at a time,
+and the target features in float32 where the run's are not. Torch-free, so that
+`plan --diagnose` can count them (and estimate their time) without loading anything."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def repair_settings(
     special_tokens: dict[str, int],
 ) -> list[dict[str, Any]]:
     """One setting changed at a time: the target layer ids (each ±1, all ±1, the default
-    rule's, the other drafter's), the block size (half, double, the other's), the mask token
-    (the other drafter's, the tokenizer's special tokens) and the attention rule (every layer
-    causal, or none); never the candidate's own."""
+    rule's, the other drafter's, the loss layer as the last), the block size (half, double,
+    the other's), the mask token (the other drafter's, the tokenizer's special tokens) and the
+    attention rule (every layer causal, or none); never the candidate's own."""
     layer_ids = list(config.target_layer_ids)
     layer_choices: list[tuple[str, list[int]]] = []
     for index, layer in enumerate(layer_ids):
@@ -44,6 +44,10 @@ def repair_settings(
     default = default_target_layer_ids(num_layers, len(layer_ids))
     layer_choices.append(("the default rule's target layer ids", default))
     layer_choices.append((f"{OTHER}'s target layer ids", list(other.target_layer_ids)))
+    # A drafter trained with the loss layer (the one the target's logits come from) among its
+    # feature layers, under a config that names the usual ones.
+    loss_layer = [*layer_ids[:-1], num_layers - 1]
+    layer_choices.append((f"the loss layer {num_layers - 1} as the last target layer", loss_layer))
     settings, seen = [], {tuple(layer_ids)}
     for label, ids in layer_choices:
         fits = len(ids) == len(layer_ids) and all(0 <= i < num_layers for i in ids)
@@ -81,6 +85,16 @@ def attention_settings(config: Settings, other: Settings | None = None) -> list[
             setting = {"setting": "is_causal", "label": label, "value": value}
             settings.append({**setting, "as_other": changed == theirs})
     return settings
+
+
+def dtype_settings(features_dtype: str, drifts: bool) -> list[dict[str, Any]]:
+    """The target features in float32 when the run's are in another dtype and `drifts` (a
+    linear-attention layer feeds them: on CPU their bf16 features drift from the ones the
+    drafter was trained on; a plain target's are the same in either dtype)."""
+    if features_dtype == "float32" or not drifts:
+        return []
+    label = f"target features in float32 (the run's: {features_dtype})"
+    return [{"setting": "features_dtype", "label": label, "value": "float32"}]
 
 
 def _kinds(config: Settings) -> list[str]:

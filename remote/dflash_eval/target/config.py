@@ -53,6 +53,11 @@ class TargetConfig:
         """Decoder layers with linear attention (Qwen3.5/3.6), whose CPU kernel drifts."""
         return [i for i, kind in enumerate(self.layer_types) if kind == LINEAR_ATTENTION]
 
+    def drifts_up_to(self, layer_ids: list[int]) -> bool:
+        """Whether a linear-attention layer feeds any of these layers' hidden states: their
+        features then depend on the kernel and dtype they are computed with."""
+        return any(i <= max(layer_ids) for i in self.linear_attention_layers)
+
 
 def read_target_config(path: Path) -> TargetConfig:
     """The target directory's config.json through transformers' own config class."""

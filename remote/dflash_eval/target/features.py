@@ -132,6 +132,16 @@ class DtypeChoice:
     source: str  # why: what was asked, or the rule that chose it
 
 
+def float32_shortfall(saved: str, saved_bytes: int, available: int | None) -> str | None:
+    """Why the target's weights in float32 do not fit in `available` bytes (None: they do)."""
+    needed = saved_bytes * BYTES_PER_ELEMENT["float32"] / BYTES_PER_ELEMENT.get(saved, 2)
+    needed *= FLOAT32_MARGIN
+    if available is not None and available >= needed:
+        return None
+    shown = "unknown" if available is None else f"{available / 2**30:.1f} GiB"
+    return f"float32 weights need about {needed / 2**30:.1f} GiB; this host has {shown} available"
+
+
 def choose_target_dtype(
     requested: str,
     saved: str,
@@ -146,17 +156,15 @@ def choose_target_dtype(
         return DtypeChoice(requested, "--target-dtype")
     if device != "cpu" or not config.linear_attention_layers or saved == "float32":
         return DtypeChoice(saved, "auto: as saved")
-    needed = int(saved_bytes * BYTES_PER_ELEMENT["float32"] / BYTES_PER_ELEMENT.get(saved, 2))
-    if available is not None and available >= needed * FLOAT32_MARGIN:
+    shortfall = float32_shortfall(saved, saved_bytes, available)
+    if shortfall is None:
         return DtypeChoice("float32", "auto: float32 for linear attention on CPU")
-    shown = "unknown" if available is None else f"{available / 2**30:.1f} GiB"
     raise HarnessError(
         f"This target has linear-attention layers: on CPU their {saved} features drift far "
         f"from the GPU kernels the drafter was trained with, so the harness computes them in "
-        f"float32, which needs about {needed * FLOAT32_MARGIN / 2**30:.1f} GiB; this host has "
-        f"{shown} available. Compute the features on a features host (fab extract-features), "
-        f"or pass --target-dtype {saved} to accept the drift (the run then measures it and "
-        "warns), or free memory."
+        f"float32: {shortfall}. Compute the features on a features host (fab "
+        f"extract-features), or pass --target-dtype {saved} to accept the drift (the run "
+        "then measures it and warns), or free memory."
     )
 
 
@@ -165,8 +173,7 @@ def choose_target_dtype(
 
 def fidelity_needed(config: TargetConfig, layer_ids: list[int], dtype: str) -> str | None:
     """Why no fidelity check is needed (None: it is)."""
-    linear = config.linear_attention_layers
-    if not any(i <= max(layer_ids) for i in linear):
+    if not config.drifts_up_to(layer_ids):
         return "no linear-attention layer up to the deepest target layer"
     if dtype == "float32" and all(
         expected(k) == TORCH_FALLBACK for k in (LINEAR_ATTENTION, CONV1D)

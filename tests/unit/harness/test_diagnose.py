@@ -16,9 +16,11 @@ from dflash_eval.contract.diagnose_summary import report_section, summary_lines
 from dflash_eval.contract.progress import Progress
 from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
 from dflash_eval.diagnose.dry_run import make_diagnose_plan
-from dflash_eval.diagnose.repairs import attention_settings, repair_settings
+from dflash_eval.diagnose.repairs import attention_settings, dtype_settings, repair_settings
 from dflash_eval.diagnose.stats import paired_difference
 from dflash_eval.run.options import EvalOptions
+from dflash_eval.target.features import float32_shortfall
+from safetensors import safe_open
 
 from dflash_lab.faulty import build_faulty_drafter, edited_drafter
 
@@ -29,6 +31,7 @@ from .helpers import (
     save_training_checkpoint,
     small_config,
 )
+from .test_plan import facts as plan_facts
 
 
 def _diagnose(lab, tmp_path, candidate):
@@ -160,6 +163,9 @@ def test_repairs_change_one_setting_at_a_time_within_the_target():
     layer_sets = [p["value"] for p in repairs if p["setting"] == "target_layer_ids"]
     assert [0, 3] in layer_sets and [1, 4] in layer_sets and [2, 4] in layer_sets
     assert [2, 5] in layer_sets  # the other drafter's
+    # the loss layer (the target's last, 5) in place of the last id: an fc trained on it
+    loss = next(p for p in repairs if p["label"].startswith("the loss layer"))
+    assert loss["value"] == [1, 5] and loss["label"] == "the loss layer 5 as the last target layer"
     assert all(0 <= i < 6 for ids in layer_sets for i in ids)
     assert [1, 3] not in layer_sets  # the configured ids are the base, not a repair
     assert len(layer_sets) == len({tuple(ids) for ids in layer_sets})
@@ -230,6 +236,46 @@ def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
     top = diagnosis["findings"][0]
     assert top["area"] == "features", summary_lines(diagnosis)
     assert top["title"] == "bfloat16 features of a linear-attention target on CPU"
+    # ... and float32 features are tried as a repair, measured like any other
+    label = "target features in float32 (the run's: bfloat16)"
+    [tried] = [r for r in diagnosis["repairs"]["tried"] if r["setting"] == "features_dtype"]
+    assert tried["label"] == label and tried["delta_tau"]["low"] is not None
+    assert diagnosis["repairs"]["not_tried"] == []
+    stored = {_stored_dtype(path) for path in (tmp_path / "cache" / "hidden").iterdir()}
+    assert stored == {"torch.bfloat16", "torch.float32"}  # the repair read float32 ones
+    # the dry run plans it, or says why not where float32 weights do not fit
+    roomy = make_diagnose_plan(options, plan_facts())["diagnose"]
+    assert label in roomy["labels"] and roomy["not_tried"] == []
+    tight = make_diagnose_plan(options, plan_facts(available_kb=1))["diagnose"]
+    assert label not in tight["labels"]
+    [skipped] = tight["not_tried"]
+    assert skipped["label"] == label and "this host has 0.0 GiB available" in skipped["why"]
+    assert roomy["seconds"] > tight["seconds"]
+
+
+def _stored_dtype(entry) -> str:
+    with safe_open(str(entry), "pt") as stored:
+        return json.loads(stored.metadata()["key"])["target_dtype"]
+
+
+def test_float32_features_are_a_repair_only_where_the_runs_drift_with_their_dtype():
+    assert dtype_settings("float32", drifts=True) == []
+    assert dtype_settings("bfloat16", drifts=False) == []  # a plain Qwen3's are the same
+    [setting] = dtype_settings("bfloat16", drifts=True)
+    assert setting == {
+        "setting": "features_dtype",
+        "label": "target features in float32 (the run's: bfloat16)",
+        "value": "float32",
+    }
+
+
+def test_float32_weights_fit_with_their_margin_or_the_shortfall_says_how_much():
+    gib = 2**30
+    assert float32_shortfall("bfloat16", 10 * gib, 23 * gib) is None  # 10 × 2 × 1.1 = 22
+    assert float32_shortfall("bfloat16", 10 * gib, 21 * gib) == (
+        "float32 weights need about 22.0 GiB; this host has 21.0 GiB available"
+    )
+    assert "this host has unknown available" in float32_shortfall("float32", gib, None)
 
 
 def test_a_candidate_with_nan_weights_is_named_so_not_as_a_strict_load_failure(lab, tmp_path):
@@ -243,3 +289,19 @@ def test_a_candidate_with_nan_weights_is_named_so_not_as_a_strict_load_failure(l
     first = diagnosis["findings"][0]
     assert first["title"] == "the candidate's weights hold NaN or inf", summary_lines(diagnosis)
     assert "norm.weight" in first["evidence"] and "non-finite" in first["evidence"]
+
+
+def test_an_earlier_step_of_the_same_run_is_called_less_trained_with_no_setting_claim(
+    lab, tmp_path
+):
+    diagnosis = _diagnose(lab, tmp_path, lab.checkpoints[2000])
+    first = diagnosis["findings"][0]
+    assert first["area"] == "training", summary_lines(diagnosis)
+    assert first["title"].startswith("less trained: step 2000 is an earlier step of a run")
+    gap = diagnosis["gap"]
+    assert gap["mean"] - gap["half_width"] > 0.5  # the lab's 2000 is far behind its 6000
+    claims = [f for f in diagnosis["findings"] if f.get("setting") or f["area"] == "configuration"]
+    assert claims == [], summary_lines(diagnosis)
+    # at its floor (τ 1.03) the share of the gap in the features would only restate the gap
+    assert diagnosis["repairs"]["tau_candidate"] < 1.05
+    assert not [f for f in diagnosis["findings"] if f["area"] == "features"]

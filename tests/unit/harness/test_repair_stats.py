@@ -240,3 +240,15 @@ def test_the_prompts_needed_are_the_fewest_that_reach_the_effect():
     assert rs.prompts_needed(1, effect=0.5) > rs.prompts_needed(1)
     assert rs.prompts_needed(1, alpha=0.01) > rs.prompts_needed(1)
     assert rs.prompts_needed(1, effect=5.0) == 2  # t(0.95, 1 df) 6.31 / √2 = 4.46
+
+
+def test_one_more_measurement_is_judged_within_the_family_already_tried():
+    measured = rs.Repair("features", rs.Interval(0.4, 0.2, 0.6), rs.Interval(0.5, 0.3, 0.7), 0.02)
+    assert rs.judge_within(measured, []).verdict == rs.FINDING  # alone: 0.02 < 0.05
+    # with 3 tried whose p-values exceed 0.05 / 4 and 0.05 / 3, Holm keeps all four
+    assert rs.judge_within(measured, [0.2, 0.3, 0.4]).verdict == rs.NO_EFFECT
+    # the family's own rejections come first: 0.001 ≤ 0.05 / 2, then 0.02 ≤ 0.05 / 1
+    assert rs.judge_within(measured, [0.001]).verdict == rs.FINDING
+    small = rs.Repair("features", rs.Interval(0.04, 0.02, 0.06), None, 0.001)
+    assert rs.judge_within(small, []).verdict == rs.NO_EFFECT  # below the minimum effect
+    assert rs.judge_within(measured, []).delta_tau == measured.delta_tau
