@@ -92,8 +92,10 @@ def run_diagnose(
         if run.state != "succeeded":
             raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
         pulled = inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json"
-        trend = step_trend(inventory.local.results, inventory.training_run, step)
-        diagnosis = with_trend(pulled, read_diagnosis(pulled), trend, step)
+        diagnosis = read_diagnosis(pulled)
+        results_root, run_name = inventory.local.results, inventory.training_run
+        trend = step_trend(results_root, run_name, step, diagnosis.get("prompts"))
+        diagnosis = with_trend(pulled, diagnosis, trend, step)
         return with_served_findings(pulled, diagnosis, inventory.local.results, step)
     finally:
         host.close()
@@ -176,14 +178,19 @@ def read_diagnosis(path: Path) -> dict[str, Any]:
     return diagnosis
 
 
-def step_trend(results_root: Path, training_run: str | None, step: int) -> dict[str, Any] | None:
+def step_trend(
+    results_root: Path, training_run: str | None, step: int, prompts: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """τ by step over the runs already pulled for the candidate's training run (its largest
     comparable group, the latest run of each step), with each step's 95 % interval where its
     run has one: when no repair closes a gap, whether τ still rises after the candidate's step
-    says "an earlier step of a run still improving". None: fewer than two steps pulled, or
-    none after the candidate's."""
+    says "an earlier step of a run still improving". With the diagnosis's `prompts` record,
+    only greedy runs of the same prompts, length and thinking flag count (a trend at other
+    settings is not the diagnosis's τ). None: fewer than two steps pulled, or none after the
+    candidate's."""
+    runs = [run for run in results.load_runs(results_root) if _measured_as(run, prompts)]
     try:
-        comparison = results.compare(results.load_runs(results_root), training_run=training_run)
+        comparison = results.compare(runs, training_run=training_run)
     except ResultsError:
         return None
     rows = {row.step: row for row in comparison.within().rows if row.step}
@@ -199,6 +206,16 @@ def step_trend(results_root: Path, training_run: str | None, step: int) -> dict[
         "rises": later[best] > by_step[step],
         "best_later_step": best,
     }
+
+
+def _measured_as(run: results.RunResult, prompts: dict[str, Any] | None) -> bool:
+    if prompts is None:
+        return True
+    if run.results is None or "sampling" in run.done["metrics"]:
+        return False
+    theirs = run.done["prompts"]
+    keys = ("sha256", "max_new_tokens", "thinking")
+    return all(theirs.get(key) == prompts.get(key) for key in keys)
 
 
 def trend_finding(

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dflash_ops.evaluation import results
 from dflash_ops.evaluation.diagnose import (
     read_diagnosis,
     step_trend,
@@ -93,3 +94,16 @@ def test_no_less_trained_claim_beside_a_repair_or_a_broken_candidate(tmp_path, f
     trend = step_trend(tmp_path, None, 2000)
     shown = with_trend(pulled, read_diagnosis(pulled), trend, 2000)
     assert shown["findings"] == [{"rank": 1, **found}] and shown["step_trend"] == trend
+
+
+def test_only_runs_measured_as_the_diagnosis_make_its_trend(tmp_path):
+    """The diagnosis ran at 96 new tokens: the runs at 48 are another τ, not its trend."""
+    for step, level in ((2000, 1.5), (6000, 3.5)):
+        pull(tmp_path, step, level, prompts={"max_new_tokens": 48})
+    pull(tmp_path, 4000, 2.5)
+    [at_4000] = [run for run in results.load_runs(tmp_path) if run.step == 4000]
+    measured = at_4000.done["prompts"]
+    assert step_trend(tmp_path, None, 2000, measured) is None  # 2000 was measured otherwise
+    other = {**measured, "max_new_tokens": 48}
+    assert list(step_trend(tmp_path, None, 2000, other)["taus"]) == [2000, 6000]
+    assert list(step_trend(tmp_path, None, 2000)["taus"]) == [2000, 6000]  # largest group

@@ -91,7 +91,7 @@ def _float32_repair(
     settings: list[dict[str, Any]],
     facts: HostFacts | None,
 ) -> tuple[list[tuple[dict[str, Any], float]], list[dict[str, Any]]]:
-    """The float32-features repair as the run decides it (diagnosis._float32_features), with
+    """The float32-features repair as the run decides it (repair_runs._float32_features), with
     its cost beyond the walk: the target's hidden states in float32 as eval's plan of the same
     flags in float32 estimates them (cached ones cost nothing); or as not tried, with why."""
     target = plan["target"]

@@ -80,7 +80,7 @@ def test_no_training_claim_without_both_steps_of_one_run_and_an_unexplained_gap(
 
 
 def shared(share: dict[str, float | None], verdict: str = "finding", tau: float = 1.6) -> dict:
-    """A diagnosis whose features measurement (diagnosis._feature_share) found this share."""
+    """A diagnosis whose features measurement (repair_runs.feature_share) found this share."""
     made = diagnosis("/a/c.pt", "/b/o.pt", steps=(None, None))
     made["candidate"]["feature_reliance"] = {"mean": 0.1, "half_width": 0.05, "prompts": 8}
     made["other"]["feature_reliance"] = {"mean": 0.9, "half_width": 0.1, "prompts": 8}
