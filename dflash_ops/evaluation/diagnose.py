@@ -221,11 +221,13 @@ def _measured_as(run: results.RunResult, prompts: dict[str, Any] | None) -> bool
 def trend_finding(
     trend: dict[str, Any], step: int, findings: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
-    """ "Less trained", when no setting change closes the gap and a later step's τ interval of
-    the same training run lies wholly above the candidate's; None otherwise (a rise within the
-    intervals is not evidence, and a candidate that does not load or holds NaN is not merely
-    behind)."""
-    if any(f.get("setting") or f["area"] in ("loading", "weights") for f in findings):
+    """The finding "less trained", when a later step's τ interval of the same training run
+    lies wholly above the candidate's and no setting change repairs the candidate alone (a
+    repair the other drafter gains as much from does not count); None otherwise: a rise
+    within the intervals is not evidence, and a candidate that does not load or holds NaN is
+    not merely behind."""
+    repaired = any(f["area"] == "repair" and f.get("setting") for f in findings)
+    if repaired or any(f["area"] in ("loading", "weights") for f in findings):
         return None
     later = trend["best_later_step"]
     mine, theirs = trend["intervals"].get(step), trend["intervals"].get(later)
@@ -244,7 +246,7 @@ def trend_finding(
             f"the pulled runs of this training run (one comparable group): step {step} τ "
             f"{taus[step]:.2f} [{mine[0]:.2f}, {mine[1]:.2f}], step {later} τ "
             f"{taus[later]:.2f} [{theirs[0]:.2f}, {theirs[1]:.2f}] (95 %): the intervals do "
-            "not overlap, and no setting change closes the gap"
+            "not overlap, and no setting change repairs the candidate alone"
         ),
         "check_next": "train on, or evaluate a later step; fab compare shows τ by step",
     }

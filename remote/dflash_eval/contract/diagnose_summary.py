@@ -32,11 +32,14 @@ def summary_lines(diagnosis: dict[str, Any]) -> list[str]:
         )
     repairs = diagnosis.get("repairs")
     if repairs:
-        found = sum(r["verdict"] == "finding" for r in repairs["tried"])
+        found = [r for r in repairs["tried"] if r["verdict"] == "finding"]
+        shared = sum(bool((r.get("control") or {}).get("widens_gap")) for r in found)
+        also = f", {shared} of them the other's more" if shared else ""
         lines.append(
             f"  {len(repairs['tried'])} repairs tried on {repairs['prompts']} prompts, "
-            f"{found} close part of the gap (Holm, family-wise {repairs['alpha']:.0%}; minimum "
-            f"Δτ {repairs['min_delta_tau']}, {repairs['min_gap_share']:.0%} of the gap)"
+            f"{len(found)} raise τ beyond noise{also} (Holm, family-wise "
+            f"{repairs['alpha']:.0%}; minimum Δτ {repairs['min_delta_tau']}, "
+            f"{repairs['min_gap_share']:.0%} of the gap)"
         )
     lines.append(FINDINGS_HEADING)
     for item in diagnosis["findings"]:

@@ -175,14 +175,12 @@ def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     summary = diagnosis.get("repairs") or {}
     tried = _repairs(diagnosis)
     found = []
-    for repair in (r for r in tried if r["verdict"] == FINDING):
+    for repair in (r for r in tried if _repairs_candidate(r)):
         found.append(
             finding(
                 "repair",
                 f"{repair['label']}: τ {summary['tau_candidate']:.2f} → {repair['tau']:.2f}",
-                f"{_delta(repair)} on {summary['prompts']} prompts (95 % intervals, paired; "
-                f"significant after Holm's correction over {len(tried)} repairs, p = "
-                f"{repair['p_value']:.2g}); {repair['setting']} = {repair['value']}",
+                _repair_evidence(diagnosis, repair, len(tried)),
                 _fix(repair),
                 setting=repair["setting"],
                 delta_tau=repair["delta_tau"],
@@ -211,12 +209,62 @@ def repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     return found
 
 
+def _repair_evidence(diagnosis: dict[str, Any], repair: dict[str, Any], tried: int) -> str:
+    summary = diagnosis["repairs"]
+    evidence = (
+        f"{_delta(repair)} on {summary['prompts']} prompts (95 % intervals, paired; "
+        f"significant after Holm's correction over {tried} repairs, p = "
+        f"{repair['p_value']:.2g}); {repair['setting']} = {repair['value']}"
+    )
+    control = repair.get("control")
+    if control:
+        evidence += (
+            f"; the same change gives {diagnosis['against']} τ "
+            f"{_interval(control['other_delta_tau'])}, the candidate τ "
+            f"{_interval(control['beyond_other'])} beyond that"
+        )
+    return evidence
+
+
+def _shared(repair: dict[str, Any]) -> bool:
+    """A finding whose change raises the other drafter's τ more (its control says so)."""
+    control = repair.get("control")
+    return repair["verdict"] == FINDING and control is not None and control["widens_gap"]
+
+
+def _repairs_candidate(repair: dict[str, Any]) -> bool:
+    """A finding that repairs the candidate alone (or whose change the other cannot take)."""
+    return repair["verdict"] == FINDING and not _shared(repair)
+
+
+def shared_settings(diagnosis: dict[str, Any]) -> list[Finding]:
+    """Changes that raise the candidate's τ but the other drafter's more: made to both they
+    widen the gap, so they suit the target and prompts and repair nothing of the
+    candidate's: evidence, not a cause."""
+    summary, tried = diagnosis.get("repairs") or {}, _repairs(diagnosis)
+    return [
+        finding(
+            "setting",
+            f"{repair['label']} raises {diagnosis['against']}'s τ more than the "
+            f"candidate's ({summary['tau_candidate']:.2f} → {repair['tau']:.2f}): not a repair",
+            _repair_evidence(diagnosis, repair, len(tried)),
+            "made to both drafters it widens the gap: it suits the target and prompts and "
+            "repairs nothing of the candidate's; look for the gap elsewhere",
+            setting=repair["setting"],
+            delta_tau=repair["delta_tau"],
+        )
+        for repair in tried
+        if _shared(repair)
+    ]
+
+
 def same_run(diagnosis: dict[str, Any]) -> list[Finding]:
     """The other drafter is another step of the candidate's own training run and no setting
-    change closes the gap: the gap is what training did between the two steps (on, when the
-    other is later: an earlier step of a run still improving; back, when it is earlier)."""
+    change repairs the candidate alone (none closes the gap, or the other gains even
+    it more): the gap is what training did between the two steps (on, when the other is later: an
+    earlier step of a run still improving; back, when it is earlier)."""
     mine, theirs, gap = diagnosis["candidate"], diagnosis["other"], diagnosis["gap"]
-    if any(r["verdict"] == FINDING for r in _repairs(diagnosis)) or not _behind(gap):
+    if any(_repairs_candidate(r) for r in _repairs(diagnosis)) or not _behind(gap):
         return []
     steps = mine.get("step"), theirs.get("step")
     run = _run_directory(mine["checkpoint"])
@@ -228,7 +276,7 @@ def same_run(diagnosis: dict[str, Any]) -> list[Finding]:
     measured = (
         f"{diagnosis['against']} is step {their_step} of the candidate's own training run "
         f"({run}); τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over "
-        f"{gap['prompts']} prompts, and no setting change closes it"
+        f"{gap['prompts']} prompts, and no setting change repairs the candidate alone"
     )
     if their_step > mine_step:
         return [
@@ -312,14 +360,23 @@ def features_read_less_in_part(diagnosis: dict[str, Any]) -> list[Finding]:
 def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     """Repairs were tried, the candidate is behind, and no setting change closes the gap."""
     tried, gap = _repairs(diagnosis), diagnosis["gap"]
-    if not tried or any(r["verdict"] == FINDING for r in tried) or not _behind(gap):
+    if not tried or any(_repairs_candidate(r) for r in tried) or not _behind(gap):
         return []
-    best = max(tried, key=lambda r: r["delta_tau"]["value"])
+    shared = [r for r in tried if _shared(r)]
+    best = max((r for r in tried if not _shared(r)), key=_gain, default=None)
     evidence = (
-        f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over {gap['prompts']} "
-        f"prompts; the largest repair, {best['label']}, measured {_delta(best)}: none "
-        "is beyond noise and the minimum effect"
+        f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over {gap['prompts']} prompts"
     )
+    if best is not None:
+        evidence += (
+            f"; the largest repair, {best['label']}, measured {_delta(best)}: none is beyond "
+            "noise and the minimum effect"
+        )
+    if shared:
+        evidence += (
+            f"; {len(shared)} raise {diagnosis['against']}'s τ more than the candidate's "
+            "(below): made to both, they widen the gap"
+        )
     check_next = (
         "the gap is in the weights: an earlier step of a run that is still improving "
         "(compare τ across its steps), or a training-side difference (loss, data, "
@@ -341,6 +398,10 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
         evidence += f"; not tried: {skipped['label']} ({skipped['why']})"
     title = f"no setting change closes the gap ({len(tried)} repairs tried)"
     return [finding("repair", title, evidence, check_next)]
+
+
+def _gain(repair: dict[str, Any]) -> float:
+    return repair["delta_tau"]["value"]
 
 
 def _behind(gap: dict[str, Any]) -> bool:
@@ -365,11 +426,12 @@ def no_gap(diagnosis: dict[str, Any]) -> list[Finding]:
 CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     non_finite,
     repairs,
+    same_run,
     features,
     flat_slots,
-    same_run,
     features_read_less,
     nothing_repairs,
+    shared_settings,
     features_read_less_in_part,
     calibration,
     weight_health,

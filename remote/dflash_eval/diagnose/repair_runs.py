@@ -42,7 +42,7 @@ def measure_repairs(
         head[0].shape[0],
         special_tokens(tokenizer),
     )
-    source, layers = parts.target, _layers_read(settings, config)
+    source, layers = parts.target, _layers_read(settings, config, other.config)
     float32, not_tried = _float32_features(source, layers)
     settings += float32
     known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
@@ -51,20 +51,41 @@ def measure_repairs(
     base, theirs = ([t[i] for i in known] for t in taus)
     sequences = {source.dtype_choice.name: _with_layers(parts, layers, run)}
     quiet = Progress(quiet=True)
+    walked: dict[tuple, list[float]] = {}  # a walk asked for again (the best repair) is kept
+
+    def taus_with(drafter: LoadedDrafter, changes: dict[str, Any]) -> list[float]:
+        key = (id(drafter), *sorted((k, repr(v)) for k, v in changes.items()))
+        if key not in walked:
+            dtype = changes.get("features_dtype", source.dtype_choice.name)
+            if dtype not in sequences:  # computed once, when a repair first asks for them
+                sequences[dtype] = _with_layers(parts, layers, run, dtype)
+            kept = {k: v for k, v in changes.items() if k != "features_dtype"}
+            every = stats.per_prompt_tau(
+                walks.walk(
+                    drafter,
+                    sequences[dtype],
+                    head,
+                    run,
+                    quiet,
+                    "repair",
+                    **walks.REPAIR_WALK,
+                    **kept,
+                ).walks
+            )
+            walked[key] = [every[i] for i in known]
+        return walked[key]
 
     def repaired(changes: dict[str, Any]) -> list[float]:
-        dtype = changes.get("features_dtype", source.dtype_choice.name)
-        if dtype not in sequences:  # computed once, when a repair first asks for them
-            sequences[dtype] = _with_layers(parts, layers, run, dtype)
-        kept = {k: v for k, v in changes.items() if k != "features_dtype"}
-        walked = walks.walk(
-            candidate, sequences[dtype], head, run, quiet, "repair", **walks.REPAIR_WALK, **kept
-        )
-        every = stats.per_prompt_tau(walked.walks)
-        return [every[i] for i in known]
+        return taus_with(candidate, changes)
 
     progress.say(f"Trying {len(settings)} repairs on {len(known)} prompts …")
     tried = _judged(settings, {}, base, theirs, repaired, progress)
+    for row in tried:  # the control: the same change made to the other drafter
+        if row["verdict"] == repair_stats.FINDING and _fits(row, other.config):
+            mine, changed = repaired(_changes(row)), taus_with(other, _changes(row))
+            row["control"] = repair_stats.as_dict_control(
+                repair_stats.control(base, mine, theirs, changed)
+            )
     summary = {
         "prompts": len(known),
         "tau_candidate": _mean(base),
@@ -99,10 +120,17 @@ def _float32_features(
     return [], [{**setting, "why": shortfall} for setting in float32]
 
 
-def _layers_read(settings: list[dict[str, Any]], config: Any) -> list[int]:
-    """Every target layer the candidate or a repair of its layer ids reads."""
+def _layers_read(settings: list[dict[str, Any]], config: Any, other: Any) -> list[int]:
+    """Every target layer either drafter or a repair of the layer ids reads."""
     moved = {i for s in settings if s["setting"] == "target_layer_ids" for i in s["value"]}
-    return sorted({*moved, *config.target_layer_ids})
+    return sorted({*moved, *config.target_layer_ids, *other.target_layer_ids})
+
+
+def _fits(setting: dict[str, Any], other: Any) -> bool:
+    """Whether the other drafter can take the change: as many layer ids as its `fc` reads."""
+    if setting["setting"] == "target_layer_ids":
+        return len(setting["value"]) == len(other.target_layer_ids)
+    return True
 
 
 def _changes(setting: dict[str, Any]) -> dict[str, Any]:

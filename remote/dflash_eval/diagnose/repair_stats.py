@@ -189,6 +189,33 @@ def measure(
     return Repair(name, mean_interval(delta), closed, rise_p_value(delta))
 
 
+@dataclass(frozen=True)
+class Control:
+    """A repair's change made to the other drafter too: its Δτ, and the candidate's Δτ beyond
+    it (paired per prompt). `widens_gap`: the other gains measurably more, so the change made
+    to both leaves the candidate further behind: it suits the target and prompts, and cannot
+    be what sets the candidate apart. (A change the other gains as much from stays a repair:
+    the gap as configured is what a repair closes.)"""
+
+    other_delta_tau: Interval
+    beyond_other: Interval
+    widens_gap: bool
+
+
+def control(
+    base: Sequence[float],
+    repaired: Sequence[float],
+    other: Sequence[float],
+    other_changed: Sequence[float],
+) -> Control:
+    """The candidate's change per prompt against the other drafter's under the same change."""
+    theirs = [c - o for c, o in zip(other_changed, other, strict=True)]
+    beyond = [r - b - t for r, b, t in zip(repaired, base, theirs, strict=True)]
+    difference = mean_interval(beyond)
+    widens = difference.high is not None and difference.high < 0
+    return Control(mean_interval(theirs), difference, widens)
+
+
 def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
     """Which hypotheses Holm's step-down procedure rejects, family-wise error `alpha`."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
@@ -266,4 +293,13 @@ def as_dict(repair: Repair) -> dict:
         "gap_closed": as_dict_interval(repair.gap_closed),
         "p_value": repair.p_value,
         "verdict": repair.verdict,
+    }
+
+
+def as_dict_control(measured: Control) -> dict:
+    """A control as the diagnosis records it (JSON)."""
+    return {
+        "other_delta_tau": as_dict_interval(measured.other_delta_tau),
+        "beyond_other": as_dict_interval(measured.beyond_other),
+        "widens_gap": measured.widens_gap,
     }

@@ -182,9 +182,11 @@ def diagnose_lab(
     reference: Path,
     *,
     max_new_tokens: int = 96,
+    against: str | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """`diagnose` of `candidate` against `reference` on a lab's target and prompts."""
+    """`diagnose` of `candidate` against `reference` on a lab's target and prompts (named
+    `against`, else after the reference's step directory)."""
     options = EvalOptions(
         checkpoint=candidate,
         target=lab.target_dir,
@@ -196,5 +198,5 @@ def diagnose_lab(
         reference_drafter=reference,
         **overrides,
     )
-    against = f"step {reference.parent.name.removeprefix('step_')}"
+    against = against or f"step {reference.parent.name.removeprefix('step_')}"
     return run_diagnose(DiagnoseOptions(options, against), Progress(quiet=True))

@@ -132,3 +132,58 @@ def test_a_smaller_share_is_evidence_after_no_setting_change():
 )
 def test_no_features_claim_without_a_finding_a_gap_or_a_candidate_above_its_floor(made):
     assert features_read_less(made) == [] and features_read_less_in_part(made) == []
+
+
+SHARED = {
+    **FOUND,
+    "label": "block size 16 (config 8)",
+    "setting": "block_size",
+    "value": 16,
+    "tau": 3.47,
+    "p_value": 0.0007,
+    "delta_tau": {"value": 0.27, "low": 0.13, "high": 0.41},
+    "gap_closed": {"value": 0.22, "low": 0.12, "high": 0.30},
+    "control": {
+        "other_delta_tau": {"value": 0.68, "low": 0.45, "high": 0.90},
+        "beyond_other": {"value": -0.41, "low": -0.59, "high": -0.22},
+        "widens_gap": True,
+    },
+}
+
+
+def test_a_change_that_raises_the_other_drafter_more_is_evidence_not_a_repair():
+    run = "/srv/stage/run-a"
+    made = diagnosis(f"{run}/step_4000/checkpoint.pt", f"{run}/step_6000/checkpoint.pt")
+    made["candidate"]["step"] = 4000
+    made["repairs"].update(tried=[SHARED, NO_EFFECT], tau_candidate=3.2, prompts=10)
+    assert findings.repairs(made) == []
+    [shared] = findings.shared_settings(made)
+    assert shared["area"] == "setting" and shared["setting"] == "block_size"
+    assert shared["title"] == (
+        "block size 16 (config 8) raises step 6000's τ more than the candidate's "
+        "(3.20 → 3.47): not a repair"
+    )
+    assert "the same change gives step 6000 τ +0.68 [+0.45, +0.90]" in shared["evidence"]
+    assert "the candidate τ -0.41 [-0.59, -0.22] beyond that" in shared["evidence"]
+    # no repair of the candidate alone: the run's later step explains the gap
+    [trained] = same_run(made)
+    assert trained["title"].startswith("less trained: step 4000")
+    assert nothing_repairs(made)[0]["title"] == "no setting change closes the gap (2 repairs tried)"
+    order = findings.CHECKS
+    assert order.index(findings.repairs) < order.index(same_run)
+    assert order.index(nothing_repairs) < order.index(findings.shared_settings)
+
+
+def test_a_change_the_other_gains_no_more_from_stays_a_repair_of_the_candidate():
+    own = {**SHARED, "control": {**SHARED["control"], "widens_gap": False}}
+    made = diagnosis("/a/c.pt", "/b/o.pt", steps=(None, None))
+    made["repairs"].update(tried=[own], tau_candidate=3.2, prompts=10)
+    [found] = findings.repairs(made)
+    assert found["title"] == "block size 16 (config 8): τ 3.20 → 3.47"
+    fix = "check the training run's block_size; if it was 16, fix the config"
+    assert found["check_next"] == fix
+    assert findings.shared_settings(made) == [] and nothing_repairs(made) == []
+    # a repair the other drafter cannot take (no control measured) stays one too
+    uncontrolled = {k: v for k, v in own.items() if k != "control"}
+    made["repairs"]["tried"] = [uncontrolled]
+    assert len(findings.repairs(made)) == 1

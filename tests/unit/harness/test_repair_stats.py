@@ -252,3 +252,20 @@ def test_one_more_measurement_is_judged_within_the_family_already_tried():
     small = rs.Repair("features", rs.Interval(0.04, 0.02, 0.06), None, 0.001)
     assert rs.judge_within(small, []).verdict == rs.NO_EFFECT  # below the minimum effect
     assert rs.judge_within(measured, []).delta_tau == measured.delta_tau
+
+
+def test_a_change_the_other_drafter_gains_more_from_widens_the_gap():
+    base, other = [3.0, 3.2, 2.8, 3.1], [4.0, 4.4, 4.3, 4.1]
+    # the candidate +0.3 on each prompt; the other +0.6 (a block size that suits any drafter)
+    shared = rs.control(base, [b + 0.3 for b in base], other, [o + 0.6 for o in other])
+    assert shared.other_delta_tau.value == pytest.approx(0.6)
+    assert shared.beyond_other.value == pytest.approx(-0.3) and shared.widens_gap
+    # the other unchanged by it (its own mask token): the candidate's gain is all its own
+    own = rs.control(base, [3.4, 3.5, 3.2, 3.3], other, other)
+    assert own.other_delta_tau.value == 0.0 and not own.widens_gap
+    assert own.beyond_other.low == pytest.approx(0.17265, abs=1e-5)  # 0.325 − t(3)·0.0479
+    # the other gains as much, within noise: the gap as configured is still what it closes
+    alike = rs.control(base, [3.6, 3.1, 3.3, 3.0], other, [o + 0.2 for o in other])
+    assert alike.beyond_other.low < 0 < alike.beyond_other.high and not alike.widens_gap
+    assert rs.as_dict_control(shared)["widens_gap"] is True
+    assert rs.as_dict_control(own)["beyond_other"]["value"] == pytest.approx(0.325)
