@@ -8,7 +8,8 @@ candidate per repair (the float32-features repair also computes the target's hid
 in float32, as eval's plan in float32 estimates them). A repair's walk costs the
 candidate's walk scaled by its block size (a larger block drafts and scores all its slots).
 When the best repair is a finding, the repairs of the other kinds are tried again on top of
-it: that second round is the `up_to` figure, not the expected one.
+it, and each finding is controlled by the same change made to the other drafter (one walk
+of it): that second round is the `up_to` figure, not the expected one.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def _repairs_part(
     # The worst second round: every other kind than the best's tried again (the best's being
     # the cheapest kind), and two walks more: the best repair alone, then the final pair.
     second = first - min(by_kind.values(), default=0.0) + 2 * walk
+    # Each repair found is controlled on the other drafter: at most one per kind, here.
+    second += len(by_kind) * plan["estimate"]["phases"].get("reference_drafter", walk)
     # Each drafter walked once more with its features zeroed (the share of the gap in them).
     blind = walk + plan["estimate"]["phases"].get("reference_drafter", walk)
     expected = plan["estimate"]["seconds"] + first + blind
