@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -72,7 +73,7 @@ def _place(lab: Lab, config: LabConfig, models: LabModels, target_name: str) -> 
         path = lab.checkpoint_path(step)
         path.parent.mkdir(parents=True)
         shutil.copyfile(models.checkpoints[step], path)
-    reference = models.reference_dir or _reference_drafter(models.checkpoints[max(config.steps)])
+    reference = models.reference_dir or reference_drafter(models.checkpoints[max(config.steps)])
     settings = {}
     for name in config.target_hosts:
         # copytree keeps the files' mtimes: the target's fingerprint is the same on every host
@@ -104,13 +105,24 @@ def content_generator(kind: str) -> ContentGenerator:
     return CONTENTS[kind]
 
 
-def _reference_drafter(checkpoint: Path) -> Path:
+def reference_drafter(checkpoint: Path) -> Path:
     """A 'published' drafter to compare against: the last checkpoint without its optimizer
-    state (the harness's extracted form), made once next to the cached checkpoint."""
+    state (the harness's extracted form), made once next to the cached checkpoint. Workers
+    building labs at once each extract into a directory of their own; the first to rename
+    it into place wins and the others drop theirs (a shared `.tmp` raced: one rename found
+    the other's files in it)."""
     from dflash_eval.run.extract import extract
 
     out = checkpoint.parent / "reference-drafter"
-    if not (out / "model.safetensors").exists():
-        extract(checkpoint, out.with_suffix(".tmp"))
-        out.with_suffix(".tmp").rename(out)
+    if (out / "model.safetensors").exists():
+        return out
+    partial = Path(tempfile.mkdtemp(prefix="reference-drafter.", dir=checkpoint.parent))
+    try:
+        extract(checkpoint, partial / "drafter")
+        (partial / "drafter").rename(out)
+    except OSError:
+        if not (out / "model.safetensors").exists():
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return out

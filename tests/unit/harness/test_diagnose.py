@@ -23,6 +23,7 @@ from dflash_eval.run.options import EvalOptions
 from dflash_eval.target.features import float32_shortfall
 from safetensors import safe_open
 
+from dflash_lab.content import reference_drafter
 from dflash_lab.faulty import build_faulty_drafter, edited_drafter
 
 from .helpers import (
@@ -313,7 +314,7 @@ def test_a_less_trained_step_against_a_reference_elsewhere_gets_no_setting_claim
     outside the run's directory, as an eval host keeps it): a larger block raises τ, but the
     reference's more, so it is named as not a repair."""
     reference = tmp_path / "models" / "reference-drafter"
-    shutil.copytree(lab.checkpoints[6000].parent / "reference-drafter", reference)
+    shutil.copytree(reference_drafter(lab.checkpoints[6000]), reference)
     # at fab diagnose's default length: at 96 tokens the larger block is no finding at all
     diagnosis = diagnose_lab(
         lab, tmp_path, lab.checkpoints[4000], reference, max_new_tokens=256, against="reference"

@@ -18,7 +18,12 @@ from dflash_eval.diagnose.findings import (
 )
 
 GAP = {"mean": 0.8, "half_width": 0.2, "prompts": 8}
-NO_EFFECT = {"verdict": "no measurable effect", "delta_tau": {"value": 0.01}, "label": "x"}
+NO_EFFECT = {
+    "verdict": "no measurable effect",
+    "delta_tau": {"value": 0.01, "low": -0.02, "high": 0.04},
+    "gap_closed": None,
+    "label": "x",
+}
 
 
 def diagnosis(mine: str, theirs: str, steps=(2000, 6000), **changes: Any) -> dict[str, Any]:
@@ -168,7 +173,10 @@ def test_a_change_that_raises_the_other_drafter_more_is_evidence_not_a_repair():
     # no repair of the candidate alone: the run's later step explains the gap
     [trained] = same_run(made)
     assert trained["title"].startswith("less trained: step 4000")
-    assert nothing_repairs(made)[0]["title"] == "no setting change closes the gap (2 repairs tried)"
+    [nothing] = nothing_repairs(made)
+    assert nothing["title"] == "no setting change closes the gap (2 repairs tried)"
+    assert "the largest repair, x, measured τ +0.01 [-0.02, +0.04]" in nothing["evidence"]
+    assert "1 raise step 6000's τ more than the candidate's (below)" in nothing["evidence"]
     order = findings.CHECKS
     assert order.index(findings.repairs) < order.index(same_run)
     assert order.index(nothing_repairs) < order.index(findings.shared_settings)
