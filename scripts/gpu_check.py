@@ -217,7 +217,8 @@ def check_served(
     from dflash_eval.cli import main as harness
 
     from dflash_lab.models import build_lab_models
-    from dflash_ops.evaluation.served_records import agreement, in_sglangs_count, verdict
+    from dflash_ops.evaluation.served_agreement import agreement, in_sglangs_count
+    from dflash_ops.evaluation.served_records import verdict
 
     lab = build_lab_models(models or workdir / "lab-models")
     step, drafter = max(lab.checkpoints), workdir / "drafter"

@@ -128,6 +128,11 @@ TARGETS = (
         "remote/dflash_eval/drafter/fit.py",
         (f"{HARNESS}/test_drafter_config.py", *LOADER_TESTS),
     ),
+    Target(
+        "served agreement",
+        "dflash_ops/evaluation/served_agreement.py",
+        ("tests/unit/test_served_paired.py", "tests/unit/test_served_records.py"),
+    ),
     Target("inventory", "dflash_ops/core/inventory.py", INVENTORY_TESTS),
     Target("inventory errors", "dflash_ops/core/inventory_errors.py", INVENTORY_TESTS),
     Target(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_ops.evaluation import results, served_records
+from dflash_ops.evaluation import results, served_agreement, served_records
 from tests.unit.test_report import pull
 from tests.unit.test_served_records import served
 
@@ -43,31 +43,31 @@ def served_prompts(differences, conversations=None, ids=None) -> dict:
 
 def macros(delta: float) -> tuple[dict, dict]:
     """The two macro intervals, the served one the CPU's moved by `delta` (they overlap)."""
-    cpu_macro = served_records.in_sglangs_count(cpu())["tau_macro"]
+    cpu_macro = served_agreement.in_sglangs_count(cpu())["tau_macro"]
     return cpu_macro, {key: value + delta for key, value in cpu_macro.items()}
 
 
 def test_a_steady_difference_the_overlap_test_accepts_is_a_paired_disagreement():
     cpu_macro, served_macro = macros(0.1)
-    assert served_records.overlap(cpu_macro, served_macro)  # the lenient test passes it
-    delta = served_records.paired_difference(cpu(), served_prompts(SHIFTED))
+    assert served_agreement.overlap(cpu_macro, served_macro)  # the lenient test passes it
+    delta = served_agreement.paired_difference(cpu(), served_prompts(SHIFTED))
     # Mean 0.1; sd of the differences √(0.001 / 5); t(0.975, 5) = 2.5706: half 0.01484.
     assert delta == pytest.approx(
         {"value": 0.1, "low": 0.0851587, "high": 0.1148413, "prompts": 6, "units": 6}
     )
-    judged = served_records.agreement(cpu(), served_prompts(SHIFTED), cpu_macro, served_macro)
-    assert judged["test"] == served_records.PAIRED and judged["agree"] is False
+    judged = served_agreement.agreement(cpu(), served_prompts(SHIFTED), cpu_macro, served_macro)
+    assert judged["test"] == served_agreement.PAIRED and judged["agree"] is False
 
 
 def test_differences_within_the_noise_agree():
     cpu_macro, served_macro = macros(0.0)
-    delta = served_records.paired_difference(cpu(), served_prompts(NOISE))
+    delta = served_agreement.paired_difference(cpu(), served_prompts(NOISE))
     assert delta == pytest.approx(
         {"value": 0.05 / 6, "low": -0.2273033, "high": 0.2439700, "prompts": 6, "units": 6}
     )
-    judged = served_records.agreement(cpu(), served_prompts(NOISE), cpu_macro, served_macro)
-    assert judged["test"] == served_records.PAIRED and judged["agree"] is True
-    exact = served_records.agreement(cpu(), served_prompts((0.0,) * 6), cpu_macro, served_macro)
+    judged = served_agreement.agreement(cpu(), served_prompts(NOISE), cpu_macro, served_macro)
+    assert judged["test"] == served_agreement.PAIRED and judged["agree"] is True
+    exact = served_agreement.agreement(cpu(), served_prompts((0.0,) * 6), cpu_macro, served_macro)
     assert abs(exact["delta_tau"]) < 1e-12 and exact["agree"] is True
 
 
@@ -75,7 +75,7 @@ def test_differences_within_the_noise_agree():
 def test_a_certain_difference_below_the_minimum_effect_agrees(steady, agree):
     cpu_macro, served_macro = macros(steady)
     prompts = served_prompts((steady,) * 6)
-    judged = served_records.agreement(cpu(), prompts, cpu_macro, served_macro)
+    judged = served_agreement.agreement(cpu(), prompts, cpu_macro, served_macro)
     low, high = judged["delta_low"], judged["delta_high"]
     assert low == pytest.approx(steady) and high == pytest.approx(steady)  # excludes 0
     assert judged["agree"] is agree
@@ -83,7 +83,7 @@ def test_a_certain_difference_below_the_minimum_effect_agrees(steady, agree):
 
 def test_turns_of_one_conversation_are_one_unit_of_the_interval():
     talks = ("a", "a", "b", "c", "c", "d")
-    delta = served_records.paired_difference(cpu(talks), served_prompts(SHIFTED, talks))
+    delta = served_agreement.paired_difference(cpu(talks), served_prompts(SHIFTED, talks))
     # The mean over the six prompts, its t interval over four units (delta method: sums per
     # unit 0.18, 0.12, 0.20, 0.10 over 2, 1, 2, 1 prompts; df 3).
     assert delta["value"] == pytest.approx(0.1) and delta["units"] == 4
@@ -93,11 +93,11 @@ def test_turns_of_one_conversation_are_one_unit_of_the_interval():
 def test_nothing_to_pair_falls_back_to_overlap_and_says_so():
     cpu_macro, served_macro = macros(0.1)
     other = served_prompts(SHIFTED, ids=tuple(f"q{i}" for i in range(6)))
-    assert served_records.paired_difference(cpu(), other) is None
-    judged = served_records.agreement(cpu(), other, cpu_macro, served_macro)
+    assert served_agreement.paired_difference(cpu(), other) is None
+    judged = served_agreement.agreement(cpu(), other, cpu_macro, served_macro)
     assert judged == {
         "agree": True,
-        "test": served_records.OVERLAP,
+        "test": served_agreement.OVERLAP,
         "delta_tau": None,
         "delta_low": None,
         "delta_high": None,
@@ -108,7 +108,7 @@ def test_nothing_to_pair_falls_back_to_overlap_and_says_so():
 def test_compare_and_diagnose_say_which_test_found_the_disagreement(tmp_path):
     pull(tmp_path, 4000, 2.5)
     [run] = results.load_runs(tmp_path)
-    counted = served_records.in_sglangs_count(run.done)["tau_macro"]
+    counted = served_agreement.in_sglangs_count(run.done)["tau_macro"]
     rows = run.done["per_prompt"]
     steady = [
         {
@@ -122,7 +122,7 @@ def test_compare_and_diagnose_say_which_test_found_the_disagreement(tmp_path):
         for i, row in enumerate(rows)
     ]
     shifted = {key: value + 0.1 for key, value in counted.items()}
-    assert served_records.overlap(counted, shifted)  # what the overlap test would accept
+    assert served_agreement.overlap(counted, shifted)  # what the overlap test would accept
     served(tmp_path, "a-paired", 4000, 0, rows=steady, macro=shifted)
     served(tmp_path, "b-unpaired", 4000, counted["value"] + 0.1)  # no per-prompt values
     side = served_records.side_by_side([run], served_records.load_served(tmp_path))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dflash_ops.evaluation import results, served_records
+from dflash_ops.evaluation import results, served_agreement, served_records
 from dflash_ops.ui import report
 from dflash_ops.ui.compare_view import print_served
 from tests.unit.test_report import pull
@@ -69,7 +69,7 @@ def served(
 def test_served_tau_stands_beside_the_cpu_tau_and_a_disagreement_is_a_finding(tmp_path):
     pull(tmp_path, 4000, 2.5)
     [cpu] = results.load_runs(tmp_path)
-    counted = served_records.in_sglangs_count(cpu.done)
+    counted = served_agreement.in_sglangs_count(cpu.done)
     rows = cpu.done["per_prompt"]
     expected = sum(r["completion_tokens"] * r["tau"] / (r["completion_tokens"] - 1) for r in rows)
     assert counted["tau_macro"]["value"] == pytest.approx(expected / len(rows))
@@ -104,7 +104,7 @@ def test_a_disagreement_is_written_into_the_pulled_diagnosis(tmp_path):
         tmp_path,
         "b-disagrees",
         4000,
-        served_records.in_sglangs_count(cpu.done)["tau_macro"]["high"] + 1,
+        served_agreement.in_sglangs_count(cpu.done)["tau_macro"]["high"] + 1,
     )
     pulled = tmp_path / "diagnose" / "run-1" / "diagnose.json"
     pulled.parent.mkdir(parents=True)
@@ -135,17 +135,17 @@ def cpu_results(*rows: tuple[str, int, float]) -> dict:
 
 def test_the_cpu_figure_in_sglangs_count_carries_the_served_kind_of_interval():
     # 11 tokens at τ capped 2.5: 4 rounds, 2.75 in SGLang's count; 9 at 4.0: 2 rounds, 4.5.
-    counted = served_records.in_sglangs_count(cpu_results(("a", 11, 2.5), ("b", 9, 4.0)))
+    counted = served_agreement.in_sglangs_count(cpu_results(("a", 11, 2.5), ("b", 9, 4.0)))
     # Two conversations: each resample is one of them twice, or both; the 95 % interval
     # reaches the two ends.
     assert counted["tau_macro"] == {"value": 3.625, "low": 2.75, "high": 4.5}
     assert counted["tau_pooled"] == pytest.approx({"value": 20 / 6, "low": 2.75, "high": 4.5})
-    alike = served_records.in_sglangs_count(cpu_results(("a", 11, 2.5), ("b", 11, 2.5)))
+    alike = served_agreement.in_sglangs_count(cpu_results(("a", 11, 2.5), ("b", 11, 2.5)))
     assert alike["tau_macro"] == {"value": 2.75, "low": 2.75, "high": 2.75}
     # Two turns of one conversation are one unit, as the served τ counts them: no bounds.
-    one = served_records.in_sglangs_count(cpu_results(("a", 11, 2.5), ("a", 9, 4.0)))
+    one = served_agreement.in_sglangs_count(cpu_results(("a", 11, 2.5), ("a", 9, 4.0)))
     assert one["tau_macro"] == {"value": 3.625, "low": None, "high": None}
-    assert served_records.in_sglangs_count(cpu_results(("a", 1, 1.0))) is None
+    assert served_agreement.in_sglangs_count(cpu_results(("a", 1, 1.0))) is None
 
 
 @pytest.mark.parametrize(
@@ -161,10 +161,10 @@ def test_the_cpu_figure_in_sglangs_count_carries_the_served_kind_of_interval():
 )
 def test_served_and_cpu_agree_when_their_intervals_overlap(served_interval, agree):
     cpu = {"value": 3.625, "low": 2.75, "high": 4.5}
-    assert served_records.overlap(cpu, served_interval) is agree
-    assert served_records.overlap(served_interval, cpu) is agree
+    assert served_agreement.overlap(cpu, served_interval) is agree
+    assert served_agreement.overlap(served_interval, cpu) is agree
     unbounded = {"value": 3.625, "low": None, "high": None}
-    assert served_records.overlap(unbounded, {**served_interval, "low": None, "high": None})
+    assert served_agreement.overlap(unbounded, {**served_interval, "low": None, "high": None})
 
 
 def test_compare_shows_served_runs_among_themselves_by_their_own_key(tmp_path, capsys):
@@ -226,7 +226,7 @@ def test_the_report_shows_served_beside_cpu_and_served_runs_by_their_own_key(tmp
 
     pull(tmp_path, 4000, 2.5)
     [cpu] = results.load_runs(tmp_path)
-    counted = served_records.in_sglangs_count(cpu.done)["tau_macro"]
+    counted = served_agreement.in_sglangs_count(cpu.done)["tau_macro"]
     served(tmp_path, "s-4000", 4000, counted["value"] + 0.01)
     served(tmp_path, "s-6000", 6000, 3.25)
     hostile = "<script>alert(1)</script>&"
