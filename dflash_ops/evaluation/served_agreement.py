@@ -108,16 +108,24 @@ def agreement(
             **dict.fromkeys(("delta_tau", "delta_low", "delta_high")),
             "paired_prompts": 0,
         }
-    low, high = delta["low"], delta["high"]
-    excludes_zero = low is not None and high is not None and (low > 0 or high < 0)
     return {
-        "agree": not (excludes_zero and abs(delta["value"]) >= MIN_EFFECT),
+        "agree": not disagrees(delta),
         "test": PAIRED,
         "delta_tau": delta["value"],
-        "delta_low": low,
-        "delta_high": high,
+        "delta_low": delta["low"],
+        "delta_high": delta["high"],
         "paired_prompts": delta["prompts"],
     }
+
+
+def disagrees(delta: Mapping[str, Any]) -> bool:
+    """The paired test's verdict on the mean served − CPU difference: its 95 % interval
+    excludes 0 and the mean is at least MIN_EFFECT (an interval without bounds, from one
+    conversation, cannot tell)."""
+    low, high = delta["low"], delta["high"]
+    if low is None or high is None:
+        return False
+    return (low > 0 or high < 0) and abs(delta["value"]) >= MIN_EFFECT
 
 
 def overlap(one: dict[str, float | None], other: dict[str, float | None]) -> bool:

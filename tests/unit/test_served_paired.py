@@ -10,7 +10,7 @@ import pytest
 
 from dflash_ops.evaluation import results, served_agreement, served_records
 from tests.unit.test_report import pull
-from tests.unit.test_served_records import served
+from tests.unit.test_served_records import cpu_results, served
 
 # Six single-turn prompts of 11 completion tokens: τ capped 2.0 is 5 rounds, 2.2 in SGLang's
 # count (11 / 5), and so on.
@@ -149,3 +149,36 @@ def test_compare_and_diagnose_say_which_test_found_the_disagreement(tmp_path):
         "no per-prompt values to pair, so the lenient overlap test was used"
         in (served_records.disagreement_finding(lenient, 1)["evidence"])
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "low", "high", "disagree"),
+    [
+        (0.10, 0.05, 0.15, True),  # served above, beyond noise and the minimum
+        (-0.10, -0.15, -0.05, True),  # served below
+        (0.10, 0.0, 0.20, False),  # the interval reaches 0
+        (-0.10, -0.20, 0.0, False),
+        (0.10, -0.30, 0.50, False),  # a large mean within noise
+        (0.05, 0.01, 0.09, True),  # exactly the minimum effect counts
+        (0.0499, 0.01, 0.09, False),  # certain, but below it
+        (-0.05, -0.09, -0.01, True),
+        (0.30, None, None, False),  # one conversation: no interval, nothing to tell
+        (0.30, None, 0.50, False),
+        (0.30, 0.10, None, False),
+    ],
+)
+def test_the_paired_verdict_at_its_bounds(value, low, high, disagree):
+    assert served_agreement.disagrees({"value": value, "low": low, "high": high}) is disagree
+
+
+def test_touching_intervals_overlap_and_prompts_without_a_round_are_not_counted():
+    one = {"value": 1.0, "low": 0.5, "high": 1.0}
+    other = {"value": 1.5, "low": 1.0, "high": 2.0}
+    assert served_agreement.overlap(one, other) and served_agreement.overlap(other, one)
+    apart = {"value": 1.5, "low": 1.01, "high": 2.0}
+    assert not served_agreement.overlap(one, apart) and not served_agreement.overlap(apart, one)
+    # a prompt with no round (τ capped absent) or a one-token completion has no rounds to
+    # count; a two-token completion has one
+    rows = cpu_results(("a", 2, 1.0), ("b", 5, None), ("c", 1, 1.0))
+    counted = served_agreement.in_sglangs_count(rows)["tau_macro"]
+    assert counted["value"] == pytest.approx(2.0)  # a alone: 2 tokens over 1 round

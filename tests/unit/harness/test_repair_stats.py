@@ -269,3 +269,8 @@ def test_a_change_the_other_drafter_gains_more_from_widens_the_gap():
     assert alike.beyond_other.low < 0 < alike.beyond_other.high and not alike.widens_gap
     assert rs.as_dict_control(shared)["widens_gap"] is True
     assert rs.as_dict_control(own)["beyond_other"]["value"] == pytest.approx(0.325)
+
+
+def test_a_control_over_prompts_that_do_not_pair_is_refused():
+    with pytest.raises(ValueError):
+        rs.control([3.0, 3.1], [3.2, 3.3], [4.0, 4.1], [4.2])
