@@ -34,10 +34,10 @@ def summary_lines(diagnosis: dict[str, Any]) -> list[str]:
     if repairs:
         found = [r for r in repairs["tried"] if r["verdict"] == "finding"]
         shared = sum(bool((r.get("control") or {}).get("widens_gap")) for r in found)
-        also = f", {shared} of them the other's more" if shared else ""
+        also = f" ({shared} of them the other's more)" if shared else ""
         lines.append(
-            f"  {len(repairs['tried'])} repairs tried on {repairs['prompts']} prompts, "
-            f"{len(found)} raise τ beyond noise{also} (Holm, family-wise "
+            f"  {len(repairs['tried'])} repairs tried on {repairs['prompts']} prompts; beyond "
+            f"noise: {len(found)}{also} (Holm, family-wise "
             f"{repairs['alpha']:.0%}; minimum Δτ {repairs['min_delta_tau']}, "
             f"{repairs['min_gap_share']:.0%} of the gap)"
         )

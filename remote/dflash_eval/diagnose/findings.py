@@ -374,8 +374,8 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
         )
     if shared:
         evidence += (
-            f"; {len(shared)} raise {diagnosis['against']}'s τ more than the candidate's "
-            "(below): made to both, they widen the gap"
+            f"; changes that widen the gap when made to both drafters: {len(shared)} (below: "
+            f"they raise {diagnosis['against']}'s τ more than the candidate's)"
         )
     check_next = (
         "the gap is in the weights: an earlier step of a run that is still improving "

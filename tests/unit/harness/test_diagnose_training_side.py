@@ -176,7 +176,7 @@ def test_a_change_that_raises_the_other_drafter_more_is_evidence_not_a_repair():
     [nothing] = nothing_repairs(made)
     assert nothing["title"] == "no setting change closes the gap (2 repairs tried)"
     assert "the largest repair, x, measured τ +0.01 [-0.02, +0.04]" in nothing["evidence"]
-    assert "1 raise step 6000's τ more than the candidate's (below)" in nothing["evidence"]
+    assert "changes that widen the gap when made to both drafters: 1 (below" in nothing["evidence"]
     order = findings.CHECKS
     assert order.index(findings.repairs) < order.index(same_run)
     assert order.index(nothing_repairs) < order.index(findings.shared_settings)
