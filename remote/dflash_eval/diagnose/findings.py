@@ -226,7 +226,7 @@ def _repair_evidence(diagnosis: dict[str, Any], repair: dict[str, Any], tried: i
     return evidence
 
 
-def _shared(repair: dict[str, Any]) -> bool:
+def _widens_gap(repair: dict[str, Any]) -> bool:
     """A finding whose change raises the other drafter's τ more (its control says so)."""
     control = repair.get("control")
     return repair["verdict"] == FINDING and control is not None and control["widens_gap"]
@@ -234,10 +234,10 @@ def _shared(repair: dict[str, Any]) -> bool:
 
 def _repairs_candidate(repair: dict[str, Any]) -> bool:
     """A finding that repairs the candidate alone (or whose change the other cannot take)."""
-    return repair["verdict"] == FINDING and not _shared(repair)
+    return repair["verdict"] == FINDING and not _widens_gap(repair)
 
 
-def shared_settings(diagnosis: dict[str, Any]) -> list[Finding]:
+def widening_settings(diagnosis: dict[str, Any]) -> list[Finding]:
     """Changes that raise the candidate's τ but the other drafter's more: made to both they
     widen the gap, so they suit the target and prompts and repair nothing of the
     candidate's: evidence, not a cause."""
@@ -254,7 +254,7 @@ def shared_settings(diagnosis: dict[str, Any]) -> list[Finding]:
             delta_tau=repair["delta_tau"],
         )
         for repair in tried
-        if _shared(repair)
+        if _widens_gap(repair)
     ]
 
 
@@ -362,8 +362,8 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
     tried, gap = _repairs(diagnosis), diagnosis["gap"]
     if not tried or any(_repairs_candidate(r) for r in tried) or not _behind(gap):
         return []
-    shared = [r for r in tried if _shared(r)]
-    best = max((r for r in tried if not _shared(r)), key=_gain, default=None)
+    widening = [r for r in tried if _widens_gap(r)]
+    best = max((r for r in tried if not _widens_gap(r)), key=_gain, default=None)
     evidence = (
         f"τ gap {gap['mean']:+.2f} ± {gap['half_width']:.2f} (95 %) over {gap['prompts']} prompts"
     )
@@ -372,9 +372,9 @@ def nothing_repairs(diagnosis: dict[str, Any]) -> list[Finding]:
             f"; the largest repair, {best['label']}, measured {_delta(best)}: none is beyond "
             "noise and the minimum effect"
         )
-    if shared:
+    if widening:
         evidence += (
-            f"; changes that widen the gap when made to both drafters: {len(shared)} (below: "
+            f"; changes that widen the gap when made to both drafters: {len(widening)} (below: "
             f"they raise {diagnosis['against']}'s τ more than the candidate's)"
         )
     check_next = (
@@ -431,7 +431,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Finding]], ...] = (
     flat_slots,
     features_read_less,
     nothing_repairs,
-    shared_settings,
+    widening_settings,
     features_read_less_in_part,
     calibration,
     weight_health,

@@ -162,7 +162,7 @@ def test_a_change_that_raises_the_other_drafter_more_is_evidence_not_a_repair():
     made["candidate"]["step"] = 4000
     made["repairs"].update(tried=[SHARED, NO_EFFECT], tau_candidate=3.2, prompts=10)
     assert findings.repairs(made) == []
-    [shared] = findings.shared_settings(made)
+    [shared] = findings.widening_settings(made)
     assert shared["area"] == "setting" and shared["setting"] == "block_size"
     assert shared["title"] == (
         "block size 16 (config 8) raises step 6000's τ more than the candidate's "
@@ -179,7 +179,7 @@ def test_a_change_that_raises_the_other_drafter_more_is_evidence_not_a_repair():
     assert "changes that widen the gap when made to both drafters: 1 (below" in nothing["evidence"]
     order = findings.CHECKS
     assert order.index(findings.repairs) < order.index(same_run)
-    assert order.index(nothing_repairs) < order.index(findings.shared_settings)
+    assert order.index(nothing_repairs) < order.index(findings.widening_settings)
 
 
 def test_a_change_the_other_gains_no_more_from_stays_a_repair_of_the_candidate():
@@ -190,7 +190,7 @@ def test_a_change_the_other_gains_no_more_from_stays_a_repair_of_the_candidate()
     assert found["title"] == "block size 16 (config 8): τ 3.20 → 3.47"
     fix = "check the training run's block_size; if it was 16, fix the config"
     assert found["check_next"] == fix
-    assert findings.shared_settings(made) == [] and nothing_repairs(made) == []
+    assert findings.widening_settings(made) == [] and nothing_repairs(made) == []
     # a repair the other drafter cannot take (no control measured) stays one too
     uncontrolled = {k: v for k, v in own.items() if k != "control"}
     made["repairs"]["tried"] = [uncontrolled]
