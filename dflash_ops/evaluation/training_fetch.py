@@ -118,11 +118,13 @@ def attach(
 ) -> int:
     """Store the training metrics of every pulled successful run (or of the runs `only`
     names) that has none yet and whose training run names a metrics log; the runs given
-    values. Never raises for a log's sake: each problem is one line through `say`."""
+    values. A run flagged not comparable (set_anchors) gets none, whoever asks. Never
+    raises for a log's sake: each problem is one line through `say`."""
     waiting: dict[str | None, list[RunResult]] = {}
     pulled = load_runs(results_root) if only is None else [load_run(results_root / i) for i in only]
     for run in pulled:
-        if run.results is not None and run.step is not None and not values_of(run.directory):
+        wanted = run.results is not None and run.flag is None and run.step is not None
+        if wanted and not values_of(run.directory):
             waiting.setdefault(run.training_run, []).append(run)
     stored = 0
     for training_run, runs in waiting.items():

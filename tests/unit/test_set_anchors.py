@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from dflash_ops.core.errors import HostError
-from dflash_ops.evaluation import compare_rows, results, set_anchors, tracking
+from dflash_ops.evaluation import compare_rows, results, set_anchors, tracking, training_fetch
 from dflash_ops.evaluation.set_anchors import (
     anchor_file,
     anchor_problem,
@@ -158,3 +158,14 @@ def test_a_flagged_run_pulled_by_watch_or_run_eval_is_said_and_sent_nowhere(tmp_
     assert line.startswith(f"[yellow]not comparable[/]: run tampered: feature set {SET} on eval")
     assert TAMPERED[:12] in line and "left out of comparisons, training metrics and W&B" in line
     assert not (tmp_path / "tampered" / tracking.SENT_FILE).exists()
+
+
+def test_fetch_results_reads_no_training_metrics_for_a_flagged_run(tmp_path):
+    pulled(tmp_path, {"tampered": with_set(TAMPERED)})
+    anchored(tmp_path)
+    [flagged] = [run for run in results.load_runs(tmp_path) if run.flag]
+    said: list[str] = []
+    # no metrics log named: a run considered at all would make attach look one up
+    inventory = SimpleNamespace(local=SimpleNamespace(results=tmp_path))
+    assert training_fetch.attach(inventory, tmp_path, said.append) == 0
+    assert said == [] and flagged.run_id == "tampered"
