@@ -227,7 +227,8 @@ def trend_finding(
     within the intervals is not evidence, and a candidate that does not load or holds NaN is
     not merely behind."""
     repaired = any(f["area"] == "repair" and f.get("setting") for f in findings)
-    if repaired or any(f["area"] in ("loading", "weights") for f in findings):
+    # "training": the harness already said it, the other drafter being a step of this run
+    if repaired or any(f["area"] in ("loading", "weights", "training") for f in findings):
         return None
     later = trend["best_later_step"]
     mine, theirs = trend["intervals"].get(step), trend["intervals"].get(later)

@@ -14,7 +14,7 @@ from typing import Any
 from dflash_eval.contract import reading
 
 from dflash_ops.evaluation.compare_records import RunRecord
-from dflash_ops.evaluation.compare_rows import number, ratio, run_records
+from dflash_ops.evaluation.compare_rows import number, ratio, run_records, tau_bounds
 from dflash_ops.evaluation.results import Comparison, RunResult
 
 # Results blocks shown as each run's provenance, in this order (bulky lists are summarised).
@@ -85,7 +85,7 @@ def _interval_note(record: RunRecord) -> str:
         return "no confidence interval recorded"
     if record.tau_macro_low is None:
         return "one prompt: no interval"
-    return f"95 % CI [{record.tau_macro_low:.3f}, {record.tau_macro_high:.3f}]"
+    return f"95 % CI {tau_bounds(record)}"
 
 
 def _difference(now: float | None, before: float | None) -> str:

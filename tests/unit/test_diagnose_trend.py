@@ -84,6 +84,8 @@ def test_a_rise_within_the_intervals_is_not_called_less_trained(tmp_path):
         {"area": "repair", "title": "block_size 16", "setting": "block_size"},
         {"area": "weights", "title": "3 parameters hold NaN or inf"},
         {"area": "loading", "title": "the candidate does not load strictly"},
+        # the harness's own: the other drafter is a later step of this run (no second one)
+        {"area": "training", "title": "less trained: step 2000 is an earlier step of a run"},
     ],
 )
 def test_no_less_trained_claim_beside_a_repair_or_a_broken_candidate(tmp_path, found):

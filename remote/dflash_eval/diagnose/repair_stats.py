@@ -237,16 +237,7 @@ def judge(repairs: Sequence[Repair], alpha: float = ALPHA) -> list[Repair]:
     """The repairs with their verdicts, findings first by the lower bound of the gap they
     close (an unbounded one last), then the rest by Δτ."""
     rejected = holm([repair.p_value for repair in repairs], alpha)
-    judged = [
-        Repair(
-            r.name,
-            r.delta_tau,
-            r.gap_closed,
-            r.p_value,
-            FINDING if significant and _large_enough(r) else NO_EFFECT,
-        )
-        for r, significant in zip(repairs, rejected, strict=True)
-    ]
+    judged = [_judged(r, significant) for r, significant in zip(repairs, rejected, strict=True)]
 
     def order(repair: Repair) -> tuple:
         closed = repair.gap_closed
@@ -259,9 +250,14 @@ def judge(repairs: Sequence[Repair], alpha: float = ALPHA) -> list[Repair]:
 def judge_within(measured: Repair, family: Sequence[float], alpha: float = ALPHA) -> Repair:
     """One more measurement judged as a repair, with Holm's correction over the family of
     p-values already tried and its own."""
-    rejected = holm([*family, measured.p_value], alpha)[-1]
-    verdict = FINDING if rejected and _large_enough(measured) else NO_EFFECT
-    return dataclasses.replace(measured, verdict=verdict)
+    return _judged(measured, holm([*family, measured.p_value], alpha)[-1])
+
+
+def _judged(repair: Repair, significant: bool) -> Repair:
+    """The repair with its verdict: a finding when Holm rejected and the effect is large
+    enough."""
+    verdict = FINDING if significant and _large_enough(repair) else NO_EFFECT
+    return dataclasses.replace(repair, verdict=verdict)
 
 
 def detectable_effect(prompts: int, repairs: int, alpha: float = ALPHA) -> float | None:
