@@ -16,7 +16,7 @@ from dflash_eval.contract import options as table
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.numbers import parse_number, span
 from dflash_eval.contract.parser import build_parser
-from dflash_eval.walk.sampling import Sampling
+from dflash_eval.walk.sampling_settings import Sampling
 from fabric.main import program
 
 import fabfile

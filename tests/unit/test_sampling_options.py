@@ -7,7 +7,7 @@ import re
 
 import pytest
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.walk.sampling import Sampling
+from dflash_eval.walk.sampling_settings import Sampling
 
 from dflash_ops.core.arguments import one_of
 from dflash_ops.core.errors import OpsError

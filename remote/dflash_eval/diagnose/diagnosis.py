@@ -38,9 +38,9 @@ from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.run import evaluate, inputs, record
 from dflash_eval.run.drafters import ddtree_budgets, load_for_run
 from dflash_eval.run.options import EvalOptions
+from dflash_eval.run.prepared import prepare
 from dflash_eval.run.results import write_results
-from dflash_eval.run.threads import default_threads, host_cores
-from dflash_eval.target.model import load_tokenizer, stop_token_ids, target_identity
+from dflash_eval.run.threads import host_cores
 from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import summarize
 
@@ -58,13 +58,11 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
     if run.reference_drafter is None:
         raise HarnessError("diagnose needs the drafter to compare with: pass --reference-drafter.")
     started = time.perf_counter()
-    torch.set_num_threads(run.threads or default_threads(host_cores()))
     inputs.check_paths(run)
-    prompts = inputs.load_prompts(run)
+    prepared = prepare(run, host_cores())
+    torch.set_num_threads(prepared.threads)
     timer, warnings = Timer(), []
     target = TargetSource(run.target, run.target_dtype, timer, progress)
-    tokenizer = load_tokenizer(run.target)
-    stops = stop_token_ids(run.target, tokenizer)
     try:
         candidate = load_for_run(run.checkpoint, run, target.shape, progress, warnings)
     except HarnessError as error:
@@ -73,24 +71,13 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         return diagnosis
     other = load_for_run(run.reference_drafter, run, target.shape, progress, warnings, candidate)
     # The DDTree budgets as eval resolves them (its default; none for a DFlash-2 drafter).
-    run = dataclasses.replace(run, ddtree=ddtree_budgets(run.ddtree, [candidate, other]))
+    prepared = prepared.with_options(ddtree=ddtree_budgets(run.ddtree, [candidate, other]))
+    run = prepared.options
     options = dataclasses.replace(options, run=run)
     drafters = {"drafter": candidate.config, "reference drafter": other.config}
-    parts = evaluate._target_side(
-        run,
-        prompts,
-        None,
-        target,
-        None,  # completions from the target itself: a diagnosis never asks SGLang
-        tokenizer,
-        stops,
-        target_identity(run.target),
-        drafters,
-        torch.get_num_threads(),
-        warnings,
-        progress,
-        timer,
-    )
+    # Completions from the target itself (no feature set, no client): a diagnosis never asks
+    # SGLang.
+    parts = evaluate._target_side(prepared, None, target, None, drafters, warnings, progress, timer)
     head = target.embedding_and_head()
     sides = {}
     for role, loaded in (("candidate", candidate), ("other", other)):
@@ -106,7 +93,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         sides[role]["feature_reliance"] = stats.paired_difference(taus, without)
     with timer.phase("repairs"):
         repairs = repair_runs.measure_repairs(
-            run, candidate, other, parts, head, tokenizer, (base, theirs), progress
+            run, candidate, other, parts, head, (base, theirs), progress
         )
     repairs["features"] = repair_runs.feature_share((base, theirs), blind, repairs["tried"])
     diagnosis = {

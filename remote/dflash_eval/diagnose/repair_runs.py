@@ -28,7 +28,6 @@ def measure_repairs(
     other: LoadedDrafter,
     parts: record.RunParts,
     head: tuple[torch.Tensor, torch.Tensor],
-    tokenizer: Any,
     taus: tuple[list[float | None], list[float | None]],
     progress: Progress,
 ) -> dict[str, Any]:
@@ -40,7 +39,7 @@ def measure_repairs(
         other.config,
         parts.target.shape.num_layers,
         head[0].shape[0],
-        special_tokens(tokenizer),
+        special_tokens(parts.target.tokenizer),
     )
     source, layers = parts.target, _layers_read(settings, config, other.config)
     float32, not_tried = _float32_features(source, layers)

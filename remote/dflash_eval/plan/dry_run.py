@@ -32,10 +32,10 @@ from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.reference.pipeline import Sequence
 from dflash_eval.reference.sglang_server import check_serves
-from dflash_eval.run.inputs import load_prompts
 from dflash_eval.run.options import EvalOptions
+from dflash_eval.run.prepared import PreparedRun, prepare
 from dflash_eval.run.results import library_versions, staged_sha256
-from dflash_eval.run.threads import default_threads, host_cores
+from dflash_eval.run.threads import host_cores
 from dflash_eval.target.config import TargetConfig, TargetShape, read_target_config
 from dflash_eval.target.features import (
     BYTES_PER_ELEMENT,
@@ -50,7 +50,6 @@ from dflash_eval.target.features import (
 )
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import DEVICE
-from dflash_eval.walk.sampling import from_options
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     """The plan of `eval` with these options, as one JSON-ready dict."""
     facts = facts or HostFacts.read()
     _require_inputs(options)
+    run = prepare(options, facts.cores)  # the decisions `eval` makes, made by the same code
     config = read_target_config(options.target)
     shape = config.shape
     saved = config.saved_dtype
@@ -95,26 +95,25 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     drafter = drafter_facts(options, shape)
     reference = reference_facts(options, shape) if options.reference_drafter else None
     problems += drafter.problems + (reference.problems if reference else [])
-    prompts = load_prompts(options)
     completions = completions_record(options, problems)
-    cached = count_cache(options, config, choice, prompts, drafter, reference, completions)
-    problems += context_problems(options, prompts, cached, [drafter, reference], config)
+    cached = count_cache(run, config, choice, drafter, reference, completions)
+    problems += context_problems(options, run.prompts, cached, [drafter, reference], config)
     target = _target_record(options, config, saved, saved_bytes, choice, facts, cached)
-    threads = options.threads or default_threads(facts.cores)  # what the run will use
-    machine = estimate.Machine(threads, facts.cpu.feature_class)
+    machine = estimate.Machine(run.threads, facts.cpu.feature_class)
     phases = _phases(options, target, drafter, reference, cached, shape)
     return {
+        "run": run.record(),
         "target": target,
         "drafter": drafter.record(),
         "reference_drafter": reference.record() if reference else None,
-        "prompts": {"count": len(prompts), "source": prompts_source(options.prompts)},
+        "prompts": {"count": len(run.prompts), "source": prompts_source(options.prompts)},
         "cache": cached.record(),
         "completions": completions,
         "host": {
             "memory_available_bytes": facts.memory_available,
             "cpu": facts.cpu.record(),
             "cores": facts.cores,
-            "threads": threads,
+            "threads": run.threads,
         },
         "estimate": estimate.estimate(machine, phases),
         "problems": problems,
@@ -216,10 +215,9 @@ class CacheCount:
 
 
 def count_cache(
-    options: EvalOptions,
+    run: PreparedRun,
     config: dict[str, Any],
     choice: DtypeChoice | None,
-    prompts: list[Prompt],
     drafter: DrafterFacts,
     reference: DrafterFacts | None,
     completions: dict[str, Any],
@@ -229,8 +227,7 @@ def count_cache(
     come from (completions_record: the server's answer is part of their key). At T > 0
     every sampled path of a prompt is an entry of its own: its completion, hidden states
     and walk each cost what a prompt's do."""
-    sampling = from_options(options)
-    paths = sampling.paths if sampling.active else 1
+    options, prompts, sampling, paths = run.options, run.prompts, run.sampling, run.paths
     count = CacheCount(options.cache_dir is not None, len(prompts) * paths, paths=paths)
     drafters = [d for d in (drafter, reference) if d is not None]
     if choice is None or not all(d.known for d in drafters):

@@ -24,7 +24,8 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.urls import conceal, endpoint, redact_url
 from dflash_eval.reference.sglang_server import ServedModel, check_serves
-from dflash_eval.walk.sampling import Sampling, generator, sample_row, stream_seed
+from dflash_eval.walk.sampling import generator, sample_row, stream_seed
+from dflash_eval.walk.sampling_settings import Sampling
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, thinking: bool = False) -> tuple[list[int], bool]:

@@ -30,7 +30,7 @@ from dflash_eval.reference.completions import (
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import Span
-from dflash_eval.walk.sampling import Sampling
+from dflash_eval.walk.sampling_settings import Sampling
 
 LOCAL_GREEDY = cache_keys.LOCAL_GREEDY
 
@@ -107,7 +107,6 @@ def target_side(
     lookup: Lookup,
     target: TargetSource,
     client: SGLangClient | None,
-    stops: list[int],
     max_new_tokens: int,
     conversations: Conversations,
     progress: Progress,
@@ -116,9 +115,7 @@ def target_side(
 ) -> None:
     """Both phases, each timed: the references, then the hidden states."""
     with timer.phase("completions"):
-        make_references(
-            sequences, lookup, target, client, stops, max_new_tokens, conversations, progress
-        )
+        make_references(sequences, lookup, target, client, max_new_tokens, conversations, progress)
     with timer.phase("hidden_states"):
         hidden_states(sequences, lookup, target, progress, keep_all)
 
@@ -128,14 +125,13 @@ def make_references(
     lookup: Lookup,
     target: TargetSource,
     client: SGLangClient | None,
-    stops: list[int],
     max_new_tokens: int,
     conversations: Conversations,
     progress: Progress,
 ) -> None:
     """Phase `completions`: each sequence's reference and span (later turns of a
     conversation are encoded once the turn before has its completion)."""
-    total = len(sequences)
+    total, stops = len(sequences), target.stops
 
     def fits(seq: Sequence) -> None:
         require_context(

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from dflash_eval.contract import options as run_options
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
-from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.schema import Checkpoint, Results
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.health import NonFiniteLogits, non_finite_logits
@@ -42,28 +39,27 @@ from dflash_eval.reference.feature_set import FeatureSet, read_feature_set
 from dflash_eval.run import inputs, record
 from dflash_eval.run.drafters import ddtree_budgets, load_drafters
 from dflash_eval.run.options import EvalOptions
+from dflash_eval.run.prepared import PreparedRun, prepare
 from dflash_eval.run.record import DrafterRun
 from dflash_eval.run.results import library_versions, write_results
-from dflash_eval.run.threads import default_threads, host_cores
-from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
+from dflash_eval.run.threads import host_cores
+from dflash_eval.target.model import DTYPES
 from dflash_eval.target.source import TargetSource, eval_device
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor, SampledPredictor
 from dflash_eval.walk.sampled import SampledWalk, summarize_sampled, walk_sequence
 from dflash_eval.walk.samples import Decode, draft_sample, sampled_prompts, tokenizer_decoder
-from dflash_eval.walk.sampling import from_options, refuse_dflash2
+from dflash_eval.walk.sampling_settings import refuse_dflash2
 
 
 def run_eval(options: EvalOptions, progress: Progress) -> Results:
     started = time.perf_counter()
     timer = Timer()
-    run_options.check(options)  # before torch is handed any of them
-    torch.set_num_threads(options.threads or default_threads(host_cores()))
-    threads = torch.get_num_threads()
-    inputs.check_paths(options)
-    prompts = inputs.load_prompts(options)
-    sampling = from_options(options)
-    options = replace(options, device=eval_device(options.device, sampling.active))
+    inputs.check_paths(options)  # a missing input fails before anything is decided from it
+    run = prepare(options, host_cores())  # checks the options before torch is handed any
+    torch.set_num_threads(run.threads)
+    run = run.with_options(device=eval_device(options.device, run.sampled))
+    options = run.options
     # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
     features_set = read_feature_set(options.features) if options.features else None
     progress.event(
@@ -71,7 +67,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         checkpoint=str(options.checkpoint),
         target=str(options.target),
         out=str(options.out),
-        threads=threads,
+        threads=run.threads,
     )
     warnings: list[str] = []
     client = _sglang_client(options, features_set, progress, warnings)  # checked before all
@@ -81,13 +77,12 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         target = TargetSource(
             options.target, _target_dtype(options, features_set), timer, progress, options.device
         )
-        tokenizer = load_tokenizer(options.target)
-        stops = stop_token_ids(options.target, tokenizer)
     with timer.phase("load_drafter"):
         drafter, reference = load_drafters(options, target.shape, progress, warnings)
     dflash2 = [d.source.path for d in (drafter, reference) if d is not None and d.config.dflash2]
-    refuse_dflash2(sampling, dflash2)
-    options = replace(options, ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
+    refuse_dflash2(run.sampling, dflash2)
+    run = run.with_options(ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
+    options = run.options
     with timer.phase("hash"):
         drafter_identity = record.checkpoint_identity(
             drafter, options.step, options.verify, options.training_run
@@ -95,26 +90,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         reference_identity = (
             record.checkpoint_identity(reference, None, options.verify) if reference else None
         )
-        identity = target_identity(options.target)
 
     drafters = {"drafter": drafter.config}
     if reference is not None:
         drafters["reference drafter"] = reference.config
-    parts = _target_side(
-        options,
-        prompts,
-        features_set,
-        target,
-        client,
-        tokenizer,
-        stops,
-        identity,
-        drafters,
-        threads,
-        warnings,
-        progress,
-        timer,
-    )
+    parts = _target_side(run, features_set, target, client, drafters, warnings, progress, timer)
     borrowed = target.embedding_and_head()
     walked = _evaluate(drafter, drafter_identity, "drafter", parts, borrowed, progress, timer)
     ref_walked = (
@@ -130,16 +110,11 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
 
 
 def _target_side(
-    options: EvalOptions,
-    prompts: list[Prompt],
+    run: PreparedRun,
     features_set: FeatureSet | None,
     target: TargetSource,
     client: SGLangClient | None,
-    tokenizer: Any,
-    stops: list[int],
-    identity: dict[str, Any],
     drafters: dict[str, DrafterConfig],
-    threads: int,
     warnings: list[str],
     progress: Progress,
     timer: Timer,
@@ -148,31 +123,30 @@ def _target_side(
     feature set, the cache, SGLang or the target), and the features record."""
     # Later turns of a conversation are encoded once the turn before has its completion;
     # at T > 0 each prompt has `paths` sequences, path by path (each path its own history).
-    conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
-    sampling = from_options(options)
+    options = run.options
+    conversations = Conversations(target.tokenizer, options.thinking, options.max_new_tokens)
     sequences = [
         pipeline.Sequence(p, [] if p.follows else conversations.encode(p, path), path)
-        for path in range(sampling.paths if sampling.active else 1)
-        for p in prompts
+        for path in range(run.paths)
+        for p in run.prompts
     ]
-    if options.thinking and not template_reads_thinking(tokenizer):
+    if options.thinking and not template_reads_thinking(target.tokenizer):
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
         progress.warn(warnings[-1])
     libraries = library_versions()
     target_match = (  # the set (if any) must serve this run exactly
-        features_set.check_fits(identity, drafters, options.max_new_tokens, options.thinking)
+        features_set.check_fits(target.identity, drafters, options.max_new_tokens, options.thinking)
         if features_set is not None
         else None
     )
-    lookup = _lookup(options, features_set, drafters, identity, target, libraries, client)
-    if sampling.active:
-        lookup.completion_source, lookup.sampling = LOCAL_SAMPLED, sampling
+    lookup = _lookup(options, features_set, drafters, target, libraries, client)
+    if run.sampled:
+        lookup.completion_source, lookup.sampling = LOCAL_SAMPLED, run.sampling
     pipeline.target_side(
         sequences,
         lookup,
         target,
         client,
-        stops,
         options.max_new_tokens,
         conversations,
         progress,
@@ -186,18 +160,13 @@ def _target_side(
             features = features_record(target, sequences[0], lookup, progress, warnings)
     target.release_body()
     return record.RunParts(
-        options,
-        prompts,
-        tokenizer,
-        stops,
+        run,
         target,
-        identity,
         lookup,
         libraries,
         features,
         sequences,
         conversations,
-        threads,
         warnings,
     )
 
@@ -213,13 +182,12 @@ def _evaluate(
 ) -> record.Evaluated:
     """Phase 4 for one drafter: its walks over every sequence, their summary, and loud
     warnings about prompts it could not score."""
-    decode = tokenizer_decoder(parts.tokenizer)
+    decode = tokenizer_decoder(parts.target.tokenizer)
     with timer.phase(phase):
-        run = _walk_all(loaded, phase, parts.sequences, borrowed, parts.options, decode, progress)
-    sampling = from_options(parts.options)
-    if sampling.active:
+        run = _walk_all(loaded, phase, parts.sequences, borrowed, parts.run, decode, progress)
+    if parts.run.sampled:
         units = [(s.prompt.id, parts.conversations.first_turn(s.prompt)) for s in parts.sequences]
-        metrics = summarize_sampled(run.walks, loaded.config.block_size, sampling, units)
+        metrics = summarize_sampled(run.walks, loaded.config.block_size, parts.run.sampling, units)
     else:
         metrics = summarize(run.walks, loaded.config.block_size, parts.options.ddtree)
     role = phase.replace("_", " ")
@@ -264,7 +232,6 @@ def _lookup(
     options: EvalOptions,
     features_set: FeatureSet | None,
     drafters: dict[str, DrafterConfig],
-    identity: dict[str, Any],
     target: TargetSource,
     libraries: dict[str, Any],
     client: SGLangClient | None,
@@ -284,7 +251,7 @@ def _lookup(
         )
     return pipeline.Lookup(
         DiskCache(options.cache_dir),
-        pipeline.shared_key(identity["fingerprint"], target, libraries),
+        pipeline.shared_key(target.identity["fingerprint"], target, libraries),
         pipeline.completion_source(client),
         max(config.block_size for config in drafters.values()),
         sorted(set().union(*(config.target_layer_ids for config in drafters.values()))),
@@ -297,20 +264,20 @@ def _walk_all(
     phase: str,
     sequences: list[pipeline.Sequence],
     borrowed: tuple[torch.Tensor, torch.Tensor],  # the target's embedding and LM head
-    options: EvalOptions,
+    run: PreparedRun,
     decode: Decode,
     progress: Progress,
 ) -> DrafterRun:
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
-    device = options.device or "cpu"
+    device = run.options.device or "cpu"
     head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype, device)
     loaded.model.to(device)
     # Every tensor the predictors make (positions, masks, token ids) goes to `device` too.
     # Not on the CPU, where they are made anyway: the device context intercepts every torch
     # call in Python, which costs the small CPU ops of a walk.
     with nullcontext() if device == "cpu" else torch.device(device):
-        return _walk_on(loaded, phase, sequences, head, options, decode, progress)
+        return _walk_on(loaded, phase, sequences, head, run, decode, progress)
 
 
 def _walk_on(
@@ -318,16 +285,15 @@ def _walk_on(
     phase: str,
     sequences: list[pipeline.Sequence],
     head: BorrowedHead,
-    options: EvalOptions,
+    prepared: PreparedRun,
     decode: Decode,
     progress: Progress,
 ) -> DrafterRun:
-    config = loaded.config
+    config, options = loaded.config, prepared.options
     dtype = head.embed_weight.dtype
     top_k = max([1, *options.ddtree])
-    sampling = from_options(options)
     predictor_class = PerBlockPredictor if options.per_block else Predictor
-    predictor_class = SampledPredictor if sampling.active else predictor_class
+    predictor_class = SampledPredictor if prepared.sampled else predictor_class
     run = DrafterRun([], 0, 0.0, [])
     total = len(sequences)
     sampled = sampled_prompts([seq.prompt.dataset for seq in sequences])
@@ -350,7 +316,9 @@ def _walk_on(
         try:
             if isinstance(predictor, SampledPredictor):
                 walked = None
-                run.walks.append(walk_sequence(predictor, seq, sampling, options.max_blocks))
+                run.walks.append(
+                    walk_sequence(predictor, seq, prepared.sampling, options.max_blocks)
+                )
             else:
                 walked = walk_prompt(
                     predictor,

@@ -30,7 +30,7 @@ from dflash_eval.reference.feature_record import features_record
 from dflash_eval.run.inputs import require_writable
 from dflash_eval.run.results import library_versions, utc_now
 from dflash_eval.run.threads import default_threads, host_cores
-from dflash_eval.target.model import load_tokenizer, sha256_file, stop_token_ids, target_identity
+from dflash_eval.target.model import sha256_file
 from dflash_eval.target.source import TargetSource, resolve_device, visible_gpus
 
 
@@ -73,15 +73,12 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         device = resolve_device("cuda" if options.shard_gpus else options.device)
         shard = visible_gpus(options.gpu_memory) if options.shard_gpus else None
         target = TargetSource(options.target, options.target_dtype, timer, progress, device, shard)
-        tokenizer = load_tokenizer(options.target)
-        stops = stop_token_ids(options.target, tokenizer)
-        identity = target_identity(options.target)
     _check_layers(options.layers, target.shape.num_layers)
-    inputs = _inputs(options, prompts, identity, target, client)
+    inputs = _inputs(options, prompts, target, client)
     if feature_set.is_complete_and_same(setdir, inputs):
         progress.say(f"{setdir} is already complete with these inputs: nothing to do")
         return _summary(setdir, feature_set.read_feature_set(setdir).manifest, noop=True)
-    need = _space_need(options, prompts, tokenizer, stops, target, inputs)
+    need = _space_need(options, prompts, target, inputs)
     progress.event("space", **need.record())
     if options.check_space:
         return {"set": setdir.name, "path": str(setdir), "space": need.record()}
@@ -95,10 +92,10 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         inputs["layer_ids"],
     )
 
-    if options.thinking and not template_reads_thinking(tokenizer):
+    if options.thinking and not template_reads_thinking(target.tokenizer):
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
         progress.warn(warnings[-1])
-    conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
+    conversations = Conversations(target.tokenizer, options.thinking, options.max_new_tokens)
     sequences = [
         pipeline.Sequence(p, [] if p.follows else conversations.encode(p)) for p in prompts
     ]
@@ -107,7 +104,6 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         lookup,
         target,
         client,
-        stops,
         options.max_new_tokens,
         conversations,
         progress,
@@ -169,7 +165,6 @@ def _made(record: dict[str, Any], host_name: str | None) -> dict[str, Any]:
 def _inputs(
     options: FeaturesOptions,
     prompts: list[Prompt],
-    identity: dict[str, Any],
     target: TargetSource,
     client: SGLangClient | None,
 ) -> dict[str, Any]:
@@ -179,6 +174,7 @@ def _inputs(
         prompt_record = {"source": str(options.prompts), "sha256": sha256_file(options.prompts)}
     else:
         prompt_record = {"source": "builtin", "sha256": prompts_hash(prompts)}
+    identity = target.identity
     inputs = {
         "format": feature_set.FORMAT,
         "shared_key": pipeline.shared_key(identity["fingerprint"], target, library_versions()),
@@ -200,14 +196,12 @@ def _inputs(
 def _space_need(
     options: FeaturesOptions,
     prompts: list[Prompt],
-    tokenizer: Any,
-    stops: list[int],
     target: TargetSource,
     inputs: dict[str, Any],
 ) -> feature_size.SpaceNeed:
     """The set's upper bound (reference/feature_size.py) against the free space where it goes."""
     bounds = feature_size.token_bounds(
-        prompts, tokenizer, options.thinking, options.max_new_tokens, options.block_size
+        prompts, target.tokenizer, options.thinking, options.max_new_tokens, options.block_size
     )
     shape = feature_size.SetShape(
         layers=len(inputs["layer_ids"]),
@@ -216,7 +210,7 @@ def _space_need(
         vocab_size=target.shape.vocab_size,
         shared_key=inputs["shared_key"],
         completion_source=inputs["completions"]["source"],
-        stops=stops,
+        stops=target.stops,
         max_new_tokens=options.max_new_tokens,
         block_size=options.block_size,
         layer_ids=inputs["layer_ids"],

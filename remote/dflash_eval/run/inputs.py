@@ -1,5 +1,5 @@
 """A run's inputs, checked before anything heavy loads: paths that must exist, directories
-that must be writable, drafter options that must parse, and the prompts to evaluate."""
+that must be writable, drafter options that must parse."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import tempfile
 from pathlib import Path
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.contract.prompts import Prompt, builtin_prompts, read_prompts_jsonl
 from dflash_eval.drafter.pickle_policy import expand_names
 from dflash_eval.drafter.profile import read_profile
 from dflash_eval.drafter.provenance import accepted_defaults
@@ -50,18 +49,3 @@ def require_writable(label: str, directory: Path) -> None:
             f"{label}: cannot write in {directory} ({error.strerror}). Choose a writable "
             "directory (and check free space) before a long run, not after it."
         ) from None
-
-
-def load_prompts(options: EvalOptions) -> list[Prompt]:
-    prompts = read_prompts_jsonl(options.prompts) if options.prompts else builtin_prompts()
-    wanted = options.num_prompts
-    if wanted is not None:
-        if wanted > len(prompts):
-            source = f"the file {options.prompts}" if options.prompts else "the built-in set"
-            raise HarnessError(
-                f"--num-prompts {wanted} asks for more prompts than {source} holds "
-                f"({len(prompts)}). Pass --num-prompts {len(prompts)} or less, or a --prompts "
-                f"JSONL file with at least {wanted} prompts."
-            )
-        prompts = prompts[:wanted]
-    return prompts

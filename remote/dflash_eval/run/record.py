@@ -38,7 +38,6 @@ from dflash_eval.reference.completions import template_reads_thinking
 from dflash_eval.run.results import file_identity, host_info, utc_now
 from dflash_eval.walk.by_dataset import acceptance_counts, intervals
 from dflash_eval.walk.sampled import SampledWalk, prompt_columns
-from dflash_eval.walk.sampling import from_options
 
 if TYPE_CHECKING:
     from dflash_eval.contract.progress import Timer
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
     from dflash_eval.drafter.loaders import LoadedDrafter
     from dflash_eval.reference.conversation import Conversations
     from dflash_eval.run.options import EvalOptions
+    from dflash_eval.run.prepared import PreparedRun
     from dflash_eval.target.source import TargetSource
     from dflash_eval.walk.metrics import PromptWalk
 
@@ -74,19 +74,26 @@ class Evaluated:
 class RunParts:
     """Everything else the record reads, as the phases of evaluate.run_eval left it."""
 
-    options: EvalOptions
-    prompts: list[Prompt]
-    tokenizer: Any
-    stops: list[int]
-    target: TargetSource
-    identity: dict[str, Any]  # target.target_identity
+    run: PreparedRun
+    target: TargetSource  # with its tokenizer, stop ids and identity
     lookup: pipeline.Lookup
     libraries: dict[str, str | None]
     features: dict[str, Any]  # the features record, before the load facts
     sequences: list[pipeline.Sequence]
     conversations: Conversations
-    threads: int
     warnings: list[str]
+
+    @property
+    def options(self) -> EvalOptions:
+        return self.run.options
+
+    @property
+    def prompts(self) -> list[Prompt]:
+        return self.run.prompts
+
+    @property
+    def threads(self) -> int:
+        return self.run.threads
 
 
 def results(
@@ -100,7 +107,7 @@ def results(
     options = parts.options
     rows = per_prompt(parts.sequences, drafter.run.walks, options.ddtree, parts.conversations)
     with timer.phase("intervals"):  # no DDTree at T > 0
-        by_dataset = intervals(rows, [] if from_options(options).active else options.ddtree)
+        by_dataset = intervals(rows, parts.run.ddtree_budgets)
     timer.seconds["total"] = time.perf_counter() - started
     reference_block = reference_record(reference) if reference else None
     return Results(
@@ -178,7 +185,7 @@ def drafter_block(loaded: LoadedDrafter) -> Drafter:
 
 
 def target_block(parts: RunParts) -> Target:
-    target, identity = parts.target, parts.identity
+    target, identity = parts.target, parts.target.identity
     return Target(
         path=str(parts.options.target),
         name=identity["name"],
@@ -193,7 +200,7 @@ def target_block(parts: RunParts) -> Target:
 
 
 def prompts_block(parts: RunParts) -> Prompts:
-    options, prompts, tokenizer = parts.options, parts.prompts, parts.tokenizer
+    options, prompts, tokenizer = parts.options, parts.prompts, parts.target.tokenizer
     return Prompts(
         source=str(options.prompts) if options.prompts else "builtin",
         count=len(prompts),
@@ -203,7 +210,7 @@ def prompts_block(parts: RunParts) -> Prompts:
         template_reads_thinking=template_reads_thinking(tokenizer),
         datasets=prompt_sets(prompts),
         max_new_tokens=options.max_new_tokens,
-        stop_token_ids=parts.stops,
+        stop_token_ids=parts.target.stops,
     )
 
 

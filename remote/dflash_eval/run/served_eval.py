@@ -28,7 +28,7 @@ from dflash_eval.contract.schema_served import (
 )
 from dflash_eval.reference.completions import SGLangClient, checked_client
 from dflash_eval.reference.conversation import Conversations
-from dflash_eval.run.inputs import load_prompts
+from dflash_eval.run.prepared import load_prompts
 from dflash_eval.run.results import utc_now
 from dflash_eval.target.model import load_tokenizer
 from dflash_eval.walk.by_dataset import conversations
@@ -53,7 +53,7 @@ class ServedOptions:
 
 def run_served(options: ServedOptions, progress: Progress) -> ServedResults:
     """Every prompt through the server; the record is written to options.out."""
-    prompts = load_prompts(options)  # type: ignore[arg-type]  # its prompts and num_prompts
+    prompts = load_prompts(options.prompts, options.num_prompts)
     client = checked_client(options.sglang_url, options.target, progress.say)
     talk = Conversations(load_tokenizer(options.target), options.thinking, options.max_new_tokens)
     rows: list[ServedPrompt] = []

@@ -8,6 +8,7 @@ entry is cached never reads the target's body.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ from dflash_eval.target.features import (
     kernel_record,
     weight_bytes,
 )
-from dflash_eval.target.model import DTYPES, Target, load_target
+from dflash_eval.target.model import (
+    DTYPES,
+    Target,
+    load_target,
+    load_tokenizer,
+    stop_token_ids,
+    target_identity,
+)
 from dflash_eval.target.parts import TargetParts, load_target_parts
 from dflash_eval.target.placement import Shard
 
@@ -105,6 +113,19 @@ class TargetSource:
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.dtype_choice.name]
+
+    # What a run reads of the target besides its weights, each read once, when first asked for.
+    @cached_property
+    def tokenizer(self) -> Any:
+        return load_tokenizer(self.path)
+
+    @cached_property
+    def stops(self) -> list[int]:
+        return stop_token_ids(self.path, self.tokenizer)
+
+    @cached_property
+    def identity(self) -> dict[str, Any]:
+        return target_identity(self.path)
 
     def target(self) -> Target:
         """The whole model, loaded on first use."""

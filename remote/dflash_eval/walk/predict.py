@@ -24,7 +24,8 @@ import torch
 from dflash_eval.drafter.health import require_finite_logits
 from dflash_eval.drafter.model import ContextCache, DFlashDrafter
 from dflash_eval.drafter.model_dflash2 import DFlash2Drafter
-from dflash_eval.walk.sampling import Sampling, token_probs
+from dflash_eval.walk.sampling import token_probs
+from dflash_eval.walk.sampling_settings import Sampling
 
 
 @dataclass

@@ -34,7 +34,8 @@ from dflash_eval.contract.schema_metrics import (
 )
 from dflash_eval.contract.student import PathValue, prompt_interval
 from dflash_eval.walk.metrics import TAU_CONVENTION, Span
-from dflash_eval.walk.sampling import Sampling, generator, stream_seed
+from dflash_eval.walk.sampling import generator, stream_seed
+from dflash_eval.walk.sampling_settings import Sampling
 
 if TYPE_CHECKING:
     from dflash_eval.walk.predict import SampledPredictor

@@ -13,7 +13,7 @@ from dflash_eval.reference.pipeline import Sequence
 from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
 from dflash_eval.walk.predict import BorrowedHead, SampledPredictor
 from dflash_eval.walk.sampled import Expectation, walk_sequence
-from dflash_eval.walk.sampling import Sampling
+from dflash_eval.walk.sampling_settings import Sampling
 
 from .live_drafter import PlainDrafter
 from .live_loops import LiveModels, Settings

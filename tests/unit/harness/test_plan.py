@@ -86,6 +86,7 @@ def test_a_cold_cache_counts_no_hits_and_an_eval_fills_it(lab, tmp_path):
     assert cold["target"]["body_loads"] is True
     assert cold["drafter"]["source"] == "checkpoint"
     assert cold["drafter"]["block_size"] == 8 and cold["drafter"]["target_layer_ids"]
+    assert cold["run"] == {"mode": "greedy", "sampling": None, "paths": 1, "threads": 6}
 
     run_eval(chosen, Progress(quiet=True))
     warm = make_plan(chosen, facts())
@@ -111,6 +112,11 @@ def test_sampled_paths_multiply_the_completions_the_forwards_and_the_walks(lab, 
     three = make_plan(options(lab, tmp_path, **sampled, paths=3), facts())
     assert three["cache"]["completions"] == {"hits": 0, "total": 9}
     assert three["cache"]["paths"] == 3 and one["cache"]["paths"] == 1
+    # The plan prints the run's decisions as `eval` makes them (run/prepared.py).
+    assert three["run"]["mode"] == "sampled" and three["run"]["paths"] == 3
+    assert (
+        three["run"]["sampling"]["temperature"] == 8.0 and three["run"]["sampling"]["top_k"] == 40
+    )
     for phase in ("completions", "hidden_states", "drafter"):
         ratio = three["estimate"]["phases"][phase] / one["estimate"]["phases"][phase]
         assert ratio == pytest.approx(3, rel=0.01), phase

@@ -21,7 +21,8 @@ from dflash_eval.contract.summary import summary_lines
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.walk.metrics import Span
 from dflash_eval.walk.sampled import WalkRule, expected_walk, summarize_sampled, walk_sampled
-from dflash_eval.walk.sampling import Sampling, from_options, processed_probs
+from dflash_eval.walk.sampling import processed_probs
+from dflash_eval.walk.sampling_settings import Sampling, from_options
 
 from .helpers import quick_eval
 from .live_loops import Settings, plain_probs
