@@ -40,6 +40,7 @@ RUN = ("eval", "plan", "diagnose")
 RUN_EVAL, WATCH, EXTRACT_FEATURES = "run-eval", "watch", "extract-features"
 DIAGNOSE = "diagnose"  # fab diagnose: the few run options a diagnosis is sized by
 EVAL_TASKS = (RUN_EVAL, WATCH)  # fab watch passes run-eval's options to every run
+DEFAULT_DEVICE = "cpu"  # the harness computes on CPU unless --device says otherwise
 
 
 @dataclass(frozen=True)

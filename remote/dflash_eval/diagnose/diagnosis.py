@@ -41,7 +41,7 @@ from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.prepared import prepare
 from dflash_eval.run.results import write_results
 from dflash_eval.run.threads import host_cores
-from dflash_eval.target.source import TargetSource
+from dflash_eval.target.source import TargetSource, resolve_device
 from dflash_eval.walk.metrics import summarize
 
 DIAGNOSIS_FORMAT = 2  # 2: measured repairs replace scored probes
@@ -59,7 +59,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         raise HarnessError("diagnose needs the drafter to compare with: pass --reference-drafter.")
     started = time.perf_counter()
     inputs.check_paths(run)
-    prepared = prepare(run, host_cores())
+    prepared = prepare(run, host_cores(), resolve_device)
     torch.set_num_threads(prepared.threads)
     timer, warnings = Timer(), []
     target = TargetSource(run.target, run.target_dtype, timer, progress)

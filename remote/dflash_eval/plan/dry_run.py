@@ -49,7 +49,7 @@ from dflash_eval.target.features import (
     weight_bytes,
 )
 from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
-from dflash_eval.target.source import DEVICE
+from dflash_eval.target.source import resolve_device
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     """The plan of `eval` with these options, as one JSON-ready dict."""
     facts = facts or HostFacts.read()
     _require_inputs(options)
-    run = prepare(options, facts.cores)  # the decisions `eval` makes, made by the same code
+    # The decisions `eval` makes, made by the same code (the device too: it is in every key).
+    run = prepare(options, facts.cores, resolve_device)
     config = read_target_config(options.target)
     shape = config.shape
     saved = config.saved_dtype
@@ -87,7 +88,12 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     problems: list[str] = []
     try:
         choice: DtypeChoice | None = choose_target_dtype(
-            options.target_dtype, saved, config, saved_bytes, facts.memory_available, DEVICE
+            options.target_dtype,
+            saved,
+            config,
+            saved_bytes,
+            facts.memory_available,
+            run.options.device,
         )
     except HarnessError as refusal:
         choice = None
@@ -243,7 +249,7 @@ def count_cache(
         target_identity(target)["fingerprint"],
         str(DTYPES[choice.name]),
         library_versions(),
-        DEVICE,
+        options.device,
         kernel_record(config),
     )
     source = (

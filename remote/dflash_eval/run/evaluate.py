@@ -44,7 +44,7 @@ from dflash_eval.run.record import DrafterRun
 from dflash_eval.run.results import library_versions, write_results
 from dflash_eval.run.threads import host_cores
 from dflash_eval.target.model import DTYPES
-from dflash_eval.target.source import TargetSource, eval_device
+from dflash_eval.target.source import TargetSource, resolve_device
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor, SampledPredictor
 from dflash_eval.walk.sampled import SampledWalk, summarize_sampled, walk_sequence
@@ -56,9 +56,8 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
     started = time.perf_counter()
     timer = Timer()
     inputs.check_paths(options)  # a missing input fails before anything is decided from it
-    run = prepare(options, host_cores())  # checks the options before torch is handed any
+    run = prepare(options, host_cores(), resolve_device)  # options checked before torch has any
     torch.set_num_threads(run.threads)
-    run = run.with_options(device=eval_device(options.device, run.sampled))
     options = run.options
     # A feature set is read first: its dtype is the run's, and a bad one fails in a second.
     features_set = read_feature_set(options.features) if options.features else None

@@ -1,14 +1,16 @@
 """A run's decisions, made once before anything heavy loads (PreparedRun): its prompts, greedy
 or sampled and with which settings, how many sequences per prompt, the DDTree budgets it
-measures, its threads. `eval`, its dry run (`plan`) and `diagnose` each start from `prepare`
-and read these from the value, so none of them decides them a second time.
+measures, its threads, the device it computes on. `eval`, its dry run (`plan`) and
+`diagnose` each start from `prepare` and read these from the value, so none of them decides
+them a second time.
 
-Stdlib only: the dry run prepares without loading torch.
+Stdlib only: whether CUDA is there is asked of the function the caller hands in (torch's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from dflash_eval.walk.sampling_settings import Sampling, from_options
 
 @dataclass(frozen=True)
 class PreparedRun:
-    options: EvalOptions
+    options: EvalOptions  # its device: the one decided (run_device)
     prompts: list[Prompt]
     sampling: Sampling  # checked against the options it is used with (from_options)
     threads: int  # torch threads: --threads, else one per physical core (run/threads.py)
@@ -53,16 +55,32 @@ class PreparedRun:
             "sampling": self.sampling.record() if self.sampled else None,
             "paths": self.paths,
             "threads": self.threads,
+            "device": self.options.device,
         }
 
 
-def prepare(options: EvalOptions, cores: int) -> PreparedRun:
-    """The run's decisions from its options; `cores`: the physical cores it may run on."""
+def prepare(options: EvalOptions, cores: int, resolve: Callable[[str], str]) -> PreparedRun:
+    """The run's decisions from its options. `cores`: the physical cores it may run on;
+    `resolve`: a `--device` as this host honours it (target/source.py's resolve_device)."""
     run_options.check(options)  # before anything is decided from them
     sampling = from_options(options)
     threads = options.threads or default_threads(cores)
     prompts = load_prompts(options.prompts, options.num_prompts)
-    return PreparedRun(options, prompts, sampling, threads)
+    device = run_device(options.device, sampling.active, resolve)
+    return PreparedRun(dataclasses.replace(options, device=device), prompts, sampling, threads)
+
+
+def run_device(requested: str | None, sampled: bool, resolve: Callable[[str], str]) -> str:
+    """A run's `--device` as this host can honour it (the CPU by default). On CUDA the
+    walks are greedy only: the sampled walks draw from CPU generators, whose streams a GPU
+    would not repeat."""
+    if sampled and requested == "cuda":
+        raise HarnessError(
+            "--device cuda evaluates greedy runs (--temperature 0) only: the sampled walks "
+            "draw from CPU random streams. Use --device cpu for T > 0."
+        )
+    device = resolve(requested or run_options.DEFAULT_DEVICE)
+    return run_options.DEFAULT_DEVICE if sampled else device
 
 
 def load_prompts(path: Path | None, wanted: int | None) -> list[Prompt]:

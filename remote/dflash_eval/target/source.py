@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dflash_eval.contract.errors import HarnessError
+from dflash_eval.contract.options import DEFAULT_DEVICE
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.target.config import TargetShape, read_target_config
 from dflash_eval.target.features import (
@@ -35,8 +36,6 @@ from dflash_eval.target.model import (
 from dflash_eval.target.parts import TargetParts, load_target_parts
 from dflash_eval.target.placement import Shard
 
-DEVICE = "cpu"  # the harness computes on CPU unless --device says otherwise
-
 
 def resolve_device(requested: str) -> str:
     """The device a run asked for (`--device`): CUDA when asked for or (auto) present, else
@@ -50,19 +49,6 @@ def resolve_device(requested: str) -> str:
             "cpu."
         )
     return requested
-
-
-def eval_device(requested: str | None, sampled: bool) -> str:
-    """An eval's `--device` as this host can honour it (the CPU by default). On CUDA the
-    walks are greedy only: the sampled walks draw from CPU generators, whose streams a GPU
-    would not repeat."""
-    if sampled and requested == "cuda":
-        raise HarnessError(
-            "--device cuda evaluates greedy runs (--temperature 0) only: the sampled walks "
-            "draw from CPU random streams. Use --device cpu for T > 0."
-        )
-    device = resolve_device(requested or DEVICE)
-    return DEVICE if sampled else device
 
 
 def visible_gpus(cap_bytes: int | None) -> Shard:
@@ -85,7 +71,7 @@ class TargetSource:
         requested_dtype: str,
         timer: Timer,
         progress: Progress,
-        device: str = DEVICE,
+        device: str = DEFAULT_DEVICE,
         shard: Shard | None = None,
     ) -> None:
         self.path = Path(path)

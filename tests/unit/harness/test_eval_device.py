@@ -8,7 +8,8 @@ import pytest
 import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.parser import build_parser
-from dflash_eval.target.source import eval_device
+from dflash_eval.run.prepared import run_device
+from dflash_eval.target.source import resolve_device
 
 from .helpers import quick_eval
 
@@ -39,6 +40,14 @@ def test_cuda_without_a_gpu_is_one_line_saying_what_to_do(lab, tmp_path):
 
 def test_sampled_runs_stay_on_the_cpu():
     with pytest.raises(HarnessError, match=r"--device cuda evaluates greedy runs"):
-        eval_device("cuda", sampled=True)
-    assert eval_device("auto", sampled=True) == "cpu"
-    assert eval_device(None, sampled=False) == "cpu"
+        run_device("cuda", True, resolve_device)
+    assert run_device("auto", True, resolve_device) == "cpu"
+    assert run_device(None, False, resolve_device) == "cpu"
+
+
+def test_a_greedy_run_computes_where_the_host_says_its_device_is():
+    # A stand-in resolver for a host with a GPU: this machine has none.
+    with_gpu = {"auto": "cuda", "cuda": "cuda", "cpu": "cpu"}.__getitem__
+    assert run_device("auto", False, with_gpu) == "cuda"
+    assert run_device(None, False, with_gpu) == "cpu"  # the CPU unless asked for
+    assert run_device("auto", True, with_gpu) == "cpu"  # sampled: CPU random streams

@@ -86,7 +86,13 @@ def test_a_cold_cache_counts_no_hits_and_an_eval_fills_it(lab, tmp_path):
     assert cold["target"]["body_loads"] is True
     assert cold["drafter"]["source"] == "checkpoint"
     assert cold["drafter"]["block_size"] == 8 and cold["drafter"]["target_layer_ids"]
-    assert cold["run"] == {"mode": "greedy", "sampling": None, "paths": 1, "threads": 6}
+    assert cold["run"] == {
+        "mode": "greedy",
+        "sampling": None,
+        "paths": 1,
+        "threads": 6,
+        "device": "cpu",
+    }
 
     run_eval(chosen, Progress(quiet=True))
     warm = make_plan(chosen, facts())

@@ -12,6 +12,7 @@ import pytest
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.prepared import prepare
+from dflash_eval.target.source import resolve_device
 
 
 def options(tmp_path: Path, **overrides) -> EvalOptions:
@@ -25,15 +26,21 @@ def options(tmp_path: Path, **overrides) -> EvalOptions:
 
 
 def test_a_greedy_run_walks_one_sequence_per_prompt_and_measures_its_ddtree(tmp_path):
-    run = prepare(options(tmp_path, ddtree=[4, 8], num_prompts=2), cores=8)
+    run = prepare(options(tmp_path, ddtree=[4, 8], num_prompts=2), 8, resolve_device)
     assert (run.sampled, run.paths, run.ddtree_budgets) == (False, 1, [4, 8])
     assert len(run.prompts) == 2 and run.threads == 6  # 8 cores less the reserve of 2
-    assert run.record() == {"mode": "greedy", "sampling": None, "paths": 1, "threads": 6}
+    assert run.record() == {
+        "mode": "greedy",
+        "sampling": None,
+        "paths": 1,
+        "threads": 6,
+        "device": "cpu",
+    }
 
 
 def test_a_sampled_run_walks_its_paths_and_measures_no_ddtree(tmp_path):
     chosen = options(tmp_path, temperature=0.7, top_k=20, paths=3, ddtree=[4], threads=3)
-    run = prepare(chosen, cores=64)
+    run = prepare(chosen, 64, resolve_device)
     assert (run.sampled, run.paths, run.ddtree_budgets, run.threads) == (True, 3, [], 3)
     assert run.record()["sampling"]["temperature"] == 0.7
     assert run.record()["mode"] == "sampled"
@@ -45,11 +52,13 @@ def test_a_sampled_run_walks_its_paths_and_measures_no_ddtree(tmp_path):
 
 def test_options_that_cannot_be_run_are_refused_before_anything_is_decided(tmp_path):
     with pytest.raises(HarnessError, match="--sglang-url"):
-        prepare(options(tmp_path, temperature=0.5, sglang_url="http://127.0.0.1:1"), cores=2)
+        prepare(
+            options(tmp_path, temperature=0.5, sglang_url="http://127.0.0.1:1"), 2, resolve_device
+        )
     with pytest.raises(HarnessError, match="--num-prompts"):
-        prepare(options(tmp_path, num_prompts=0), cores=2)
+        prepare(options(tmp_path, num_prompts=0), 2, resolve_device)
     with pytest.raises(HarnessError, match="--num-prompts 999"):
-        prepare(options(tmp_path, num_prompts=999), cores=2)
+        prepare(options(tmp_path, num_prompts=999), 2, resolve_device)
 
 
 def test_preparing_a_run_loads_neither_torch_nor_transformers():
