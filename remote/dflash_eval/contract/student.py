@@ -1,6 +1,8 @@
 """The interval of τ at T > 0: Student-t over prompt means (stdlib only; docs/sampling.md).
 In the contract because the workstation uses the same t interval: served τ against CPU τ,
-paired per prompt (dflash_ops/evaluation/served_records.py, docs/served.md).
+paired per prompt (dflash_ops/evaluation/served_records.py, docs/served.md). Student's t itself
+(its tail through the regularized incomplete beta, its quantiles) is here once, and diagnose's
+repair statistics use it too.
 
 Each prompt is walked along `--paths` sampled completions; each path gives the exact expected
 τ given that path (sampled.py). A prompt's mean over its paths is an unbiased estimate of the
@@ -22,6 +24,7 @@ units that cannot be relied on: the record carries a warning.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,36 +48,69 @@ class PathValue:
     rounds: float
 
 
-def t_two_sided(t: float, df: int) -> float:
-    """P(|T| ≤ t) for Student's T with `df` ≥ 1 degrees of freedom (t ≥ 0), in closed form
-    (Abramowitz & Stegun 26.7.3–4)."""
-    theta = math.atan(t / math.sqrt(df))
-    cos2 = math.cos(theta) ** 2
-    if df % 2:  # odd: (2/π)(θ + sin θ cos θ Σ_k c_k cos^2k θ)
-        term, total = 1.0, 1.0 if df > 1 else 0.0
-        for k in range(1, (df - 1) // 2):
-            term *= cos2 * (2 * k) / (2 * k + 1)
-            total += term
-        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-    term, total = 1.0, 1.0  # even: sin θ Σ_k c_k cos^2k θ
-    for k in range(1, df // 2):
-        term *= cos2 * (2 * k - 1) / (2 * k)
-        total += term
-    return math.sin(theta) * total
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 400):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return fraction
 
 
-def t_critical(level: float, df: int) -> float:
-    """t with P(|T| ≤ t) = level (bisection on the closed form: exact to 1e-12)."""
-    low, high = 0.0, 1.0
-    while t_two_sided(high, df) < level:
-        high *= 2
-    while high - low > 1e-12 * high:
-        middle = (low + high) / 2
-        if t_two_sided(middle, df) < level:
+def incomplete_beta(a: float, b: float, x: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
+        + b * math.log1p(-x)
+    )  # fmt: skip
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_fraction(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_upper_tail(t: float, df: float) -> float:
+    """P(T > t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+@functools.lru_cache(maxsize=256)  # a run asks the same few (level, prompts) again and again
+def t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p (bisection on the tail: monotone, no starting guess)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"a quantile needs 0 < p < 1, got {p}")
+    low, high = -1.0, 1.0
+    while 1.0 - t_upper_tail(low, df) > p:
+        low *= 2.0
+    while 1.0 - t_upper_tail(high, df) < p:
+        high *= 2.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        if 1.0 - t_upper_tail(middle, df) < p:
             low = middle
         else:
             high = middle
-    return (low + high) / 2
+    return (low + high) / 2.0
+
+
+def t_critical(level: float, df: int) -> float:
+    """t with P(|T| ≤ t) = level."""
+    return t_quantile(0.5 + level / 2.0, df)
 
 
 def ratio_interval(

@@ -17,10 +17,11 @@ as the candidate and the other drafter. Per prompt i: `base_i` (the candidate's 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from dflash_eval.contract.student import t_quantile, t_upper_tail
 
 LEVEL = 0.95
 ALPHA = 0.05
@@ -49,69 +50,6 @@ class Repair:
     gap_closed: Interval | None  # None: the candidate is not behind the other drafter
     p_value: float
     verdict: str = NO_EFFECT
-
-
-# --- Student's t ------------------------------------------------------------------------
-
-
-def _beta_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    fraction = d
-    for m in range(1, 400):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            fraction *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return fraction
-
-
-def incomplete_beta(a: float, b: float, x: float) -> float:
-    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
-        + b * math.log1p(-x)
-    )  # fmt: skip
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_fraction(b, a, 1.0 - x) / b
-
-
-def t_upper_tail(t: float, df: float) -> float:
-    """P(T > t) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
-
-
-@functools.lru_cache(maxsize=256)  # a run asks the same few (level, prompts) again and again
-def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p (bisection on the tail: monotone, no starting guess)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"a quantile needs 0 < p < 1, got {p}")
-    low, high = -1.0, 1.0
-    while 1.0 - t_upper_tail(low, df) > p:
-        low *= 2.0
-    while 1.0 - t_upper_tail(high, df) < p:
-        high *= 2.0
-    for _ in range(200):
-        middle = (low + high) / 2.0
-        if 1.0 - t_upper_tail(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2.0
 
 
 # --- intervals ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dflash_eval.diagnose.repair_stats import t_quantile
+from dflash_eval.contract.student import t_quantile
 from dflash_eval.drafter.model_dflash2 import DFlash2Drafter
 from dflash_eval.walk.metrics import PromptWalk
 from dflash_eval.walk.predict import BlockPrediction, Predictor, block_predictions

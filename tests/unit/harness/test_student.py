@@ -1,6 +1,7 @@
-"""The T > 0 interval (contract/student.py): Student's t in closed form against its tables, the
-ratio interval against the textbook t interval and a hand computation, and the record built
-from a run's paths (prompt means, conversations as units, the too-few warning)."""
+"""The T > 0 interval (contract/student.py): Student's t (its tail and quantiles, shared with
+diagnose's repairs) against its tables and closed forms, the ratio interval against the
+textbook t interval and a hand computation, and the record built from a run's paths (prompt
+means, conversations as units, the too-few warning)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from dflash_eval.contract.student import (
     METHOD,
     MIN_UNITS,
     PathValue,
+    incomplete_beta,
     prompt_interval,
     ratio_interval,
     t_critical,
-    t_two_sided,
+    t_quantile,
+    t_upper_tail,
 )
 
 # Two-sided critical values from the t table (df → level → t).
@@ -43,16 +46,37 @@ def test_critical_values_match_the_t_table(df, level, expected):
     assert t_critical(level, df) == pytest.approx(expected, abs=6e-5)
 
 
-def test_the_closed_form_is_a_distribution():
-    for df in (1, 2, 3, 4, 9):
-        assert t_two_sided(0.0, df) == 0
-        values = [t_two_sided(t / 4, df) for t in range(1, 200)]
-        assert values == sorted(values) and values[-1] < 1
-        assert t_two_sided(1e9, df) == pytest.approx(1)
-    # df = 1 is Cauchy: P(|T| ≤ 1) = 1/2; df = 2: P(|T| ≤ t) = t / √(2 + t²).
-    assert t_two_sided(1.0, 1) == pytest.approx(0.5)
-    assert t_two_sided(3.0, 2) == pytest.approx(3 / math.sqrt(11))
-    assert t_two_sided(1.0, 3) == pytest.approx(0.6090, abs=1e-4)  # table: P(T ≤ 1) = .8045
+@pytest.mark.parametrize(
+    ("a", "b", "x", "expected"),
+    [(2, 3, 0.5, 0.6875), (1, 1, 0.3, 0.3), (0.5, 0.5, 0.5, 0.5), (5, 0.5, 0.9, 0.316643)],
+)
+def test_incomplete_beta_matches_closed_forms(a, b, x, expected):
+    assert incomplete_beta(a, b, x) == pytest.approx(expected, abs=1e-5)
+    assert incomplete_beta(a, b, 0.0) == 0.0 and incomplete_beta(a, b, 1.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("df", "quantile"), [(1, 12.7062), (3, 3.18245), (5, 2.57058), (30, 2.04227), (1e6, 1.95997)]
+)
+def test_t_quantiles_match_the_tables(df, quantile):
+    assert t_quantile(0.975, df) == pytest.approx(quantile, rel=1e-4)
+    assert t_quantile(0.025, df) == pytest.approx(-quantile, rel=1e-4)
+    assert t_upper_tail(quantile, df) == pytest.approx(0.025, rel=1e-3)
+
+
+def test_t_tail_is_symmetric_and_a_quantile_needs_a_probability():
+    assert t_upper_tail(2.0, 10) == pytest.approx(0.036694, abs=1e-6)
+    assert t_upper_tail(-2.0, 10) == pytest.approx(1 - 0.036694, abs=1e-6)
+    assert t_upper_tail(0.0, 4) == pytest.approx(0.5)
+    for p in (0.0, 1.0):
+        with pytest.raises(ValueError, match="0 < p < 1"):
+            t_quantile(p, 3)
+
+
+def test_the_t_tail_matches_its_closed_forms_for_one_and_two_degrees_of_freedom():
+    for t in (0.5, -0.5, 3.0):
+        assert t_upper_tail(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, abs=1e-9)
+        assert t_upper_tail(t, 2) == pytest.approx(0.5 - t / (2 * math.sqrt(2 + t * t)), abs=1e-9)
 
 
 def test_with_one_denominator_each_it_is_the_textbook_t_interval():
