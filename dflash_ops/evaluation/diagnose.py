@@ -92,11 +92,7 @@ def run_diagnose(
         if run.state != "succeeded":
             raise EvalFailed(run, jobs.log_tail(host, entry, run.run_id))
         pulled = inventory.local.results / DIAGNOSE_DIR / run_id / "diagnose.json"
-        diagnosis = read_diagnosis(pulled)
-        results_root, run_name = inventory.local.results, inventory.training_run
-        trend = step_trend(results_root, run_name, step, diagnosis.get("prompts"))
-        diagnosis = with_trend(pulled, diagnosis, trend, step)
-        return with_served_findings(pulled, diagnosis, inventory.local.results, step)
+        return finish_pulled(pulled, inventory.local.results, inventory.training_run, step)
     finally:
         host.close()
 
@@ -140,30 +136,33 @@ def _named(against: str | int) -> str:
     return "reference" if against == "reference" else f"step {against}"
 
 
-def with_trend(
-    pulled: Path, diagnosis: dict[str, Any], trend: dict[str, Any] | None, step: int
+def finish_pulled(
+    pulled: Path, results_root: Path, training_run: str | None, step: int
 ) -> dict[str, Any]:
-    """The diagnosis with τ by step of the candidate's training run (`step_trend`'s), ranked
-    first as "less trained" when it rises measurably after the step, written into the pulled
-    diagnose.json too: the report and any later reader see it, not only this terminal."""
-    diagnosis["step_trend"] = trend
-    less_trained = trend_finding(trend, step, diagnosis["findings"]) if trend else None
-    if less_trained is not None:
-        diagnosis["findings"] = ranked_with(diagnosis["findings"], less_trained)
+    """The pulled diagnosis with what only the workstation knows (τ by step of the training
+    run, served records of the step), written back into diagnose.json once: the report and
+    any later reader see every finding, not only this terminal."""
+    diagnosis = read_diagnosis(pulled)
+    trend = step_trend(results_root, training_run, step, diagnosis.get("prompts"))
+    diagnosis = with_served_findings(with_trend(diagnosis, trend, step), results_root, step)
     write_atomic(pulled, json.dumps(diagnosis, indent=2) + "\n")
     return diagnosis
 
 
-def with_served_findings(
-    pulled: Path, diagnosis: dict[str, Any], results_root: Path, step: int
-) -> dict[str, Any]:
+def with_trend(diagnosis: dict[str, Any], trend: dict[str, Any] | None, step: int) -> dict:
+    """The diagnosis with τ by step of the candidate's training run (`step_trend`'s), ranked
+    first as "less trained" when it rises measurably after the step."""
+    diagnosis["step_trend"] = trend
+    less_trained = trend_finding(trend, step, diagnosis["findings"]) if trend else None
+    if less_trained is not None:
+        diagnosis["findings"] = ranked_with(diagnosis["findings"], less_trained)
+    return diagnosis
+
+
+def with_served_findings(diagnosis: dict[str, Any], results_root: Path, step: int) -> dict:
     """The diagnosis with a finding for each served record of `step` that disagrees with the
-    CPU τ (served_records), written into the pulled diagnose.json too: the report and any
-    later reader see every finding, not only this terminal."""
-    served = served_findings(results_root, step, diagnosis["findings"])
-    if served:
-        diagnosis["findings"] += served
-        write_atomic(pulled, json.dumps(diagnosis, indent=2) + "\n")
+    CPU τ (served_records)."""
+    diagnosis["findings"] += served_findings(results_root, step, diagnosis["findings"])
     return diagnosis
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from dflash_ops.evaluation import results
 from dflash_ops.evaluation.diagnose import (
+    finish_pulled,
     read_diagnosis,
     step_trend,
     trend_finding,
@@ -62,7 +63,7 @@ def test_a_measured_rise_after_the_step_is_ranked_first_in_the_pulled_diagnosis(
     trend = step_trend(tmp_path, None, 2000)
     low, high = trend["intervals"][2000]
     assert low < trend["taus"][2000] < high < trend["intervals"][6000][0]
-    shown = with_trend(pulled, read_diagnosis(pulled), trend, 2000)
+    shown = finish_pulled(pulled, tmp_path, None, 2000)
     first, second = shown["findings"]
     assert first["rank"] == 1 and first["area"] == "training"
     assert first["title"].startswith("less trained: step 2000 is an earlier step of a run that")
@@ -94,7 +95,7 @@ def test_no_less_trained_claim_beside_a_repair_or_a_broken_candidate(tmp_path, f
     pulled = tmp_path / "diagnose.json"
     pulled.write_text(json.dumps(diagnosis_of(found)))
     trend = step_trend(tmp_path, None, 2000)
-    shown = with_trend(pulled, read_diagnosis(pulled), trend, 2000)
+    shown = with_trend(read_diagnosis(pulled), trend, 2000)
     assert shown["findings"] == [{"rank": 1, **found}] and shown["step_trend"] == trend
 
 
