@@ -13,6 +13,7 @@ def plan_lines(plan: HostPlan) -> list[str]:
     harness = plan.harness
     lines = [f"[bold]{plan.host}[/]: step {plan.step} (dry run: nothing staged, run or written)"]
     lines += _staging(plan)
+    lines.append(f"  run: {_run(harness['run'])}")
     lines.append(f"  drafter: {_drafter(harness['drafter'])}")
     lines.append(f"  cache: {_cache(harness['cache'], harness['prompts']['count'])}")
     lines.append(f"  completions: {_completions(harness['completions'])}")
@@ -44,6 +45,18 @@ def _completions(completions: dict) -> str:
     version = shown(completions["sglang_version"] or "version not given")
     model = shown(completions["sglang_model"])  # as the server names it
     return f"SGLang at {completions['sglang_url']}, serving {model} ({version})"
+
+
+def _run(run: dict) -> str:
+    """The decisions the run makes (the harness's prepared run): greedy or sampled, where."""
+    on = f"on {run['device']}"
+    if run["mode"] != "sampled":
+        return f"greedy, {on}"
+    sampling = run["sampling"]
+    return (
+        f"sampled at temperature {sampling['temperature']} (top-p {sampling['top_p']}, top-k "
+        f"{sampling['top_k']}, seed {sampling['seed']}), {run['paths']} path(s) per prompt, {on}"
+    )
 
 
 def _drafter(drafter: dict) -> str:

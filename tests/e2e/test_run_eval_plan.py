@@ -91,6 +91,7 @@ def test_plan_before_staging_after_staging_and_after_a_run(plan_lab):
     assert "block size and target layers unknown until staged" in cold
     assert "2 prompts; hits unknown" in cold
     assert "estimate ~" in cold and "target " in cold and "available (fits)" in cold
+    assert "run: greedy, on cpu" in cold  # the run's decisions, as the harness makes them
 
     staged = run_fab(inventory_path, "stage-checkpoint", "--step", "2000", "--to", "eval")
     assert staged.returncode == 0, staged.stderr
@@ -111,6 +112,11 @@ def test_plan_before_staging_after_staging_and_after_a_run(plan_lab):
     # with the same drafter settings finds the same entries once it is staged.
     other = dry_run(inventory_path, "--step", "4000", "--host", "eval", *QUICK)
     assert "not staged" in other
+    # Sampled: every path of a prompt is an entry of its own, looked up under its own key.
+    sampled = ("--temperature", "0.7", "--paths", "2")
+    at_t = dry_run(inventory_path, "--step", "2000", "--host", "eval", *QUICK, *sampled)
+    assert "run: sampled at temperature 0.7 (" in at_t and "2 path(s) per prompt, on cpu" in at_t
+    assert "completions 0/4 hit, hidden states 0/4 hit" in at_t
 
 
 def test_latest_plans_on_the_one_host_the_run_would_take_and_says_why(plan_lab):
