@@ -85,7 +85,6 @@ class Moved:
         return priority.announced(self.source_err)
 
 
-
 ProgressCallback = Callable[[RelayState], None]
 
 

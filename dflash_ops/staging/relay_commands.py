@@ -242,7 +242,6 @@ def digest_in(text: str) -> str | None:
     return found[-1] if found else None
 
 
-
 def stderr_reason(text: str) -> str:
     """Why a side failed: its last stderr line that is not one of the stream's own marks."""
     marks = (STAT_MARK, priority.MARK)
