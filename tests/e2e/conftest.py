@@ -5,8 +5,9 @@ built once per pytest run and shared by the modules here that take `e2e_lab`, or
 it (`one_eval_host`, `hidden_steps`); after every test it is put back as built: no run left
 going, runs and pulled results removed, staged copies and the eval hosts' caches as built,
 the trainer's checkpoints as built. `trainer` hides its checkpoints and makes them appear
-while a watch runs. Modules whose lab differs in kind (a sudo login, a features host, a venv
-the test breaks) build their own.
+while a watch runs. A lab with a features host (`features_lab`, and the set `extracted` on
+it) is built once per run too, for the two modules that use it. Modules whose lab differs in
+kind otherwise (a sudo login, a venv the test breaks) build their own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import provisioned_models_lab
+from tests.conftest import provisioned_models_lab, run_fab
+from tests.e2e.features_helpers import extract
 
 STEPS = (2000, 4000, 6000)
 
@@ -210,3 +212,36 @@ def pulled_steps(lab: labs.Lab) -> list[int]:
 
 def runs_on_hosts(lab: labs.Lab) -> list[jobs.Run]:
     return jobs.all_runs(load(lab.inventory_path))
+
+
+# --- a lab with a features host (test_extract_features.py, test_run_eval_features.py) ----
+
+
+@pytest.fixture(scope="session")
+def features_lab(tmp_path_factory):
+    """A lab with a features host (CPU, its own namespace) beside one eval host, used
+    read-mostly: a test that damages a copy of the set leaves it repaired."""
+    built = labs.up(
+        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", features_host=True),
+        labs.trained_models,
+    )
+    try:
+        yield built
+    finally:
+        assert not built.down()
+
+
+@pytest.fixture(scope="session")
+def features_provisioned(features_lab):
+    """`fab setup-eval-host` over the whole lab: the eval host and the features host."""
+    done = run_fab(features_lab.inventory_path, "setup-eval-host", timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.fixture(scope="session")
+def extracted(features_lab, features_provisioned) -> str:
+    """The set computed on the features host and relayed to the eval host; its id."""
+    done = extract(features_lab)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.split("fab run-eval --features ")[1].split()[0]
