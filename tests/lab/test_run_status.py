@@ -17,40 +17,6 @@ import pytest
 from dflash_ops.evaluation import jobs
 from tests.lab.conftest import fake
 
-PLANTED = "20250101-000000-step4000-eval-planted"
-
-
-@contextmanager
-def unrelated_process(host) -> Iterator[int]:
-    """A process on the eval host that no run made (a `sleep`), ended after."""
-    pid = int(host.run("sleep 600 </dev/null >/dev/null 2>&1 & echo $!").stdout)
-    try:
-        yield pid
-    finally:
-        host.run(f"kill {pid} 2>/dev/null; true")
-
-
-def alive(host, pid: int) -> bool:
-    """Not ended (a zombie counts as ended, whoever reaps it)."""
-    stat = host.run(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
-    return bool(stat) and stat.rpartition(") ")[2][:1] not in "ZX"
-
-
-@contextmanager
-def planted_run(host, entry, files: dict[str, str]) -> Iterator[str]:
-    """A run directory with `files` (name: content) and a start long ago, removed after."""
-    directory = f"{jobs.runs_dir(entry)}/{PLANTED}"
-    files = {"params.json": json.dumps({"step": 4000, "started": 1.0}), **files}
-    writes = " && ".join(
-        f"printf %s {shlex.quote(text)} > {shlex.quote(f'{directory}/{name}')}"
-        for name, text in files.items()
-    )
-    host.run(f"mkdir -p {shlex.quote(directory)} && {writes}")
-    try:
-        yield directory
-    finally:
-        host.run(f"rm -rf -- {shlex.quote(directory)}")
-
 
 def status_of(fab, lab, run_id: str) -> dict:
     status = fab(lab.inventory_path, "eval-status", "--format", "json")
@@ -117,6 +83,43 @@ def test_odd_run_directories_are_listed_broken_and_the_listing_goes_on(eval_host
     assert status.returncode == 0, status.stderr
     assert status.stdout.count("broken") >= 2 and good in status.stdout
     host.run(f"rm -rf -- {text_started} {newline}")
+
+
+# --- pid files are claims the host verifies ----------------------------------------------
+
+PLANTED = "20250101-000000-step4000-eval-planted"
+
+
+@contextmanager
+def unrelated_process(host) -> Iterator[int]:
+    """A process on the eval host that no run made (a `sleep`), ended after."""
+    pid = int(host.run("sleep 600 </dev/null >/dev/null 2>&1 & echo $!").stdout)
+    try:
+        yield pid
+    finally:
+        host.run(f"kill {pid} 2>/dev/null; true")
+
+
+def alive(host, pid: int) -> bool:
+    """Not ended (a zombie counts as ended, whoever reaps it)."""
+    stat = host.run(f"cat /proc/{pid}/stat 2>/dev/null || true").stdout
+    return bool(stat) and stat.rpartition(") ")[2][:1] not in "ZX"
+
+
+@contextmanager
+def planted_run(host, entry, files: dict[str, str]) -> Iterator[str]:
+    """A run directory with `files` (name: content) and a start long ago, removed after."""
+    directory = f"{jobs.runs_dir(entry)}/{PLANTED}"
+    files = {"params.json": json.dumps({"step": 4000, "started": 1.0}), **files}
+    writes = " && ".join(
+        f"printf %s {shlex.quote(text)} > {shlex.quote(f'{directory}/{name}')}"
+        for name, text in files.items()
+    )
+    host.run(f"mkdir -p {shlex.quote(directory)} && {writes}")
+    try:
+        yield directory
+    finally:
+        host.run(f"rm -rf -- {shlex.quote(directory)}")
 
 
 def test_a_pid_file_naming_another_live_process_is_stale_and_never_signalled(eval_host, lab, fab):
