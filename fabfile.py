@@ -259,7 +259,7 @@ def compare(
     report=False,
 ):
     """Table of τ (95 % intervals), DDTree τ and acceptance across steps (--plots, --report)."""
-    from dflash_ops.ui.eval_commands import show_comparison
+    from dflash_ops.ui.compare_commands import show_comparison
 
     inv = load_inventory(inventory)
     show_comparison(
@@ -289,7 +289,7 @@ def compare(
 )
 def export(c, out=None, steps=None, tag=None, inventory=None, run=None):
     """Write the results as one tidy table: a row per run × prompt set × metric (pandas-ready)."""
-    from dflash_ops.ui.eval_commands import export_results
+    from dflash_ops.ui.compare_commands import export_results
 
     inv = load_inventory(inventory)
     export_results(inv.local.results, Path(out) if out else None, steps, tag, inv.require_run(run))
@@ -314,7 +314,7 @@ def wandb_sync(c, project=None, inventory=None):
 )
 def report(c, steps=None, tag=None, out=None, inventory=None, run=None, train_metric=None):
     """One self-contained HTML report: τ vs step with intervals, per-set table, provenance."""
-    from dflash_ops.ui.eval_commands import write_report
+    from dflash_ops.ui.compare_commands import write_report
 
     inv = load_inventory(inventory)
     out_path = Path(out) if out else None

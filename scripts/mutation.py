@@ -137,7 +137,7 @@ TARGETS = (
     Target("inventory errors", "dflash_ops/core/inventory_errors.py", INVENTORY_TESTS),
     Target(
         "relay hashing",
-        "dflash_ops/staging/relay.py",
+        "dflash_ops/staging/relay_commands.py",
         ("tests/unit/test_relay_hashing.py",),
         scopes=(
             "_py",
@@ -147,11 +147,15 @@ TARGETS = (
             "stream_hashed",
             "source_command",
             "sink",
-            "Moved",
             "digest_in",
-            "move",
             "stderr_reason",
         ),
+    ),
+    Target(
+        "relay stream",
+        "dflash_ops/staging/relay.py",
+        ("tests/unit/test_relay_hashing.py",),
+        scopes=("Moved", "move"),
     ),
     Target(
         "staging manifest",

@@ -1,5 +1,6 @@
 """Fixtures shared by the whole suite: real labs (sshd hosts in network namespaces as root,
-loopback sshd otherwise) and a runner for the real `fab` command against a lab inventory.
+loopback sshd otherwise), a runner for the real `fab` command against a lab inventory, and a
+webhook endpoint on loopback (`hook`, `HookServer`) for the watch's webhook.
 
 Tests talk only to lab hosts: every lab inventory carries its state file, and the library
 checks the lab's routes before the first connection (see dflash_ops.remote.routes).
@@ -8,14 +9,18 @@ checks the lab's routes before the first connection (see dflash_ops.remote.route
 from __future__ import annotations
 
 import io
+import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +259,49 @@ def start_fab(inventory_path: Path | None, *args: str) -> subprocess.Popen:
 @pytest.fixture
 def fab() -> Callable[..., subprocess.CompletedProcess]:
     return run_fab
+
+
+# --- a webhook endpoint on loopback ---------------------------------------------------------
+
+
+class HookServer:
+    """Records each POSTed JSON body; answers with the queued statuses, then 200."""
+
+    def __init__(self, statuses: list[int] | None = None) -> None:
+        self.posts: queue.Queue[dict] = queue.Queue()
+        self.statuses = list(statuses or [])
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                server.posts.put(json.loads(body))
+                self.send_response(server.statuses.pop(0) if server.statuses else 200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.http.server_port}{path}"
+
+    def received(self) -> list[dict]:
+        found = []
+        while not self.posts.empty():
+            found.append(self.posts.get_nowait())
+        return found
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[HookServer]:
+    server = HookServer()
+    yield server
+    server.close()

@@ -99,44 +99,21 @@ def _run_work(
 ) -> dict[Work, jobs.Run | Exception]:
     """Run `work` on the hosts `names`, one thread and one run at a time per host (see
     run_sweep); work that a busy host handed back and no host retook ends as HostBusy."""
-    steps = {step for step, _ in work}
-    infos = [info for info in list_checkpoints(inventory) if info.step in steps]
-    staged = {
-        name: {
-            step
-            for step, state in staged_status(inventory, name, infos).items()
-            if state == "staged"
-        }
-        for name in names
-    }
-    pending = list(work)
-    taking = threading.Lock()
+    queue = _Queue(work, _staged_steps(inventory, work, names), stop)
     outcomes: dict[Work, jobs.Run | Exception] = {}
-    waiting: dict[Work, HostBusy] = {}  # handed back by a busy host, not retaken
-
-    def next_work(name: str) -> Work | None:
-        with taking:
-            mine = [item for item in pending if item[1] in (None, name)]
-            if not mine or (stop is not None and stop.is_set()):
-                return None
-            item = next((item for item in mine if item[0] in staged[name]), mine[0])
-            pending.remove(item)
-            return item
 
     def worker(name: str) -> None:
         reporter = reporters(name)
-        while (item := next_work(name)) is not None:
+        while (item := queue.take(name)) is not None:
             step = item[0]
             try:
                 request = replace(template, step=step, host=name)
                 outcomes[item] = run_eval(inventory, request, reporter)
-                waiting.pop(item, None)
+                queue.ran(item)
             except HostBusy as busy:
                 # The step is not at fault: another host may take it; this one takes no more.
                 reporter.say(f"[yellow]step {step} waits:[/] {escape(str(busy))}")
-                with taking:
-                    pending.insert(0, item)
-                    waiting[item] = busy
+                queue.hand_back(item, busy)
                 return
             except OpsError as exc:
                 # the error quotes what a host said: text, not markup
@@ -154,12 +131,60 @@ def _run_work(
         thread.start()
     for thread in threads:
         thread.join()
-    for item in pending:
-        if item in waiting:  # every host that could take it was busy
-            outcomes[item] = waiting[item]
-            if on_outcome is not None:
-                on_outcome(item[0], waiting[item])
+    for item, busy in queue.left_waiting():  # every host that could take it was busy
+        outcomes[item] = busy
+        if on_outcome is not None:
+            on_outcome(item[0], busy)
     return outcomes
+
+
+def _staged_steps(inventory: Inventory, work: list[Work], names: list[str]) -> dict[str, set[int]]:
+    """Per host, the steps of `work` already staged there (a host takes those first)."""
+    steps = {step for step, _ in work}
+    infos = [info for info in list_checkpoints(inventory) if info.step in steps]
+    return {
+        name: {
+            step
+            for step, state in staged_status(inventory, name, infos).items()
+            if state == "staged"
+        }
+        for name in names
+    }
+
+
+class _Queue:
+    """The work no host has taken yet, shared by the hosts' threads. A host takes work meant
+    for it or for any host, a step already staged on it first; nothing once `stop` is set. A
+    busy host hands its item back, to wait for another host."""
+
+    def __init__(
+        self, work: list[Work], staged: dict[str, set[int]], stop: threading.Event | None
+    ) -> None:
+        self.pending = list(work)
+        self.staged, self.stop = staged, stop
+        self.taking = threading.Lock()
+        self.waiting: dict[Work, HostBusy] = {}  # handed back by a busy host, not retaken
+
+    def take(self, name: str) -> Work | None:
+        with self.taking:
+            mine = [item for item in self.pending if item[1] in (None, name)]
+            if not mine or (self.stop is not None and self.stop.is_set()):
+                return None
+            item = next((item for item in mine if item[0] in self.staged[name]), mine[0])
+            self.pending.remove(item)
+            return item
+
+    def ran(self, item: Work) -> None:
+        self.waiting.pop(item, None)  # a host retook it after a busy one handed it back
+
+    def hand_back(self, item: Work, busy: HostBusy) -> None:
+        with self.taking:
+            self.pending.insert(0, item)
+            self.waiting[item] = busy
+
+    def left_waiting(self) -> list[tuple[Work, HostBusy]]:
+        """The work still here once every thread ended that a busy host handed back."""
+        return [(item, self.waiting[item]) for item in self.pending if item in self.waiting]
 
 
 def require_success(outcomes: Outcomes) -> None:

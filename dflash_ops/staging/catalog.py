@@ -19,7 +19,7 @@ from dflash_ops.core.inventory import Inventory
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.containers import environment_of
 from dflash_ops.staging.manifest import Member
-from dflash_ops.staging.relay import stderr_reason
+from dflash_ops.staging.relay_commands import stderr_reason
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from dflash_ops.staging.destination import Destination, DestinationState, staged
 from dflash_ops.staging.disk import Margin, SpaceCheck, margin_of, space_check
 from dflash_ops.staging.manifest import Kind, Member, file_manifest, set_manifest
 from dflash_ops.staging.payload import Payload
-from dflash_ops.staging.relay import Pipe, ProgressCallback, gated
+from dflash_ops.staging.relay import Pipe, ProgressCallback
+from dflash_ops.staging.relay_commands import gated
 from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
 from dflash_ops.staging.sources import Described, Via
 from dflash_ops.staging.transfer import checked, copy_members, verify_staged

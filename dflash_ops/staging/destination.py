@@ -40,7 +40,7 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import STAGED_NAME, EvalLayout
 from dflash_ops.staging.lock import DestinationLock, glob_literal
 from dflash_ops.staging.manifest import Identity, Kind, Member, matches
-from dflash_ops.staging.relay import sink
+from dflash_ops.staging.relay_commands import sink
 from dflash_ops.staging.sides import LocalSide, RemoteSide, Side
 
 STAGED_NAMES: dict[Kind, str] = {

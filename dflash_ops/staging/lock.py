@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from dflash_ops.core.errors import TransferError
 from dflash_ops.remote.connection import Result
-from dflash_ops.staging.relay import stderr_reason
+from dflash_ops.staging.relay_commands import stderr_reason
 from dflash_ops.staging.sides import HeldCommand, Side
 
 TAKEOVER_WAIT_S = 10  # how long the new holder waits for the stopped one to let go

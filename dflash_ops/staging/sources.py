@@ -23,7 +23,7 @@ from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.priority import low_priority
 from dflash_ops.staging.catalog import list_directory_command, parse_listing
 from dflash_ops.staging.manifest import Member
-from dflash_ops.staging.relay import source_command, stderr_reason
+from dflash_ops.staging.relay_commands import source_command, stderr_reason
 from dflash_ops.staging.sides import RemoteSide, Side
 
 Via = Literal["stream", "pull", "rootfs"]

@@ -42,7 +42,8 @@ from dflash_ops.staging.payload import (
     trainer_payload,
     weights_of_directory,
 )
-from dflash_ops.staging.relay import Pipe, gated
+from dflash_ops.staging.relay import Pipe
+from dflash_ops.staging.relay_commands import gated
 from dflash_ops.staging.sides import LocalSide
 from dflash_ops.staging.sources import Described, TrainerFiles
 from dflash_ops.staging.strip import TrainerExtraction, Unavailable

@@ -31,7 +31,7 @@ from dflash_ops.core.errors import CheckpointError
 from dflash_ops.remote.priority import low_priority
 from dflash_ops.staging import strip_script
 from dflash_ops.staging.manifest import Kind, Member
-from dflash_ops.staging.relay import stderr_reason
+from dflash_ops.staging.relay_commands import stderr_reason
 from dflash_ops.staging.sources import TrainerFiles
 
 # A directory checkpoint's files that hold the drafter: what the harness reads.

@@ -19,16 +19,8 @@ from dflash_ops.staging.lock import DestinationLock
 from dflash_ops.staging.manifest import Member
 from dflash_ops.staging.pace import Paced
 from dflash_ops.staging.payload import Payload
-from dflash_ops.staging.relay import (
-    Moved,
-    Pipe,
-    ProgressCallback,
-    RelayState,
-    digest_in,
-    hash_file,
-    hash_stdin,
-    stderr_reason,
-)
+from dflash_ops.staging.relay import Moved, Pipe, ProgressCallback, RelayState
+from dflash_ops.staging.relay_commands import digest_in, hash_file, hash_stdin, stderr_reason
 from dflash_ops.staging.sides import Side
 from dflash_ops.staging.sources import Source
 

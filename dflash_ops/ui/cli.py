@@ -76,7 +76,7 @@ def compare_command(
 ) -> None:
     """Table across steps and runs (τ, DDTree τ, per-position acceptance, reference); writes
     nothing unless asked (--plots, --report)."""
-    from dflash_ops.ui.eval_commands import show_comparison
+    from dflash_ops.ui.compare_commands import show_comparison
 
     _guarded(
         lambda: show_comparison(
@@ -114,7 +114,7 @@ def export_command(
     training_run: str | None,
 ) -> None:
     """One tidy table: a row per run × prompt set × metric (pandas: read_csv)."""
-    from dflash_ops.ui.eval_commands import export_results
+    from dflash_ops.ui.compare_commands import export_results
 
     _guarded(lambda: export_results(results_root, out, steps, tag, training_run))
 
@@ -135,7 +135,7 @@ def report_command(
     training_run: str | None,
 ) -> None:
     """One self-contained HTML report of the pulled runs."""
-    from dflash_ops.ui.eval_commands import write_report
+    from dflash_ops.ui.compare_commands import write_report
 
     _guarded(lambda: write_report(results_root, steps, tag, out, training_run))
 

@@ -1,6 +1,6 @@
 """The eval tasks' front doors (`fab run-eval`, `eval-status`, `eval-logs`, `eval-cancel`,
-`fetch-results`, `compare`, `dflash-ops results compare`): each hands its arguments to the
-orchestration in dflash_ops.evaluation with the views that show it, and prints the outcome.
+`fetch-results`): each hands its arguments to the orchestration in dflash_ops.evaluation with
+the views that show it, and prints the outcome. Comparing the pulled runs: compare_commands.
 Exit statuses: OpsError → 1 (ops_task / the click CLI); Ctrl-C while following → 130.
 """
 
@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from dflash_eval.contract.summary import sample_lines
 from rich.markup import escape
 
 from dflash_ops.core.arguments import one_of, parse_steps
@@ -19,19 +17,15 @@ from dflash_ops.core.errors import OpsError
 from dflash_ops.core.inventory import Inventory
 from dflash_ops.core.text import check_tag
 from dflash_ops.evaluation import (
-    compare_rows,
-    figures,
     jobs,
     like,
     results,
-    served_records,
     sweep,
     training_fetch,
 )
 from dflash_ops.evaluation.dataset_cache import load_set
 from dflash_ops.evaluation.datasets import parse_sets
 from dflash_ops.evaluation.foresee import comparability_warning
-from dflash_ops.evaluation.groups import parse_group
 from dflash_ops.evaluation.harness_options import checked, harness_args
 from dflash_ops.evaluation.host_choice import choose_eval_host, named_eval_hosts
 from dflash_ops.evaluation.jobs import Detached
@@ -41,20 +35,12 @@ from dflash_ops.evaluation.run import run_eval
 from dflash_ops.evaluation.tracking import said_if_flagged
 from dflash_ops.evaluation.verdict import verdicts
 from dflash_ops.staging.catalog import resolve_step
-from dflash_ops.ui import report, report_diagnosis
-from dflash_ops.ui.compare_view import (
-    export,
-    print_comparison,
-    print_served,
-    print_served_groups,
-)
 from dflash_ops.ui.console import console, errors, shown
 from dflash_ops.ui.eval_view import LiveView, PrefixedView, show_finished, show_runs, step_line
 from dflash_ops.ui.output import parse_format
 from dflash_ops.ui.plan_view import plan_lines
 
 PROMPT_SETS_DIR = "prompt-sets"  # under the results directory: the prompts files uploaded
-EXPORT_NAME = "export.csv"  # fab export's file under the results directory
 
 
 def request_from(inventory: Inventory, options: Mapping[str, object], **fixed: Any) -> EvalRequest:
@@ -329,126 +315,3 @@ def fetch_all(inventory: Inventory) -> None:
     training_fetch.attach(
         inventory, inventory.local.results, lambda line: console.print(escape(line))
     )
-
-
-def show_comparison(
-    results_root: Path,
-    steps: str | None = None,
-    tag: str | None = None,
-    allow_mixed: bool = False,
-    plots: Path | None = None,
-    samples: bool = False,
-    training_run: str | None = None,
-    *,
-    fmt: str = "table",
-    wide: bool = False,
-    group: int | str | None = None,
-    baseline: str | None = None,
-    train_metric: str | None = None,
-    with_report: bool = False,
-) -> results.Comparison:
-    """`fab compare` / `dflash-ops results compare`: the runs of one comparability group
-    (the largest, `group`: its number or key as typed, or `baseline`'s) in a table that
-    fits the terminal (`wide`: the complete one) or as `fmt`; the other groups, named;
-    per-set results with confidence intervals and whether consecutive steps' overlap. It
-    reads only, unless asked: the plots into `plots`, and (`with_report`) the HTML report
-    (rewritten, every selected run in it, those of other groups flagged). `allow_mixed`
-    shows the other groups' runs in the table too, flagged. Runs of several training runs
-    are grouped and labelled by run; `training_run` keeps one."""
-    fmt = parse_format(fmt)
-    selected = parse_steps(steps)
-    every = results.compare(
-        results.load_runs(results_root), selected, tag, training_run, parse_group(group), baseline
-    )
-    within = every.within()  # nothing left when every run is flagged: show them, flagged
-    comparison = every if allow_mixed or not within.rows else within
-    # Anything but the table goes to stdout alone, for a program to read; notes to stderr.
-    notes = console if fmt == "table" else errors
-    print_comparison(comparison, fmt, wide, console)
-    served_runs = served_records.load_served(results_root)
-    served = served_records.side_by_side(every.rows, served_runs)
-    served_groups = served_records.served_groups(served_runs)
-    print_served(served, fmt, console if fmt == "table" else errors)
-    print_served_groups(served_groups, fmt, notes)
-    for line in results.group_lines(every):
-        notes.print(f"[yellow]{shown(line)}[/]")
-    for run in (run for run in every.rows if run.flag):
-        notes.print(
-            f"[yellow]not comparable[/] {shown(run.run_id)} ({_step_of(run)}): {shown(run.flag)}"
-        )
-    for run in every.skipped:
-        why = run.problem or f"{run.run.get('state', 'not successful')}, no results"
-        notes.print(f"[yellow]skipped[/] {shown(run.run_id)} ({_step_of(run)}): {shown(why)}")
-    for note in compare_rows.overlap_notes(comparison):
-        notes.print(shown(note))
-    if samples:
-        for run in comparison.rows:
-            lines = sample_lines(run.done) or ["(no decoded samples in this run)"]
-            notes.print(f"[bold]{shown(run.run_id)}[/] ({_step_of(run)}):")
-            for line in lines:  # each a line: a newline in a prompt id would fake one
-                notes.print(f"  {shown(line)}")
-    for plot in figures.plot(comparison, plots, train_metric) if plots else []:
-        notes.print(f"plot: {shown(plot)}")
-    if with_report:
-        path = report.write(
-            every,
-            results_root / report.REPORT_NAME,
-            results.mixed_note(every),
-            train_metric,
-            report_diagnosis.pulled(results_root),
-            served,
-            served_groups,
-        )
-        notes.print(f"report: {shown(path)}")
-    elif not plots and fmt == "table":
-        notes.print("[dim]plots and the HTML report: add --plots and --report[/]")
-    return comparison
-
-
-def _step_of(run: results.RunResult) -> str:
-    """The run's step, with its training run's name (as markup)."""
-    return f"{shown(run.training_run)} step {run.step}" if run.training_run else f"step {run.step}"
-
-
-def export_results(
-    results_root: Path,
-    out: Path | None = None,
-    steps: str | None = None,
-    tag: str | None = None,
-    training_run: str | None = None,
-) -> Path:
-    """`fab export`: every selected run's per-set metrics, one row per run × prompt set ×
-    metric (with its comparability key), as CSV or JSON."""
-    comparison = results.compare(
-        results.load_runs(results_root), parse_steps(steps), tag, training_run
-    )
-    path = out or results_root / EXPORT_NAME
-    rows = export(comparison, path)
-    console.print(f"{rows} rows ({len(comparison.rows)} runs) → {shown(path)}")
-    return path
-
-
-def write_report(
-    results_root: Path,
-    steps: str | None = None,
-    tag: str | None = None,
-    out: Path | None = None,
-    training_run: str | None = None,
-    train_metric: str | None = None,
-) -> Path:
-    """`fab report`: the HTML report of the pulled runs (incomparable ones flagged);
-    `train_metric`: the training metric drawn beside τ."""
-    pulled = results.load_runs(results_root)
-    comparison = results.compare(pulled, parse_steps(steps), tag, training_run)
-    served_runs = served_records.load_served(results_root)
-    path = report.write(
-        comparison,
-        out or results_root / report.REPORT_NAME,
-        results.mixed_note(comparison),
-        train_metric,
-        report_diagnosis.pulled(results_root),
-        served_records.side_by_side(pulled, served_runs),
-        served_records.served_groups(served_runs),
-    )
-    console.print(f"report: {shown(path)}")
-    return path

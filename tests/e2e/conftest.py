@@ -4,12 +4,15 @@ One lab (tiny target, trained drafter checkpoints at STEPS, two provisioned eval
 built once per pytest run and shared by the modules here that take `e2e_lab`, or a view of
 it (`one_eval_host`, `hidden_steps`); after every test it is put back as built: no run left
 going, runs and pulled results removed, staged copies and the eval hosts' caches as built,
-the trainer's checkpoints as built. Modules whose lab differs in kind (a sudo login, a
-features host, a venv the test breaks) build their own.
+the trainer's checkpoints as built. `trainer` hides its checkpoints and makes them appear
+while a watch runs. A lab with a features host (`features_lab`, and the set `extracted` on
+it) is built once per run too, for the two modules that use it. Modules whose lab differs in
+kind otherwise (a sudo login, a venv the test breaks) build their own.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -25,7 +28,8 @@ from dflash_ops.core.inventory import load
 from dflash_ops.evaluation import jobs
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
-from tests.conftest import provisioned_models_lab
+from tests.conftest import provisioned_models_lab, run_fab
+from tests.e2e.features_helpers import extract
 
 STEPS = (2000, 4000, 6000)
 
@@ -145,3 +149,99 @@ def hidden_steps(lab: labs.Lab, *steps: int) -> Iterator[None]:
     finally:
         for hidden, directory in moved:
             hidden.rename(directory)
+
+
+# --- a trainer writing checkpoints while a watch runs (test_watch*.py) ------------------------
+
+
+class Trainer:
+    """Hides the lab's checkpoints and makes them appear (as a trainer writes them: to a
+    temporary name, then renamed), or writes a corrupt one."""
+
+    def __init__(self, lab: labs.Lab, held: Path) -> None:
+        self.lab, self.held = lab, held
+        held.mkdir()
+        for step in STEPS:
+            shutil.copyfile(lab.checkpoint_path(step), held / str(step))
+        self.only()
+
+    def only(self, *steps: int) -> None:
+        for step in STEPS:
+            if step not in steps:
+                shutil.rmtree(self.lab.checkpoint_path(step).parent, ignore_errors=True)
+        for step in steps:
+            self.appear(step)
+
+    def appear(self, step: int, content: bytes | None = None) -> None:
+        path = self.lab.checkpoint_path(step)
+        path.parent.mkdir(exist_ok=True)
+        temporary = path.with_name(".writing")
+        if content is None:
+            shutil.copyfile(self.held / str(step), temporary)
+        else:
+            temporary.write_bytes(content)
+        temporary.replace(path)
+
+    def restore(self) -> None:
+        shutil.rmtree(self.lab.checkpoint_path(8000).parent, ignore_errors=True)
+        self.only(*STEPS)
+
+
+@pytest.fixture
+def trainer(e2e_lab, tmp_path) -> Iterator[Trainer]:
+    """The lab with no checkpoint yet; afterwards its checkpoints, runs and results as before."""
+    made = Trainer(e2e_lab, tmp_path / "held")
+    yield made
+    made.restore()
+    inventory = load(e2e_lab.inventory_path)
+    for name, entry in inventory.eval_hosts.items():
+        host = Host(inventory, name)
+        for run in jobs.list_runs(host, entry):
+            if not run.done:
+                jobs.cancel(host, entry, run)
+                jobs.wait_finished(host, entry, run.run_id)
+        host.run(f"rm -rf {shlex.quote(jobs.runs_dir(entry))}")
+        host.close()
+    subprocess.run(["rm", "-rf", str(inventory.local.results)], check=True)
+
+
+def pulled_steps(lab: labs.Lab) -> list[int]:
+    results = load(lab.inventory_path).local.results
+    return sorted(json.loads(p.read_text())["step"] for p in results.glob("*/run.json"))
+
+
+def runs_on_hosts(lab: labs.Lab) -> list[jobs.Run]:
+    return jobs.all_runs(load(lab.inventory_path))
+
+
+# --- a lab with a features host (test_extract_features.py, test_run_eval_features.py) ----
+
+
+@pytest.fixture(scope="session")
+def features_lab(tmp_path_factory):
+    """A lab with a features host (CPU, its own namespace) beside one eval host, used
+    read-mostly: a test that damages a copy of the set leaves it repaired."""
+    built = labs.up(
+        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", features_host=True),
+        labs.trained_models,
+    )
+    try:
+        yield built
+    finally:
+        assert not built.down()
+
+
+@pytest.fixture(scope="session")
+def features_provisioned(features_lab):
+    """`fab setup-eval-host` over the whole lab: the eval host and the features host."""
+    done = run_fab(features_lab.inventory_path, "setup-eval-host", timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.fixture(scope="session")
+def extracted(features_lab, features_provisioned) -> str:
+    """The set computed on the features host and relayed to the eval host; its id."""
+    done = extract(features_lab)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.split("fab run-eval --features ")[1].split()[0]

@@ -20,7 +20,6 @@ from dflash_ops.core.inventory import load
 from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
-from tests.e2e.conftest import with_sglang_url
 
 MAX_NEW_TOKENS = "24"
 DTYPE = ["--target-dtype", "float32"]  # both sides of the τ comparison in the same dtype
@@ -71,11 +70,6 @@ def digests(directory: Path) -> dict[str, str]:
 def said(output: str) -> str:
     """The output with rich's line wrapping undone (phrases are searched in it)."""
     return " ".join(output.split())
-
-
-def features_sglang_url(lab: labs.Lab, url: str, directory: Path) -> Path:
-    """The lab's inventory with `url` as the features host's sglang_url."""
-    return with_sglang_url(lab, url, directory, host="features")
 
 
 def small_extraction(inventory_path: Path) -> subprocess.CompletedProcess:

@@ -1,18 +1,17 @@
-"""`fab extract-features` and `run-eval --features` end to end on a lab with a features host
-(CPU, its own namespace): provisioning, the set computed there by the real harness, relayed
-through the workstation to the eval host and verified, a corrupt copy sent again, and an eval
-on the relayed set that gives the τ of an eval computing its features itself.
+"""`fab extract-features` end to end on a lab with a features host (CPU, its own namespace):
+provisioning, the set computed there by the real harness (from local or SGLang completions),
+relayed through the workstation to the eval host and verified, a corrupt copy sent again, an
+interrupted relay resumed, and every refusal before a run starts or a byte moves.
 
-One lab for the module, used read-mostly: the set is computed and relayed once (a module
-fixture); a test that damages a copy leaves it repaired. What a set is made of (its id, the
-layers rule) is tested without a lab in test_feature_spec.py.
+The lab, and the set computed and relayed once, are session fixtures (`features_lab`,
+`extracted` in tests/e2e/conftest.py) shared with test_run_eval_features.py, which evaluates
+on the relayed set. What a set is made of (its id, the layers rule) is tested without a lab in
+test_feature_spec.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import shlex
 import shutil
 from collections.abc import Iterator
@@ -30,14 +29,12 @@ from dflash_ops.features.relay import set_destination, set_payload
 from dflash_ops.remote.layout import EvalLayout
 from dflash_ops.staging.delivery import StageOptions, deliver
 from tests.conftest import run_fab
+from tests.e2e.conftest import with_sglang_url
 from tests.e2e.features_helpers import (
-    DTYPE,
     MAX_NEW_TOKENS,
     digests,
     extract,
-    features_sglang_url,
     lab_layers,
-    new_results,
     said,
     set_dir,
     small_extraction,
@@ -47,39 +44,6 @@ from tests.e2e.features_helpers import (
 from tests.sglang_stand_in import started_in
 
 pytestmark = pytest.mark.long(340)  # seconds with 4 workers: started first
-
-RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
-
-
-# --- on the lab -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def features_lab(tmp_path_factory):
-    built = labs.up(
-        labs.LabConfig(root=tmp_path_factory.mktemp("lab") / "lab", features_host=True),
-        labs.trained_models,
-    )
-    try:
-        yield built
-    finally:
-        assert not built.down()
-
-
-@pytest.fixture(scope="module")
-def provisioned(features_lab):
-    """`fab setup-eval-host` over the whole lab: the eval host and the features host."""
-    done = run_fab(features_lab.inventory_path, "setup-eval-host", timeout=1200)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
-@pytest.fixture(scope="module")
-def extracted(features_lab, provisioned) -> str:
-    """The set computed on the features host and relayed to the eval host; its id."""
-    done = extract(features_lab)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.split("fab run-eval --features ")[1].split()[0]
 
 
 def test_lab_has_a_features_host_with_the_same_target(features_lab):
@@ -97,14 +61,14 @@ def test_lab_has_a_features_host_with_the_same_target(features_lab):
     assert mtimes[0] == mtimes[1]  # the target's fingerprint counts them
 
 
-def test_setup_eval_host_provisions_the_features_host(features_lab, provisioned):
-    assert "features: provisioned" in said(provisioned.stdout), provisioned.stdout
+def test_setup_eval_host_provisions_the_features_host(features_lab, features_provisioned):
+    assert "features: provisioned" in said(features_provisioned.stdout), features_provisioned.stdout
     again = run_fab(features_lab.inventory_path, "setup-eval-host", "--host", "features")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "features: nothing to do" in said(again.stdout), again.stdout
 
 
-def test_check_hosts_checks_the_features_host(features_lab, provisioned):
+def test_check_hosts_checks_the_features_host(features_lab, features_provisioned):
     done = run_fab(features_lab.inventory_path, "check-hosts", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
     # the host's rows: from its name in the host column (the last host) to the table's end
@@ -199,7 +163,9 @@ def test_an_interrupted_relay_resumes_where_it_stopped(features_lab, extracted):
     assert not partial.exists()
 
 
-def test_layers_the_target_lacks_are_refused_before_any_run_starts(features_lab, provisioned):
+def test_layers_the_target_lacks_are_refused_before_any_run_starts(
+    features_lab, features_provisioned
+):
     """The free-space check runs the harness's own argument and target checks: a bad request
     fails in seconds, with no run started."""
     runs = Path(EvalLayout(load(features_lab.inventory_path).hosts["features"]).runs)
@@ -214,14 +180,16 @@ def test_layers_the_target_lacks_are_refused_before_any_run_starts(features_lab,
     assert "staged and verified" not in done.stdout
 
 
-def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provisioned, tmp_path):
+def test_a_failed_extraction_says_why_and_relays_nothing(
+    features_lab, features_provisioned, tmp_path
+):
     """A run that fails once started: the SGLang server (the default with an sglang_url)
     serves the target, then answers every /generate with HTTP 500."""
     features = load(features_lab.inventory_path).hosts["features"]
     sets_before = sorted(Path(EvalLayout(features).features).glob("*"))
     log, failing = tmp_path / "requests.jsonl", ("--mode", "error")
     with started_in(features_lab, "features", features.target_model, log, *failing) as (_, url):
-        done = small_extraction(features_sglang_url(features_lab, url, tmp_path))
+        done = small_extraction(with_sglang_url(features_lab, url, tmp_path, host="features"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert "failed (exit code" in said(done.stderr), done.stderr
     assert f"/generate at {url} answered HTTP 500" in said(
@@ -233,7 +201,7 @@ def test_a_failed_extraction_says_why_and_relays_nothing(features_lab, provision
 
 
 def test_a_server_serving_another_model_is_refused_before_anything_is_extracted(
-    features_lab, provisioned, tmp_path
+    features_lab, features_provisioned, tmp_path
 ):
     features = load(features_lab.inventory_path).hosts["features"]
     layout = EvalLayout(features)
@@ -241,7 +209,7 @@ def test_a_server_serving_another_model_is_refused_before_anything_is_extracted(
     log, other = tmp_path / "requests.jsonl", "/srv/models/another-model"
     served_as = ("--model-path", other)
     with started_in(features_lab, "features", features.target_model, log, *served_as) as (_, url):
-        done = small_extraction(features_sglang_url(features_lab, url, tmp_path))
+        done = small_extraction(with_sglang_url(features_lab, url, tmp_path, host="features"))
     assert done.returncode == 1, done.stdout + done.stderr
     output = said(done.stderr)
     assert f"SGLang at {url} serves {other}, but the target is {features.target_model}" in output
@@ -262,7 +230,7 @@ def test_an_unknown_relay_host_fails_before_anything_is_computed(features_lab):
 
 
 def test_a_set_the_features_disk_cannot_hold_is_refused_before_the_run(
-    features_lab, provisioned, tmp_path
+    features_lab, features_provisioned, tmp_path
 ):
     layout = EvalLayout(load(features_lab.inventory_path).hosts["features"])
     with tiny_disk(features_lab, "features", layout.features, "64k") as host:
@@ -311,126 +279,6 @@ def test_a_relay_the_eval_disk_cannot_hold_is_refused_before_a_byte_moves(
         assert "fab prune --features --host eval" in str(refused.value), refused.value
 
 
-def test_run_eval_without_a_relayed_set_says_how_to_make_one(features_lab, provisioned):
-    done = run_fab(features_lab.inventory_path, "run-eval", "--step", "2000", "--features", "nope")
-    assert done.returncode == 1
-    assert "no relayed feature set 'nope'" in said(done.stderr), done.stderr
-    assert "fab extract-features --to eval" in said(done.stderr), done.stderr
-
-
-def test_an_eval_on_the_relayed_set_matches_one_computing_its_own(features_lab, extracted):
-    inventory_path = features_lab.inventory_path
-    results_root = load(inventory_path).local.results
-    prompts = ["--prompts", str(features_lab.root / labs.LAB_PROMPTS)]
-    before = set(results_root.glob("*/results.json"))
-    relayed = run_fab(
-        inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
-        "--features", "latest", timeout=900,
-    )  # fmt: skip
-    assert relayed.returncode == 0, relayed.stdout + relayed.stderr
-    with_set = new_results(inventory_path, before)
-    before = set(results_root.glob("*/results.json"))
-    local = run_fab(
-        inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
-        "--no-cache", timeout=900,
-    )  # fmt: skip
-    assert local.returncode == 0, local.stdout + local.stderr
-    computed = new_results(inventory_path, before)
-
-    features = with_set["features"]
-    assert features["host"] == "features"
-    assert features["set"] == extracted
-    assert features["cache"]["completion_hits"] == features["cache"]["prompts"] == 2
-    assert features["cache"]["hidden_state_hits"] == 2
-    assert computed["features"]["host"] != "features"
-    assert computed["features"]["cache"]["hidden_state_hits"] == 0
-    assert with_set["features"]["dtype"] == computed["features"]["dtype"] == "float32"
-    assert with_set["metrics"]["tau_macro"] == computed["metrics"]["tau_macro"]
-    assert [row["tau"] for row in with_set["per_prompt"]] == [
-        row["tau"] for row in computed["per_prompt"]
-    ]
-
-    # The two runs differ in features provenance: two comparability groups, each named.
-    grouped = run_fab(inventory_path, "compare")
-    assert grouped.returncode == 0, grouped.stdout + grouped.stderr
-    assert "differ in features" in said(grouped.stdout + grouped.stderr), grouped.stdout
-    mixed = run_fab(inventory_path, "compare", "--allow-mixed")
-    assert mixed.returncode == 0, mixed.stdout + mixed.stderr
-
-
-def test_a_tampered_copy_on_the_eval_host_is_refused_at_use(features_lab, extracted):
-    """One value flipped in the eval host's copy (same size): the eval refuses it, naming
-    the file and the fix, instead of scoring it; `--verify` repairs it."""
-    copy = set_dir(features_lab, "eval", extracted)
-    for victim in (copy / "hidden").glob("*.safetensors"):  # whichever the run reads first
-        data = bytearray(victim.read_bytes())
-        data[-1] ^= 0x40  # the last value of the last tensor
-        victim.write_bytes(bytes(data))
-    prompts = ["--prompts", str(features_lab.root / labs.LAB_PROMPTS)]
-    refused = run_fab(
-        features_lab.inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts,
-        *DTYPE, "--features", "latest", timeout=900,
-    )  # fmt: skip
-    output = said(refused.stdout + refused.stderr)
-    assert refused.returncode == 1, output
-    assert re.search(r"hidden/[0-9a-f]{64}\.safetensors does not match feature-set\.json", output)
-    assert "fab extract-features --verify" in output
-    repaired = extract(features_lab, "--verify")
-    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
-    assert digests(copy) == digests(set_dir(features_lab, "features", extracted))
-
-
-def test_a_set_changed_with_its_feature_set_json_on_the_eval_host_flags_the_run(
-    features_lab, extracted
-):
-    """The eval host's copy altered (a hidden-state value) together with its feature-set.json
-    (that file's new sha256): the run finds the set consistent and succeeds, but the
-    feature-set.json it read is not the one the workstation recorded when it relayed the set:
-    the pulled run is flagged not comparable, in run-eval, compare and the report, naming the
-    set, the host, both sha256s and the fix; `--verify` repairs the copy."""
-    inventory_path = features_lab.inventory_path
-    copy = set_dir(features_lab, "eval", extracted)
-    record_file = copy / "feature-set.json"
-    made = hashlib.sha256(record_file.read_bytes()).hexdigest()
-    record = json.loads(record_file.read_bytes())
-    for victim in (copy / "hidden").glob("*.safetensors"):
-        data = bytearray(victim.read_bytes())
-        data[-1] ^= 0x40
-        victim.write_bytes(bytes(data))
-        record["files"][f"hidden/{victim.name}"]["sha256"] = hashlib.sha256(data).hexdigest()
-    record_file.write_text(json.dumps(record, indent=1) + "\n")
-    changed = hashlib.sha256(record_file.read_bytes()).hexdigest()
-    results_root = load(inventory_path).local.results
-    before = set(results_root.glob("*/results.json"))
-    prompts = ["--prompts", str(features_lab.root / labs.LAB_PROMPTS)]
-    flagged = run_fab(
-        inventory_path, "run-eval", "--step", "2000", *RUN_OPTIONS, *prompts, *DTYPE,
-        "--features", "latest", timeout=900,
-    )  # fmt: skip
-    pulled = [path.parent for path in set(results_root.glob("*/results.json")) - before]
-    try:
-        output = said(flagged.stdout + flagged.stderr)
-        assert flagged.returncode == 1, output
-        assert len(pulled) == 1, output  # the results are kept, flagged
-        features = json.loads((pulled[0] / "results.json").read_text())["features"]
-        assert (features["set"], features["set_sha256"]) == (extracted, changed)
-        named = f"feature set {extracted} on eval: the run read a feature-set.json with sha256"
-        assert named in output and changed[:12] in output and made[:12] in output, output
-        assert "fab extract-features --to eval --verify" in output, output
-        compared = run_fab(inventory_path, "compare", "--report")
-        assert compared.returncode == 0, compared.stdout + compared.stderr
-        notes = said(compared.stdout + compared.stderr)
-        assert f"not comparable {pulled[0].name}" in notes and named in notes, notes
-        report = (results_root / "report.html").read_text()
-        assert "feature set changed" in report and changed[:12] in report
-    finally:
-        for directory in pulled:  # the module's other comparisons never see this run
-            shutil.rmtree(directory)
-    repaired = extract(features_lab, "--verify")
-    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
-    assert digests(copy) == digests(set_dir(features_lab, "features", extracted))
-
-
 @pytest.fixture
 def sglang_on_the_features_host(features_lab, tmp_path):
     """The SGLang stand-in (tests/sglang_stand_in.py: the target's own greedy continuations)
@@ -459,7 +307,7 @@ def test_completions_from_sglang_make_their_own_set(
     url, log = sglang_on_the_features_host
     # credentials in the URL (the stand-in ignores them) must reach no file, argv or output
     secret = url.replace("http://", "http://u:s3cret@")
-    with_sglang = features_sglang_url(features_lab, secret, tmp_path)
+    with_sglang = with_sglang_url(features_lab, secret, tmp_path, host="features")
 
     done = extract(features_lab, inventory_path=with_sglang)  # sglang_url: SGLang by default
     assert done.returncode == 0, done.stdout + done.stderr

@@ -32,6 +32,7 @@ from tests.sglang_stand_in import started_in
 pytestmark = pytest.mark.long(280)  # seconds with 4 workers: started first
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
+SHORTER = ["--num-prompts", "2", "--max-new-tokens", "16", "--ddtree", "4,8"]  # not comparable
 
 
 @pytest.fixture
@@ -200,14 +201,7 @@ def test_detach_reattach_cancel_and_busy(inventory_path):
 
 def test_sweep_over_two_hosts_and_compare(inventory_path):
     # Step 6000 is staged on eval2 only: the sweep must run it there instead of copying it.
-    inventory = load(inventory_path)
-    eval_host = Host(inventory, "eval")
-    eval_host.run(
-        f"rm -rf {shlex.quote(EvalLayout(inventory.eval_hosts['eval']).staging)}/step_6000"
-    )
-    eval_host.close()
-    staged = fab_eval(inventory_path, "stage-checkpoint", "--step", "6000", "--to", "eval2")
-    assert staged.returncode == 0, staged.stderr
+    stage_only_on_eval2(inventory_path, 6000)
     sweep = fab_eval(inventory_path, "run-eval", "--steps", "2000,4000,6000", *QUICK, timeout=600)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     for host in ("eval", "eval2"):
@@ -221,50 +215,10 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert "step_6000/checkpoint.pt: already staged" in sweep.stdout
     nothing_new = fab_eval(inventory_path, "run-eval", "--all-new", *QUICK)
     assert "nothing to evaluate: every complete checkpoint has a result" in nothing_new.stdout
-    compared = fab_eval(inventory_path, "compare", "--plots")
-    assert compared.returncode == 0, compared.stderr
-    assert "tau_vs_step.png" in compared.stdout
-    results = load(inventory_path).local.results
-    cli = subprocess.run(
-        [
-            str(FAB.parent / "dflash-ops"),
-            "results",
-            "compare",
-            "--results",
-            str(results),
-            "--plots",
-            str(results / "cli-plots"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert cli.returncode == 0, cli.stderr
-    assert "best tree" in cli.stdout and (results / "cli-plots" / "tau_vs_step.png").exists()
-    listing = subprocess.run(
-        [str(FAB.parent / "dflash-ops"), "results", "list", "--results", str(results)],
-        capture_output=True,
-        text=True,
-    )
-    assert listing.stdout.count("succeeded") == 3
-    plots = results / "plots"
-    assert (plots / "tau_vs_step.png").stat().st_size > 1000
-    assert (plots / "acceptance_per_position.png").stat().st_size > 1000
+    check_compare_plots_and_list(inventory_path, runs=3)
 
     # A run with other completion lengths is not comparable: a group of its own, named.
-    other = fab_eval(
-        inventory_path,
-        "run-eval",
-        "--step",
-        "2000",
-        "--host",
-        "eval",
-        "--num-prompts",
-        "2",
-        "--max-new-tokens",
-        "16",
-        "--ddtree",
-        "4,8",
-    )
+    other = fab_eval(inventory_path, "run-eval", "--step", "2000", "--host", "eval", *SHORTER)
     assert other.returncode == 0, other.stderr
     assert "will not be comparable with the 3 pulled run(s)" in " ".join(other.stdout.split())
     grouped = fab_eval(inventory_path, "compare")
@@ -272,6 +226,40 @@ def test_sweep_over_two_hosts_and_compare(inventory_path):
     assert "differ in max new tokens; compare them with --group 2" in grouped.stdout
     mixed = fab_eval(inventory_path, "compare", "--allow-mixed")
     assert mixed.returncode == 0 and "≠ max new tokens" in mixed.stdout
+
+
+def stage_only_on_eval2(inventory_path: Path, step: int) -> None:
+    """The step's checkpoint staged on eval2, and not on eval."""
+    inventory = load(inventory_path)
+    eval_host = Host(inventory, "eval")
+    staging = EvalLayout(inventory.eval_hosts["eval"]).staging
+    eval_host.run(f"rm -rf {shlex.quote(staging)}/step_{step}")
+    eval_host.close()
+    staged = fab_eval(inventory_path, "stage-checkpoint", "--step", str(step), "--to", "eval2")
+    assert staged.returncode == 0, staged.stderr
+
+
+def dflash_ops(*args: str) -> subprocess.CompletedProcess:
+    """The click CLI, run as a user runs it."""
+    return subprocess.run([str(FAB.parent / "dflash-ops"), *args], capture_output=True, text=True)
+
+
+def check_compare_plots_and_list(inventory_path: Path, runs: int) -> None:
+    """`fab compare --plots`, `dflash-ops results compare --plots` and `results list` on the
+    pulled runs: the table and its plots, and every run listed as succeeded."""
+    compared = fab_eval(inventory_path, "compare", "--plots")
+    assert compared.returncode == 0, compared.stderr
+    assert "tau_vs_step.png" in compared.stdout
+    results = load(inventory_path).local.results
+    cli_plots = results / "cli-plots"
+    cli = dflash_ops("results", "compare", "--results", str(results), "--plots", str(cli_plots))
+    assert cli.returncode == 0, cli.stderr
+    assert "best tree" in cli.stdout and (cli_plots / "tau_vs_step.png").exists()
+    listing = dflash_ops("results", "list", "--results", str(results))
+    assert listing.stdout.count("succeeded") == runs
+    plots = results / "plots"
+    assert (plots / "tau_vs_step.png").stat().st_size > 1000
+    assert (plots / "acceptance_per_position.png").stat().st_size > 1000
 
 
 def test_ctrl_c_detaches_and_the_run_goes_on(inventory_path):

@@ -25,7 +25,8 @@ from dflash_ops.remote.containers import environment_of
 from dflash_ops.remote.priority import MARK, NICENESS, announced, low_priority
 from dflash_ops.staging.delivery import StageOptions
 from dflash_ops.staging.pace import Pace
-from dflash_ops.staging.relay import Pipe, RelayState, sink
+from dflash_ops.staging.relay import Pipe, RelayState
+from dflash_ops.staging.relay_commands import sink
 from dflash_ops.staging.sides import RemoteSide
 from dflash_ops.staging.sources import TrainerFiles
 from dflash_ops.staging.stage import stage

@@ -28,8 +28,8 @@ from dflash_ops.evaluation.harness_options import harness_args
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.ui import cli, eval_view
+from dflash_ops.ui.compare_commands import export_results, show_comparison
 from dflash_ops.ui.compare_view import print_comparison
-from dflash_ops.ui.eval_commands import export_results, show_comparison
 from dflash_ops.ui.eval_view import (
     LiveView,
     phase_bars,

@@ -26,8 +26,8 @@ from dflash_ops.evaluation import compare_rows, results
 from dflash_ops.evaluation.watch import results_news
 from dflash_ops.evaluation.webhook import chat_text
 from dflash_ops.ui import cli, report, report_facts
+from dflash_ops.ui.compare_commands import export_results, show_comparison
 from dflash_ops.ui.compare_view import group_records
-from dflash_ops.ui.eval_commands import export_results, show_comparison
 from tests.schema_samples import results_dict, sampled_results_dict
 from tests.unit.test_report import per_prompt
 

@@ -16,16 +16,14 @@ from pathlib import Path
 import pytest
 
 from dflash_ops.remote.priority import MARK as PRIORITY_MARK
-from dflash_ops.staging.relay import (
+from dflash_ops.staging.relay import Moved, RelayState, move
+from dflash_ops.staging.relay_commands import (
     NO_HASHER,
     SOURCE_MARK,
     STAT_MARK,
-    Moved,
-    RelayState,
     digest_in,
     hash_file,
     hash_stdin,
-    move,
     sink,
     source_command,
     stderr_reason,

@@ -157,7 +157,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(three_steps):
 
 
 def test_compare_rewrites_the_report(three_steps, tmp_path):
-    from dflash_ops.ui.eval_commands import show_comparison
+    from dflash_ops.ui.compare_commands import show_comparison
 
     show_comparison(three_steps, plots=tmp_path / "plots", with_report=True)
     written = three_steps / report.REPORT_NAME

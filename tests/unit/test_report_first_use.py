@@ -207,7 +207,7 @@ def test_a_pulled_diagnosis_of_a_shown_step_is_a_section(three_steps):
 
 
 def test_compare_puts_a_pulled_diagnosis_in_the_report(three_steps, tmp_path):
-    from dflash_ops.ui.eval_commands import show_comparison
+    from dflash_ops.ui.compare_commands import show_comparison
 
     _diagnosis(three_steps, 6000, "diag-6000")
     show_comparison(three_steps, plots=tmp_path / "plots", with_report=True)

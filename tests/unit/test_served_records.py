@@ -168,7 +168,7 @@ def test_served_and_cpu_agree_when_their_intervals_overlap(served_interval, agre
 
 
 def test_compare_shows_served_runs_among_themselves_by_their_own_key(tmp_path, capsys):
-    from dflash_ops.ui.eval_commands import show_comparison
+    from dflash_ops.ui.compare_commands import show_comparison
 
     pull(tmp_path, 4000, 2.5)
     served(tmp_path, "s-6000", 6000, 3.25)
@@ -222,7 +222,7 @@ class _Tables(HTMLParser):
 
 
 def test_the_report_shows_served_beside_cpu_and_served_runs_by_their_own_key(tmp_path):
-    from dflash_ops.ui.eval_commands import write_report
+    from dflash_ops.ui.compare_commands import write_report
 
     pull(tmp_path, 4000, 2.5)
     [cpu] = results.load_runs(tmp_path)

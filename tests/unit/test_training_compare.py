@@ -15,7 +15,7 @@ import pytest
 from dflash_ops.core.errors import ResultsError
 from dflash_ops.evaluation import figures, results
 from dflash_ops.ui import report
-from dflash_ops.ui.eval_commands import show_comparison
+from dflash_ops.ui.compare_commands import show_comparison
 from tests.lab.test_output import rendered
 from tests.training_samples import LOGGED, pull
 

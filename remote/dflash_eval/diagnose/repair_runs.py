@@ -33,74 +33,103 @@ def measure_repairs(
 ) -> dict[str, Any]:
     """Each repair measured against the candidate as configured and the other drafter, per
     prompt, then judged together (Holm over all of them)."""
-    config = candidate.config
-    settings = repair_settings(
-        config,
-        other.config,
-        parts.target.shape.num_layers,
-        head[0].shape[0],
-        special_tokens(parts.target.tokenizer),
+    settings, not_tried, layers = _repairs_to_try(
+        candidate.config, other.config, parts.target, head[0].shape[0]
     )
-    source, layers = parts.target, _layers_read(settings, config, other.config)
-    float32, not_tried = _float32_features(source, layers)
-    settings += float32
     known = [i for i, pair in enumerate(zip(*taus, strict=True)) if None not in pair]
     if not known:  # no prompt gave both drafters a round: nothing to measure a repair on
         settings = []
     base, theirs = ([t[i] for i in known] for t in taus)
-    sequences = {source.dtype_choice.name: _with_layers(parts, layers, run)}
-    quiet = Progress(quiet=True)
-    walked: dict[tuple, list[float]] = {}  # a walk asked for again (the best repair) is kept
-
-    def taus_with(drafter: LoadedDrafter, changes: dict[str, Any]) -> list[float]:
-        key = (id(drafter), *sorted((k, repr(v)) for k, v in changes.items()))
-        if key not in walked:
-            dtype = changes.get("features_dtype", source.dtype_choice.name)
-            if dtype not in sequences:  # computed once, when a repair first asks for them
-                sequences[dtype] = _with_layers(parts, layers, run, dtype)
-            kept = {k: v for k, v in changes.items() if k != "features_dtype"}
-            every = stats.per_prompt_tau(
-                walks.walk(
-                    drafter,
-                    sequences[dtype],
-                    head,
-                    run,
-                    quiet,
-                    "repair",
-                    **walks.REPAIR_WALK,
-                    **kept,
-                ).walks
-            )
-            walked[key] = [every[i] for i in known]
-        return walked[key]
+    walked = _RepairWalks(parts, layers, run, head, known)
 
     def repaired(changes: dict[str, Any]) -> list[float]:
-        return taus_with(candidate, changes)
+        return walked.taus(candidate, changes)
 
     progress.say(f"Trying {len(settings)} repairs on {len(known)} prompts …")
     tried = _judged(settings, {}, base, theirs, repaired, progress)
     for row in tried:  # the control: the same change made to the other drafter
         if row["verdict"] == repair_stats.FINDING and _fits(row, other.config):
-            mine, changed = repaired(_changes(row)), taus_with(other, _changes(row))
+            mine, changed = repaired(_changes(row)), walked.taus(other, _changes(row))
             row["control"] = repair_stats.as_dict_control(
                 repair_stats.control(base, mine, theirs, changed)
             )
-    summary = {
-        "prompts": len(known),
+    summary = _summary(len(known), base, theirs, len(settings), tried, not_tried)
+    if tried and tried[0]["verdict"] == repair_stats.FINDING:
+        summary["combined"] = _combined(tried[0], settings, base, theirs, repaired, progress)
+    return summary
+
+
+def _repairs_to_try(
+    config: Any, other: Any, source: TargetSource, vocab_rows: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
+    """The repairs to try, those not tried (with why), and every target layer they read."""
+    tokens = special_tokens(source.tokenizer)
+    settings = repair_settings(config, other, source.shape.num_layers, vocab_rows, tokens)
+    layers = _layers_read(settings, config, other)
+    float32, not_tried = _float32_features(source, layers)
+    return settings + float32, not_tried, layers
+
+
+class _RepairWalks:
+    """A drafter walked with some settings changed, its τ on the prompts both drafters
+    scored. Each walk is done once (the best repair is asked for again, and for its control),
+    and the sequences in another features dtype are computed when a repair first asks."""
+
+    def __init__(
+        self,
+        parts: record.RunParts,
+        layers: list[int],
+        run: EvalOptions,
+        head: tuple[torch.Tensor, torch.Tensor],
+        known: list[int],
+    ) -> None:
+        self.parts, self.layers, self.run, self.head, self.known = parts, layers, run, head, known
+        self.dtype = parts.target.dtype_choice.name
+        self.sequences = {self.dtype: _with_layers(parts, layers, run)}
+        self.walked: dict[tuple, list[float]] = {}
+
+    def taus(self, drafter: LoadedDrafter, changes: dict[str, Any]) -> list[float]:
+        key = (id(drafter), *sorted((k, repr(v)) for k, v in changes.items()))
+        if key not in self.walked:
+            self.walked[key] = self._walk(drafter, changes)
+        return self.walked[key]
+
+    def _walk(self, drafter: LoadedDrafter, changes: dict[str, Any]) -> list[float]:
+        dtype = changes.get("features_dtype", self.dtype)
+        if dtype not in self.sequences:
+            self.sequences[dtype] = _with_layers(self.parts, self.layers, self.run, dtype)
+        kept = {k: v for k, v in changes.items() if k != "features_dtype"}
+        sequences, quiet = self.sequences[dtype], Progress(quiet=True)
+        walked = walks.walk(
+            drafter, sequences, self.head, self.run, quiet, "repair", **walks.REPAIR_WALK, **kept
+        )
+        every = stats.per_prompt_tau(walked.walks)
+        return [every[i] for i in self.known]
+
+
+def _summary(
+    prompts: int,
+    base: list[float],
+    theirs: list[float],
+    repairs: int,
+    tried: list[dict[str, Any]],
+    not_tried: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The record of the repairs, with the thresholds they were judged by and the power a
+    family of `repairs` repairs on `prompts` prompts has."""
+    return {
+        "prompts": prompts,
         "tau_candidate": _mean(base),
         "tau_other": _mean(theirs),
         "min_delta_tau": repair_stats.MIN_DELTA,
         "min_gap_share": repair_stats.MIN_SHARE,
         "alpha": repair_stats.ALPHA,
-        "detectable_sd": repair_stats.detectable_effect(len(known), len(settings)),
-        "prompts_needed": repair_stats.prompts_needed(len(settings)) if settings else None,
+        "detectable_sd": repair_stats.detectable_effect(prompts, repairs),
+        "prompts_needed": repair_stats.prompts_needed(repairs) if repairs else None,
         "tried": tried,
         "not_tried": not_tried,
         "combined": None,
     }
-    if tried and tried[0]["verdict"] == repair_stats.FINDING:
-        summary["combined"] = _combined(tried[0], settings, base, theirs, repaired, progress)
-    return summary
 
 
 def _float32_features(

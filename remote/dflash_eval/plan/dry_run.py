@@ -16,7 +16,7 @@ staged" and so are the cache counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +25,13 @@ from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.urls import redact_url
 from dflash_eval.drafter.health import require_context
 from dflash_eval.plan import estimate
+from dflash_eval.plan.cache_count import CacheCount, count_cache
 from dflash_eval.plan.drafter import DrafterFacts, drafter_facts, reference_facts
 from dflash_eval.plan.inputs import is_memory_file
-from dflash_eval.reference import cache_keys
-from dflash_eval.reference.cache import DiskCache
-from dflash_eval.reference.conversation import Conversations
-from dflash_eval.reference.pipeline import Sequence
 from dflash_eval.reference.sglang_server import check_serves
 from dflash_eval.run.options import EvalOptions
-from dflash_eval.run.prepared import PreparedRun, prepare
-from dflash_eval.run.results import library_versions, staged_sha256
+from dflash_eval.run.prepared import prepare
+from dflash_eval.run.results import staged_sha256
 from dflash_eval.run.threads import host_cores
 from dflash_eval.target.config import TargetConfig, TargetShape, read_target_config
 from dflash_eval.target.features import (
@@ -42,13 +39,10 @@ from dflash_eval.target.features import (
     FLOAT32_MARGIN,
     DtypeChoice,
     choose_target_dtype,
-    fidelity_needed,
-    kernel_record,
     parse_meminfo,
     text_tensors,
     weight_bytes,
 )
-from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
 from dflash_eval.target.source import resolve_device
 
 
@@ -177,123 +171,6 @@ def _require_inputs(options: EvalOptions) -> None:
     for flag, path in given:
         if not Path(path).exists():
             raise HarnessError(f"{flag} {path} does not exist on this host. Check the path.")
-
-
-# --- what is cached -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PromptCount:
-    prompt_tokens: int | None  # None: not known yet (a later turn after an uncached one)
-    reference_tokens: int | None  # None: the completion is not cached
-    hidden_hit: bool = False
-
-
-@dataclass
-class CacheCount:
-    enabled: bool
-    total: int
-    unknown: int = 0  # prompts whose keys cannot be known yet
-    features_record: str = "unknown"  # "cached" | "missing" | "not needed" | "unknown"
-    paths: int = 1  # entries per prompt: its sampled paths at T > 0
-    prompts: list[PromptCount] = field(default_factory=list)
-
-    @property
-    def completion_hits(self) -> int:
-        return sum(p.reference_tokens is not None for p in self.prompts)
-
-    @property
-    def hidden_hits(self) -> int:
-        return sum(p.hidden_hit for p in self.prompts)
-
-    def record(self) -> dict[str, Any]:
-        known = self.total - self.unknown
-        return {
-            "enabled": self.enabled,
-            "completions": {"hits": self.completion_hits, "total": self.total},
-            "hidden_states": {"hits": self.hidden_hits, "total": self.total},
-            "unknown": self.unknown,
-            "completions_to_compute": known - self.completion_hits,
-            "hidden_states_to_compute": known - self.hidden_hits,
-            "features_record": self.features_record,
-            "paths": self.paths,
-        }
-
-
-def count_cache(
-    run: PreparedRun,
-    config: dict[str, Any],
-    choice: DtypeChoice | None,
-    drafter: DrafterFacts,
-    reference: DrafterFacts | None,
-    completions: dict[str, Any],
-) -> CacheCount:
-    """Look every entry up by the key `eval` would use; read completions (small) to know
-    the next keys, only the stored key of hidden states. `completions`: where they would
-    come from (completions_record: the server's answer is part of their key). At T > 0
-    every sampled path of a prompt is an entry of its own: its completion, hidden states
-    and walk each cost what a prompt's do."""
-    options, prompts, sampling, paths = run.options, run.prompts, run.sampling, run.paths
-    count = CacheCount(options.cache_dir is not None, len(prompts) * paths, paths=paths)
-    drafters = [d for d in (drafter, reference) if d is not None]
-    if choice is None or not all(d.known for d in drafters):
-        count.unknown = count.total  # estimated as if nothing were cached
-        count.prompts = [PromptCount(None, None) for _ in range(count.total)]
-        return count
-    extra = max(d.block_size or 0 for d in drafters)
-    layer_ids = sorted({i for d in drafters for i in d.layer_ids or []})
-    target = Path(options.target)
-    tokenizer = load_tokenizer(target)
-    stops = stop_token_ids(target, tokenizer)
-    shared = cache_keys.shared_key(
-        target_identity(target)["fingerprint"],
-        str(DTYPES[choice.name]),
-        library_versions(),
-        options.device,
-        kernel_record(config),
-    )
-    source = (
-        cache_keys.LOCAL_SAMPLED
-        if sampling.active
-        else cache_keys.completion_source(
-            options.sglang_url, completions.get("sglang_model"), completions.get("sglang_version")
-        )
-    )
-    cache = DiskCache(options.cache_dir)
-    conversations = Conversations(tokenizer, options.thinking, options.max_new_tokens)
-    for path in range(paths):
-        answered: set[str] = set()
-        for index, prompt in enumerate(prompts):
-            if prompt.follows is not None and prompt.follows not in answered:
-                count.unknown += 1  # its prompt holds the reply to an uncached turn
-                count.prompts.append(PromptCount(None, None))
-                continue
-            seq = Sequence(prompt, conversations.encode(prompt, path), path)
-            key = cache_keys.completion_key(
-                shared,
-                source,
-                seq.prompt_ids,
-                options.max_new_tokens,
-                stops,
-                extra,
-                sampling.key(path) if sampling.active else None,
-            )
-            reference_tokens = cache.get_completion(key)
-            if reference_tokens is None:
-                count.prompts.append(PromptCount(len(seq.prompt_ids), None))
-                continue
-            answered.add(prompt.id)
-            seq.take_reference(reference_tokens, options.max_new_tokens, stops)
-            conversations.replied(prompt, seq.completion, path)
-            hit = cache.has_hidden(cache_keys.hidden_key(shared, seq.tokens, layer_ids))
-            count.prompts.append(PromptCount(len(seq.prompt_ids), len(reference_tokens), hit))
-            if (index, path) == (0, 0):
-                first_key = cache_keys.features_key(shared, seq.tokens, layer_ids)
-                found = cache.get_record("features", first_key) is not None
-                count.features_record = "cached" if found else "missing"
-    if fidelity_needed(config, layer_ids, choice.name) is not None:
-        count.features_record = "not needed"
-    return count
 
 
 # --- memory and time ----------------------------------------------------------------------

@@ -69,10 +69,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     )
     timer, warnings = Timer(), []
     client = _sglang_client(options, progress)
-    with timer.phase("load_target"):
-        device = resolve_device("cuda" if options.shard_gpus else options.device)
-        shard = visible_gpus(options.gpu_memory) if options.shard_gpus else None
-        target = TargetSource(options.target, options.target_dtype, timer, progress, device, shard)
+    target = _load_target(options, timer, progress)
     _check_layers(options.layers, target.shape.num_layers)
     inputs = _inputs(options, prompts, target, client)
     if feature_set.is_complete_and_same(setdir, inputs):
@@ -91,7 +88,48 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         options.block_size,
         inputs["layer_ids"],
     )
+    computed = _target_side(options, prompts, target, client, lookup, timer, progress, warnings)
+    manifest = {
+        **inputs,
+        **_made(computed.record, options.host_name),
+        "entries": computed.entries,
+        "target_load": target.load_record(),
+        "warnings": warnings,
+        "timings": {name: round(s, 4) for name, s in timer.seconds.items()},
+        "total_seconds": round(time.perf_counter() - started, 4),
+        "created_at": utc_now(),
+    }
+    feature_set.complete(partial, setdir, manifest)
+    progress.say(f"Feature set {setdir}: {computed.entries} prompts, layers {lookup.layer_ids}")
+    return _summary(setdir, manifest, noop=False)
 
+
+def _load_target(options: FeaturesOptions, timer: Timer, progress: Progress) -> TargetSource:
+    """The target on the device asked for, or sharded over the visible GPUs."""
+    with timer.phase("load_target"):
+        device = resolve_device("cuda" if options.shard_gpus else options.device)
+        shard = visible_gpus(options.gpu_memory) if options.shard_gpus else None
+        return TargetSource(options.target, options.target_dtype, timer, progress, device, shard)
+
+
+@dataclass(frozen=True)
+class _Computed:
+    entries: int  # the prompts whose states the set holds
+    record: dict[str, Any]  # the features record: provenance and fidelity
+
+
+def _target_side(
+    options: FeaturesOptions,
+    prompts: list[Prompt],
+    target: TargetSource,
+    client: SGLangClient | None,
+    lookup: pipeline.Lookup,
+    timer: Timer,
+    progress: Progress,
+    warnings: list[str],
+) -> _Computed:
+    """An eval's target side into the partial set behind `lookup`: the completions, every
+    prompt's hidden states, and the features record measured on the first prompt."""
     if options.thinking and not template_reads_thinking(target.tokenizer):
         warnings.append("--thinking on, but the target's chat template has no thinking switch")
         progress.warn(warnings[-1])
@@ -114,19 +152,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
         record = features_record(
             target, sequences[0], lookup, progress, warnings, options.host_name
         )
-    manifest = {
-        **inputs,
-        **_made(record, options.host_name),
-        "entries": len(sequences),
-        "target_load": target.load_record(),
-        "warnings": warnings,
-        "timings": {name: round(s, 4) for name, s in timer.seconds.items()},
-        "total_seconds": round(time.perf_counter() - started, 4),
-        "created_at": utc_now(),
-    }
-    feature_set.complete(partial, setdir, manifest)
-    progress.say(f"Feature set {setdir}: {len(sequences)} prompts, layers {lookup.layer_ids}")
-    return _summary(setdir, manifest, noop=False)
+    return _Computed(len(sequences), record)
 
 
 def _sglang_client(options: FeaturesOptions, progress: Progress) -> SGLangClient | None:
