@@ -1,16 +1,39 @@
 """Work on several hosts at once, a thread each (the work waits on SSH, not on the CPU). One
 host's expected failure (OpsError) stops no other: each host finishes, then the failures are
-raised together, each under its host's name."""
+raised together, each under its host's name.
+
+The main thread waits for them in slices (join_all, wait_for): Python runs a Ctrl-C's handler
+in the main thread only, and when the OS hands the signal to another thread the main thread's
+wait is not interrupted: an unsliced join would hold the Ctrl-C until every thread ended (a
+watch went on to launch its next step).
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from dflash_ops.core.errors import HostError, OpsError
 
 T = TypeVar("T")
+SLICE_S = 0.2  # the longest a Ctrl-C waits for the main thread to see it
+
+
+def join_all(threads: Iterable[threading.Thread]) -> None:
+    """Wait for every thread to end, waking each SLICE_S to take a Ctrl-C."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(SLICE_S)
+
+
+def wait_for(event: threading.Event, seconds: float) -> bool:
+    """`event.wait(seconds)`, waking each SLICE_S to take a Ctrl-C; True once it is set."""
+    deadline = time.monotonic() + seconds
+    while not event.is_set() and (left := deadline - time.monotonic()) > 0:
+        event.wait(min(left, SLICE_S))
+    return event.is_set()
 
 
 def on_each_host(
@@ -38,8 +61,7 @@ def on_each_host(
     threads = [threading.Thread(target=run, args=(name,), daemon=True) for name in names]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    join_all(threads)
     for error in errors.values():
         if not isinstance(error, OpsError):
             raise error

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from dflash_ops.core.errors import HostBusy, OpsError
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.parallel import join_all
 from dflash_ops.evaluation import jobs
 from dflash_ops.evaluation.request import EvalRequest
 from dflash_ops.evaluation.results import load_runs
@@ -129,8 +130,7 @@ def _run_work(
     ]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    join_all(threads)
     for item, busy in queue.left_waiting():  # every host that could take it was busy
         outcomes[item] = busy
         if on_outcome is not None:

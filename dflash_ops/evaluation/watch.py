@@ -40,6 +40,7 @@ from dflash_ops.core.arguments import parse_number
 from dflash_ops.core.errors import HostBusy, OpsError, ResultsError, WatchError
 from dflash_ops.core.files import write_atomic
 from dflash_ops.core.inventory import Inventory
+from dflash_ops.core.parallel import wait_for
 from dflash_ops.core.records import Record, RecordError, read_json_file, validate
 from dflash_ops.evaluation import jobs, sweep
 from dflash_ops.evaluation.groups import key_fields
@@ -197,7 +198,7 @@ class Watch:
                     self.reporter.pass_done(outcomes[-1], None)
                     break
                 self.reporter.pass_done(outcomes[-1], self.options.interval_s)
-                self.stopping.wait(self.options.interval_s)
+                wait_for(self.stopping, self.options.interval_s)
         except KeyboardInterrupt:
             self.stop()  # the sweep's threads take no further step while the process ends
             raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 import threading
 import time
 
@@ -13,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from dflash_ops.core.errors import HostError, OpsError
-from dflash_ops.core.parallel import on_each_host
+from dflash_ops.core.parallel import SLICE_S, join_all, on_each_host, wait_for
 from dflash_ops.ui.host_lines import HostLines
 
 
@@ -64,6 +65,40 @@ def test_a_bug_keeps_its_own_exception():
 
     with pytest.raises(KeyError):
         on_each_host(["eval"], work)
+
+
+def _ctrl_c_handed_to_a_worker(release: threading.Event) -> threading.Thread:
+    """A thread that, once the main thread waits, receives the Ctrl-C itself (as the OS may
+    hand a process-wide SIGINT to any thread), then holds on for seconds."""
+
+    def worker() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        release.wait(10)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("waiting", ["join_all", "wait_for"])
+def test_a_ctrl_c_another_thread_received_ends_the_wait_at_once(waiting):
+    release, started = threading.Event(), time.monotonic()
+    thread = _ctrl_c_handed_to_a_worker(release)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            join_all([thread]) if waiting == "join_all" else wait_for(threading.Event(), 30)
+        # Unsliced, the wait ends only with the worker (10 s) or the timeout (30 s).
+        assert time.monotonic() - started < 0.2 + 5 * SLICE_S
+    finally:
+        release.set()
+
+
+def test_wait_for_says_whether_the_event_came():
+    event = threading.Event()
+    assert wait_for(event, 0.05) is False
+    threading.Timer(0.05, event.set).start()
+    assert wait_for(event, 10) is True
 
 
 def test_in_a_pipe_every_message_is_a_line_as_it_comes():
