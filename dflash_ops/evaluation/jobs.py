@@ -41,6 +41,7 @@ from dflash_ops.remote.process_claims import Claim, doubt, parse_claim
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
+FOLLOW_PID_INTERVAL_S = 0.1  # how soon `follow` sees the harness exit
 
 
 class Detached(Exception):
@@ -314,13 +315,15 @@ def follow(
     directory = shlex.quote(run_dir(entry, run_id))
     quoted = shlex.quote(file)
     # Followed only while the pid file names the run's own harness (see process_claims);
-    # otherwise the file is printed as it is.
+    # otherwise the file is printed as it is. tail checks the pid every -s seconds (default
+    # 1, a second added to every run).
     command = (
         f"{process_claims.SHELL}cd {directory} || exit 1; "
         "while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
         f"done; touch {quoted}; dflash_claim pid; "
         f'if [ "$dflash_verdict" = live ]; then '
-        f'exec tail -n +1 -F --pid="$dflash_pid" {quoted} 2>/dev/null; fi; '
+        f"exec tail -n +1 -F -s {FOLLOW_PID_INTERVAL_S} "
+        f'--pid="$dflash_pid" {quoted} 2>/dev/null; fi; '
         f"exec tail -n +1 {quoted} 2>/dev/null"
     )
     reader = subprocess.Popen(
