@@ -123,7 +123,7 @@ def launch(
     directory = run_dir(entry, run_id)
     quoted = shlex.quote(directory)
     try:
-        busy = [run for run in list_runs(host, entry) if not run.done]
+        busy = [run for run in list_runs(host, entry, unfinished=True) if not run.done]
         if busy:
             raise HostBusy(_busy_message(host.name, busy[0]))
         params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
@@ -270,8 +270,11 @@ def _when(epoch: float | None) -> str:
 # --- listing -------------------------------------------------------------------------------
 
 
-def list_runs(host: Host, entry: EvalHost) -> list[Run]:
-    probe = runs_probe(host.name, entry)
+def list_runs(
+    host: Host, entry: EvalHost, run_id: str | None = None, unfinished: bool = False
+) -> list[Run]:
+    """The host's runs (run_listing.runs_probe: `run_id` alone, or the `unfinished` ones)."""
+    probe = runs_probe(host.name, entry, run_id, unfinished)
     listed = host.run(probe.command, check=False)
     if listed.exit_code == DENIED_EXIT:
         raise JobError(
@@ -356,7 +359,7 @@ def wait_finished(host: Host, entry: EvalHost, run_id: str, timeout: float = 15)
 
 
 def _one_run(host: Host, entry: EvalHost, run_id: str) -> Run:
-    for run in list_runs(host, entry):
+    for run in list_runs(host, entry, run_id):
         if run.run_id == run_id:
             return run
     raise JobError(f"{host.name}: run {run_id} not found under {runs_dir(entry)}")
