@@ -80,7 +80,8 @@ def _unavailable(inventory: Inventory, name: str) -> str | None:
     None when it is idle."""
     host = Host(inventory, name)
     try:
-        running = [run for run in jobs.list_runs(host, inventory.eval_hosts[name]) if not run.done]
+        listed = jobs.list_runs(host, inventory.eval_hosts[name], unfinished=True)
+        running = [run for run in listed if not run.done]
     except OpsError as error:
         return f"not asked ({error})"
     finally:

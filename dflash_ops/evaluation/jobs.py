@@ -41,6 +41,7 @@ from dflash_ops.remote.process_claims import Claim, doubt, parse_claim
 
 RUN_FILES = ("params.json", "events.jsonl", "log", "results.json", "diagnose.json")
 BUSY_EXIT = 75  # the wrapper's exit code when another run holds the host's lock
+FOLLOW_PID_INTERVAL_S = 0.1  # how soon `follow` sees the harness exit
 
 
 class Detached(Exception):
@@ -122,7 +123,7 @@ def launch(
     directory = run_dir(entry, run_id)
     quoted = shlex.quote(directory)
     try:
-        busy = [run for run in list_runs(host, entry) if not run.done]
+        busy = [run for run in list_runs(host, entry, unfinished=True) if not run.done]
         if busy:
             raise HostBusy(_busy_message(host.name, busy[0]))
         params = {**params, "run_id": run_id, "host": host.name, "started": time.time()}
@@ -269,8 +270,11 @@ def _when(epoch: float | None) -> str:
 # --- listing -------------------------------------------------------------------------------
 
 
-def list_runs(host: Host, entry: EvalHost) -> list[Run]:
-    probe = runs_probe(host.name, entry)
+def list_runs(
+    host: Host, entry: EvalHost, run_id: str | None = None, unfinished: bool = False
+) -> list[Run]:
+    """The host's runs (run_listing.runs_probe: `run_id` alone, or the `unfinished` ones)."""
+    probe = runs_probe(host.name, entry, run_id, unfinished)
     listed = host.run(probe.command, check=False)
     if listed.exit_code == DENIED_EXIT:
         raise JobError(
@@ -314,13 +318,15 @@ def follow(
     directory = shlex.quote(run_dir(entry, run_id))
     quoted = shlex.quote(file)
     # Followed only while the pid file names the run's own harness (see process_claims);
-    # otherwise the file is printed as it is.
+    # otherwise the file is printed as it is. tail checks the pid every -s seconds (default
+    # 1, a second added to every run).
     command = (
         f"{process_claims.SHELL}cd {directory} || exit 1; "
         "while [ ! -f pid ] && [ ! -f exit_code ]; do sleep 0.2; "
         f"done; touch {quoted}; dflash_claim pid; "
         f'if [ "$dflash_verdict" = live ]; then '
-        f'exec tail -n +1 -F --pid="$dflash_pid" {quoted} 2>/dev/null; fi; '
+        f"exec tail -n +1 -F -s {FOLLOW_PID_INTERVAL_S} "
+        f'--pid="$dflash_pid" {quoted} 2>/dev/null; fi; '
         f"exec tail -n +1 {quoted} 2>/dev/null"
     )
     reader = subprocess.Popen(
@@ -353,7 +359,7 @@ def wait_finished(host: Host, entry: EvalHost, run_id: str, timeout: float = 15)
 
 
 def _one_run(host: Host, entry: EvalHost, run_id: str) -> Run:
-    for run in list_runs(host, entry):
+    for run in list_runs(host, entry, run_id):
         if run.run_id == run_id:
             return run
     raise JobError(f"{host.name}: run {run_id} not found under {runs_dir(entry)}")

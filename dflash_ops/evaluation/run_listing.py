@@ -56,14 +56,21 @@ class Run:
         return self.state in ("succeeded", "failed", "cancelled", "lost", "broken")
 
 
-def runs_probe(host_name: str, entry: EvalHost) -> Probe[list[Run]]:
-    """Every run on the host. No runs directory yet: no runs; one the login may not enter
-    (a non-root login without `become`) exits DENIED_EXIT, so it does not read as none."""
+def runs_probe(
+    host_name: str, entry: EvalHost, run_id: str | None = None, unfinished: bool = False
+) -> Probe[list[Run]]:
+    """Every run on the host; `run_id`: that run alone; `unfinished`: only the runs without
+    an exit code (the others are all done). Each run read costs a few processes on the host,
+    so a host with hundreds of runs takes seconds to list them all. No runs directory yet: no
+    runs; one the login may not enter (a non-root login without `become`) exits DENIED_EXIT,
+    so it does not read as none."""
     runs = shlex.quote(EvalLayout(entry).runs)
+    which = "*/" if run_id is None else f"{shlex.quote(run_id)}/"
+    finished = '[ -f "$d/exit_code" ] && continue; ' if unfinished else ""
     command = (
         f"{SHELL}why=$(cd {runs} 2>&1) || {{ case $why in *'ermission denied'*) "
         f'echo "$why" >&2; exit {DENIED_EXIT};; esac; exit 0; }}; cd {runs} || exit 0; '
-        'for d in */; do d=${d%/}; [ -f "$d/params.json" ] || continue; '
+        f'for d in {which}; do d=${{d%/}}; [ -f "$d/params.json" ] || continue; {finished}'
         'code=$(cat "$d/exit_code" 2>/dev/null || echo -); '
         # Liveness is the host's verdict on each recorded pid (process_claims), never kill -0.
         f'dflash_claim "$d/pid"; harness={SAID}; '

@@ -66,6 +66,21 @@ def test_busy_host_refuses_a_second_run(eval_host):
         jobs.cancel(host, entry, jobs.wait_finished(host, entry, first))
 
 
+def test_a_listing_of_one_run_or_of_the_unfinished_ones_reads_only_those(eval_host):
+    """What launch's busy check and wait_finished ask for: a whole listing reads every run
+    directory, seconds on a host that has kept hundreds."""
+    host, entry = eval_host
+    finished = jobs.new_run_id(2000, "eval", tag="finished")
+    jobs.launch(host, entry, finished, fake(1), {"step": 2000})
+    assert jobs.wait_finished(host, entry, finished).state == "succeeded"
+    running = jobs.new_run_id(4000, "eval", tag="running")
+    jobs.launch(host, entry, running, fake(1, gated=True), {"step": 4000})  # stopped at teardown
+    assert [run.run_id for run in jobs.list_runs(host, entry, finished)] == [finished]
+    assert [run.run_id for run in jobs.list_runs(host, entry, unfinished=True)] == [running]
+    assert jobs.list_runs(host, entry, "20000101-000000-step1-eval-none") == []
+    assert {run.run_id for run in jobs.list_runs(host, entry)} == {finished, running}
+
+
 def test_lock_is_the_last_word_even_when_the_listing_misses_a_run(eval_host, monkeypatch):
     """Two launches racing past the listing: the flock in the wrapper refuses the second."""
     host, entry = eval_host
@@ -73,7 +88,7 @@ def test_lock_is_the_last_word_even_when_the_listing_misses_a_run(eval_host, mon
     jobs.launch(host, entry, holder, fake(1, gated=True), {"step": 2000})
     loser = jobs.new_run_id(4000, "eval")
     with monkeypatch.context() as patch:
-        patch.setattr(jobs, "list_runs", lambda h, e: [])  # the first run not visible yet
+        patch.setattr(jobs, "list_runs", lambda *_, **__: [])  # the first run not visible yet
         with pytest.raises(jobs.JobError, match="took the host's eval lock first"):
             jobs.launch(host, entry, loser, fake(1), {"step": 4000})
     assert loser not in [r.run_id for r in jobs.list_runs(host, entry)]  # its dir was removed

@@ -20,9 +20,12 @@ of one sequence in one pass. The N blocks are laid out as one query sequence, th
 positions < s_n and its own block only, narrowed by each layer's rule. The context K/V of
 each layer is computed once per sequence (`context_cache`) and shared by every block.
 
-RoPE follows the reference: the rotary tables come from transformers' own rotary embedding
-for the config (every rope type transformers implements; a `partial_rotary_factor` below 1
-rotates the leading dimensions only, as the Qwen3-family models that support it do).
+RoPE follows the reference (every rope type transformers implements; a `partial_rotary_factor`
+below 1 rotates the leading dimensions only, as the Qwen3-family models that support it do).
+The inverse frequencies come from transformers' own init functions and the tables are
+computed as its Qwen3 rotary embedding computes them, bit for bit, without importing
+transformers' modeling modules (start-up time that a cached run needs for nothing else); the
+rope types whose tables change in the forward ("dynamic", "longrope") use its module itself.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class RotaryTable:
-    """transformers' rotary embedding for the drafter config, as the reference builds it.
+    """The drafter config's rotary tables, equal bit for bit to transformers' rotary embedding
+    (the reference's).
 
     Deliberately not an nn.Module: its inverse frequencies stay float32 whatever the
     drafter's dtype, and a meta-device build of the drafter leaves them intact; they move to
@@ -72,10 +76,14 @@ class RotaryTable:
     def __init__(self, config: DrafterConfig) -> None:
         values = rope_config_values(config, config.rope_parameters())
         hf_config = qwen3_config(values, "the drafter config")
-        with torch.device("cpu"):
-            self.module = _transformers_rotary(hf_config, config.partial_rotary_factor)
         self.rope_type = config.rope_type
         self.length_limit = _length_limit(config)
+        self.module: nn.Module | None = None
+        with torch.device("cpu"):
+            if self.rope_type in FIXED_ROPE_TYPES:
+                self.inv_freq, self.attention_scaling = _inverse_frequencies(hf_config)
+            else:
+                self.module = _transformers_rotary(hf_config, config.partial_rotary_factor)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
         """Absolute positions [...] → cos, sin [..., rotary_dim]."""
@@ -86,11 +94,51 @@ class RotaryTable:
                 "cached evaluation would not match the live loop. Use shorter prompts or "
                 "--max-new-tokens."
             )
-        flat = positions.reshape(1, -1)
-        self.module.to(flat.device)  # the drafter on CUDA (--device cuda): tables follow
-        cos, sin = self.module(torch.empty(0, dtype=dtype, device=flat.device), flat)  # [1, T, D]
+        flat = positions.reshape(1, -1)  # the [batch, T] transformers is called with
+        if self.module is None:
+            self.inv_freq = self.inv_freq.to(flat.device)  # the drafter on CUDA: tables follow
+            cos, sin = _tables(self.inv_freq, self.attention_scaling, flat, dtype)  # [1, T, D]
+        else:
+            self.module.to(flat.device)
+            cos, sin = self.module(torch.empty(0, dtype=dtype, device=flat.device), flat)
         shape = (*positions.shape, cos.shape[-1])
         return cos.reshape(shape), sin.reshape(shape)
+
+
+# Rope types whose inverse frequencies transformers fixes at construction. The others
+# ("dynamic", "longrope", any type a later transformers adds) may recompute them in the
+# forward (its `dynamic_rope_update`), so they keep transformers' module.
+FIXED_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional")
+
+
+def _inverse_frequencies(hf_config) -> tuple[torch.Tensor, float]:
+    """inv_freq [rotary_dim / 2] (float32) and the tables' scale, as transformers' rotary
+    embedding computes them at construction. "default" is not in ROPE_INIT_FUNCTIONS:
+    each model's rotary class has its own; Qwen3-Next's (which Qwen3's equals at a factor
+    of 1) keeps the first head_dim·partial_rotary_factor dimensions."""
+    parameters = hf_config.rope_parameters
+    if parameters["rope_type"] != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        return ROPE_INIT_FUNCTIONS[parameters["rope_type"]](hf_config)
+    base = parameters["rope_theta"]
+    head_dim = getattr(hf_config, "head_dim", None) or (
+        hf_config.hidden_size // hf_config.num_attention_heads
+    )
+    dim = int(head_dim * parameters.get("partial_rotary_factor", 1.0))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+
+
+def _tables(
+    inv_freq: torch.Tensor, attention_scaling: float, positions: torch.Tensor, dtype: torch.dtype
+) -> Rope:
+    """Qwen3RotaryEmbedding.forward, operation for operation (any reordering or fusing could
+    move a bit): float32 angles, each frequency twice, cos/sin scaled, then the cast."""
+    freqs = positions[..., None].float() * inv_freq.to(positions.device, torch.float)  # [1, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [1, T, D]
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _length_limit(config: DrafterConfig) -> int | None:
@@ -107,7 +155,8 @@ def _length_limit(config: DrafterConfig) -> int | None:
 
 def _transformers_rotary(hf_config, partial_rotary_factor: float) -> nn.Module:
     """Qwen3's rotary embedding (the reference's); for a partial rotary factor, the Qwen3-
-    family one that honours it (Qwen3-Next: same maths, first head_dim·factor dimensions)."""
+    family one that honours it (Qwen3-Next: same maths, first head_dim·factor dimensions).
+    Only the rope types outside FIXED_ROPE_TYPES pay for importing it."""
     if partial_rotary_factor == 1.0:
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
