@@ -71,7 +71,7 @@ def run_diagnose(options: DiagnoseOptions, progress: Progress) -> dict[str, Any]
         return diagnosis
     other = load_for_run(run.reference_drafter, run, target.shape, progress, warnings, candidate)
     # The DDTree budgets as eval resolves them (its default; none for a DFlash-2 drafter).
-    prepared = prepared.with_options(ddtree=ddtree_budgets(run.ddtree, [candidate, other]))
+    prepared = prepared.with_ddtree(ddtree_budgets(run.ddtree, [candidate, other]))
     run = prepared.options
     options = dataclasses.replace(options, run=run)
     drafters = {"drafter": candidate.config, "reference drafter": other.config}

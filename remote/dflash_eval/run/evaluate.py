@@ -80,7 +80,7 @@ def run_eval(options: EvalOptions, progress: Progress) -> Results:
         drafter, reference = load_drafters(options, target.shape, progress, warnings)
     dflash2 = [d.source.path for d in (drafter, reference) if d is not None and d.config.dflash2]
     refuse_dflash2(run.sampling, dflash2)
-    run = run.with_options(ddtree=ddtree_budgets(options.ddtree, [drafter, reference]))
+    run = run.with_ddtree(ddtree_budgets(options.ddtree, [drafter, reference]))
     options = run.options
     with timer.phase("hash"):
         drafter_identity = record.checkpoint_identity(

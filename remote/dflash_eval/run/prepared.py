@@ -44,9 +44,10 @@ class PreparedRun:
         """The DDTree budgets the intervals cover: none at T > 0 (the tree is greedy)."""
         return [] if self.sampled else list(self.options.ddtree)
 
-    def with_options(self, **changes: Any) -> PreparedRun:
-        """The same run with options the loading has settled (device, DDTree budgets)."""
-        return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
+    def with_ddtree(self, budgets: list[int]) -> PreparedRun:
+        """The same run with the DDTree budgets its loaded drafters allow (run/drafters.py's
+        ddtree_budgets: the default, none for a DFlash-2 drafter)."""
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, ddtree=budgets))
 
     def record(self) -> dict[str, Any]:
         """The decisions, for the dry run's plan."""

@@ -44,8 +44,8 @@ def test_a_sampled_run_walks_its_paths_and_measures_no_ddtree(tmp_path):
     assert (run.sampled, run.paths, run.ddtree_budgets, run.threads) == (True, 3, [], 3)
     assert run.record()["sampling"]["temperature"] == 0.7
     assert run.record()["mode"] == "sampled"
-    # Settling an option (the device, the budgets) keeps every decision made.
-    settled = run.with_options(device="cpu", ddtree=[2])
+    # Settling the budgets once the drafters are loaded keeps every decision made.
+    settled = run.with_ddtree([2])
     assert settled.sampling == run.sampling and settled.options.ddtree == [2]
     assert run.options.ddtree == [4]  # the prepared value itself is not changed
 
