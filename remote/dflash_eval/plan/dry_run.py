@@ -75,6 +75,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     _require_inputs(options)
     # The decisions `eval` makes, made by the same code (the device too: it is in every key).
     run = prepare(options, facts.cores, resolve_device)
+    options = run.options
     config = read_target_config(options.target)
     shape = config.shape
     saved = config.saved_dtype
@@ -87,7 +88,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
             config,
             saved_bytes,
             facts.memory_available,
-            run.options.device,
+            options.device,
         )
     except HarnessError as refusal:
         choice = None

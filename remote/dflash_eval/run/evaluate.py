@@ -269,7 +269,7 @@ def _walk_all(
 ) -> DrafterRun:
     config = loaded.config
     dtype = DTYPES[loaded.dtype]
-    device = run.options.device or "cpu"
+    device = run.options.device  # decided by prepare: never left unset
     head = BorrowedHead.from_target(*borrowed, config.mask_token_id, dtype, device)
     loaded.model.to(device)
     # Every tensor the predictors make (positions, masks, token ids) goes to `device` too.

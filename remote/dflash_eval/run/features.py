@@ -21,13 +21,14 @@ from dflash_eval.contract import options as run_options
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.options import default
 from dflash_eval.contract.progress import Progress, Timer
-from dflash_eval.contract.prompts import Prompt, builtin_prompts, prompts_hash, read_prompts_jsonl
+from dflash_eval.contract.prompts import Prompt, prompts_hash
 from dflash_eval.reference import feature_set, feature_size, pipeline
 from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.completions import SGLangClient, checked_client, template_reads_thinking
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.reference.feature_record import features_record
 from dflash_eval.run.inputs import require_writable
+from dflash_eval.run.prepared import load_prompts
 from dflash_eval.run.results import library_versions, utc_now
 from dflash_eval.run.threads import default_threads, host_cores
 from dflash_eval.target.model import sha256_file
@@ -58,7 +59,7 @@ def run_features(options: FeaturesOptions, progress: Progress) -> dict[str, Any]
     started = time.perf_counter()
     torch.set_num_threads(options.threads or default_threads(host_cores()))
     _check_options(options)
-    prompts = _load_prompts(options.prompts)
+    prompts = load_prompts(options.prompts, None)
     setdir = Path(options.out)
     progress.event(
         "start",
@@ -273,7 +274,3 @@ def _check_options(options: FeaturesOptions) -> None:
             "one (a features host with `gpus` in the inventory shards; leave --device out)."
         )
     require_writable(f"--out {options.out}", Path(options.out).parent)
-
-
-def _load_prompts(path: Path | None) -> list[Prompt]:
-    return read_prompts_jsonl(path) if path else builtin_prompts()

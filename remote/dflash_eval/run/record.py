@@ -130,7 +130,7 @@ def results(
             target_load=parts.target.load_record(),
             cache=cache_counts(parts.sequences),
         ),
-        host=host_info(parts.threads, parts.options.device or "cpu"),
+        host=host_info(parts.threads, parts.options.device),
         options=options_record(options),
         timings_s={name: round(s, 4) for name, s in timer.seconds.items()},
         throughput=throughput(drafter.run.blocks, drafter.run.seconds),
