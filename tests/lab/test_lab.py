@@ -119,7 +119,10 @@ def test_down_leaves_nothing_behind(tmp_path):
     session.wait(timeout=10)
     assert down.returncode == 0, down.stderr
     assert built.leftovers() == []
-    assert not any(n.startswith(f"dflab{built.state.slot}-") for n in network_namespaces())
+    # By name alone this would race: once down releases the slot, a lab coming up on another
+    # worker may claim it and make namespaces of the same names. Ours carry our mark.
+    slot = [n for n in network_namespaces() if n.startswith(f"dflab{built.state.slot}-")]
+    assert not [n for n in slot if network.own_namespace(built.state, n)]
 
 
 def test_a_stale_record_of_the_slot_removes_nothing_of_the_lab_there_now(make_lab, tmp_path):
