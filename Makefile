@@ -18,7 +18,8 @@ demo: setup
 # Parallel workers (pytest-xdist): most of a test's time is spent waiting on sshd hosts and
 # remote harness runs, so more workers than cores pays. --dist loadfile keeps a module on one
 # worker (its module-scoped lab is built once); each worker that runs e2e_lab tests builds
-# its own shared e2e lab (a session fixture is per worker), which also spreads them out.
+# its own shared e2e lab (a session fixture is per worker), which also spreads them out; the
+# modules of a lab few modules share go to one worker (SAME_WORKER in tests/conftest.py).
 # --no-loadscope-reorder keeps the collection's order: modules marked long, longest first.
 # 5, not 4: a 4-worker run kept the 2 cores about half busy (15.8 CPU-min in 16.4 min).
 WORKERS ?= 5

@@ -84,6 +84,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for module_items in order for item in module_items]
 
 
+# Modules that share a session lab (a session fixture is built once per xdist worker) run on
+# one worker, or each worker they land on builds the lab again: module → the module it joins.
+SAME_WORKER = {"tests/e2e/test_run_eval_features.py": "tests/e2e/test_extract_features.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the modules of SAME_WORKER joined to theirs."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return Scheduling(config, log)
+
+
+def work_unit(nodeid: str) -> str:
+    """What a test is sent to a worker with: its module, or the module SAME_WORKER joins it to."""
+    module = nodeid.split("::", 1)[0]
+    return SAME_WORKER.get(module, module)
+
+
 def _expected_seconds(item: pytest.Item) -> float:
     marker = item.get_closest_marker("long")
     return marker.args[0] if marker else 0.0

@@ -6,8 +6,9 @@ it (`one_eval_host`, `hidden_steps`); after every test it is put back as built: 
 going, runs and pulled results removed, staged copies and the eval hosts' caches as built,
 the trainer's checkpoints as built. `trainer` hides its checkpoints and makes them appear
 while a watch runs. A lab with a features host (`features_lab`, and the set `extracted` on
-it) is built once per run too, for the two modules that use it. Modules whose lab differs in
-kind otherwise (a sudo login, a venv the test breaks) build their own.
+it) is built once per run too, for the two modules that use it (sent to one worker:
+`SAME_WORKER` in tests/conftest.py). Modules whose lab differs in kind otherwise (a sudo
+login, a venv the test breaks) build their own.
 """
 
 from __future__ import annotations
