@@ -39,11 +39,14 @@ from tests.conftest import run_fab
 STEP = 2000
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "16", "--ddtree", "4"]
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("sudo") is None,
-    reason="the lab makes a machine user for the sudo login (needs root) with sudo rights "
-    "(needs the sudo package)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("sudo") is None,
+        reason="the lab makes a machine user for the sudo login (needs root) with sudo rights "
+        "(needs the sudo package)",
+    ),
+    pytest.mark.long(95),  # seconds in a cold `make test` (5 workers)
+]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from tests.conftest import run_fab
 from tests.e2e.conftest import with_sglang_url
 from tests.sglang_stand_in import started_in
 
-pytestmark = pytest.mark.long(110)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(95)  # seconds in a cold `make test` (5 workers)
 
 
 def check_hosts(inventory_path: Path, monkeypatch) -> tuple[CompletedProcess, Row]:

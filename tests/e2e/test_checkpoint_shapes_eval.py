@@ -28,6 +28,9 @@ from tests.lab.test_checkpoint_shapes import (
 # --- a staged directory, evaluated ------------------------------------------------------------
 
 
+pytestmark = pytest.mark.long(60)  # seconds in a cold `make test` (5 workers)
+
+
 def resave_sharded(checkpoint: Path, directory: Path, shards: int = 2) -> None:
     """The trained drafter of a lab checkpoint as a trainer's HF directory: config.json, its
     parameters in `shards` safetensors files with their index, and the training state."""

@@ -14,6 +14,9 @@ from dflash_ops.remote.connection import Host
 from tests.conftest import run_fab
 from tests.e2e.conftest import hidden_steps, one_eval_host
 
+pytestmark = pytest.mark.long(45)  # seconds in a cold `make test` (5 workers)
+
+
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24"]
 
 

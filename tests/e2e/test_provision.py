@@ -34,7 +34,7 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
 
-pytestmark = pytest.mark.long(135)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(170)  # seconds in a cold `make test` (5 workers)
 
 
 # --- without a host ------------------------------------------------------------------------

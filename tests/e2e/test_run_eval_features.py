@@ -27,7 +27,7 @@ from tests.e2e.features_helpers import (
     set_dir,
 )
 
-pytestmark = pytest.mark.long(340)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(90)  # seconds in a cold `make test` (5 workers)
 
 RUN_OPTIONS = ["--num-prompts", "2", "--max-new-tokens", MAX_NEW_TOKENS, "--ddtree", "4,8"]
 

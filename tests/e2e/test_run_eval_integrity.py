@@ -18,7 +18,7 @@ from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import run_fab
 from tests.e2e.conftest import one_eval_host
 
-pytestmark = pytest.mark.long(245)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(200)  # seconds in a cold `make test` (5 workers)
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 

@@ -19,7 +19,7 @@ from dflash_ops.remote.connection import Host
 from tests.conftest import run_fab
 from tests.e2e.conftest import hidden_steps
 
-pytestmark = pytest.mark.long(330)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(410)  # seconds in a cold `make test` (5 workers)
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4"]
 

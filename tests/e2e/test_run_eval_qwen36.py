@@ -13,6 +13,9 @@ from dflash_lab import lab as labs
 from dflash_ops.core.inventory import load
 from tests.conftest import provisioned_models_lab, run_fab
 
+pytestmark = pytest.mark.long(130)  # seconds in a cold `make test` (5 workers)
+
+
 QUICK = ["--num-prompts", "3", "--max-new-tokens", "32", "--ddtree", "4,8"]
 
 

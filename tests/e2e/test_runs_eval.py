@@ -14,6 +14,8 @@ from dflash_ops.core import inventory as inventories
 from tests.e2e.conftest import hidden_steps, one_eval_host
 from tests.lab.test_runs import QUICK, V5_DIR, add_v5_checkpoints, runs_inventory
 
+pytestmark = pytest.mark.long(45)  # seconds in a cold `make test` (5 workers)
+
 
 @pytest.fixture
 def runs_lab(e2e_lab, tmp_path) -> Iterator[labs.Lab]:

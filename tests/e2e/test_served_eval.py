@@ -24,7 +24,7 @@ from dflash_ops.remote.connection import Host
 from dflash_ops.remote.layout import EvalLayout
 from tests.conftest import REPO, run_fab, start_fab
 
-pytestmark = pytest.mark.long(150)
+pytestmark = pytest.mark.long(85)  # seconds in a cold `make test` (5 workers)
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24"]
 GPUS = "0, GPU-aaaa\n1, GPU-bbbb\n"

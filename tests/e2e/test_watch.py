@@ -22,7 +22,7 @@ from dflash_ops.ui.watch_view import WatchView
 from tests.conftest import run_fab
 from tests.e2e.conftest import pulled_steps, runs_on_hosts
 
-pytestmark = pytest.mark.long(255)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(205)  # seconds in a cold `make test` (5 workers)
 
 QUICK_OPTIONS = {"num_prompts": "2", "max_new_tokens": "24", "ddtree": "4,8"}
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]

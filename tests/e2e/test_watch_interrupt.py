@@ -24,7 +24,7 @@ from dflash_ops.ui.watch_view import WatchView, _show_stopped
 from tests.conftest import start_fab
 from tests.e2e.conftest import one_eval_host, pulled_steps, runs_on_hosts
 
-pytestmark = pytest.mark.long(255)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(85)  # seconds in a cold `make test` (5 workers)
 
 QUICK = ["--num-prompts", "2", "--max-new-tokens", "24", "--ddtree", "4,8"]
 

@@ -31,7 +31,7 @@ from dflash_ops.staging.destination import staged_status
 from dflash_ops.staging.relay import RelayState
 from dflash_ops.staging.stage import stage
 
-pytestmark = pytest.mark.long(70)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(60)  # seconds in a cold `make test` (5 workers)
 
 STEP = 4000
 SHARDS = 3

@@ -18,6 +18,8 @@ from dflash_ops.core.inventory import load as load_inventory
 from dflash_ops.staging.delivery import StageOptions
 from dflash_ops.staging.stage import stage
 
+pytestmark = pytest.mark.long(50)  # seconds in a cold `make test` (5 workers)
+
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

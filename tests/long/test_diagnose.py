@@ -23,15 +23,16 @@ from dflash_eval.target.features import float32_shortfall
 from safetensors import safe_open
 
 from dflash_lab.faulty import build_faulty_drafter, edited_drafter
-
-from .helpers import (
+from tests.unit.harness.helpers import (
     diagnose_lab,
     random_drafter,
     save_tiny_qwen3_5,
     save_training_checkpoint,
     small_config,
 )
-from .test_plan import facts as plan_facts
+from tests.unit.harness.test_plan import facts as plan_facts
+
+pytestmark = pytest.mark.long(175)  # seconds in a cold `make test` (5 workers)
 
 
 def _diagnose(lab, tmp_path, candidate):

@@ -13,8 +13,10 @@ from dflash_lab.content import MODEL_CACHE
 from dflash_lab.context_models import DRAFTER_STEP, LAG, build_context_lab, layer_cosines
 from dflash_lab.faulty import build_faulty_drafter
 from dflash_lab.models import LabModels
+from tests.unit.harness.helpers import diagnose_lab
 
-from .helpers import diagnose_lab
+# Seconds in a cold `make test` (5 workers): the context lab's first build is 155 of them.
+pytestmark = pytest.mark.long(200)
 
 
 @pytest.fixture(scope="module")

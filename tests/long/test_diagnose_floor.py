@@ -14,7 +14,7 @@ from tests.unit.harness.helpers import (
     small_config,
 )
 
-pytestmark = pytest.mark.long(200)  # seconds with 4 workers, diagnose measuring repairs
+pytestmark = pytest.mark.long(15)  # seconds in a cold `make test` (5 workers)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from dflash_eval.reference import feature_size
 from dflash_eval.run.features import FeaturesOptions, run_features
 from dflash_eval.target.model import load_tokenizer
 
-pytestmark = pytest.mark.long(20)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(15)  # seconds in a cold `make test` (5 workers)
 
 REMOTE = Path(__file__).resolve().parents[2] / "remote"
 TIMEOUT_S = 300

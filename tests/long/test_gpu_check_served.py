@@ -13,7 +13,7 @@ import pytest
 
 from dflash_lab.content import MODEL_CACHE
 
-pytestmark = pytest.mark.long(50)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(25)  # seconds in a cold `make test` (5 workers)
 
 ROOT = Path(__file__).resolve().parents[2]
 

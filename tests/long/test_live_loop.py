@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from tests.unit.harness.helpers import quick_eval
 from tests.unit.harness.live_loops import LiveModels, LiveRun, PlainDrafter, draft_logits
 
-pytestmark = pytest.mark.long(40)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(40)  # seconds in a cold `make test` (5 workers)
 
 MAX_NEW_TOKENS = 29  # not a multiple of the block size (8): the last block is shortened
 WINDOW = 5  # narrower than every context here (prompts of 16 tokens and more)

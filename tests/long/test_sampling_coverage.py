@@ -22,7 +22,7 @@ from dflash_eval.reference.completions import encode_prompt
 
 from tests.unit.harness.sampling_parts import lab_parts, path_expectation
 
-pytestmark = pytest.mark.long(60)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(35)  # seconds in a cold `make test` (5 workers)
 
 PROMPTS = 5  # the fewest the interval is not warned about
 POOL = 24  # sampled paths per prompt

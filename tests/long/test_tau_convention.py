@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from tests.unit.harness.helpers import quick_eval, save_tiny_qwen3_5
 from tests.unit.harness.live_loops import LiveModels, LiveRun, PlainDrafter
 
-pytestmark = pytest.mark.long(65)  # seconds with 4 workers: started first
+pytestmark = pytest.mark.long(65)  # seconds in a cold `make test` (5 workers)
 
 MAX_NEW_TOKENS = 37  # not a multiple of the block size: the last round runs past it
 BUDGETS = [4, 8, 32]

@@ -1,8 +1,8 @@
 """When no setting change closes the gap, what the diagnosis says instead: the other drafter
 is another step of the candidate's own run (less trained, or the run got worse), or the gap
 lies in what the target features give (the candidate gains less from them). Each from its
-measured numbers, on diagnoses built by hand; the lab's own cases are in test_diagnose.py and
-benchmarks/diagnose_faults.py."""
+measured numbers, on diagnoses built by hand; the lab's own cases are in
+tests/long/test_diagnose.py and benchmarks/diagnose_faults.py."""
 
 from __future__ import annotations
 
