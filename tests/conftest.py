@@ -8,6 +8,7 @@ checks the lab's routes before the first connection (see dflash_ops.remote.route
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -47,6 +48,14 @@ def pytest_configure(config: pytest.Config) -> None:
         # Parallel workers run several labs at once on the same cores: one torch thread per
         # harness run (workers inherit the variable).
         os.environ.setdefault(lab_inventory.THREADS_VARIABLE, "1")
+    # A worker holds ~2·10^5 long-lived objects (torch, transformers, the collected items):
+    # at the default young threshold (700) the collector keeps scanning them. Measured on the
+    # unit tier: 70.5 and 75.9 s with this and the freeze below, 79.3 and 80.5 s without.
+    gc.set_threshold(50_000, 20, 10)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.freeze()  # what collection made lives until the end: no collection needs to scan it
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
