@@ -25,6 +25,7 @@ from safetensors import safe_open
 from dflash_lab.faulty import build_faulty_drafter, edited_drafter
 from tests.unit.harness.helpers import (
     diagnose_lab,
+    diagnose_options,
     random_drafter,
     save_tiny_qwen3_5,
     save_training_checkpoint,
@@ -42,17 +43,7 @@ def _diagnose(lab, tmp_path, candidate):
 def plan_diagnose(lab, root, candidate):
     """`plan --diagnose` of the same run, which writes nothing."""
     root.mkdir()
-    options = EvalOptions(
-        checkpoint=candidate,
-        target=lab.target_dir,
-        out=root / "diagnose.json",
-        threads=1,
-        prompts=lab.prompts,
-        max_new_tokens=96,
-        cache_dir=root / "cache",
-        reference_drafter=lab.checkpoints[6000],
-    )
-    plan = make_diagnose_plan(options)
+    plan = make_diagnose_plan(diagnose_options(lab, root, candidate, lab.checkpoints[6000]))
     assert list(root.iterdir()) == []
     part = plan["diagnose"]
     walk = plan["estimate"]["phases"]["drafter"]

@@ -187,7 +187,21 @@ def diagnose_lab(
 ) -> dict[str, Any]:
     """`diagnose` of `candidate` against `reference` on a lab's target and prompts (named
     `against`, else after the reference's step directory)."""
-    options = EvalOptions(
+    options = diagnose_options(lab, root, candidate, reference, max_new_tokens, **overrides)
+    against = against or f"step {reference.parent.name.removeprefix('step_')}"
+    return run_diagnose(DiagnoseOptions(options, against), Progress(quiet=True))
+
+
+def diagnose_options(
+    lab: Any,
+    root: Path,
+    candidate: Path,
+    reference: Path,
+    max_new_tokens: int = 96,
+    **overrides: Any,
+) -> EvalOptions:
+    """The options of `diagnose_lab`'s run (its dry run plans the same)."""
+    return EvalOptions(
         checkpoint=candidate,
         target=lab.target_dir,
         out=root / "diagnose.json",
@@ -198,5 +212,3 @@ def diagnose_lab(
         reference_drafter=reference,
         **overrides,
     )
-    against = against or f"step {reference.parent.name.removeprefix('step_')}"
-    return run_diagnose(DiagnoseOptions(options, against), Progress(quiet=True))
