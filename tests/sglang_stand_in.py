@@ -127,7 +127,8 @@ def greedy_with(model_dir: Path) -> Generate:
     @functools.cache
     def loaded() -> Generate:
         import torch
-        from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
+        from dflash_eval.target.files import load_tokenizer, stop_token_ids
+        from dflash_eval.target.model import load_target
 
         torch.set_num_threads(1)
         target = load_target(model_dir, "float32")
@@ -186,8 +187,9 @@ def dflash_with(target_dir: Path, drafter_dir: Path, block_size: int) -> Specula
     target's greedy completion, its features, the drafter's blocks, the harness's walk."""
     import torch
     from dflash_eval.drafter.loaders import load_drafter
-    from dflash_eval.reference.completions import first_stop
-    from dflash_eval.target.model import DTYPES, load_target, load_tokenizer, stop_token_ids
+    from dflash_eval.reference.sequence import first_stop
+    from dflash_eval.target.files import load_tokenizer, stop_token_ids
+    from dflash_eval.target.model import DTYPES, load_target
     from dflash_eval.walk.metrics import Span, walk_prompt
     from dflash_eval.walk.predict import BorrowedHead, Predictor
 

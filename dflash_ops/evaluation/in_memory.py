@@ -41,8 +41,8 @@ class FromMemory(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         relative = module.__file__[len("<memory>/"):]
         exec(compile(files[relative], module.__file__, "exec"), module.__dict__)
 sys.meta_path.insert(0, FromMemory())
-from dflash_eval.cli import main
-sys.exit(main(sys.argv[1:]))
+from dflash_eval.cli import entry
+sys.exit(entry(sys.argv[1:]))
 """
 TIMEOUT_S = 600  # reading a real target's tokenizer and headers takes seconds, not minutes
 SSH_FAILED = 255  # ssh's own exit status (the harness exits 0, 1, 2 or 130)

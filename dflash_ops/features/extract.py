@@ -32,7 +32,7 @@ from dflash_ops.staging.disk import Margin, margin_of
 # tokenizer hashed, weights by name, size, mtime and safetensors header).
 TARGET_IDENTITY = (
     "import json, sys\n"
-    "from dflash_eval.target.model import target_identity\n"
+    "from dflash_eval.target.files import target_identity\n"
     "found = target_identity(sys.argv[1])\n"
     "print(json.dumps({'name': found['name'], 'fingerprint': found['fingerprint']}))\n"
 )

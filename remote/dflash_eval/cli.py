@@ -10,6 +10,7 @@ no traceback); 130 interrupted. stdout carries JSON-line events only; people rea
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -21,6 +22,22 @@ from dflash_eval.contract.summary import headline, summary_lines
 from dflash_eval.contract.urls import read_url
 from dflash_eval.reference.sglang_server import check_serves, completions_url
 from dflash_eval.run.options import EvalOptions
+
+# Commands that never need torch (a dry run, asking an SGLang server): their process hides it.
+# transformers then loads a tokenizer without it (the same class and token ids), and any import
+# of torch fails loudly instead of costing seconds.
+WITHOUT_TORCH = ("plan", "served")
+
+
+def entry(argv: list[str] | None = None) -> int:
+    """The harness as a process (`python -m dflash_eval`, and the workstation's in-memory
+    loader): `main`, with torch hidden from the commands that never need it."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in WITHOUT_TORCH and "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+        # transformers' advice that torch is missing is for people who meant to load a model.
+        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    return main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

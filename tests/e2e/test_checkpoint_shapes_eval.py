@@ -35,9 +35,10 @@ def resave_sharded(checkpoint: Path, directory: Path, shards: int = 2) -> None:
     """The trained drafter of a lab checkpoint as a trainer's HF directory: config.json, its
     parameters in `shards` safetensors files with their index, and the training state."""
     from dflash_eval.drafter.checkpoint import read_drafter
+    from dflash_eval.drafter.torch_reader import TORCH_READER
     from safetensors.torch import save_file
 
-    source = read_drafter(checkpoint)
+    source = read_drafter(checkpoint, TORCH_READER)
     names = sorted(source.state_dict)
     directory.mkdir(parents=True)
     weight_map = {}

@@ -286,10 +286,12 @@ def test_weights_only_extracts_on_the_trainer_and_moves_only_the_weights(models_
 
     # The same weights, config and hints as the harness's own (eval-side) extraction.
     from dflash_eval.drafter.checkpoint import read_drafter
+    from dflash_eval.drafter.torch_reader import TORCH_READER
     from dflash_eval.run.extract import extract
 
     extract(checkpoint, tmp_path / "eval-side")
-    ours, theirs = read_drafter(staged), read_drafter(tmp_path / "eval-side")
+    ours = read_drafter(staged, TORCH_READER)
+    theirs = read_drafter(tmp_path / "eval-side", TORCH_READER)
     assert ours.kind == theirs.kind == "extracted"
     assert ours.state_dict.keys() == theirs.state_dict.keys()
     assert all(ours.state_dict[k].equal(theirs.state_dict[k]) for k in ours.state_dict)

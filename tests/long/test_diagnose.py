@@ -19,7 +19,7 @@ from dflash_eval.diagnose.dry_run import make_diagnose_plan
 from dflash_eval.diagnose.repairs import attention_settings, dtype_settings, repair_settings
 from dflash_eval.diagnose.stats import paired_difference
 from dflash_eval.run.options import EvalOptions
-from dflash_eval.target.features import float32_shortfall
+from dflash_eval.target.dtype import float32_shortfall
 from safetensors import safe_open
 
 from dflash_lab.faulty import build_faulty_drafter, edited_drafter

@@ -19,7 +19,7 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress
 from dflash_eval.run.features import FeaturesOptions, run_features
-from dflash_eval.target.source import resolve_device
+from dflash_eval.target.device import resolve_device
 
 from tests.sglang_stand_in import StandIn, made_up_tokens, serve
 from tests.unit.harness.helpers import quick_eval

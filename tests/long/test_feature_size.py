@@ -17,7 +17,7 @@ from dflash_eval.contract.progress import Progress
 from dflash_eval.contract.prompts import Prompt
 from dflash_eval.reference import feature_size
 from dflash_eval.run.features import FeaturesOptions, run_features
-from dflash_eval.target.model import load_tokenizer
+from dflash_eval.target.files import load_tokenizer
 
 pytestmark = pytest.mark.long(15)  # seconds in a cold `make test` (5 workers)
 

@@ -17,8 +17,10 @@ import pytest
 import torch
 from dflash_eval.contract.prompts import read_prompts_jsonl
 from dflash_eval.drafter.loaders import load_drafter
-from dflash_eval.reference.completions import encode_prompt, greedy_reference
-from dflash_eval.target.model import load_target, load_tokenizer
+from dflash_eval.reference.completions import greedy_reference
+from dflash_eval.reference.conversation import encode_prompt
+from dflash_eval.target.files import load_tokenizer
+from dflash_eval.target.model import load_target
 from dflash_eval.walk.metrics import Span, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor
 from safetensors.torch import save_file

@@ -18,7 +18,7 @@ import pytest
 from dflash_eval.contract.bootstrap import Bootstrap
 from dflash_eval.contract.prompts import read_prompts_jsonl
 from dflash_eval.contract.student import PathValue, prompt_interval
-from dflash_eval.reference.completions import encode_prompt
+from dflash_eval.reference.conversation import encode_prompt
 
 from tests.unit.harness.sampling_parts import lab_parts, path_expectation
 

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 from dflash_eval.contract.prompts import read_prompts_jsonl
-from dflash_eval.reference.completions import encode_prompt
+from dflash_eval.reference.conversation import encode_prompt
 
 from tests.unit.harness.helpers import quick_eval
 from tests.unit.harness.live_loops import live_sampled_lengths

@@ -15,8 +15,11 @@ import torch
 from dflash_eval.contract.prompts import read_prompts_jsonl
 from dflash_eval.drafter.loaders import load_drafter
 from dflash_eval.reference.cache import key_digest
-from dflash_eval.reference.completions import encode_prompt, first_stop, greedy_reference
-from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.reference.completions import greedy_reference
+from dflash_eval.reference.conversation import encode_prompt
+from dflash_eval.reference.sequence import first_stop
+from dflash_eval.target.files import load_tokenizer, stop_token_ids
+from dflash_eval.target.model import load_target
 from dflash_eval.walk.metrics import Span, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, Predictor
 from transformers import AutoModelForCausalLM

@@ -15,3 +15,6 @@ PREFIXES = ("module.", "_orig_mod.", "draft_model.", "drafter.", "model.")
 STATE_DICT_KEYS = ("model_state_dict", "state_dict", "model")
 # Checkpoint entries read for identity/config; everything else (optimizer...) is dropped.
 METADATA_KEYS = ("config", "model_config", "draft_config", "args", "step", "global_step")
+# Frozen copies of the target's parts that some trainers store; the harness uses the
+# target's own, so these are set aside (and reported), not loaded.
+BORROWED = ("embed_tokens.weight", "lm_head.weight")

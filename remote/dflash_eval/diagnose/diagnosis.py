@@ -35,13 +35,15 @@ from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.health import NonFiniteWeights
 from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
+from dflash_eval.drafter.torch_reader import TORCH_READER
 from dflash_eval.run import evaluate, inputs, record
 from dflash_eval.run.drafters import ddtree_budgets, load_for_run
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.prepared import prepare
 from dflash_eval.run.results import write_results
 from dflash_eval.run.threads import host_cores
-from dflash_eval.target.source import TargetSource, resolve_device
+from dflash_eval.target.device import resolve_device
+from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import summarize
 
 DIAGNOSIS_FORMAT = 2  # 2: measured repairs replace scored probes
@@ -140,7 +142,7 @@ def _unloadable(options: DiagnoseOptions, error: HarnessError, hidden_size: int)
     """The diagnosis of a candidate that does not load: its parameters against its config."""
     run = options.run
     policy = PicklePolicy(tuple(run.safe_globals), run.allow_unsafe_pickle)
-    source = read_drafter(run.checkpoint, policy)
+    source = read_drafter(run.checkpoint, TORCH_READER, policy)
     diagnosis: dict[str, Any] = {
         "format": DIAGNOSIS_FORMAT,
         "against": options.against,

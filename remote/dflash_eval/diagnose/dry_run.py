@@ -23,8 +23,8 @@ from dflash_eval.diagnose.repairs import dtype_settings, repair_settings, specia
 from dflash_eval.plan.dry_run import HostFacts, make_plan
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.target.config import TargetConfig, read_target_config
-from dflash_eval.target.features import float32_shortfall
-from dflash_eval.target.model import load_tokenizer
+from dflash_eval.target.dtype import float32_shortfall
+from dflash_eval.target.files import load_tokenizer
 
 UNKNOWN_UNTIL_STAGED = "unknown until both drafters are staged"
 

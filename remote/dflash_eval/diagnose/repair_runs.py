@@ -18,7 +18,8 @@ from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.reference import pipeline
 from dflash_eval.run import record
 from dflash_eval.run.options import EvalOptions
-from dflash_eval.target.features import float32_shortfall, weight_bytes
+from dflash_eval.target.dtype import float32_shortfall
+from dflash_eval.target.files import weight_bytes
 from dflash_eval.target.source import TargetSource
 
 

@@ -9,27 +9,35 @@ Formats:
 - Hugging Face directory: config.json + *.safetensors (z-lab's published format);
 - extracted (this project's `extract`): model.safetensors + config.json + dflash_extract.json.
 Where the weights are in each is contract/weights.py's.
+
+How the tensors themselves are read is the caller's `TensorReader`: with torch for a run
+(torch_reader.py), or as names, shapes and dtypes without torch for a dry run
+(shape_reader.py). Everything else here is the same for both, so the dry run finds what the
+run finds.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
-
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.weights import EXTRACT_MARKER, METADATA_KEYS, PREFIXES, STATE_DICT_KEYS
-from dflash_eval.drafter.pickle_policy import PicklePolicy, PickleRecord, load_pickle
+from dflash_eval.drafter.pickle_policy import PicklePolicy, PickleRecord
 from dflash_eval.drafter.profile import NameRules
 
-# Frozen copies of the target's parts that some trainers store; the harness uses the
-# target's own, so these are set aside (and reported), not loaded.
-BORROWED = ("embed_tokens.weight", "lm_head.weight")
+
+@dataclass(frozen=True)
+class TensorReader:
+    """How a checkpoint's tensors are read."""
+
+    tensor_type: type  # what a state dict's values are
+    read_pickle: Callable[[Path, PicklePolicy], tuple[Any, PickleRecord]]
+    read_safetensors: Callable[[Path], dict[str, Any]]
 
 
 @dataclass
@@ -39,7 +47,7 @@ class DrafterSource:
     path: Path
     kind: str  # "training-checkpoint" | "hf-directory" | "extracted"
     files: list[Path]  # the files read (for identity)
-    state_dict: dict[str, torch.Tensor]
+    state_dict: dict[str, Any]  # name → the reader's tensor
     config_dict: dict[str, Any] | None
     step: int | None
     step_source: str | None
@@ -52,7 +60,10 @@ class DrafterSource:
 
 
 def read_drafter(
-    path: Path, policy: PicklePolicy | None = None, names: NameRules | None = None
+    path: Path,
+    reader: TensorReader,
+    policy: PicklePolicy | None = None,
+    names: NameRules | None = None,
 ) -> DrafterSource:
     """Read a drafter checkpoint in any supported format (no config decisions yet)."""
     path = Path(path)
@@ -62,29 +73,33 @@ def read_drafter(
             f"Drafter checkpoint {path} does not exist. Check the path (on the eval host) "
             "or stage the checkpoint first."
         )
-    source = _read_directory(path, policy) if path.is_dir() else _read_pickle(path, policy)
+    source = (
+        _read_directory(path, reader, policy)
+        if path.is_dir()
+        else _read_pickle(path, reader, policy)
+    )
     source.stripped_prefix, source.renamed_parameters, source.state_dict = apply_name_rules(
         source.state_dict, names or NameRules(), path
     )
     return source
 
 
-def _read_directory(path: Path, policy: PicklePolicy) -> DrafterSource:
+def _read_directory(path: Path, reader: TensorReader, policy: PicklePolicy) -> DrafterSource:
     tensors_files = sorted(path.glob("*.safetensors"))
     if not tensors_files:
         pickles = sorted(path.glob("*.pt")) + sorted(path.glob("*.pth"))
         if len(pickles) == 1:
-            return _read_pickle(pickles[0], policy)
+            return _read_pickle(pickles[0], reader, policy)
         raise HarnessError(
             f"Drafter directory {path} holds no *.safetensors file (and not exactly one "
             f"*.pt: found {[p.name for p in pickles]}). Expected a Hugging Face DFlash "
             "directory (config.json + model.safetensors), an extracted directory, or a "
             "training checkpoint.pt."
         )
-    state_dict: dict[str, torch.Tensor] = {}
+    state_dict: dict[str, Any] = {}
     for file in tensors_files:
         try:
-            state_dict.update(load_file(str(file)))
+            state_dict.update(reader.read_safetensors(file))
         except Exception as error:  # safetensors raises its own untyped errors
             raise HarnessError(
                 f"Cannot read {file} as safetensors ({error}). The file is probably "
@@ -110,15 +125,15 @@ def _read_directory(path: Path, policy: PicklePolicy) -> DrafterSource:
     )
 
 
-def _read_pickle(path: Path, policy: PicklePolicy) -> DrafterSource:
-    obj, record = load_pickle(path, policy)
+def _read_pickle(path: Path, reader: TensorReader, policy: PicklePolicy) -> DrafterSource:
+    obj, record = reader.read_pickle(path, policy)
     if not isinstance(obj, dict):
         raise HarnessError(
             f"{path} unpickles to a {type(obj).__name__}, not a dict. Expected a training "
             "checkpoint dict with 'model_state_dict' (or a plain state dict)."
         )
     state_key = next((key for key in STATE_DICT_KEYS if isinstance(obj.get(key), dict)), None)
-    if state_key is None and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+    if state_key is None and obj and all(isinstance(v, reader.tensor_type) for v in obj.values()):
         raw_state, dropped = obj, []
     elif state_key is None:
         raise HarnessError(
@@ -128,7 +143,7 @@ def _read_pickle(path: Path, policy: PicklePolicy) -> DrafterSource:
     else:
         raw_state = obj[state_key]
         dropped = sorted(str(key) for key in obj if key not in {state_key, *METADATA_KEYS})
-    not_tensors = [k for k, v in raw_state.items() if not isinstance(v, torch.Tensor)]
+    not_tensors = [k for k, v in raw_state.items() if not isinstance(v, reader.tensor_type)]
     if not_tensors:
         raise HarnessError(
             f"The state dict in {path} has non-tensor entries: {not_tensors[:10]}. "
@@ -150,8 +165,8 @@ def _read_pickle(path: Path, policy: PicklePolicy) -> DrafterSource:
 
 
 def apply_name_rules(
-    state_dict: dict[str, torch.Tensor], rules: NameRules, path: Path
-) -> tuple[str, int, dict[str, torch.Tensor]]:
+    state_dict: dict[str, Any], rules: NameRules, path: Path
+) -> tuple[str, int, dict[str, Any]]:
     """A profile's prefix (when the names carry it), the usual wrapper prefixes, then the
     profile's renames. Returns (prefix stripped, names renamed, state dict)."""
     stripped = ""
@@ -168,7 +183,7 @@ def apply_name_rules(
             stripped = rules.prefix
             state_dict = {name[len(stripped) :]: t for name, t in state_dict.items()}
     wrappers, state_dict = strip_prefix(state_dict)
-    renamed: dict[str, torch.Tensor] = {}
+    renamed: dict[str, Any] = {}
     count = 0
     for name, tensor in state_dict.items():
         new_name = name
@@ -184,7 +199,7 @@ def apply_name_rules(
     return stripped + wrappers, count, renamed
 
 
-def strip_prefix(state_dict: dict[str, torch.Tensor]) -> tuple[str, dict[str, torch.Tensor]]:
+def strip_prefix(state_dict: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Remove wrapper prefixes shared by every name (repeatedly: `module.draft_model.`)."""
     stripped = ""
     while state_dict:

@@ -3,9 +3,9 @@
 - drafter weights that are NaN or infinite (a diverged training step, a damaged file), in the
   dtype the drafter runs in (a float32 value past bfloat16's range becomes inf there);
 - drafter logits that are NaN or infinite for some prompt (weights, target features or the
-  borrowed head gone bad): an argmax over NaN still names a token, so τ would quietly be 1;
-- a prompt whose tokens plus the completion (and the reference's extra block) run past the
-  target's context (`max_position_embeddings`): positions beyond it were never trained.
+  borrowed head gone bad): an argmax over NaN still names a token, so τ would quietly be 1.
+
+(A prompt that runs past the target's context is refused before anything runs: fit.py.)
 
 Each check reads what the run computes anyway; the logits check is one reduction of the
 per-slot normalisers, the weights check one pass over the drafter's tensors at load.
@@ -71,17 +71,3 @@ def non_finite_logits(prompt_id: str, role: str, features: torch.Tensor, head: A
         f"The {role.replace('_', ' ')}'s logits for prompt {prompt_id} hold NaN or inf; "
         f"{cause}. The run stops rather than count a meaningless acceptance."
     )
-
-
-def require_context(
-    prompt_id: str, prompt_tokens: int, max_new_tokens: int, extra: int, limit: int | None
-) -> None:
-    """Stop when the prompt, its completion and the reference's extra tokens do not fit."""
-    needed = prompt_tokens + max_new_tokens + extra
-    if limit is not None and needed > limit:
-        raise HarnessError(
-            f"Prompt {prompt_id} is {prompt_tokens} tokens; with --max-new-tokens "
-            f"{max_new_tokens} and the reference's {extra} extra tokens it needs {needed} "
-            f"positions, past the target's context of {limit} (max_position_embeddings). "
-            "Shorten or drop that prompt, or lower --max-new-tokens."
-        )

@@ -444,15 +444,6 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)
 
 
-def expected_shapes(
-    config: DrafterConfig, model_class: type[DFlashDrafter] = DFlashDrafter
-) -> dict[str, tuple[int, ...]]:
-    """Every parameter name (unprefixed, as stored) with its shape."""
-    with torch.device("meta"):
-        model = model_class(config)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
 def build_drafter(
     config: DrafterConfig, dtype: torch.dtype, model_class: type[DFlashDrafter] = DFlashDrafter
 ) -> DFlashDrafter:

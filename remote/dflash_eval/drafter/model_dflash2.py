@@ -21,28 +21,19 @@ causal convolutions, and a candidate selector after the LM head:
   (top-k in sorted order); the reference's unsorted top-k leaves that order to the device.
 
 Published checkpoints store the codebooks without `.weight` (the reference renames them in
-`from_pretrained`); `reference_key_mapping` applies the same renames.
+`from_pretrained`); fit.py's `reference_key_mapping` applies the same renames.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_eval.contract.errors import HarnessError
 from dflash_eval.drafter.config import DrafterConfig
 from dflash_eval.drafter.model import DFlashDrafter, DFlashLayer, Rope
-from dflash_eval.target.config import TargetShape
-
-# What the reference's DFlash2DraftModel.from_pretrained renames (stored → module name).
-REFERENCE_KEY_MAPPING = {
-    f"candidate_selector.{name}": f"candidate_selector.{name}.weight"
-    for name in ("predecessor_codebook", "successor_codebook")
-}
 
 
 def grouped_causal_convolve(
@@ -165,39 +156,3 @@ class DFlash2Drafter(DFlashDrafter):
 
 def drafter_class(config: DrafterConfig) -> type[DFlashDrafter]:
     return DFlashDrafter if config.dflash2 is None else DFlash2Drafter
-
-
-def reference_key_mapping(
-    state_dict: dict[str, torch.Tensor], path: Path
-) -> tuple[int, dict[str, torch.Tensor]]:
-    """The renames of the reference's `from_pretrained` (exact names: a training
-    checkpoint's names already end in `.weight`). Returns (names renamed, state dict)."""
-    renamed = {REFERENCE_KEY_MAPPING.get(name, name): t for name, t in state_dict.items()}
-    if len(renamed) != len(state_dict):
-        both = [name for name in REFERENCE_KEY_MAPPING if name in state_dict]
-        raise HarnessError(
-            f"{path} stores {both} both with and without '.weight'; a DFlash-2 checkpoint "
-            "has one of each codebook. Re-export the checkpoint."
-        )
-    return sum(name in REFERENCE_KEY_MAPPING for name in state_dict), renamed
-
-
-def check_fits_target(config: DrafterConfig, target: TargetShape, where: str) -> None:
-    """The selector indexes its codebooks with the target's token ids."""
-    parts = config.dflash2
-    if parts is None:
-        return
-    problems = []
-    if config.vocab_size != target.vocab_size:
-        problems.append(
-            f"vocab_size {config.vocab_size} (rows of the selector's codebooks) != the "
-            f"target's {target.vocab_size}"
-        )
-    if parts.selector_top_k > target.vocab_size:
-        problems.append(f"selector_top_k {parts.selector_top_k} > the target's vocabulary")
-    if problems:
-        raise HarnessError(
-            f"The DFlash-2 drafter (config from {where}) does not fit this target: "
-            + "; ".join(problems)
-            + ". Check that --target is the model the drafter was trained for."
-        )

@@ -1,10 +1,12 @@
 """Which pickled checkpoints the harness unpickles (dflash-spec.md §5), and how.
 
 A training checkpoint is a torch pickle. Unpickling runs whatever functions the file names,
-so the harness reads it with `torch.load(weights_only=True)`: tensors, containers and plain
-values only. Training scripts often store a little more beside the weights (an
+so a run reads it with `torch.load(weights_only=True)` (torch_reader.py): tensors,
+containers and plain values only; a dry run reads it without torch, under a narrower list
+still (shape_reader.py). Training scripts often store a little more beside the weights (an
 `argparse.Namespace` of their arguments, a numpy RNG state); those are admitted only when
-the user names them (`--safe-globals`), through torch's safe-globals mechanism.
+the user names them (`--safe-globals`), through torch's safe-globals mechanism (and the
+shape reader's own list).
 
 What can be named is a fixed list, chosen by proof and not by name: each entry is a
 constructor of plain data that, whatever arguments a file gives it (text, numbers, tensors,
@@ -25,7 +27,6 @@ Groups (`--safe-globals argparse,numpy`, or any of their dotted names):
 from __future__ import annotations
 
 import importlib
-import pickle
 import pickletools
 import re
 import struct
@@ -33,8 +34,6 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from dflash_eval.contract.errors import HarnessError
 
@@ -63,6 +62,21 @@ INERT_GROUPS: dict[str, tuple[str, ...]] = {
 }
 # Every global the harness will ever admit, whatever a user or a profile names.
 INERT_GLOBALS = frozenset(name for names in INERT_GROUPS.values() for name in names)
+
+# How a damaged or foreign file fails deep inside an unpickler (a text file as checkpoint.pt
+# ends in a KeyError of its memo): each means "not a checkpoint".
+DAMAGED = (
+    RuntimeError,
+    EOFError,
+    zipfile.BadZipFile,
+    OSError,
+    KeyError,
+    AttributeError,
+    ValueError,
+    IndexError,
+    TypeError,
+    struct.error,
+)
 
 WEIGHTS_ONLY = "weights-only"
 WITH_SAFE_GLOBALS = "weights-only + named safe globals"
@@ -123,6 +137,14 @@ def expand_names(names: tuple[str, ...] | list[str]) -> list[str]:
     return list(dict.fromkeys(expanded))
 
 
+def start_record(policy: PicklePolicy) -> tuple[list[str], PickleRecord]:
+    """The dotted names the policy admits, and the record of a read under it."""
+    names = expand_names(policy.safe_globals)
+    return names, PickleRecord(
+        policy.describe(), names, WITH_SAFE_GLOBALS if names else WEIGHTS_ONLY
+    )
+
+
 def admitted_objects(names: list[str]) -> list[tuple[Any, str]]:
     """(object, the name the pickle uses) for each name that exists in this environment,
     plus numpy's dtype classes when numpy dtypes are admitted (BUILD needs them)."""
@@ -143,40 +165,7 @@ def admitted_objects(names: list[str]) -> list[tuple[Any, str]]:
     return resolved
 
 
-def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
-    """torch.load under the policy; a refusal says what the file wanted and how to allow it."""
-    names = expand_names(policy.safe_globals)
-    record = PickleRecord(policy.describe(), names, WITH_SAFE_GLOBALS if names else WEIGHTS_ONLY)
-    record.file_globals = _file_globals(path)
-    try:
-        with torch.serialization.safe_globals(admitted_objects(names)):
-            return _weights_only_load(path), record
-    except pickle.UnpicklingError as error:
-        not_pickle = _no_pickle_opcode(str(error))
-        if not_pickle is not None:
-            raise HarnessError(_unreadable(path, not_pickle)) from None
-        if not policy.allow_unsafe:
-            raise HarnessError(_refusal(path, str(error), record.file_globals)) from None
-    # A damaged or foreign file fails deep inside the unpickler in many ways (a text file as
-    # checkpoint.pt ends in a KeyError of its memo): all of them mean "not a checkpoint".
-    except (
-        RuntimeError,
-        EOFError,
-        zipfile.BadZipFile,
-        OSError,
-        KeyError,
-        AttributeError,
-        ValueError,
-        IndexError,
-        TypeError,
-        struct.error,
-    ) as error:
-        raise HarnessError(_unreadable(path, f"{type(error).__name__}: {error}")) from None
-    record.loaded_with = FULL_UNPICKLE
-    return torch.load(path, map_location="cpu", weights_only=False), record
-
-
-def _no_pickle_opcode(message: str) -> str | None:
+def no_pickle_opcode(message: str) -> str | None:
     """Why a weights-only refusal is really a file that is no pickle at all: the byte it
     stopped at is no pickle opcode (a file of zero bytes stops at its first). A file that
     wants code names real opcodes (GLOBAL, REDUCE…): None for those."""
@@ -186,7 +175,7 @@ def _no_pickle_opcode(message: str) -> str | None:
     return f"byte {int(match.group(1)):#04x} is not a pickle opcode: the file is no pickle"
 
 
-def _unreadable(path: Path, detail: str) -> str:
+def unreadable(path: Path, detail: str) -> str:
     return (
         f"Cannot read {path} ({path.stat().st_size} bytes{_zero_note(path)}) as a torch "
         f"checkpoint ({detail}). It is probably truncated or not a checkpoint; compare its "
@@ -205,26 +194,7 @@ def _zero_note(path: Path) -> str:
     return ", beginning with zero bytes only" if head and not head.strip(b"\0") else ""
 
 
-def _weights_only_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as error:
-        if "mmap" not in str(error):
-            raise
-        # The legacy (non-zip) format cannot be memory-mapped.
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def _file_globals(path: Path) -> list[str] | None:
-    """The globals a zip-format checkpoint names beyond torch's own, read without running
-    anything; None for the legacy format or an unreadable file."""
-    try:
-        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except Exception:  # legacy format, truncated file: the load itself reports those
-        return None
-
-
-def _refusal(path: Path, message: str, file_globals: list[str] | None) -> str:
+def refusal(path: Path, message: str, file_globals: list[str] | None) -> str:
     return (
         f"Refusing to load {path}: it is not a plain weights-only checkpoint "
         f"({unpickling_reason(message)}). Unpickling it would run code named inside the file, "

@@ -4,7 +4,9 @@ The architecture (sizes, heads, norms, windows) comes from the first config avai
 checkpoint's own, then --drafter-config, then the profile's `config`, else it is inferred
 from the parameter shapes; configs that are all given must agree. Each provenance-tracked
 setting (block_size, target_layer_ids, mask_token_id, num_target_layers, rope, dtype) is
-then chosen by the rules in provenance.py from the offers of every source.
+then chosen by the rules in provenance.py from the offers of every source. `check_fits` then
+holds the chosen config to the target and to the weights' names and shapes (fit.py), as the
+run and its dry run both do before building anything.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.summary import format_setting
+from dflash_eval.drafter.checkpoint import DrafterSource
 from dflash_eval.drafter.config import (
     DrafterConfig,
     default_target_layer_ids,
@@ -24,7 +27,13 @@ from dflash_eval.drafter.config import (
     states_rope,
     with_rope,
 )
-from dflash_eval.drafter.fit import infer_from_shapes
+from dflash_eval.drafter.fit import (
+    check_against_target,
+    check_fits_target,
+    check_parameters,
+    infer_from_shapes,
+    reference_key_mapping,
+)
 from dflash_eval.drafter.profile import DrafterProfile
 from dflash_eval.drafter.provenance import (
     CHECKPOINT_CONFIG,
@@ -39,9 +48,6 @@ from dflash_eval.drafter.provenance import (
     resolve,
 )
 from dflash_eval.target.config import TargetShape
-
-if TYPE_CHECKING:
-    from dflash_eval.drafter.checkpoint import DrafterSource
 
 FLAGS = {
     "block_size": "--block-size",
@@ -306,3 +312,16 @@ def _notes(
             "stay causal unless is_causal says otherwise)"
         )
     return notes
+
+
+def check_fits(source: DrafterSource, chosen: ChosenSettings, target: TargetShape) -> list[str]:
+    """The chosen config against the target and against the weights' names and shapes, as
+    the run checks before building anything (the dry run checks the same). Returns the
+    borrowed names set aside; a DFlash-2 checkpoint's names are mapped to ours in `source`."""
+    config, path = chosen.config, source.path
+    check_against_target(config, target, f"{chosen.config_source} ({path})")
+    if config.dflash2 is not None:
+        check_fits_target(config, target, f"{chosen.config_source} ({path})")
+        renamed, source.state_dict = reference_key_mapping(source.state_dict, path)
+        source.renamed_parameters += renamed
+    return check_parameters(source.state_dict, config, path)

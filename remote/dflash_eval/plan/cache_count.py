@@ -16,11 +16,12 @@ from dflash_eval.plan.drafter import DrafterFacts
 from dflash_eval.reference import cache_keys
 from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.conversation import Conversations
-from dflash_eval.reference.pipeline import Sequence
+from dflash_eval.reference.sequence import Sequence
 from dflash_eval.run.prepared import PreparedRun
 from dflash_eval.run.results import library_versions
-from dflash_eval.target.features import DtypeChoice, fidelity_needed, kernel_record
-from dflash_eval.target.model import DTYPES, load_tokenizer, stop_token_ids, target_identity
+from dflash_eval.target.dtype import DtypeChoice, dtype_key
+from dflash_eval.target.features import fidelity_needed, kernel_record
+from dflash_eval.target.files import load_tokenizer, stop_token_ids, target_identity
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def _lookups(
     stops = stop_token_ids(target, tokenizer)
     shared = cache_keys.shared_key(
         target_identity(target)["fingerprint"],
-        str(DTYPES[choice.name]),
+        dtype_key(choice.name),
         library_versions(),
         options.device,  # the run's (prepared): part of every key
         kernel_record(config),

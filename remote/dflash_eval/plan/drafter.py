@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.drafter.checkpoint import BORROWED, read_drafter
-from dflash_eval.drafter.loaders import check_fits
+from dflash_eval.contract.weights import BORROWED
+from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
 from dflash_eval.drafter.profile import DrafterProfile, read_profile
-from dflash_eval.drafter.settings import choose_settings
+from dflash_eval.drafter.settings import check_fits, choose_settings
+from dflash_eval.drafter.shape_reader import SHAPES_READER
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.target.config import TargetShape
 
@@ -94,7 +95,7 @@ def _from_checkpoint(
     policy = PicklePolicy(tuple(options.safe_globals) + extra_globals, options.allow_unsafe_pickle)
     try:
         # Pickles are memory-mapped: reading a checkpoint's settings costs little of its size.
-        source = read_drafter(path, policy, profile.names if profile else None)
+        source = read_drafter(path, SHAPES_READER, policy, profile.names if profile else None)
         chosen = choose_settings(
             source, shape, config_file, profile, command_line, tuple(options.accept_default)
         )

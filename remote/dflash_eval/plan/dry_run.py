@@ -23,7 +23,7 @@ from typing import Any
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.urls import redact_url
-from dflash_eval.drafter.health import require_context
+from dflash_eval.drafter.fit import require_context
 from dflash_eval.plan import estimate
 from dflash_eval.plan.cache_count import CacheCount, count_cache
 from dflash_eval.plan.drafter import DrafterFacts, drafter_facts, reference_facts
@@ -34,16 +34,15 @@ from dflash_eval.run.prepared import prepare
 from dflash_eval.run.results import staged_sha256
 from dflash_eval.run.threads import host_cores
 from dflash_eval.target.config import TargetConfig, TargetShape, read_target_config
-from dflash_eval.target.features import (
+from dflash_eval.target.device import resolve_device_without_torch
+from dflash_eval.target.dtype import (
     BYTES_PER_ELEMENT,
     FLOAT32_MARGIN,
     DtypeChoice,
     choose_target_dtype,
     parse_meminfo,
-    text_tensors,
-    weight_bytes,
 )
-from dflash_eval.target.source import resolve_device
+from dflash_eval.target.files import text_tensors, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,7 @@ def make_plan(options: EvalOptions, facts: HostFacts | None = None) -> dict[str,
     facts = facts or HostFacts.read()
     _require_inputs(options)
     # The decisions `eval` makes, made by the same code (the device too: it is in every key).
-    run = prepare(options, facts.cores, resolve_device)
+    run = prepare(options, facts.cores, resolve_device_without_torch)
     options = run.options
     config = read_target_config(options.target)
     shape = config.shape

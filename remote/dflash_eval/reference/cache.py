@@ -5,6 +5,9 @@ An entry is addressed by the sha256 of its key: every input that determines the 
 library versions, device...). The full key is also stored in the entry and compared on
 read, so a changed input is always a miss and never a stale hit. Writes are atomic
 (temp file + rename), so an interrupted run leaves no half-written entry.
+
+Whether an entry hits is judged without torch, from its stored key (a dry run counts hits:
+plan/); reading or writing hidden states imports it then.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+from dflash_eval.contract.tensor_headers import read_header
+
+if TYPE_CHECKING:
+    import torch
 
 CACHE_FORMAT = 1
 
@@ -90,6 +94,8 @@ class DiskCache:
         path = self._path("hidden", key, ".safetensors")
         if path is None or not path.is_file():
             return None
+        from safetensors import safe_open
+
         try:
             with safe_open(str(path), framework="pt") as handle:
                 if (handle.metadata() or {}).get("key") != canonical_key(key):
@@ -105,12 +111,13 @@ class DiskCache:
         if path is None or not path.is_file():
             return False
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                return (handle.metadata() or {}).get("key") == canonical_key(key)
-        except Exception:  # a corrupt entry is a miss, as get_hidden counts it
+            return read_header(path)[1].get("key") == canonical_key(key)
+        except (OSError, ValueError):  # a corrupt entry is a miss, as get_hidden counts it
             return False
 
     def put_hidden(self, key: dict[str, Any], hidden: dict[int, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
         path = self._path("hidden", key, ".safetensors")
         if path is None:
             return

@@ -21,45 +21,11 @@ from typing import Any
 import torch
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.contract.prompts import Prompt
 from dflash_eval.contract.urls import conceal, endpoint, redact_url
+from dflash_eval.reference.sequence import first_stop
 from dflash_eval.reference.sglang_server import ServedModel, check_serves
 from dflash_eval.walk.sampling import generator, sample_row, stream_seed
 from dflash_eval.walk.sampling_settings import Sampling
-
-
-def encode_prompt(tokenizer: Any, prompt: Prompt, thinking: bool = False) -> tuple[list[int], bool]:
-    """Token ids of the prompt; True when the chat template was applied."""
-    return encode_messages(tokenizer, prompt.messages, thinking)
-
-
-def encode_messages(
-    tokenizer: Any, messages: tuple[tuple[str, str], ...], thinking: bool = False
-) -> tuple[list[int], bool]:
-    """Token ids of a conversation, ready for the assistant's next reply; True when the chat
-    template was applied (`enable_thinking` goes to templates that read it, as z-lab's
-    benchmark passes it; others ignore it)."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": role, "content": content} for role, content in messages],
-            tokenize=False,
-            add_generation_prompt=True,
-            enable_thinking=thinking,
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"], True
-    text = "\n\n".join(content for _, content in messages)
-    return tokenizer(text)["input_ids"], False
-
-
-def template_reads_thinking(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template has a thinking switch (`enable_thinking`)."""
-    template = getattr(tokenizer, "chat_template", None)
-    return isinstance(template, str) and "enable_thinking" in template
-
-
-def first_stop(tokens: list[int], stops: list[int]) -> int | None:
-    """Index of the first stop token, if any."""
-    return next((index for index, token in enumerate(tokens) if token in stops), None)
 
 
 def reference_length(tokens: list[int], max_new_tokens: int, extra: int, stops: list[int]) -> int:

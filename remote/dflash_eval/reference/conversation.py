@@ -15,9 +15,37 @@ from typing import Any
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.prompts import Prompt
-from dflash_eval.reference.completions import encode_messages
 
 Messages = tuple[tuple[str, str], ...]
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, thinking: bool = False) -> tuple[list[int], bool]:
+    """Token ids of the prompt; True when the chat template was applied."""
+    return encode_messages(tokenizer, prompt.messages, thinking)
+
+
+def encode_messages(
+    tokenizer: Any, messages: tuple[tuple[str, str], ...], thinking: bool = False
+) -> tuple[list[int], bool]:
+    """Token ids of a conversation, ready for the assistant's next reply; True when the chat
+    template was applied (`enable_thinking` goes to templates that read it, as z-lab's
+    benchmark passes it; others ignore it)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": role, "content": content} for role, content in messages],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=thinking,
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"], True
+    text = "\n\n".join(content for _, content in messages)
+    return tokenizer(text)["input_ids"], False
+
+
+def template_reads_thinking(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template has a thinking switch (`enable_thinking`)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "enable_thinking" in template
 
 
 class Conversations:

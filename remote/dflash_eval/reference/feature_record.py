@@ -14,8 +14,10 @@ import torch
 
 from dflash_eval.contract.progress import Progress
 from dflash_eval.reference.cache_keys import features_key
-from dflash_eval.reference.pipeline import Lookup, Sequence
-from dflash_eval.target.features import fidelity_needed, judge, measure_fidelity, provenance
+from dflash_eval.reference.pipeline import Lookup
+from dflash_eval.reference.sequence import Sequence
+from dflash_eval.target.features import fidelity_needed, judge, provenance
+from dflash_eval.target.fidelity import measure_fidelity
 from dflash_eval.target.kernels import require_as_expected
 from dflash_eval.target.source import TargetSource
 

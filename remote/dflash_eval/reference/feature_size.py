@@ -30,7 +30,7 @@ from typing import Any
 from dflash_eval.contract.prompts import Prompt
 from dflash_eval.reference import cache_keys
 from dflash_eval.reference.cache import CACHE_FORMAT
-from dflash_eval.reference.completions import encode_messages
+from dflash_eval.reference.conversation import encode_messages
 
 REPLY_SLACK_TOKENS = 16
 MIN_BLOCK = 4096  # filesystems allocate whole blocks; tmpfs and ext4 use 4 KiB

@@ -10,62 +10,27 @@ with an error: computing it here would mix features of two provenances in one ru
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.contract.prompts import Prompt
-from dflash_eval.drafter.health import require_context
+from dflash_eval.drafter.fit import require_context
 from dflash_eval.reference import cache_keys
 from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.completions import (
     SGLangClient,
-    first_stop,
     greedy_reference,
     sampled_reference,
 )
 from dflash_eval.reference.conversation import Conversations
+from dflash_eval.reference.sequence import Sequence
+from dflash_eval.target.dtype import dtype_key
 from dflash_eval.target.source import TargetSource
-from dflash_eval.walk.metrics import Span
 from dflash_eval.walk.sampling_settings import Sampling
 
 LOCAL_GREEDY = cache_keys.LOCAL_GREEDY
-
-
-@dataclass
-class Sequence:
-    """One prompt with its reference (the completion and the tokens past its end), where
-    its rounds run, and (after the hidden-state phase) its target features."""
-
-    prompt: Prompt
-    prompt_ids: list[int]
-    path: int = 0  # T > 0: which of the prompt's sampled completions
-    reference: list[int] = field(default_factory=list)
-    span: Span | None = None
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
-    target_probs: list[float] = field(default_factory=list)  # T > 0: p of each reference token
-    completion_hit: bool = False
-    hidden_hit: bool = False
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.reference
-
-    def take_reference(self, reference: list[int], max_new_tokens: int, stops: list[int]) -> None:
-        """Keep the reference and where the rounds run: from the prompt's end up to
-        max_new_tokens, ending early at the first stop token."""
-        self.reference = reference
-        first, stop = len(self.prompt_ids), first_stop(reference, stops)
-        self.span = Span(first, first + max_new_tokens, None if stop is None else first + stop)
-
-    @property
-    def completion(self) -> list[int]:
-        """What the live loop outputs: max_new_tokens tokens, or through the stop token."""
-        assert self.span is not None, "the completion is known once the reference is"
-        return self.tokens[self.span.first_anchor : self.span.end]
 
 
 # A miss that must not be computed: (the prompt, "completion" | "hidden states") → the error.
@@ -89,7 +54,7 @@ class Lookup:
 def shared_key(fingerprint: str, target: TargetSource, libraries: dict[str, Any]) -> dict:
     """What every cached completion and hidden-state entry depends on."""
     return cache_keys.shared_key(
-        fingerprint, str(target.dtype), libraries, target.device, target.kernel
+        fingerprint, dtype_key(target.dtype_choice.name), libraries, target.device, target.kernel
     )
 
 

@@ -32,10 +32,11 @@ from dflash_eval.drafter.loaders import LoadedDrafter
 from dflash_eval.reference import pipeline
 from dflash_eval.reference.cache import DiskCache
 from dflash_eval.reference.cache_keys import LOCAL_SAMPLED
-from dflash_eval.reference.completions import SGLangClient, checked_client, template_reads_thinking
-from dflash_eval.reference.conversation import Conversations
+from dflash_eval.reference.completions import SGLangClient, checked_client
+from dflash_eval.reference.conversation import Conversations, template_reads_thinking
 from dflash_eval.reference.feature_record import features_record, report_fidelity
 from dflash_eval.reference.feature_set import FeatureSet, read_feature_set
+from dflash_eval.reference.sequence import Sequence
 from dflash_eval.run import inputs, record
 from dflash_eval.run.drafters import ddtree_budgets, load_drafters
 from dflash_eval.run.options import EvalOptions
@@ -43,8 +44,9 @@ from dflash_eval.run.prepared import PreparedRun, prepare
 from dflash_eval.run.record import DrafterRun
 from dflash_eval.run.results import library_versions, write_results
 from dflash_eval.run.threads import host_cores
+from dflash_eval.target.device import resolve_device
 from dflash_eval.target.model import DTYPES
-from dflash_eval.target.source import TargetSource, resolve_device
+from dflash_eval.target.source import TargetSource
 from dflash_eval.walk.metrics import PromptWalk, summarize, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor, SampledPredictor
 from dflash_eval.walk.sampled import SampledWalk, summarize_sampled, walk_sequence
@@ -125,7 +127,7 @@ def _target_side(
     options = run.options
     conversations = Conversations(target.tokenizer, options.thinking, options.max_new_tokens)
     sequences = [
-        pipeline.Sequence(p, [] if p.follows else conversations.encode(p, path), path)
+        Sequence(p, [] if p.follows else conversations.encode(p, path), path)
         for path in range(run.paths)
         for p in run.prompts
     ]
@@ -261,7 +263,7 @@ def _lookup(
 def _walk_all(
     loaded: LoadedDrafter,
     phase: str,
-    sequences: list[pipeline.Sequence],
+    sequences: list[Sequence],
     borrowed: tuple[torch.Tensor, torch.Tensor],  # the target's embedding and LM head
     run: PreparedRun,
     decode: Decode,
@@ -282,7 +284,7 @@ def _walk_all(
 def _walk_on(
     loaded: LoadedDrafter,
     phase: str,
-    sequences: list[pipeline.Sequence],
+    sequences: list[Sequence],
     head: BorrowedHead,
     prepared: PreparedRun,
     decode: Decode,
@@ -351,7 +353,7 @@ def _walk_on(
 
 
 def _warn_about_walks(
-    sequences: list[pipeline.Sequence],
+    sequences: list[Sequence],
     walks: list[PromptWalk] | list[SampledWalk],
     role: str,
     warnings: list[str],
@@ -378,5 +380,5 @@ def _warn_about_walks(
         progress.warn(warnings[-1])
 
 
-def _path_text(seq: pipeline.Sequence) -> str:
+def _path_text(seq: Sequence) -> str:
     return f" (sampled path {seq.path + 1})" if seq.path else ""

@@ -21,6 +21,7 @@ from dflash_eval.contract.weights import EXTRACT_MARKER
 from dflash_eval.drafter.checkpoint import read_drafter
 from dflash_eval.drafter.config import from_hf_dict
 from dflash_eval.drafter.pickle_policy import PicklePolicy
+from dflash_eval.drafter.torch_reader import TORCH_READER
 from dflash_eval.run.own_dirs import promote, start_partial
 from dflash_eval.run.results import file_identity, utc_now
 
@@ -32,7 +33,7 @@ def extract(
     config_file: Path | None = None,
 ) -> dict[str, Any]:
     """Write the extracted form of `checkpoint` into `out_dir`; return a summary."""
-    source = read_drafter(checkpoint, pickle_policy)
+    source = read_drafter(checkpoint, TORCH_READER, pickle_policy)
     if source.kind != "training-checkpoint":
         raise HarnessError(
             f"{checkpoint} is already a {source.kind} (safetensors); there is no optimizer "

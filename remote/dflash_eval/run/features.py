@@ -24,15 +24,16 @@ from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.contract.prompts import Prompt, prompts_hash
 from dflash_eval.reference import feature_set, feature_size, pipeline
 from dflash_eval.reference.cache import DiskCache
-from dflash_eval.reference.completions import SGLangClient, checked_client, template_reads_thinking
-from dflash_eval.reference.conversation import Conversations
+from dflash_eval.reference.completions import SGLangClient, checked_client
+from dflash_eval.reference.conversation import Conversations, template_reads_thinking
 from dflash_eval.reference.feature_record import features_record
 from dflash_eval.run.inputs import require_writable
 from dflash_eval.run.prepared import load_prompts
 from dflash_eval.run.results import library_versions, utc_now
 from dflash_eval.run.threads import default_threads, host_cores
-from dflash_eval.target.model import sha256_file
-from dflash_eval.target.source import TargetSource, resolve_device, visible_gpus
+from dflash_eval.target.device import resolve_device
+from dflash_eval.target.files import sha256_file
+from dflash_eval.target.source import TargetSource, visible_gpus
 
 
 @dataclass

@@ -62,7 +62,7 @@ class PreparedRun:
 
 def prepare(options: EvalOptions, cores: int, resolve: Callable[[str], str]) -> PreparedRun:
     """The run's decisions from its options. `cores`: the physical cores it may run on;
-    `resolve`: a `--device` as this host honours it (target/source.py's resolve_device)."""
+    `resolve`: a `--device` as this host honours it (target/device.py's resolve_device)."""
     run_options.check(options)  # before anything is decided from them
     sampling = from_options(options)
     threads = options.threads or default_threads(cores)

@@ -34,7 +34,8 @@ from dflash_eval.contract.version import NUMERICS_VERSION, harness_hash
 from dflash_eval.drafter.provenance import json_value
 from dflash_eval.reference import pipeline
 from dflash_eval.reference.cache_keys import LOCAL_SAMPLED
-from dflash_eval.reference.completions import template_reads_thinking
+from dflash_eval.reference.conversation import template_reads_thinking
+from dflash_eval.reference.sequence import Sequence
 from dflash_eval.run.results import file_identity, host_info, utc_now
 from dflash_eval.walk.by_dataset import acceptance_counts, intervals
 from dflash_eval.walk.sampled import SampledWalk, prompt_columns
@@ -79,7 +80,7 @@ class RunParts:
     lookup: pipeline.Lookup
     libraries: dict[str, str | None]
     features: dict[str, Any]  # the features record, before the load facts
-    sequences: list[pipeline.Sequence]
+    sequences: list[Sequence]
     conversations: Conversations
     warnings: list[str]
 
@@ -249,14 +250,14 @@ def throughput(blocks: int, seconds: float) -> Throughput:
 
 
 def per_prompt(
-    sequences: list[pipeline.Sequence],
+    sequences: list[Sequence],
     walks: list[PromptWalk] | list[SampledWalk],
     budgets: list[int],
     conversations: Conversations,
 ) -> list[PromptRow]:
     """One row per prompt; at T > 0 its columns average its paths (the row's other facts
     are its first path's, its cache flags hold for all of them)."""
-    paths: dict[str, list[tuple[pipeline.Sequence, Any]]] = {}
+    paths: dict[str, list[tuple[Sequence, Any]]] = {}
     for seq, walked in zip(sequences, walks, strict=True):
         paths.setdefault(seq.prompt.id, []).append((seq, walked))
     rows = []
@@ -297,7 +298,7 @@ def _walk_columns(paths: list[Any], budgets: list[int]) -> dict[str, Any]:
     }
 
 
-def cache_counts(sequences: list[pipeline.Sequence]) -> CacheCounts:
+def cache_counts(sequences: list[Sequence]) -> CacheCounts:
     return CacheCounts(
         completion_hits=sum(s.completion_hit for s in sequences),
         hidden_state_hits=sum(s.hidden_hit for s in sequences),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_eval.contract.schema import FileEntry, Host, Results
-from dflash_eval.target.model import sha256_file
+from dflash_eval.target.files import sha256_file
 
 
 def library_versions() -> dict[str, str | None]:

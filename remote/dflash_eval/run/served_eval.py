@@ -30,7 +30,7 @@ from dflash_eval.reference.completions import SGLangClient, checked_client
 from dflash_eval.reference.conversation import Conversations
 from dflash_eval.run.prepared import load_prompts
 from dflash_eval.run.results import utc_now
-from dflash_eval.target.model import load_tokenizer
+from dflash_eval.target.files import load_tokenizer
 from dflash_eval.walk.by_dataset import conversations
 
 CONVENTION = "sglang: completion_tokens / spec_verify_ct"

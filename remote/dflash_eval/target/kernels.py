@@ -16,11 +16,12 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from dflash_eval.contract.errors import HarnessError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 TORCH_FALLBACK = "torch fallback"
 LINEAR_ATTENTION, CONV1D = "linear_attention", "conv1d"

@@ -8,8 +8,6 @@ and the vision-language wrappers whose decoder sits under `model.language_model`
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +23,6 @@ from dflash_eval.target.kernels import KernelWatch
 from dflash_eval.target.placement import Placement, Shard, plan, require_placed, units_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 # A vision-language wrapper's text decoder, as its checkpoint names it.
 TEXT_PREFIX_PATTERN = r"^model\.language_model\."
 
@@ -41,48 +30,6 @@ TEXT_PREFIX_PATTERN = r"^model\.language_model\."
 def resolve_dtype(name: str, config: TargetConfig) -> torch.dtype:
     """'auto' = the dtype the weights were saved in."""
     return DTYPES[config.saved_dtype if name == "auto" else name]
-
-
-def target_identity(path: Path) -> dict[str, Any]:
-    """What identifies the target's behaviour, cheaply.
-
-    config and tokenizer files are hashed in full; weight files are fingerprinted by name,
-    size, mtime and a hash of their safetensors header (tensor names, dtypes, offsets),
-    because hashing tens of GB per run is too slow. A re-written weight file changes its
-    mtime and so the fingerprint.
-    """
-    path = Path(path)
-    files: dict[str, Any] = {}
-    for name in ("config.json", *TOKENIZER_FILES):
-        file = path / name
-        if file.is_file():
-            files[name] = {"size": file.stat().st_size, "sha256": sha256_file(file)}
-    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
-        stat = file.stat()
-        files[file.name] = {
-            "size": stat.st_size,
-            "mtime_ns": stat.st_mtime_ns,
-            "header_sha256": _header_hash(file),
-        }
-    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-    return {"path": str(path), "name": path.name, "files": files, "fingerprint": digest}
-
-
-def _header_hash(file: Path) -> str:
-    with file.open("rb") as handle:
-        head = handle.read(8)
-        if file.suffix == ".safetensors" and len(head) == 8:
-            size = int.from_bytes(head, "little")
-            return hashlib.sha256(head + handle.read(min(size, 100_000_000))).hexdigest()
-        return hashlib.sha256(head + handle.read(1 << 20)).hexdigest()
-
-
-def sha256_file(file: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(file).open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -329,27 +276,3 @@ def find_decoder(model: nn.Module, path: Path) -> nn.Module:
             f"{[name or '<root>' for name, _ in candidates]}. Unsupported model layout."
         )
     return candidates[0][1]
-
-
-def load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as error:
-        raise HarnessError(
-            f"Cannot load the tokenizer of the target {path}: {error}. The target directory "
-            "needs its tokenizer files (tokenizer.json, tokenizer_config.json)."
-        ) from None
-
-
-def stop_token_ids(path: Path, tokenizer: Any) -> list[int]:
-    """EOS ids from generation_config.json (may be a list) plus the tokenizer's EOS."""
-    ids: list[int] = []
-    generation = Path(path) / "generation_config.json"
-    if generation.is_file():
-        eos = json.loads(generation.read_text()).get("eos_token_id")
-        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted(set(ids))

@@ -1,7 +1,7 @@
 """The target as one run needs it: its config, shape, dtype and kernels at once; the whole
 model only when something must be computed with it; otherwise just its embedding and head.
 
-The dtype is chosen before anything is loaded (features.choose_target_dtype), so the cache
+The dtype is chosen before anything is loaded (dtype.choose_target_dtype), so the cache
 keys of completions and hidden states are known without the model, and a run whose every
 entry is cached never reads the target's body.
 """
@@ -18,37 +18,12 @@ from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.options import DEFAULT_DEVICE
 from dflash_eval.contract.progress import Progress, Timer
 from dflash_eval.target.config import TargetShape, read_target_config
-from dflash_eval.target.features import (
-    DtypeChoice,
-    available_memory_bytes,
-    choose_target_dtype,
-    kernel_record,
-    weight_bytes,
-)
-from dflash_eval.target.model import (
-    DTYPES,
-    Target,
-    load_target,
-    load_tokenizer,
-    stop_token_ids,
-    target_identity,
-)
+from dflash_eval.target.dtype import DtypeChoice, available_memory_bytes, choose_target_dtype
+from dflash_eval.target.features import kernel_record
+from dflash_eval.target.files import load_tokenizer, stop_token_ids, target_identity, weight_bytes
+from dflash_eval.target.model import DTYPES, Target, load_target
 from dflash_eval.target.parts import TargetParts, load_target_parts
 from dflash_eval.target.placement import Shard
-
-
-def resolve_device(requested: str) -> str:
-    """The device a run asked for (`--device`): CUDA when asked for or (auto) present, else
-    the CPU."""
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise HarnessError(
-            f"--device cuda, but torch {torch.__version__} sees no CUDA device on this host. "
-            "Install a CUDA build of torch in the eval venv (venv.torch: cuda), or use --device "
-            "cpu."
-        )
-    return requested
 
 
 def visible_gpus(cap_bytes: int | None) -> Shard:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from dflash_eval.drafter.loaders import load_drafter
 from dflash_eval.reference.completions import sampled_reference
-from dflash_eval.reference.pipeline import Sequence
-from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.reference.sequence import Sequence
+from dflash_eval.target.files import load_tokenizer, stop_token_ids
+from dflash_eval.target.model import load_target
 from dflash_eval.walk.predict import BorrowedHead, SampledPredictor
 from dflash_eval.walk.sampled import Expectation, walk_sequence
 from dflash_eval.walk.sampling_settings import Sampling

@@ -17,9 +17,11 @@ from dflash_eval.contract.schema_check import parse_results
 from dflash_eval.drafter.loaders import load_drafter
 from dflash_eval.drafter.model_dflash2 import DFlash2Drafter
 from dflash_eval.drafter.profile import read_profile
-from dflash_eval.reference.completions import encode_prompt, greedy_reference
+from dflash_eval.reference.completions import greedy_reference
+from dflash_eval.reference.conversation import encode_prompt
 from dflash_eval.run.extract import extract
-from dflash_eval.target.model import load_target, load_tokenizer, stop_token_ids
+from dflash_eval.target.files import load_tokenizer, stop_token_ids
+from dflash_eval.target.model import load_target
 from dflash_eval.walk.metrics import PromptWalk, Span, walk_prompt
 from dflash_eval.walk.predict import BorrowedHead, PerBlockPredictor, Predictor
 from transformers import AutoModelForCausalLM

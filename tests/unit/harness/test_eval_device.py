@@ -9,7 +9,7 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.parser import build_parser
 from dflash_eval.run.prepared import run_device
-from dflash_eval.target.source import resolve_device
+from dflash_eval.target.device import resolve_device
 
 from .helpers import quick_eval
 

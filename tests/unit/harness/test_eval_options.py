@@ -8,8 +8,8 @@ import pytest
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.contract.prompts import Prompt, read_prompts_jsonl
 from dflash_eval.drafter.config import from_hf_dict
-from dflash_eval.reference.completions import encode_prompt
-from dflash_eval.target.model import load_tokenizer
+from dflash_eval.reference.conversation import encode_prompt
+from dflash_eval.target.files import load_tokenizer
 
 from .helpers import quick_eval
 

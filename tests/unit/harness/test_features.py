@@ -11,12 +11,8 @@ import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.reference.feature_set import FORMAT, INPUT_FIELDS, MANIFEST, read_feature_set
 from dflash_eval.target.config import read_target_config
-from dflash_eval.target.features import (
-    FIDELITY_MAX_RELATIVE_ERROR,
-    choose_target_dtype,
-    judge,
-    parse_meminfo,
-)
+from dflash_eval.target.dtype import choose_target_dtype, parse_meminfo
+from dflash_eval.target.features import FIDELITY_MAX_RELATIVE_ERROR, judge
 from dflash_eval.target.parts import load_target_parts
 
 from .helpers import (
@@ -186,7 +182,7 @@ def test_the_staging_manifest_sha256_is_trusted_only_while_it_describes_the_file
     import os
 
     from dflash_eval.run.results import file_identity
-    from dflash_eval.target.model import sha256_file
+    from dflash_eval.target.files import sha256_file
 
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.write_bytes(b"weights" * 100)

@@ -16,6 +16,7 @@ import torch
 from dflash_eval.drafter.checkpoint import read_drafter, strip_prefix
 from dflash_eval.drafter.loaders import load_drafter
 from dflash_eval.drafter.pickle_policy import PicklePolicy
+from dflash_eval.drafter.torch_reader import TORCH_READER
 from safetensors.torch import save_file
 
 from .helpers import (
@@ -100,7 +101,7 @@ def test_the_step_is_read_from_the_path_when_the_checkpoint_has_none(tmp_path, d
     path.parent.mkdir(exist_ok=True)
     checkpoint = {"model_state_dict": drafter.state_dict(), "config": drafter.config.to_hf_dict()}
     torch.save(checkpoint, path)
-    source = read_drafter(path)
+    source = read_drafter(path, TORCH_READER)
     assert source.step == step
     assert source.step_source == ("path" if step is not None else None)
 
@@ -108,7 +109,7 @@ def test_the_step_is_read_from_the_path_when_the_checkpoint_has_none(tmp_path, d
 def test_global_step_is_used_when_there_is_no_step(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "c.pt", drafter, extra={"global_step": 77})
     torch.save({k: v for k, v in torch.load(path).items() if k != "step"}, path)
-    source = read_drafter(path)
+    source = read_drafter(path, TORCH_READER)
     assert (source.step, source.step_source) == (77, "checkpoint 'global_step'")
 
 
@@ -159,7 +160,7 @@ def test_args_as_objects_give_block_size_and_mask_id(tmp_path, drafter, args, po
 def test_unparseable_or_empty_args_give_no_hints(tmp_path, drafter):
     for args in ("not json", json.dumps({"block_size": None})):
         path = save_training_checkpoint(tmp_path / "c.pt", drafter, extra={"args": args})
-        assert read_drafter(path).extra_hints == {}
+        assert read_drafter(path, TORCH_READER).extra_hints == {}
 
 
 @pytest.mark.parametrize("key", ["config", "model_config", "draft_config"])
@@ -177,7 +178,7 @@ def test_a_config_entry_without_hidden_size_is_not_taken_for_the_config(tmp_path
     path = save_training_checkpoint(
         tmp_path / "c.pt", drafter, with_config=False, extra={"config": {"lr": 1}}
     )
-    assert read_drafter(path).config_dict is None
+    assert read_drafter(path, TORCH_READER).config_dict is None
 
 
 def test_a_directory_holding_one_checkpoint_reads_it(tmp_path, drafter):
@@ -249,7 +250,7 @@ def test_a_missing_path_says_to_stage_it(tmp_path):
 
 def test_a_path_given_as_text_is_read_like_a_path(tmp_path, drafter):
     path = save_training_checkpoint(tmp_path / "step_5" / "checkpoint.pt", drafter)
-    source = read_drafter(str(path))
+    source = read_drafter(str(path), TORCH_READER)
     assert source.path == path and source.files == [path] and source.step == 1000
 
 

@@ -4,7 +4,9 @@ state a file can give it (code as text, shell commands, the other admitted globa
 arguments, attribute overrides through BUILD): nothing runs, and what it builds can never be
 called. A name off the list is refused whatever the user names, with advice that never
 suggests naming it; real malicious pickles (timeit.timeit, os.system, builtins.eval,
-functools.partial, operator.attrgetter…) never run, only `--allow-unsafe-pickle` gets past."""
+functools.partial, operator.attrgetter…) never run, only `--allow-unsafe-pickle` gets past.
+Every case runs through both readers: torch's (the run) and the shape reader (the dry run),
+whose own list is narrower still."""
 
 from __future__ import annotations
 
@@ -27,10 +29,14 @@ from dflash_eval.drafter.pickle_policy import (
     PicklePolicy,
     admitted_objects,
     expand_names,
-    load_pickle,
 )
+from dflash_eval.drafter.shape_reader import SHAPES_READER
+from dflash_eval.drafter.torch_reader import TORCH_READER
 
 EVERY_GROUP = PicklePolicy(tuple(INERT_GROUPS))
+READERS = pytest.mark.parametrize(
+    "read", [TORCH_READER.read_pickle, SHAPES_READER.read_pickle], ids=["torch", "shapes"]
+)
 ADMITTED = admitted_objects(expand_names(tuple(INERT_GROUPS)))
 
 
@@ -93,12 +99,12 @@ def hostile_states(marker: pathlib.Path) -> list:
     return [overrides, (overrides, overrides), (None, {"__call__": code}), code, (code,)]
 
 
-def load(tmp_path: pathlib.Path, payload) -> object | None:
+def load(tmp_path: pathlib.Path, payload, read) -> object | None:
     """The payload as a checkpoint's extra, read under every inert group; None if refused."""
     path = tmp_path / "c.pt"
     torch.save({"weights": torch.zeros(2), "payload": payload}, path)
     try:
-        checkpoint, _ = load_pickle(path, EVERY_GROUP)
+        checkpoint, _ = read(path, EVERY_GROUP)
     except HarnessError:
         return None
     return checkpoint["payload"]
@@ -113,7 +119,8 @@ def test_every_inert_name_is_in_a_group_and_tried_below():
     assert not missing  # every name that exists here resolves, so the tests reach it
 
 
-def test_what_the_groups_admit_loads_as_the_trainer_saved_it(tmp_path):
+@READERS
+def test_what_the_groups_admit_loads_as_the_trainer_saved_it(tmp_path, read):
     """The hostile cases below are refused for what they carry, not for the global itself."""
     numpy = pytest.importorskip("numpy")
     values = {
@@ -125,7 +132,7 @@ def test_what_the_groups_admit_loads_as_the_trainer_saved_it(tmp_path):
         "took": datetime.timedelta(seconds=90),
         "path": pathlib.PurePosixPath("/a/b"),
     }
-    loaded = load(tmp_path, values)
+    loaded = load(tmp_path, values, read)
     assert loaded is not None and loaded["args"] == values["args"]
     assert all(loaded[k] == values[k] for k in ("loss", "when", "day", "took", "path"))
     assert (loaded["rng"][1] == values["rng"][1]).all()
@@ -137,20 +144,22 @@ def assert_inert(built: object | None, marker: pathlib.Path) -> None:
     assert built is None or not callable(built) or any(built is obj for obj, _ in ADMITTED)
 
 
+@READERS
 @pytest.mark.parametrize("name", [name for _, name in ADMITTED])
-def test_an_admitted_global_called_with_hostile_arguments_runs_nothing(tmp_path, name):
+def test_an_admitted_global_called_with_hostile_arguments_runs_nothing(tmp_path, name, read):
     target = dict((n, obj) for obj, n in ADMITTED)[name]
     marker = tmp_path / "pwned"
     for arguments in hostile_arguments(marker):
-        assert_inert(load(tmp_path, Calls(target, arguments)), marker)
+        assert_inert(load(tmp_path, Calls(target, arguments), read), marker)
 
 
+@READERS
 @pytest.mark.parametrize("name", [name for obj, name in ADMITTED if isinstance(obj, type)])
-def test_an_admitted_class_built_with_hostile_state_runs_nothing(tmp_path, name):
+def test_an_admitted_class_built_with_hostile_state_runs_nothing(tmp_path, name, read):
     cls = dict((n, obj) for obj, n in ADMITTED)[name]
     marker = tmp_path / "pwned"
     for state in hostile_states(marker):
-        built = load(tmp_path, Builds(cls, state))
+        built = load(tmp_path, Builds(cls, state), read)
         assert_inert(built, marker)
         if built is not None:
             assert type(built) is cls  # no override turned it into something else
@@ -179,8 +188,9 @@ MALICIOUS = {
 }
 
 
+@READERS
 @pytest.mark.parametrize("name", MALICIOUS)
-def test_a_malicious_pickle_never_runs_and_its_global_cannot_be_named(tmp_path, name):
+def test_a_malicious_pickle_never_runs_and_its_global_cannot_be_named(tmp_path, name, read):
     marker = tmp_path / "pwned"
     extras = {"args": argparse.Namespace(block_size=4), "payload": MALICIOUS[name](marker)}
     path = tmp_path / "c.pt"
@@ -189,20 +199,21 @@ def test_a_malicious_pickle_never_runs_and_its_global_cannot_be_named(tmp_path, 
     torch.save(extras, path)
     for policy in (PicklePolicy(), EVERY_GROUP, PicklePolicy(("argparse",))):
         with pytest.raises(HarnessError) as refused:
-            load_pickle(path, policy)
+            read(path, policy)
         message = str(refused.value)
         assert "Refusing to load" in message and "--allow-unsafe-pickle" in message
         assert f"--safe-globals {name}" not in message and "naming them" not in message
         assert "no --safe-globals admits it" in message
     for named in (name, name.rpartition(".")[0], f"argparse,{name}"):
         with pytest.raises(HarnessError, match="not on the harness's list of inert globals"):
-            load_pickle(path, PicklePolicy(tuple(named.split(","))))
+            read(path, PicklePolicy(tuple(named.split(","))))
     assert not marker.exists()
 
 
-def test_only_the_unsafe_flag_gets_past(tmp_path):
+@READERS
+def test_only_the_unsafe_flag_gets_past(tmp_path, read):
     marker = tmp_path / "pwned"
     path = tmp_path / "c.pt"
     torch.save({"payload": MALICIOUS["timeit.timeit"](marker)}, path)
-    load_pickle(path, PicklePolicy((), allow_unsafe=True))
+    read(path, PicklePolicy((), allow_unsafe=True))
     assert marker.exists()  # the payload is real: the refusals above stopped a live one

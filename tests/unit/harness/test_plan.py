@@ -29,7 +29,7 @@ from dflash_eval.plan.estimate import (
 )
 from dflash_eval.run.evaluate import run_eval
 from dflash_eval.run.options import EvalOptions
-from dflash_eval.target.features import parse_meminfo
+from dflash_eval.target.dtype import parse_meminfo
 
 from .helpers import save_tiny_qwen3_5
 

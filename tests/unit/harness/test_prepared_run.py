@@ -12,7 +12,7 @@ import pytest
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.run.options import EvalOptions
 from dflash_eval.run.prepared import prepare
-from dflash_eval.target.source import resolve_device
+from dflash_eval.target.device import resolve_device
 
 
 def options(tmp_path: Path, **overrides) -> EvalOptions:

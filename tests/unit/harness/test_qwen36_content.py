@@ -13,9 +13,10 @@ import shutil
 import pytest
 import torch
 from dflash_eval.drafter.loaders import load_drafter
-from dflash_eval.reference.completions import encode_messages, template_reads_thinking
+from dflash_eval.reference.conversation import encode_messages, template_reads_thinking
 from dflash_eval.target.config import read_target_config
-from dflash_eval.target.model import load_target, load_tokenizer
+from dflash_eval.target.files import load_tokenizer
+from dflash_eval.target.model import load_target
 from safetensors import safe_open
 
 from dflash_lab.content import MODEL_CACHE, content_generator, qwen36_models

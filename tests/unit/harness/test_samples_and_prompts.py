@@ -7,7 +7,7 @@ import json
 
 import pytest
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.target.model import load_tokenizer
+from dflash_eval.target.files import load_tokenizer
 from dflash_eval.walk.samples import sampled_prompts, typical_rounds
 
 from .helpers import quick_eval

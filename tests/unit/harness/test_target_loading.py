@@ -10,7 +10,8 @@ import pytest
 import torch
 from dflash_eval.contract.errors import HarnessError
 from dflash_eval.target.config import read_target_config
-from dflash_eval.target.features import choose_target_dtype, fidelity_needed, kernel_record
+from dflash_eval.target.dtype import choose_target_dtype
+from dflash_eval.target.features import fidelity_needed, kernel_record
 from dflash_eval.target.model import load_target, require_loaded_as
 from safetensors.torch import load_file, save_file
 
