@@ -102,7 +102,7 @@ def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any, *_: Any) 
         raise pickle.UnpicklingError("a tensor without its storage")
     shape = tuple(int(length) for length in size)
     steps = tuple(int(step) for step in stride)
-    if len(steps) != len(shape) or offset < 0 or min(shape, default=1) < 0:
+    if len(steps) != len(shape) or offset < 0 or min((*shape, *steps), default=0) < 0:
         raise pickle.UnpicklingError(f"a tensor of shape {list(shape)} with strides {list(steps)}")
     span = (
         0 if 0 in shape else 1 + sum((n - 1) * step for n, step in zip(shape, steps, strict=True))

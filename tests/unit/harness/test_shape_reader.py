@@ -245,18 +245,24 @@ def test_a_storage_record_shorter_than_its_tensor_is_unreadable(tmp_path):
         torch.load(short, weights_only=True)
 
 
-def test_a_tensor_past_its_storage_is_unreadable(tmp_path):
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        # The pickle's shape (BININT1 4, TUPLE1) and strides (BININT1 1, TUPLE1), edited.
+        ((b"K\x04\x85q\x08", b"K\x08\x85q\x08"), r"past its storage of 4 elements"),
+        ((b"K\x01\x85q\t", b"J\xff\xff\xff\xff\x85q\t"), r"with strides \[-1\]"),
+    ],
+    ids=["shape", "stride"],
+)
+def test_a_tensor_outside_its_storage_is_unreadable(tmp_path, edit, reason):
     good = tmp_path / "good.pt"
     torch.save({"w": torch.ones(4)}, good)
-    # The pickle claims 8 elements of a 4-element storage: the shape's BININT1 8 for 4.
-    grown = rewritten(
-        good,
-        tmp_path / "grown.pt",
-        lambda n, b: b.replace(b"K\x04\x85", b"K\x08\x85") if n.endswith("data.pkl") else b,
+    bad = rewritten(
+        good, tmp_path / "bad.pt", lambda n, b: b.replace(*edit) if n.endswith("data.pkl") else b
     )
-    assert grown.read_bytes() != good.read_bytes()
-    with pytest.raises(HarnessError, match=r"past its storage of 4 elements"):
-        SHAPES_READER.read_pickle(grown, PicklePolicy())
+    assert bad.read_bytes() != good.read_bytes()
+    with pytest.raises(HarnessError, match=reason):
+        SHAPES_READER.read_pickle(bad, PicklePolicy())
 
 
 def test_a_torch_name_the_reader_does_not_rebuild_says_so(tmp_path):
