@@ -43,7 +43,7 @@ from dflash_eval.contract.errors import HarnessError  # noqa: E402
 from dflash_eval.drafter.config import DrafterConfig  # noqa: E402
 from dflash_eval.drafter.model import DFlashDrafter  # noqa: E402
 from dflash_eval.target.features import judge  # noqa: E402
-from dflash_eval.target.fidelity import compare_layers
+from dflash_eval.target.fidelity import compare_layers  # noqa: E402
 from dflash_eval.target.model import load_target  # noqa: E402
 from dflash_eval.target.placement import Shard  # noqa: E402
 
