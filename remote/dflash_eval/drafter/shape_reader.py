@@ -43,6 +43,7 @@ from dflash_eval.drafter.pickle_policy import (
     PicklePolicy,
     PickleRecord,
     admitted_objects,
+    expand_names,
     refusal,
     start_record,
     unreadable,
@@ -96,6 +97,10 @@ class _NotKnownHere(pickle.UnpicklingError):
     """A torch name this reader does not rebuild."""
 
 
+class _Overrun(pickle.UnpicklingError):
+    """A tensor outside its storage, or a storage record short of the bytes it declares."""
+
+
 def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any, *_: Any) -> TensorInfo:
     """torch._utils._rebuild_tensor(_v2): the tensor's shape, checked to lie in its storage."""
     if not isinstance(storage, _Storage):
@@ -103,12 +108,12 @@ def _rebuild_tensor(storage: Any, offset: int, size: Any, stride: Any, *_: Any) 
     shape = tuple(int(length) for length in size)
     steps = tuple(int(step) for step in stride)
     if len(steps) != len(shape) or offset < 0 or min((*shape, *steps), default=0) < 0:
-        raise pickle.UnpicklingError(f"a tensor of shape {list(shape)} with strides {list(steps)}")
+        raise _Overrun(f"a tensor of shape {list(shape)} with strides {list(steps)}")
     span = (
         0 if 0 in shape else 1 + sum((n - 1) * step for n, step in zip(shape, steps, strict=True))
     )
     if offset + span > storage.elements:
-        raise pickle.UnpicklingError(
+        raise _Overrun(
             f"a tensor of shape {list(shape)} past its storage of {storage.elements} elements"
         )
     return TensorInfo(shape, storage.dtype)
@@ -186,7 +191,7 @@ class _Unpickler(pickle.Unpickler):
             raise _NotKnownHere(f"a storage of type {kind!r}")
         needed, stored = elements * DTYPE_WIDTHS[kind.dtype], self.storage_bytes(key)
         if stored is not None and stored < needed:
-            raise pickle.UnpicklingError(f"storage {key} holds {stored} bytes of {needed}")
+            raise _Overrun(f"storage {key} holds {stored} bytes of {needed}")
         return _Storage(kind.dtype, elements)
 
 
@@ -237,11 +242,29 @@ def file_globals(path: Path) -> list[str] | None:
     return sorted(named - set(PLAIN) - set(TORCH_NAMES))
 
 
+def _admitted(names: list[str]) -> dict[str, Any]:
+    return {**PLAIN, **TORCH_NAMES, **{name: obj for obj, name in admitted_objects(names)}}
+
+
+def storage_overrun(path: Path, policy: PicklePolicy) -> str | None:
+    """Why a checkpoint's tensors reach past the bytes stored for them; None when they do
+    not, or when this reader cannot tell (a refused or unknown global: torch.load judges
+    those). The run asks first: torch.load with mmap does not check, and reads past a short
+    record into whatever follows it."""
+    try:
+        _load(path, _admitted(expand_names(policy.safe_globals)), unsafe=False)
+    except _Overrun as overrun:
+        return str(overrun)
+    except (*DAMAGED, pickle.UnpicklingError):
+        return None
+    return None
+
+
 def read_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
     """The checkpoint with every tensor as a TensorInfo, read under the policy."""
     names, record = start_record(policy)
     record.file_globals = file_globals(path)
-    admitted = {**PLAIN, **TORCH_NAMES, **{name: obj for obj, name in admitted_objects(names)}}
+    admitted = _admitted(names)
     try:
         try:
             return _load(path, admitted, unsafe=False), record

@@ -1,6 +1,7 @@
 """A checkpoint's tensors read with torch, as the run reads them (checkpoint.TensorReader):
 pickles through `torch.load(weights_only=True)` under the pickle policy (pickle_policy.py),
-safetensors files whole."""
+memory-mapped, once the shape reader has found every tensor inside the bytes stored for it
+(torch does not check that of a mapped file); safetensors files whole."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ from dflash_eval.drafter.pickle_policy import (
     start_record,
     unreadable,
 )
+from dflash_eval.drafter.shape_reader import storage_overrun
 
 
 def load_pickle(path: Path, policy: PicklePolicy) -> tuple[Any, PickleRecord]:
     """torch.load under the policy; a refusal says what the file wanted and how to allow it."""
     names, record = start_record(policy)
     record.file_globals = _file_globals(path)
+    overrun = storage_overrun(path, policy)
+    if overrun is not None:
+        raise HarnessError(unreadable(path, overrun))
     try:
         with torch.serialization.safe_globals(admitted_objects(names)):
             return _weights_only_load(path), record
