@@ -65,6 +65,10 @@ def read_header(file: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     if not isinstance(header, dict):
         raise HeaderError("header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(value, str) for value in metadata.values()
+    ):
+        raise HeaderError("__metadata__ is not a map of text to text")
     tensors, spans = {}, []
     for name, entry in header.items():
         info, span = _entry(name, entry)
@@ -83,10 +87,11 @@ def read_header(file: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
 def _entry(name: str, entry: Any) -> tuple[TensorInfo, tuple[int, int]]:
     try:
         dtype, width = entry["dtype"], SAFETENSORS_WIDTHS[entry["dtype"]]
-        shape = tuple(int(size) for size in entry["shape"])
-        start, stop = (int(offset) for offset in entry["data_offsets"])
+        shape, (start, stop) = tuple(entry["shape"]), entry["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise HeaderError(f"tensor {name!r} has no valid dtype, shape and offsets") from None
+    if not all(type(number) is int for number in (*shape, start, stop)):
+        raise HeaderError(f"tensor {name!r} has a size or an offset that is not an integer")
     if min(shape, default=0) < 0 or not 0 <= start <= stop:
         raise HeaderError(f"tensor {name!r} has a negative size or offsets out of order")
     if stop - start != math.prod(shape) * width:
