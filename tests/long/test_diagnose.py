@@ -18,7 +18,6 @@ from dflash_eval.diagnose.diagnosis import DiagnoseOptions, run_diagnose
 from dflash_eval.diagnose.dry_run import make_diagnose_plan
 from dflash_eval.diagnose.repairs import attention_settings, dtype_settings, repair_settings
 from dflash_eval.diagnose.stats import paired_difference
-from dflash_eval.run.options import EvalOptions
 from dflash_eval.target.dtype import float32_shortfall
 from safetensors import safe_open
 
@@ -213,16 +212,8 @@ def test_bf16_features_of_a_hybrid_target_on_cpu_are_named_first(lab, tmp_path):
     config = small_config(target_layer_ids=(1, 2), mask_token_id=3)
     candidate = save_training_checkpoint(tmp_path / "c" / "checkpoint.pt", random_drafter(config))
     other = save_training_checkpoint(tmp_path / "o" / "checkpoint.pt", random_drafter(config, 1))
-    options = EvalOptions(
-        checkpoint=candidate,
-        target=target,
-        out=tmp_path / "diagnose.json",
-        threads=1,
-        prompts=lab.prompts,
-        max_new_tokens=10,
-        target_dtype="bfloat16",
-        cache_dir=tmp_path / "cache",
-        reference_drafter=other,
+    options = diagnose_options(
+        lab, tmp_path, candidate, other, max_new_tokens=10, target=target, target_dtype="bfloat16"
     )
     diagnosis = run_diagnose(DiagnoseOptions(options, "other"), Progress(quiet=True))
     top = diagnosis["findings"][0]

@@ -18,10 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Bytes per element of each safetensors dtype name (and of torch's names, for pickles).
+# Bytes per element of each dtype, as a safetensors header names it and as torch names it
+# (a pickle's storages: drafter/shape_reader.py).
 SAFETENSORS_WIDTHS = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
     "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+TORCH_WIDTHS = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }  # fmt: skip
 HEADER_LIMIT = 100_000_000  # safetensors' own bound on a header
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dflash_eval.contract.errors import HarnessError
-from dflash_eval.contract.tensor_headers import TensorInfo, read_header
+from dflash_eval.contract.tensor_headers import TORCH_WIDTHS, TensorInfo, read_header
 from dflash_eval.drafter.checkpoint import TensorReader
 from dflash_eval.drafter.pickle_policy import (
     DAMAGED,
@@ -50,10 +50,6 @@ from dflash_eval.drafter.pickle_policy import (
 )
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a legacy torch.save file
-DTYPE_WIDTHS = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}  # fmt: skip
 # torch.save names a storage by its legacy class (torch.BFloat16Storage…): the dtype of each.
 STORAGE_DTYPES = {
     "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
@@ -139,7 +135,7 @@ def _device(kind: str, index: int | None = None) -> str:
 
 TORCH_NAMES: dict[str, Any] = {
     **{f"torch.{name}": _StorageType(dtype) for name, dtype in STORAGE_DTYPES.items()},
-    **{f"torch.{dtype}": f"torch.{dtype}" for dtype in DTYPE_WIDTHS},  # a dtype as a value
+    **{f"torch.{dtype}": f"torch.{dtype}" for dtype in TORCH_WIDTHS},  # a dtype as a value
     "torch._utils._rebuild_tensor": _rebuild_tensor,
     "torch._utils._rebuild_tensor_v2": _rebuild_tensor,
     "torch._utils._rebuild_parameter": _parameter,
@@ -189,7 +185,7 @@ class _Unpickler(pickle.Unpickler):
         kind, key, elements = pid[1], str(pid[2]), int(pid[4])
         if not isinstance(kind, _StorageType):
             raise _NotKnownHere(f"a storage of type {kind!r}")
-        needed, stored = elements * DTYPE_WIDTHS[kind.dtype], self.storage_bytes(key)
+        needed, stored = elements * TORCH_WIDTHS[kind.dtype], self.storage_bytes(key)
         if stored is not None and stored < needed:
             raise _Overrun(f"storage {key} holds {stored} bytes of {needed}")
         return _Storage(kind.dtype, elements)

@@ -32,12 +32,6 @@ FIDELITY_MAX_RELATIVE_ERROR = 0.05
 FIDELITY_MIN_COSINE = 0.99
 
 
-def linear_kernel() -> str:
-    """What transformers should run linear attention with: fla when importable (it prefers
-    the original package), else its pure-torch fallback."""
-    return expected(LINEAR_ATTENTION)
-
-
 def kernel_record(config: TargetConfig) -> dict[str, str]:
     """The kernels a forward is expected to run (the cache key's): what is installed. The
     forward itself then checks that it ran them (kernels.py)."""

@@ -200,15 +200,16 @@ def diagnose_options(
     max_new_tokens: int = 96,
     **overrides: Any,
 ) -> EvalOptions:
-    """The options of `diagnose_lab`'s run (its dry run plans the same)."""
-    return EvalOptions(
-        checkpoint=candidate,
-        target=lab.target_dir,
-        out=root / "diagnose.json",
-        threads=1,
-        prompts=lab.prompts,
-        max_new_tokens=max_new_tokens,
-        cache_dir=root / "cache",
-        reference_drafter=reference,
-        **overrides,
-    )
+    """The options of `diagnose_lab`'s run (its dry run plans the same); `overrides` may
+    replace any of them (another target, say)."""
+    chosen: dict[str, Any] = {
+        "checkpoint": candidate,
+        "target": lab.target_dir,
+        "out": root / "diagnose.json",
+        "threads": 1,
+        "prompts": lab.prompts,
+        "max_new_tokens": max_new_tokens,
+        "cache_dir": root / "cache",
+        "reference_drafter": reference,
+    }
+    return EvalOptions(**(chosen | overrides))
